@@ -1,0 +1,287 @@
+//! The `StorageBackend` seam: what to read, where it lands, and how the caller
+//! learns it landed.
+//!
+//! A [`ReadReq`] names a file, an extent and a [`Landing`]. `read` returns
+//! when every landing holds its bytes; `read_async` returns a [`Ticket`] at
+//! once that the caller waits on or polls. Host buffers travel with the
+//! request and come back in the [`Landed`] result (foyer's ownership shape,
+//! which is what io_uring needs); region and device landings stay with their
+//! owner and are reached by offset.
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use crate::buf::AlignedBuf;
+use crate::error::IoError;
+use crate::file::StoreFile;
+use crate::region::LandingRegion;
+
+/// Where a device-destined read is staged and how it reaches the device.
+/// `flashtier-cuda` implements it with pinned staging and a copy stream.
+pub trait DeviceSink: Send + Sync {
+    /// Reserve `len` bytes of staging memory (pinned, page-aligned) for one
+    /// read; may block until staging is free. Returns the region and offset.
+    fn stage(&self, len: usize) -> Result<(Arc<LandingRegion>, usize), String>;
+    /// The staged bytes at `offset..offset+len` hold the read; move them to
+    /// device address `dst` (for example, enqueue a host-to-device copy).
+    fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String>;
+    /// Make every committed copy visible (synchronise the copy stream).
+    fn flush(&self) -> Result<(), String>;
+}
+
+/// Where the bytes of one read land.
+pub enum Landing {
+    /// An owned host buffer of at least `len` bytes, returned in [`Landed`].
+    Host(AlignedBuf),
+    /// A slice of a landing region owned by a tier.
+    Region {
+        /// The region.
+        region: Arc<LandingRegion>,
+        /// Byte offset in the region.
+        offset: usize,
+    },
+    /// Device memory, reached through a sink's staging.
+    Device {
+        /// The sink.
+        sink: Arc<dyn DeviceSink>,
+        /// Device address of the destination.
+        dst: u64,
+    },
+}
+
+impl std::fmt::Debug for Landing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Host(b) => write!(f, "Host({} bytes)", b.capacity()),
+            Self::Region { region, offset } => write!(f, "Region({} @ {offset})", region.id()),
+            Self::Device { dst, .. } => write!(f, "Device({dst:#x})"),
+        }
+    }
+}
+
+/// One read request.
+#[derive(Debug)]
+pub struct ReadReq {
+    /// File to read.
+    pub file: Arc<StoreFile>,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: usize,
+    /// Where the bytes land.
+    pub landing: Landing,
+    /// Caller's tag, echoed in the result (record index, row id, block...).
+    pub tag: u64,
+}
+
+/// A completed read.
+#[derive(Debug)]
+pub struct Landed {
+    /// The request's tag.
+    pub tag: u64,
+    /// Bytes read.
+    pub len: usize,
+    /// The host buffer for [`Landing::Host`] requests.
+    pub buf: Option<AlignedBuf>,
+}
+
+/// The storage seam every tier reads through.
+pub trait StorageBackend: Send + Sync {
+    /// Short name (`posix`, `uring`, `sim`).
+    fn name(&self) -> &'static str;
+
+    /// Queue depth this backend keeps in flight.
+    fn queue_depth(&self) -> usize;
+
+    /// Start all `reqs`; returns at once. Landed results come back in request
+    /// order from [`Ticket::wait`]. A failed request fails the ticket with the
+    /// error of the first failure (by request order).
+    fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError>;
+
+    /// Read all `reqs`, returning when every landing holds its bytes.
+    fn read(&self, reqs: Vec<ReadReq>) -> Result<Vec<Landed>, IoError> {
+        self.read_async(reqs)?.wait()
+    }
+
+    /// Write all of `src` at `offset` (blocking).
+    fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError>;
+
+    /// Pre-register memory that reads will land in (io_uring fixed buffers).
+    /// A no-op for backends that gain nothing from it.
+    fn register_landing_region(&self, region: &Arc<LandingRegion>) -> Result<(), IoError> {
+        let _ = region;
+        Ok(())
+    }
+}
+
+/// Validate a request's landing and return the raw destination pointer for
+/// host and region landings (`None` for device landings, which stage first).
+pub fn landing_ptr(req: &mut ReadReq) -> Result<Option<*mut u8>, IoError> {
+    let bad = |what: String| IoError::Landing {
+        path: req.file.path().to_path_buf(),
+        offset: req.offset,
+        len: req.len,
+        what,
+    };
+    match &mut req.landing {
+        Landing::Host(buf) => {
+            if buf.capacity() < req.len {
+                return Err(bad(format!("host buffer holds {} bytes", buf.capacity())));
+            }
+            Ok(Some(buf.as_mut_ptr()))
+        }
+        Landing::Region { region, offset } => {
+            region.ptr_at(*offset, req.len).map(Some).ok_or_else(|| {
+                bad(format!(
+                    "region of {} bytes at {offset}",
+                    region.len_bytes()
+                ))
+            })
+        }
+        Landing::Device { .. } => Ok(None),
+    }
+}
+
+/// Perform one request with blocking positional reads (posix workers, sim,
+/// and the staging half of device landings). Resubmits short reads until the
+/// request is exact.
+pub fn read_blocking(mut req: ReadReq) -> Result<Landed, IoError> {
+    let len = req.len;
+    let dst = landing_ptr(&mut req)?;
+    if let Some(ptr) = dst {
+        // SAFETY: `landing_ptr` checked that `ptr` is valid for `len` bytes.
+        // Host buffers are owned by the request; for region landings the
+        // region owner guarantees no other access while the read is in flight
+        // (LandingRegion's protocol).
+        let slice = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        req.file.read_exact_at(slice, req.offset)?;
+    } else if let Landing::Device { sink, dst } = &req.landing {
+        read_via_device(&req, sink.as_ref(), *dst)?;
+    }
+    let mut landed = Landed {
+        tag: req.tag,
+        len,
+        buf: None,
+    };
+    if let Landing::Host(mut buf) = req.landing {
+        buf.set_len(len);
+        landed.buf = Some(buf);
+    }
+    Ok(landed)
+}
+
+fn read_via_device(req: &ReadReq, sink: &dyn DeviceSink, dst: u64) -> Result<(), IoError> {
+    let dev_err = |what: String| IoError::Device {
+        path: req.file.path().to_path_buf(),
+        offset: req.offset,
+        len: req.len,
+        what,
+    };
+    let (region, off) = sink.stage(req.len).map_err(dev_err)?;
+    let ptr = region.ptr_at(off, req.len).ok_or_else(|| {
+        dev_err(format!(
+            "staging slice {off}+{} outside its region",
+            req.len
+        ))
+    })?;
+    // SAFETY: the sink reserved `off..off+len` of its staging region for this
+    // read alone until `commit`; the pointer is in bounds (checked above).
+    let slice = unsafe { std::slice::from_raw_parts_mut(ptr, req.len) };
+    req.file.read_exact_at(slice, req.offset)?;
+    sink.commit(off, req.len, dst).map_err(dev_err)
+}
+
+/// Completion of a batch started by `read_async`.
+#[must_use = "a ticket must be waited on before its landings are used"]
+#[derive(Clone)]
+pub struct Ticket {
+    state: Arc<TicketState>,
+}
+
+struct TicketState {
+    inner: Mutex<TicketInner>,
+    cv: Condvar,
+}
+
+struct TicketInner {
+    remaining: usize,
+    landed: Vec<Option<Landed>>,
+    first_err: Option<(usize, IoError)>,
+}
+
+/// The backend's half of a ticket: completes requests by index.
+#[derive(Clone)]
+pub struct Completer {
+    state: Arc<TicketState>,
+}
+
+impl Ticket {
+    /// A ticket for `n` requests and the completer that finishes them.
+    pub fn new(n: usize) -> (Self, Completer) {
+        let state = Arc::new(TicketState {
+            inner: Mutex::new(TicketInner {
+                remaining: n,
+                landed: (0..n).map(|_| None).collect(),
+                first_err: None,
+            }),
+            cv: Condvar::new(),
+        });
+        (
+            Self {
+                state: state.clone(),
+            },
+            Completer { state },
+        )
+    }
+
+    /// Whether every request has completed (landed or failed).
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.state.lock().remaining == 0
+    }
+
+    /// Block until every request completes; the landed results in request
+    /// order, or the first failure by request order.
+    pub fn wait(self) -> Result<Vec<Landed>, IoError> {
+        let mut g = self.state.lock();
+        while g.remaining > 0 {
+            g = self
+                .state
+                .cv
+                .wait(g)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if let Some((_, e)) = g.first_err.take() {
+            return Err(e);
+        }
+        Ok(g.landed.drain(..).flatten().collect())
+    }
+}
+
+impl TicketState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TicketInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Completer {
+    /// Record the outcome of request `idx`. Each index completes once.
+    pub fn complete(&self, idx: usize, result: Result<Landed, IoError>) {
+        let mut g = self.state.lock();
+        match result {
+            Ok(l) => {
+                if let Some(slot) = g.landed.get_mut(idx) {
+                    *slot = Some(l);
+                }
+            }
+            Err(e) => {
+                if g.first_err.as_ref().is_none_or(|(i, _)| idx < *i) {
+                    g.first_err = Some((idx, e));
+                }
+            }
+        }
+        g.remaining = g.remaining.saturating_sub(1);
+        if g.remaining == 0 {
+            self.state.cv.notify_all();
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! flashtier's I/O seam.
+//!
+//! Every tier reads through [`StorageBackend`]: a request names a
+//! [`StoreFile`] extent and a [`Landing`] (an owned [`AlignedBuf`], a slice of a
+//! [`LandingRegion`], or device memory behind a [`DeviceSink`]). Backends:
+//! [`PosixBackend`] (pread on worker threads), the io_uring backend and the
+//! seeded fault-injecting simulator. All `unsafe` of the I/O path lives in this
+//! crate, each block with a `// SAFETY:` comment.
+//!
+//! ```
+//! use flashtier_io::{AlignedBuf, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("data.bin");
+//! std::fs::write(&path, vec![7u8; 8192])?;
+//! let file = StoreFile::open_read(&path, DirectMode::Prefer)?;
+//! let backend = PosixBackend::new(4)?;
+//! let req = ReadReq { file, offset: 4096, len: 4096, landing: Landing::Host(AlignedBuf::zeroed(4096)), tag: 1 };
+//! let landed = backend.read(vec![req])?;
+//! assert!(landed[0].buf.as_ref().unwrap().iter().all(|&b| b == 7));
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+pub mod buf;
+pub mod error;
+pub mod file;
+pub mod posix;
+pub mod region;
+
+pub use backend::{
+    Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
+    read_blocking,
+};
+pub use buf::{ALIGN, AlignedBuf, round_up};
+pub use error::IoError;
+pub use file::{DirectMode, StoreFile};
+pub use posix::PosixBackend;
+pub use region::{LandingRegion, RegionMemory};

@@ -1,0 +1,6 @@
+//! flashtier's tiers: the expert pool, the row store, KV swap with tiled
+//! decode attention, routing traces and replay, and the decode engine.
+//!
+//! Policy and data structures live here; every byte from disk arrives through
+//! a `flashtier_io::StorageBackend`, and this crate makes no raw syscalls.
+#![deny(unsafe_code)]
