@@ -17,6 +17,20 @@ struct Cli {
 enum Command {
     /// The main job end to end on a built-in synthetic model (no download).
     Demo(cmd::demo::Args),
+    /// Build store files from checkpoints.
+    #[command(subcommand)]
+    Pack(cmd::pack::Pack),
+    /// Summarise a store file (`--json` for scripts).
+    Inspect(cmd::inspect::Args),
+    /// Check every record's checksum.
+    Verify(cmd::verify::Args),
+    /// Measure against the device's own limit.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
+    /// Replay a routing trace against an expert store under a budget.
+    Replay(cmd::replay::Args),
+    /// Decode with a checkpoint, experts streamed from the store.
+    Run(cmd::run::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +44,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Pack(p) => cmd::pack::run(p),
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Bench(b) => cmd::bench::run(b),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Run(a) => cmd::run::run(a),
     }
 }

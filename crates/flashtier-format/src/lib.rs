@@ -5,3 +5,11 @@
 //! any byte of a record is served, and each failure is its own typed error
 //! naming the file and the field.
 #![forbid(unsafe_code)]
+
+pub mod checksum;
+pub mod error;
+pub mod group;
+pub mod header;
+pub mod manifest;
+pub mod row_shard;
+pub mod store;

@@ -4,3 +4,8 @@
 //! Policy and data structures live here; every byte from disk arrives through
 //! a `flashtier_io::StorageBackend`, and this crate makes no raw syscalls.
 #![deny(unsafe_code)]
+
+pub mod engine;
+pub mod experts;
+pub mod kv;
+pub mod rows;

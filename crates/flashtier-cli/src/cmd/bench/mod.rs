@@ -1,0 +1,33 @@
+//! `flashtier bench`: measurements against the device's own limit.
+
+pub mod gpu;
+pub mod io;
+pub mod kv;
+pub mod pack;
+pub mod rows;
+
+/// What to measure.
+#[derive(clap::Subcommand, Debug)]
+pub enum Bench {
+    /// Raw backend reads (IOPS, bytes/s, latency) against fio.
+    Io(io::Args),
+    /// Row store lookups against fio's random-read IOPS.
+    Rows(rows::Args),
+    /// KV offload and cold restore with tiled attention, against fio.
+    Kv(kv::Args),
+    /// Disk to pinned to HBM streaming and the attention kernel, against copies.
+    Gpu(gpu::Args),
+    /// Packing throughput against the drive's sequential write bandwidth.
+    Pack(pack::Args),
+}
+
+/// Run `flashtier bench`.
+pub fn run(b: Bench) -> anyhow::Result<()> {
+    match b {
+        Bench::Io(a) => io::run(a),
+        Bench::Rows(a) => rows::run(a),
+        Bench::Kv(a) => kv::run(a),
+        Bench::Gpu(a) => gpu::run(a),
+        Bench::Pack(a) => pack::run(a),
+    }
+}
