@@ -22,8 +22,11 @@ pub struct Args {
     #[arg(long, default_value = "prefer")]
     pub direct: DirectMode,
     /// Record buffers in the read/write pipeline (memory = depth x record).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     pub depth: usize,
+    /// Reader threads (copy tensors into records, checksum them).
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
     /// Writer threads.
     #[arg(long, default_value_t = 2)]
     pub writers: usize,
@@ -104,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut opts = PackOptions::new(&args.model, &args.out);
     opts.direct = args.direct;
     opts.depth = args.depth.clamp(2, 64);
+    opts.readers = args.readers.clamp(1, 16);
     opts.writers = args.writers.clamp(1, 16);
     let report = pack_with_progress(&opts, !args.json)?;
     if args.json {
