@@ -26,6 +26,7 @@ pub mod buf;
 pub mod error;
 pub mod file;
 pub mod posix;
+pub mod prealloc;
 pub mod region;
 
 pub use backend::{

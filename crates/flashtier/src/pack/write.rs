@@ -67,9 +67,12 @@ pub(crate) fn write_store(
         _ => {}
     }
     let file = StoreFile::open_rw(path, direct, true)?;
-    // Size the file up front: direct writes below the end of file are not
-    // "extending" writes, which file systems such as ext4 serialise.
-    file.set_len(plan.file_len())?;
+    // Allocate the file up front: direct writes into allocated extents are
+    // overwrites, which file systems such as ext4 run in parallel (extending
+    // writes and writes into holes are serialised on the inode lock).
+    if !file.preallocate(plan.file_len())? {
+        tracing::info!(path = %path.display(), "file system cannot preallocate; writing a sparse file");
+    }
     let stride = usize::try_from(plan.header().record_stride_bytes)
         .map_err(|_| PackError::Thread("record stride exceeds the address space".into()))?;
     let count = plan.header().record_count;
