@@ -53,16 +53,17 @@ pub struct PackOptions {
 }
 
 impl PackOptions {
-    /// Defaults: O_DIRECT preferred, 6 record buffers, 2 readers, 2 writers.
+    /// Defaults: O_DIRECT preferred, 8 record buffers, 2 readers, 4 writers
+    /// (queue depth 4, as fio's reference run).
     #[must_use]
     pub fn new(model_dir: &Path, out: &Path) -> Self {
         Self {
             model_dir: model_dir.to_path_buf(),
             out: out.to_path_buf(),
             direct: DirectMode::Prefer,
-            depth: 6,
+            depth: 8,
             readers: 2,
-            writers: 2,
+            writers: 4,
         }
     }
 }

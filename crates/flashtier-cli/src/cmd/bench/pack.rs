@@ -37,8 +37,8 @@ pub struct Args {
     /// Reference tool: fio | dd (fio falls back to dd when not installed).
     #[arg(long, default_value = "fio")]
     pub tool: String,
-    /// Writer threads of the packer.
-    #[arg(long, default_value_t = 2)]
+    /// Writer threads of the packer (queue depth; fio runs at 4).
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
     /// Print JSON on stdout.
     #[arg(long)]

@@ -22,13 +22,13 @@ pub struct Args {
     #[arg(long, default_value = "prefer")]
     pub direct: DirectMode,
     /// Record buffers in the read/write pipeline (memory = depth x record).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 8)]
     pub depth: usize,
     /// Reader threads (copy tensors into records, checksum them).
     #[arg(long, default_value_t = 2)]
     pub readers: usize,
-    /// Writer threads.
-    #[arg(long, default_value_t = 2)]
+    /// Writer threads (the queue depth of the store writes).
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
     /// Print the result as JSON on stdout.
     #[arg(long)]
