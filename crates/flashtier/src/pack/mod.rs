@@ -105,12 +105,13 @@ fn config_err(ckpt: &Checkpoint, field: &'static str, why: String) -> PackError 
     }
 }
 
-/// Model facts from config.json, cross-checked against the expert tensors.
-fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, PackError> {
-    let num_layers = config_u64(ckpt, &["num_hidden_layers"])
-        .ok_or_else(|| config_err(ckpt, "num_hidden_layers", "missing".into()))?;
-    let hidden = config_u64(ckpt, &["hidden_size"])
-        .ok_or_else(|| config_err(ckpt, "hidden_size", "missing".into()))?;
+/// Experts per layer: every expert layer holds experts `0..n` for one `n`,
+/// inside `num_layers`. Returns the layers and `n`.
+fn expert_layers(
+    ckpt: &Checkpoint,
+    layout: &ExpertLayout,
+    num_layers: u64,
+) -> Result<(BTreeMap<u32, BTreeSet<u32>>, u64), PackError> {
     let mut per_layer: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
     for k in &layout.keys {
         per_layer.entry(k.layer).or_default().insert(k.item);
@@ -135,6 +136,16 @@ fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, Pac
             ));
         }
     }
+    Ok((per_layer, found))
+}
+
+/// Model facts from config.json, cross-checked against the expert tensors.
+fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, PackError> {
+    let num_layers = config_u64(ckpt, &["num_hidden_layers"])
+        .ok_or_else(|| config_err(ckpt, "num_hidden_layers", "missing".into()))?;
+    let hidden = config_u64(ckpt, &["hidden_size"])
+        .ok_or_else(|| config_err(ckpt, "hidden_size", "missing".into()))?;
+    let (per_layer, found) = expert_layers(ckpt, layout, num_layers)?;
     let configured = config_u64(
         ckpt,
         &["num_experts", "num_local_experts", "n_routed_experts"],

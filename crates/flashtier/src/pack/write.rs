@@ -73,6 +73,19 @@ pub(crate) fn write_store(
     if !file.preallocate(plan.file_len())? {
         tracing::info!(path = %path.display(), "file system cannot preallocate; writing a sparse file");
     }
+    let sums = run_pipeline(src, plan, &file, shape, progress)?;
+    finish(plan, &file, &sums)?;
+    Ok(file.is_direct())
+}
+
+/// Run the readers and writers over every record; the record checksums.
+fn run_pipeline(
+    src: &RecordSource<'_>,
+    plan: &StoreWriterPlan,
+    file: &StoreFile,
+    shape: PipelineShape,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<u64>, PackError> {
     let stride = usize::try_from(plan.header().record_stride_bytes)
         .map_err(|_| PackError::Thread("record stride exceeds the address space".into()))?;
     let count = plan.header().record_count;
@@ -112,7 +125,7 @@ pub(crate) fn write_store(
             .map(|_| {
                 let rx = filled_rx.clone();
                 let tx = free_tx.clone();
-                let (file, sums) = (&file, &sums);
+                let sums = &sums;
                 s.spawn(move || {
                     let r = write_records(plan, file, &rx, &tx, sums, progress);
                     if r.is_err() {
@@ -130,9 +143,7 @@ pub(crate) fn write_store(
     for r in results {
         r?;
     }
-    let sums = sums.into_inner().unwrap_or_else(PoisonError::into_inner);
-    finish(plan, &file, &sums)?;
-    Ok(file.is_direct())
+    Ok(sums.into_inner().unwrap_or_else(PoisonError::into_inner))
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, PackError>>) -> Result<T, PackError> {
