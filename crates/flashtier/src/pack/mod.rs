@@ -14,6 +14,28 @@
 //! `config.json` and each safetensors file's length and header checksum, so
 //! [`check_pairing`] detects a store used with a checkpoint it was not
 //! packed from.
+//!
+//! ```
+//! use flashtier::pack::{PackOptions, pack_experts};
+//! use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+//! use flashtier_format::{Dtype, RecordKey, Store};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let model = dir.path().join("model");
+//! let spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 42);
+//! write_checkpoint(&spec, &model, &mut |_| {})?;
+//! let out = dir.path().join("experts.ftstore");
+//! let report = pack_experts(&PackOptions::new(&model, &out), &|_bytes| {})?;
+//! let store = Store::open(&out)?;
+//! assert_eq!(store.record_count(), report.records);
+//! let i = store.index_of(RecordKey::new(1, 3))?; // layer 1, expert 3
+//! let mut record = vec![0u8; store.payload_bytes() as usize];
+//! store.read_record(&std::fs::File::open(&out)?, i, &mut record)?;
+//! let gate = store.manifest().record.tensor("gate_proj.weight").expect("gate");
+//! let source = spec.tensor_bytes("model.layers.1.mlp.experts.3.gate_proj.weight").expect("tensor");
+//! assert_eq!(&record[gate.offset as usize..][..gate.len_bytes as usize], &source[..]);
+//! # Ok(()) }
+//! ```
 
 pub mod error;
 pub mod layout;
