@@ -154,7 +154,9 @@ fn expert_layers(
             return Err(config_err(
                 ckpt,
                 "num_hidden_layers",
-                format!("{num_layers}, but experts exist in layer {layer}"),
+                format!(
+                    "{num_layers} layers (with multi-token-prediction layers), but experts exist in layer {layer}"
+                ),
             ));
         }
     }
@@ -167,7 +169,10 @@ fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, Pac
         .ok_or_else(|| config_err(ckpt, "num_hidden_layers", "missing".into()))?;
     let hidden = config_u64(ckpt, &["hidden_size"])
         .ok_or_else(|| config_err(ckpt, "hidden_size", "missing".into()))?;
-    let (per_layer, found) = expert_layers(ckpt, layout, num_layers)?;
+    // DeepSeek-V3 ships its multi-token-prediction layers after the decoder
+    // layers (layer 61 of 61), with experts of their own.
+    let mtp_layers = config_u64(ckpt, &["num_nextn_predict_layers"]).unwrap_or(0);
+    let (per_layer, found) = expert_layers(ckpt, layout, num_layers.saturating_add(mtp_layers))?;
     let configured = config_u64(
         ckpt,
         &["num_experts", "num_local_experts", "n_routed_experts"],
