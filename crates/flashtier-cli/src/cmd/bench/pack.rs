@@ -34,7 +34,7 @@ pub struct Args {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Repetitions (interleaved with the reference writes).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Reference tool: fio | dd (fio falls back to dd when not installed).
     #[arg(long, default_value = "fio")]
