@@ -2,7 +2,8 @@
 //! aligned store records.
 //!
 //! `readers` threads fill record buffers (positional reads of each tensor
-//! into its offset, then the record's checksum); `writers` threads write each
+//! into its offset, direct through a per-reader staging buffer of at most the
+//! largest tensor plus 8 KiB, then the record's checksum); `writers` threads write each
 //! whole record (its full stride, 4096-aligned, O_DIRECT where the file
 //! system allows) at its offset. Bounds: exactly `depth` record buffers exist
 //! (allocated once, recycled through a channel), so memory is `depth *
@@ -16,7 +17,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_format::{RecordKey, StoreWriterPlan, TensorLayout, xxh3_64};
-use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
+use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
 use super::layout::source_name;
@@ -28,6 +29,8 @@ pub(crate) struct RecordSource<'a> {
     pub template: &'a str,
     pub tensors: &'a [TensorLayout],
     pub keys: &'a [RecordKey],
+    /// Read source tensors with direct I/O (bypassing the page cache).
+    pub direct: bool,
 }
 
 /// Pipeline shape.
@@ -168,6 +171,7 @@ fn fill_records(
     failed: &AtomicBool,
 ) -> Result<(), PackError> {
     let payload = src.tensors.last().map_or(0, |t| t.offset + t.len_bytes) as usize;
+    let mut staging = AlignedBuf::zeroed(ALIGN);
     let indices = (lane.first..lane.count).step_by(usize::try_from(lane.step).unwrap_or(1));
     for index in indices {
         let Some(key) = usize::try_from(index).ok().and_then(|i| src.keys.get(i)) else {
@@ -190,7 +194,11 @@ fn fill_records(
                     tensor: name.clone(),
                     why: "tensor outside its record".into(),
                 })?;
-            src.ckpt.read_tensor(&name, dst)?;
+            if src.direct {
+                src.ckpt.read_tensor_direct(&name, dst, &mut staging)?;
+            } else {
+                src.ckpt.read_tensor(&name, dst)?;
+            }
         }
         let checksum = xxh3_64(buf.get(..payload).unwrap_or_default());
         if filled

@@ -27,6 +27,10 @@ pub struct Args {
     /// Reader threads (copy tensors into records, checksum them).
     #[arg(long, default_value_t = 2)]
     pub readers: usize,
+    /// Read the checkpoint with O_DIRECT too (keeps a checkpoint larger than
+    /// memory out of the page cache; slower where read-ahead helps).
+    #[arg(long)]
+    pub direct_source: bool,
     /// Writer threads (the queue depth of the store writes).
     #[arg(long, default_value_t = 4)]
     pub writers: usize,
@@ -108,6 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.direct = args.direct;
     opts.depth = args.depth.clamp(2, 64);
     opts.readers = args.readers.clamp(1, 16);
+    opts.direct_source = args.direct_source;
     opts.writers = args.writers.clamp(1, 16);
     let report = pack_with_progress(&opts, !args.json)?;
     if args.json {
