@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
@@ -113,8 +113,21 @@ pub struct WeightFile {
     /// The raw header (8-byte length + JSON), for pairing checksums.
     pub header: Vec<u8>,
     file: File,
-    /// The same file opened for direct reads (O_DIRECT where allowed).
-    direct: Arc<StoreFile>,
+    /// The same file opened for direct reads (O_DIRECT where allowed), on
+    /// first use, so buffered users never see an O_DIRECT warning.
+    direct: Mutex<Option<Arc<StoreFile>>>,
+}
+
+impl WeightFile {
+    fn direct_handle(&self) -> Result<Arc<StoreFile>, CheckpointError> {
+        let mut slot = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = StoreFile::open_read(&self.path, DirectMode::Prefer)?;
+        *slot = Some(f.clone());
+        Ok(f)
+    }
 }
 
 /// An opened checkpoint: config, files, and every tensor's place.
@@ -264,11 +277,18 @@ impl Checkpoint {
         staging: &mut AlignedBuf,
     ) -> Result<(), CheckpointError> {
         let t = self.tensor(name)?;
-        let wf = self.files.get(t.file).filter(|wf| wf.direct.is_direct());
-        let Some(wf) = wf.filter(|_| dst.len() as u64 == t.len_bytes) else {
+        let wf = self
+            .files
+            .get(t.file)
+            .filter(|_| dst.len() as u64 == t.len_bytes);
+        let Some(wf) = wf else {
             return self.read_tensor(name, dst);
         };
-        let align = (wf.direct.offset_align() as u64).max(ALIGN as u64);
+        let direct = wf.direct_handle()?;
+        if !direct.is_direct() {
+            return self.read_tensor(name, dst);
+        }
+        let align = (direct.offset_align() as u64).max(ALIGN as u64);
         let start = t.offset / align * align;
         let head = (t.offset - start) as usize;
         let need = head + dst.len();
@@ -279,10 +299,7 @@ impl Checkpoint {
         let buf = &mut staging.as_full_mut()[..window];
         let mut done = 0usize;
         while done < need {
-            let got = wf
-                .direct
-                .file()
-                .read_at(&mut buf[done..], start + done as u64);
+            let got = direct.file().read_at(&mut buf[done..], start + done as u64);
             match got {
                 Ok(0) => {
                     let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
@@ -380,7 +397,7 @@ fn open_weight_file(
     }
     Ok((
         WeightFile {
-            direct: StoreFile::open_read(&path, DirectMode::Prefer)?,
+            direct: Mutex::new(None),
             name,
             path,
             len_bytes,
