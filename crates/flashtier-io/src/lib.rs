@@ -21,12 +21,14 @@
 //! # Ok(()) }
 //! ```
 
+// Kept apart from the list below so parallel branches that extend it merge cleanly.
+pub mod prealloc;
+
 pub mod backend;
 pub mod buf;
 pub mod error;
 pub mod file;
 pub mod posix;
-pub mod prealloc;
 pub mod region;
 
 pub use backend::{
