@@ -1,0 +1,568 @@
+//! Tiled decode attention on the GPU, with the CPU reference's contract
+//! (`flashtier::kv`): `begin_step` resets the running (m, l, o) state of every
+//! (sequence, query head), `step_tile` folds one tile of KV blocks into it
+//! with the online softmax, `finalize` writes `o / l` as BF16.
+//!
+//! - GQA: `num_q_heads` is a multiple of `num_kv_heads`; the query heads of
+//!   one KV head are computed together (the KV bytes are read once per group).
+//! - Layouts: any stride triple (block, token, kv head), in elements, e.g. the
+//!   paged `[block, token, kv_head, dim]` ([`KvLayout::paged`]) and the slot
+//!   `[slot, K|V, kv_head, token, dim]` ([`KvLayout::slot`]) layouts.
+//! - The last block of a sequence may be partly filled.
+//! - Split-KV (flash-decoding): each tile is cut into splits so that the whole
+//!   GPU streams it; partial (m, l, o) are merged with a log-sum-exp.
+//!
+//! Kernel limits, checked with a typed error: `head_dim` a multiple of 16 and
+//! at most 256; strides multiples of 8 elements (16-byte vector loads).
+//!
+//! Bounds: the state is sized once for `max_seqs` and reused every step; the
+//! split partials for at most [`MAX_SPLITS`] splits per (sequence, head).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use crate::context::Gpu;
+use crate::error::CudaError;
+use crate::nvrtc::{ATTENTION_SRC, load_module};
+use crate::plan::{WARPS, plan_splits};
+
+pub use crate::plan::MAX_SPLITS;
+
+/// Largest head dimension.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest number of sequences in one step (a grid dimension).
+pub const MAX_SEQS: usize = 65_535;
+
+/// Shape of the attention problem, fixed for the life of a [`DecodeAttention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AttnDims {
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Query heads.
+    pub num_q_heads: usize,
+    /// KV heads (divides `num_q_heads`).
+    pub num_kv_heads: usize,
+    /// Head dimension (multiple of 16, at most 256).
+    pub head_dim: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most blocks per sequence in one tile.
+    pub tile_capacity: usize,
+}
+
+impl AttnDims {
+    /// Check every dimension; a clear error instead of a wrong answer.
+    pub fn validate(&self) -> Result<(), CudaError> {
+        let bad = |why: String| Err(CudaError::invalid("attention dims", why));
+        if self.max_seqs == 0 || self.max_seqs > MAX_SEQS {
+            return bad(format!("max_seqs {} outside 1..={MAX_SEQS}", self.max_seqs));
+        }
+        if self.num_kv_heads == 0 || self.num_q_heads == 0 {
+            return bad("zero heads".into());
+        }
+        if self.num_q_heads % self.num_kv_heads != 0 {
+            return bad(format!(
+                "num_q_heads {} is not a multiple of num_kv_heads {}",
+                self.num_q_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM || self.head_dim % 16 != 0 {
+            return bad(format!(
+                "head_dim {} (the GPU kernel takes multiples of 16 up to {MAX_HEAD_DIM})",
+                self.head_dim
+            ));
+        }
+        if self.block_size == 0 || self.tile_capacity == 0 {
+            return bad("zero block_size or tile_capacity".into());
+        }
+        let tokens = self.block_size.checked_mul(self.tile_capacity);
+        if tokens.is_none_or(|t| t > i32::MAX as usize / 2) {
+            return bad("block_size * tile_capacity overflows".into());
+        }
+        let kv_groups = self.num_kv_heads * self.group().div_ceil(16);
+        if kv_groups > 65_535 {
+            return bad(format!(
+                "{kv_groups} kv-head groups exceed a grid dimension"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    #[must_use]
+    pub fn group(&self) -> usize {
+        self.num_q_heads / self.num_kv_heads.max(1)
+    }
+}
+
+/// Where token `t` of block `b`, KV head `h` starts: `b * block + t * token +
+/// h * kv_head` elements from the pool base; its `head_dim` elements follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KvLayout {
+    /// Elements between blocks.
+    pub block_stride: usize,
+    /// Elements between tokens of a block.
+    pub token_stride: usize,
+    /// Elements between KV heads.
+    pub kv_head_stride: usize,
+}
+
+impl KvLayout {
+    /// Paged `[block, token, kv_head, dim]`.
+    #[must_use]
+    pub fn paged(d: &AttnDims) -> Self {
+        Self {
+            block_stride: d.block_size * d.num_kv_heads * d.head_dim,
+            token_stride: d.num_kv_heads * d.head_dim,
+            kv_head_stride: d.head_dim,
+        }
+    }
+
+    /// Scratch-pool slot `[slot, K|V, kv_head, token, dim]`: K and V pools are
+    /// the same allocation, V offset by `num_kv_heads * block_size * head_dim`.
+    #[must_use]
+    pub fn slot(d: &AttnDims) -> Self {
+        let stripe = d.num_kv_heads * d.block_size * d.head_dim;
+        Self {
+            block_stride: 2 * stripe,
+            token_stride: d.head_dim,
+            kv_head_stride: d.block_size * d.head_dim,
+        }
+    }
+
+    /// Elements a pool must hold for blocks `0..=max_block`.
+    #[must_use]
+    pub fn required_len(&self, d: &AttnDims, max_block: usize) -> Option<usize> {
+        let last_tok = d.block_size.checked_sub(1)?;
+        let last_head = d.num_kv_heads.checked_sub(1)?;
+        max_block
+            .checked_mul(self.block_stride)?
+            .checked_add(last_tok.checked_mul(self.token_stride)?)?
+            .checked_add(last_head.checked_mul(self.kv_head_stride)?)?
+            .checked_add(d.head_dim)
+    }
+}
+
+/// One tile of KV blocks per sequence, on the device and validated.
+#[derive(Debug)]
+pub struct TileTable {
+    blocks: CudaSlice<i32>,
+    tokens: CudaSlice<i32>,
+    num_seqs: usize,
+    max_tokens: usize,
+    max_block: usize,
+}
+
+impl TileTable {
+    /// Sequences in this tile.
+    #[must_use]
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+    /// Most tokens of one sequence in this tile.
+    #[must_use]
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SplitArgs {
+    num_q_heads: i32,
+    group: i32,
+    block_size: i32,
+    tile_capacity: i32,
+    blk_stride: i64,
+    tok_stride: i64,
+    kvh_stride: i64,
+    tokens_per_split: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: plain-old-data with the same C layout as `SplitArgs` in attention.cu.
+unsafe impl DeviceRepr for SplitArgs {}
+
+/// The GPU decode attention of one shape.
+pub struct DecodeAttention {
+    gpu: Gpu,
+    dims: AttnDims,
+    _module: Arc<CudaModule>,
+    f_split: CudaFunction,
+    f_merge: CudaFunction,
+    f_finalize: CudaFunction,
+    split_smem_bytes: u32,
+    ctas_per_sm: u32,
+    st_m: CudaSlice<f32>,
+    st_l: CudaSlice<f32>,
+    st_o: CudaSlice<f32>,
+    part_m: CudaSlice<f32>,
+    part_l: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    scale: f32,
+    step_seqs: Option<usize>,
+    fresh: bool,
+    ptxas_log: String,
+}
+
+impl std::fmt::Debug for DecodeAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeAttention")
+            .field("dims", &self.dims)
+            .field("ctas_per_sm", &self.ctas_per_sm)
+            .finish()
+    }
+}
+
+fn split_smem_bytes(head_dim: usize) -> usize {
+    let stages = if head_dim <= 128 { 3 } else { 2 };
+    let pitch = head_dim * 2 + 16;
+    let staging = WARPS * stages * 2 * 16 * pitch;
+    let merge = 4 * (2 * WARPS * 16 + WARPS * 16 * head_dim);
+    staging.max(merge)
+}
+
+impl DecodeAttention {
+    /// Compile the kernels for `dims.head_dim` and allocate the state. The
+    /// softmax scale is `1 / sqrt(head_dim)`.
+    pub fn new(gpu: &Gpu, dims: AttnDims) -> Result<Self, CudaError> {
+        dims.validate()?;
+        let (module, cubin) = load_module(
+            gpu,
+            &format!("attention_d{}", dims.head_dim),
+            ATTENTION_SRC,
+            &[("HEAD_DIM", dims.head_dim.to_string())],
+        )?;
+        let func = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(CudaError::driver(format!("load kernel {name}")))
+        };
+        let f_split = func("attn_split")?;
+        let f_merge = func("attn_merge")?;
+        let f_finalize = func("attn_finalize")?;
+        let smem = split_smem_bytes(dims.head_dim);
+        if smem > gpu.info().max_smem_per_block_optin_bytes {
+            return Err(CudaError::invalid(
+                "attention dims",
+                format!(
+                    "head_dim {} needs {smem} bytes of shared memory; the device allows {}",
+                    dims.head_dim,
+                    gpu.info().max_smem_per_block_optin_bytes
+                ),
+            ));
+        }
+        let smem_i32 = i32::try_from(smem).unwrap_or(i32::MAX);
+        f_split
+            .set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_i32,
+            )
+            .map_err(CudaError::driver("raise dynamic shared memory limit"))?;
+        let ctas_per_sm = f_split
+            .occupancy_max_active_blocks_per_multiprocessor((WARPS * 32) as u32, smem, None)
+            .map_err(CudaError::driver("occupancy"))?
+            .max(1);
+        let n_state = dims.max_seqs * dims.num_q_heads;
+        let alloc = |n: usize| {
+            gpu.stream()
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(CudaError::driver(format!(
+                    "allocate {n} floats of attention state"
+                )))
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            dims,
+            _module: module,
+            f_split,
+            f_merge,
+            f_finalize,
+            split_smem_bytes: u32::try_from(smem).unwrap_or(u32::MAX),
+            ctas_per_sm,
+            st_m: alloc(n_state)?,
+            st_l: alloc(n_state)?,
+            st_o: alloc(n_state * dims.head_dim)?,
+            part_m: alloc(n_state * MAX_SPLITS)?,
+            part_l: alloc(n_state * MAX_SPLITS)?,
+            part_o: alloc(n_state * MAX_SPLITS * dims.head_dim)?,
+            scale: 1.0 / (dims.head_dim as f32).sqrt(),
+            step_seqs: None,
+            fresh: true,
+            ptxas_log: cubin.log,
+        })
+    }
+
+    /// The shape.
+    #[must_use]
+    pub fn dims(&self) -> &AttnDims {
+        &self.dims
+    }
+
+    /// Resident split CTAs per multiprocessor (occupancy).
+    #[must_use]
+    pub fn ctas_per_sm(&self) -> u32 {
+        self.ctas_per_sm
+    }
+
+    /// ptxas's register / shared-memory / spill report for this module.
+    #[must_use]
+    pub fn ptxas_log(&self) -> &str {
+        &self.ptxas_log
+    }
+
+    /// Upload and validate one tile: `blocks[s]` are the pool block ids of
+    /// sequence `s` in this tile (at most `tile_capacity`), and
+    /// `last_valid_slots[s]` the filled tokens of its last block (`1..=block_size`).
+    pub fn tile_table(
+        &self,
+        blocks: &[&[u32]],
+        last_valid_slots: &[usize],
+    ) -> Result<TileTable, CudaError> {
+        let d = &self.dims;
+        let n = blocks.len();
+        if n == 0 || n > d.max_seqs || last_valid_slots.len() != n {
+            return Err(CudaError::invalid(
+                "tile",
+                format!(
+                    "{n} sequences with {} last-block counts (max_seqs {})",
+                    last_valid_slots.len(),
+                    d.max_seqs
+                ),
+            ));
+        }
+        let mut flat = vec![0i32; n * d.tile_capacity];
+        let mut tokens = Vec::with_capacity(n);
+        let mut max_block = 0usize;
+        for (s, (seq_blocks, &last)) in blocks.iter().zip(last_valid_slots).enumerate() {
+            let t = tile_tokens(d, s, seq_blocks.len(), last)?;
+            for (j, &b) in seq_blocks.iter().enumerate() {
+                let b_i32 = i32::try_from(b).map_err(|_| {
+                    CudaError::invalid("tile", format!("block id {b} of sequence {s} too large"))
+                })?;
+                if let Some(slot) = flat.get_mut(s * d.tile_capacity + j) {
+                    *slot = b_i32;
+                }
+                max_block = max_block.max(b as usize);
+            }
+            tokens.push(i32::try_from(t).unwrap_or(i32::MAX));
+        }
+        let max_tokens = tokens.iter().copied().max().unwrap_or(0).max(0) as usize;
+        let stream = self.gpu.stream();
+        Ok(TileTable {
+            blocks: stream
+                .clone_htod(&flat)
+                .map_err(CudaError::driver("upload tile blocks"))?,
+            tokens: stream
+                .clone_htod(&tokens)
+                .map_err(CudaError::driver("upload tile tokens"))?,
+            num_seqs: n,
+            max_tokens,
+            max_block,
+        })
+    }
+
+    /// Reset the running state of `num_seqs` sequences for a new decode step.
+    pub fn begin_step(&mut self, num_seqs: usize) -> Result<(), CudaError> {
+        if num_seqs == 0 || num_seqs > self.dims.max_seqs {
+            return Err(CudaError::invalid(
+                "begin_step",
+                format!("num_seqs {num_seqs} outside 1..={}", self.dims.max_seqs),
+            ));
+        }
+        // The reset is folded into the next merge (`fresh`), saving a launch.
+        self.step_seqs = Some(num_seqs);
+        self.fresh = true;
+        Ok(())
+    }
+}
+
+impl DecodeAttention {
+    /// Fold one tile into the running state: `q` is `[num_seqs, num_q_heads,
+    /// head_dim]` BF16 (as raw `u16`), `k_pool` / `v_pool` the KV pools in
+    /// `layout`. Two launches on the compute stream, no host sync.
+    pub fn step_tile(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+    ) -> Result<(), CudaError> {
+        let num_seqs = self.check_step(q, k_pool, v_pool, layout, tile)?;
+        let d = self.dims;
+        let qgroups = d.group().div_ceil(16);
+        let pairs = num_seqs * d.num_kv_heads * qgroups;
+        let slots = self.gpu.info().sm_count as usize * self.ctas_per_sm as usize;
+        let plan = plan_splits(tile.max_tokens, pairs, slots);
+        let args = SplitArgs {
+            num_q_heads: as_i32(d.num_q_heads),
+            group: as_i32(d.group()),
+            block_size: as_i32(d.block_size),
+            tile_capacity: as_i32(d.tile_capacity),
+            blk_stride: layout.block_stride as i64,
+            tok_stride: layout.token_stride as i64,
+            kvh_stride: layout.kv_head_stride as i64,
+            tokens_per_split: as_i32(plan.tokens_per_split),
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+        };
+        let stream = self.gpu.stream().clone();
+        let cfg = LaunchConfig {
+            grid_dim: (
+                plan.splits as u32,
+                (d.num_kv_heads * qgroups) as u32,
+                num_seqs as u32,
+            ),
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: self.split_smem_bytes,
+        };
+        let mut launch = stream.launch_builder(&self.f_split);
+        launch
+            .arg(q)
+            .arg(k_pool)
+            .arg(v_pool)
+            .arg(&tile.blocks)
+            .arg(&tile.tokens)
+            .arg(&mut self.part_m)
+            .arg(&mut self.part_l)
+            .arg(&mut self.part_o)
+            .arg(&args);
+        // SAFETY: the argument list matches `attn_split`; `check_step` proved
+        // every address the kernel forms (q rows, pool blocks, tile entries,
+        // partials for `plan.splits <= MAX_SPLITS`) lies inside its buffer.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_split"))?;
+
+        let splits = as_i32(plan.splits);
+        let fresh = i32::from(self.fresh);
+        let cfg = LaunchConfig {
+            grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&self.f_merge);
+        launch
+            .arg(&mut self.st_m)
+            .arg(&mut self.st_l)
+            .arg(&mut self.st_o)
+            .arg(&self.part_m)
+            .arg(&self.part_l)
+            .arg(&self.part_o)
+            .arg(&splits)
+            .arg(&fresh);
+        // SAFETY: matches `attn_merge`; the state holds max_seqs * num_q_heads
+        // entries and the partials `splits` per entry.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_merge"))?;
+        self.fresh = false;
+        Ok(())
+    }
+
+    /// Write `o / l` of the step's sequences to `out` (`[num_seqs,
+    /// num_q_heads, head_dim]` BF16); a head that saw no token gets zeros.
+    pub fn finalize(&mut self, out: &mut CudaSlice<u16>) -> Result<(), CudaError> {
+        let d = self.dims;
+        let num_seqs = self.step_seqs.ok_or_else(|| {
+            CudaError::invalid("finalize", "no begin_step since the last finalize")
+        })?;
+        let need = num_seqs * d.num_q_heads * d.head_dim;
+        if out.len() < need {
+            return Err(CudaError::invalid(
+                "finalize",
+                format!("output holds {} elements, needs {need}", out.len()),
+            ));
+        }
+        let empty = i32::from(self.fresh);
+        let cfg = LaunchConfig {
+            grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&self.f_finalize);
+        launch.arg(&self.st_l).arg(&self.st_o).arg(out).arg(&empty);
+        // SAFETY: matches `attn_finalize`; `out` holds `need` elements (checked).
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_finalize"))?;
+        self.step_seqs = None;
+        Ok(())
+    }
+
+    fn check_step(
+        &self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+    ) -> Result<usize, CudaError> {
+        let d = &self.dims;
+        let bad = |why: String| Err(CudaError::invalid("step_tile", why));
+        let Some(num_seqs) = self.step_seqs else {
+            return bad("step_tile before begin_step".into());
+        };
+        if tile.num_seqs != num_seqs {
+            return bad(format!(
+                "tile has {} sequences, the step {num_seqs}",
+                tile.num_seqs
+            ));
+        }
+        let q_need = num_seqs * d.num_q_heads * d.head_dim;
+        if q.len() < q_need {
+            return bad(format!("q holds {} elements, needs {q_need}", q.len()));
+        }
+        let strides = [
+            layout.block_stride,
+            layout.token_stride,
+            layout.kv_head_stride,
+        ];
+        if strides.iter().any(|s| s % 8 != 0 || *s > i64::MAX as usize) {
+            return bad(format!(
+                "strides {strides:?} are not multiples of 8 elements"
+            ));
+        }
+        if tile.max_tokens > 0 {
+            let need = layout.required_len(d, tile.max_block).unwrap_or(usize::MAX);
+            for (name, pool) in [("k_pool", k_pool), ("v_pool", v_pool)] {
+                if pool.len() < need {
+                    return bad(format!(
+                        "{name} holds {} elements; block {} needs {need}",
+                        pool.len(),
+                        tile.max_block
+                    ));
+                }
+            }
+        }
+        Ok(num_seqs)
+    }
+}
+
+fn as_i32(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn tile_tokens(d: &AttnDims, seq: usize, count: usize, last: usize) -> Result<usize, CudaError> {
+    if count > d.tile_capacity {
+        return Err(CudaError::invalid(
+            "tile",
+            format!(
+                "sequence {seq}: {count} blocks exceed tile_capacity {}",
+                d.tile_capacity
+            ),
+        ));
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    if last == 0 || last > d.block_size {
+        return Err(CudaError::invalid(
+            "tile",
+            format!(
+                "sequence {seq}: last_block_valid_slots {last} outside 1..={}",
+                d.block_size
+            ),
+        ));
+    }
+    Ok((count - 1) * d.block_size + last)
+}
