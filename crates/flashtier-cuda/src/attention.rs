@@ -393,6 +393,35 @@ impl DecodeAttention {
         layout: KvLayout,
         tile: &TileTable,
     ) -> Result<(), CudaError> {
+        self.step_impl(q, k_pool, v_pool, layout, tile, None)
+    }
+
+    /// The step's last tile and [`finalize`](Self::finalize) in one: the merge
+    /// also writes `o / l` to `out`, saving a launch.
+    pub fn step_tile_final(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        self.check_out(out)?;
+        self.step_impl(q, k_pool, v_pool, layout, tile, Some(out))?;
+        self.step_seqs = None;
+        Ok(())
+    }
+
+    fn step_impl(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+        out: Option<&mut CudaSlice<u16>>,
+    ) -> Result<(), CudaError> {
         let num_seqs = self.check_step(q, k_pool, v_pool, layout, tile)?;
         let d = self.dims;
         let qgroups = d.group().div_ceil(16);
@@ -440,9 +469,10 @@ impl DecodeAttention {
         let fresh = i32::from(self.fresh);
         let cfg = LaunchConfig {
             grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let null_out = 0u64;
         let mut launch = stream.launch_builder(&self.f_merge);
         launch
             .arg(&mut self.st_m)
@@ -453,8 +483,13 @@ impl DecodeAttention {
             .arg(&self.part_o)
             .arg(&splits)
             .arg(&fresh);
+        match out {
+            Some(o) => launch.arg(o),
+            None => launch.arg(&null_out),
+        };
         // SAFETY: matches `attn_merge`; the state holds max_seqs * num_q_heads
-        // entries and the partials `splits` per entry.
+        // entries, the partials `splits` per entry, and `out` (when given) the
+        // step's outputs (checked by `check_out`); a null `out` is skipped.
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_merge"))?;
         self.fresh = false;
         Ok(())
@@ -464,16 +499,7 @@ impl DecodeAttention {
     /// num_q_heads, head_dim]` BF16); a head that saw no token gets zeros.
     pub fn finalize(&mut self, out: &mut CudaSlice<u16>) -> Result<(), CudaError> {
         let d = self.dims;
-        let num_seqs = self.step_seqs.ok_or_else(|| {
-            CudaError::invalid("finalize", "no begin_step since the last finalize")
-        })?;
-        let need = num_seqs * d.num_q_heads * d.head_dim;
-        if out.len() < need {
-            return Err(CudaError::invalid(
-                "finalize",
-                format!("output holds {} elements, needs {need}", out.len()),
-            ));
-        }
+        let num_seqs = self.check_out(out)?;
         let empty = i32::from(self.fresh);
         let cfg = LaunchConfig {
             grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
@@ -487,6 +513,21 @@ impl DecodeAttention {
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_finalize"))?;
         self.step_seqs = None;
         Ok(())
+    }
+
+    fn check_out(&self, out: &CudaSlice<u16>) -> Result<usize, CudaError> {
+        let d = &self.dims;
+        let num_seqs = self.step_seqs.ok_or_else(|| {
+            CudaError::invalid("finalize", "no begin_step since the last finalize")
+        })?;
+        let need = num_seqs * d.num_q_heads * d.head_dim;
+        if out.len() < need {
+            return Err(CudaError::invalid(
+                "finalize",
+                format!("output holds {} elements, needs {need}", out.len()),
+            ));
+        }
+        Ok(num_seqs)
     }
 
     fn check_step(

@@ -78,6 +78,7 @@ pub struct UtilKernels {
     _module: Arc<CudaModule>,
     f_dequant: CudaFunction,
     f_fill: CudaFunction,
+    f_spin: CudaFunction,
 }
 
 impl std::fmt::Debug for UtilKernels {
@@ -99,6 +100,7 @@ impl UtilKernels {
             gpu: gpu.clone(),
             f_dequant: func("fp8_e4m3_dequant")?,
             f_fill: func("fill_bf16_hash")?,
+            f_spin: func("spin_ns")?,
             _module: module,
         })
     }
@@ -167,6 +169,24 @@ impl UtilKernels {
         launch.arg(dst).arg(&n).arg(&seed).arg(&amp);
         // SAFETY: matches `fill_bf16_hash`, which writes indices 0..n of `dst`.
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch fill_bf16_hash"))?;
+        Ok(())
+    }
+}
+
+impl UtilKernels {
+    /// Keep the compute stream busy for `ns` nanoseconds, so that launches
+    /// queued behind it run back to back (benchmarks).
+    pub fn spin(&self, ns: u64) -> Result<(), CudaError> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&self.f_spin);
+        launch.arg(&ns);
+        // SAFETY: matches `spin_ns`, which touches no memory.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch spin_ns"))?;
         Ok(())
     }
 }

@@ -24,6 +24,7 @@ pub mod attention;
 pub mod context;
 pub mod dequant;
 pub mod error;
+pub mod measure;
 pub mod nvrtc;
 pub mod pinned;
 pub mod plan;
@@ -31,6 +32,7 @@ pub mod sink;
 
 pub use attention::{AttnDims, DecodeAttention, KvLayout, TileTable};
 pub use context::{DeviceInfo, Gpu, driver_present, nvrtc_present};
+pub use cudarc;
 pub use dequant::{Fp8Rows, UtilKernels};
 pub use error::CudaError;
 pub use pinned::{DeviceAddressing, PinnedMemory};

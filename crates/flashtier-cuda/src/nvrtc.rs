@@ -75,7 +75,9 @@ pub fn compile_cubin(
     Ok(Cubin { image, log })
 }
 
-/// Compile `src` for the device of `gpu` and load it.
+/// Compile `src` for the device of `gpu` and load it. With
+/// `FLASHTIER_DUMP_CUBIN=<dir>` the machine code is also written there (for
+/// `cuobjdump --dump-sass`).
 pub fn load_module(
     gpu: &Gpu,
     module: &str,
@@ -84,6 +86,12 @@ pub fn load_module(
 ) -> Result<(Arc<CudaModule>, Cubin), CudaError> {
     let arch = gpu.info().arch();
     let cubin = compile_cubin(module, src, &arch, defines)?;
+    if let Some(dir) = std::env::var_os("FLASHTIER_DUMP_CUBIN") {
+        let path = std::path::Path::new(&dir).join(format!("{module}.{arch}.cubin"));
+        if let Err(e) = std::fs::write(&path, &cubin.image) {
+            tracing::warn!(path = %path.display(), "could not dump cubin: {e}");
+        }
+    }
     let loaded = gpu
         .context()
         .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.image.clone()))

@@ -120,7 +120,13 @@ fn reference(p: &Problem, lens: &[usize]) -> Vec<f64> {
 
 /// Run one decode step on the GPU, cutting each sequence into tiles of at
 /// most `tile_capacity` blocks.
-fn run_gpu(gpu: &Gpu, attn: &mut DecodeAttention, p: &Problem, lens: &[usize]) -> Vec<u16> {
+fn run_gpu(
+    gpu: &Gpu,
+    attn: &mut DecodeAttention,
+    p: &Problem,
+    lens: &[usize],
+    fused: bool,
+) -> Vec<u16> {
     let d = p.dims;
     let s = gpu.stream();
     let q = s.clone_htod(&p.q).expect("upload q");
@@ -152,10 +158,17 @@ fn run_gpu(gpu: &Gpu, attn: &mut DecodeAttention, p: &Problem, lens: &[usize]) -
             });
         }
         let table = attn.tile_table(&blocks, &last).expect("tile table");
-        attn.step_tile(&q, &k, &v, p.layout, &table)
-            .expect("step_tile");
+        if fused && tix + 1 == tiles {
+            attn.step_tile_final(&q, &k, &v, p.layout, &table, &mut out)
+                .expect("step_tile_final");
+        } else {
+            attn.step_tile(&q, &k, &v, p.layout, &table)
+                .expect("step_tile");
+        }
     }
-    attn.finalize(&mut out).expect("finalize");
+    if !(fused && tiles > 0) {
+        attn.finalize(&mut out).expect("finalize");
+    }
     s.clone_dtoh(&out).expect("download")
 }
 
@@ -175,7 +188,7 @@ fn check_case(gpu: &Gpu, c: &Case, seed: u64) {
         } else {
             make_problem(c, &mut rng)
         };
-        let got = run_gpu(gpu, &mut attn, &p, &c.lens);
+        let got = run_gpu(gpu, &mut attn, &p, &c.lens, step == 1);
         let want = reference(&p, &c.lens);
         let mut max_err = 0.0f64;
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -187,8 +200,14 @@ fn check_case(gpu: &Gpu, c: &Case, seed: u64) {
             max_err = max_err.max((g - w).abs());
         }
         eprintln!(
-            "seed {seed} step {step}: lens {:?} nq {} nkv {} d {} bs {} slot {} -> max abs err {max_err:.2e}",
-            c.lens, c.nq, c.nkv, c.d, c.bs, c.slot_layout
+            "seed {seed} step {step} (fused final {}): lens {:?} nq {} nkv {} d {} bs {} slot {} -> max abs err {max_err:.2e}",
+            step == 1,
+            c.lens,
+            c.nq,
+            c.nkv,
+            c.d,
+            c.bs,
+            c.slot_layout
         );
         assert!(
             max_err <= BOUND,

@@ -350,45 +350,93 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     }
 }
 
-// Fold `num_splits` partials into the running state of every (seq, q head).
-// `fresh` != 0: the state was reset by begin_step and holds nothing yet.
-extern "C" __global__ void __launch_bounds__(128)
+// Fold `num_splits` partials into the running state of every (seq, q head);
+// one CTA of 256 threads per (head, seq). `fresh` != 0: the state was reset by
+// begin_step and holds nothing yet. `out` != null: also write bf16(o / l)
+// (the step's last tile, finalize fused).
+extern "C" __global__ void __launch_bounds__(256)
 attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict__ st_o,
            const float* __restrict__ part_m, const float* __restrict__ part_l,
-           const float* __restrict__ part_o, int num_splits, int fresh) {
-    __shared__ float w[MAX_SPLITS + 1];
-    __shared__ float mm_sh;
+           const float* __restrict__ part_o, int num_splits, int fresh, u16* __restrict__ out) {
+    __shared__ float w[MAX_SPLITS];
+    __shared__ float red[256];
+    __shared__ float4 acc_sh[256];
+    __shared__ float mm_sh, l_sh, wold_sh;
+    const int tid = threadIdx.x;
     const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;  // seq * nq + head
     const float* pm = part_m + i * num_splits;
-    if (threadIdx.x == 0) {
-        float mm = fresh ? NEG_INF : st_m[i];
-        for (int s = 0; s < num_splits; ++s) mm = fmaxf(mm, pm[s]);
-        mm_sh = mm;
+    const float* pl = part_l + i * num_splits;
+    const float m_old = fresh ? NEG_INF : st_m[i];
+
+    // Max over the splits and the old state.
+    const float ms = tid < num_splits ? pm[tid] : NEG_INF;
+    red[tid] = ms;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (tid < o) red[tid] = fmaxf(red[tid], red[tid + o]);
+        __syncthreads();
     }
+    if (tid == 0) mm_sh = fmaxf(red[0], m_old);
     __syncthreads();
     const float mm = mm_sh;
-    for (int s = threadIdx.x; s <= num_splits; s += blockDim.x) {
-        float ms;
-        if (s < num_splits) {
-            ms = pm[s];
-        } else {
-            ms = fresh ? NEG_INF : st_m[i];
-        }
-        w[s] = (mm == NEG_INF || ms == NEG_INF) ? 0.f : __expf(ms - mm);
-    }
+    const float ws = (mm == NEG_INF || ms == NEG_INF) ? 0.f : __expf(ms - mm);
+    if (tid < num_splits) w[tid] = ws;
+    red[tid] = tid < num_splits ? pl[tid] * ws : 0.f;
     __syncthreads();
-    const float w_old = w[num_splits];
-    if (threadIdx.x == 0) {
-        float l = fresh ? 0.f : st_l[i] * w_old;
-        for (int s = 0; s < num_splits; ++s) l += part_l[i * num_splits + s] * w[s];
+    for (int o = 128; o > 0; o >>= 1) {
+        if (tid < o) red[tid] += red[tid + o];
+        __syncthreads();
+    }
+    if (tid == 0) {
+        const float wold = (mm == NEG_INF || m_old == NEG_INF) ? 0.f : __expf(m_old - mm);
+        const float l = red[0] + (fresh ? 0.f : st_l[i] * wold);
+        wold_sh = wold;
+        l_sh = l;
         st_l[i] = l;
         st_m[i] = mm;
     }
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        float acc = fresh ? 0.f : st_o[i * HEAD_DIM + d] * w_old;
-        const float* po = part_o + i * num_splits * HEAD_DIM + d;
-        for (int s = 0; s < num_splits; ++s) acc += po[(long long)s * HEAD_DIM] * w[s];
-        st_o[i * HEAD_DIM + d] = acc;
+    __syncthreads();
+
+    // o: thread (column of 4 dims, split group) sums its splits, then the
+    // groups are added in shared memory.
+    const int cols = HEAD_DIM / 4;
+    const int groups = 256 / cols;
+    const int c = tid % cols;
+    const int sg = tid / cols;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (sg < groups) {
+        const float4* po = (const float4*)(part_o + i * num_splits * HEAD_DIM) + c;
+#pragma unroll 4
+        for (int s = sg; s < num_splits; s += groups) {
+            const float4 v = po[(long long)s * cols];
+            const float f = w[s];
+            acc.x += v.x * f; acc.y += v.y * f; acc.z += v.z * f; acc.w += v.w * f;
+        }
+    }
+    acc_sh[tid] = acc;
+    __syncthreads();
+    if (tid < cols) {
+        float4 t = acc_sh[tid];
+        for (int g = 1; g < groups; ++g) {
+            const float4 u = acc_sh[g * cols + tid];
+            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+        }
+        float4* so = (float4*)(st_o + i * HEAD_DIM) + tid;
+        if (!fresh) {
+            const float wold = wold_sh;
+            const float4 u = *so;
+            t.x += u.x * wold; t.y += u.y * wold; t.z += u.z * wold; t.w += u.w * wold;
+        }
+        *so = t;
+        if (out != 0) {
+            const float l = l_sh;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            u16* dst = out + i * HEAD_DIM + tid * 4;
+            dst[0] = f32_to_bf16(t.x * inv);
+            dst[1] = f32_to_bf16(t.y * inv);
+            dst[2] = f32_to_bf16(t.z * inv);
+            dst[3] = f32_to_bf16(t.w * inv);
+        }
     }
 }
 

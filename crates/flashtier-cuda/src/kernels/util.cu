@@ -65,3 +65,15 @@ extern "C" __global__ void fill_bf16_hash(u16* __restrict__ dst, long long n, u3
         dst[i] = f32_to_bf16((2.f * u - 1.f) * amp);
     }
 }
+
+// Keep the stream busy for `ns` nanoseconds (benchmarks enqueue their timed
+// launches behind it, so host launch overhead stays out of device timings).
+extern "C" __global__ void spin_ns(u64 ns) {
+    u64 t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        u64 t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns) break;
+    }
+}
