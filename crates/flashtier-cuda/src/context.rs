@@ -64,6 +64,9 @@ impl DeviceInfo {
 }
 
 /// One device: its context, a compute stream and what it is.
+///
+/// cudarc's automatic cross-stream event tracking is off: work on other
+/// streams is ordered explicitly (see [`HbmSink`](crate::HbmSink)).
 #[derive(Clone)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
@@ -91,6 +94,14 @@ impl Gpu {
             return Err(CudaError::NoDevice { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal).map_err(CudaError::driver("create context"))?;
+        // SAFETY: nothing is allocated in this context yet. This crate orders
+        // its streams itself: kernels and their buffers live on the compute
+        // stream in issue order, and the one other stream it writes from
+        // (HbmSink's copy stream) writes raw device addresses, which cudarc
+        // never tracked, and is ordered with `order_after` / `order_before` /
+        // `flush`. cudarc's per-buffer events would otherwise add a stream
+        // wait and an event record per kernel argument to every launch.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
             .map_err(CudaError::driver("create stream"))?;

@@ -13,7 +13,9 @@
 //! Semantics: when a backend's `read` returns, every copy has been enqueued
 //! on the copy stream, so the bytes are landed and visible to work ordered
 //! after it ([`HbmSink::order_before`] makes another stream wait for them, with
-//! no host sync). `read_async` never synchronises with the device; only
+//! no host sync). Destinations must be ready before the copies: call
+//! [`HbmSink::order_after`] with the stream that allocated them. `read_async`
+//! never synchronises with the device; only
 //! [`DeviceSink::flush`] (and a full staging ring) waits on the host.
 //!
 //! Bounds: `slots` staging slots of `slot_bytes` each (one pinned allocation
@@ -122,6 +124,15 @@ impl HbmSink {
     #[must_use]
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Make the copy stream wait (on the device, no host sync) for the work
+    /// queued on `stream` so far, e.g. the allocation and zeroing of the
+    /// device buffers that reads will land in.
+    pub fn order_after(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        self.copy_stream
+            .join(stream)
+            .map_err(CudaError::driver("order producer before copy stream"))
     }
 
     /// Make `stream` wait (on the device, no host sync) for every copy

@@ -44,6 +44,7 @@ fn landed_bytes_equal_the_file() {
     let s = gpu.stream();
     for round in 0..2 {
         let dev = s.alloc_zeros::<u8>(len).expect("alloc");
+        sink.order_after(s).expect("copies after the allocation");
         let base = {
             let (p, _sync) = dev.device_ptr(s);
             p
@@ -90,6 +91,7 @@ fn failed_read_returns_its_slot() {
     let sink = HbmSink::new(&gpu, 1, CHUNK).expect("sink");
     let s = gpu.stream();
     let dev = s.alloc_zeros::<u8>(CHUNK).expect("alloc");
+    sink.order_after(s).expect("copies after the allocation");
     let (base, _sync) = dev.device_ptr(s);
     let req = |offset: u64| ReadReq {
         file: file.clone(),

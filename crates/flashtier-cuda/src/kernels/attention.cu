@@ -112,19 +112,18 @@ struct SplitArgs {
 };
 
 // Issue the cp.async copies of one 16-token sub-tile (K and V) into a stage.
+// Fast path (`one_block`): a 16-aligned sub-tile never straddles a block when
+// the block size is a multiple of 16, so one table lookup, `blk`, prefetched
+// by the caller an iteration ahead, serves the whole sub-tile.
 static __device__ __forceinline__ void load_subtile(
     const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
     const int* __restrict__ blocks, const SplitArgs& a, int kvh, int tok0, int t_end,
-    unsigned char* k_stage, unsigned char* v_stage, int lane) {
+    unsigned char* k_stage, unsigned char* v_stage, int lane, bool one_block, int blk) {
     const long long head_off = (long long)kvh * a.kvh_stride;
-    // Fast path: a 16-aligned sub-tile never straddles a block when the block
-    // size is a multiple of 16, so one table lookup serves the whole sub-tile.
-    const bool one_block = (a.block_size % SUB) == 0;
     long long base0 = 0;
     int slot0 = 0;
     if (one_block) {
-        const int b = blocks[tok0 / a.block_size];
-        base0 = (long long)b * a.blk_stride + head_off;
+        base0 = (long long)blk * a.blk_stride + head_off;
         slot0 = tok0 % a.block_size;
     }
 #pragma unroll
@@ -198,15 +197,20 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     const int n_sub = t_end > t_begin ? (t_end - t_begin + SUB - 1) / SUB : 0;
     const int my_n = n_sub > warp ? (n_sub - warp + WARPS - 1) / WARPS : 0;
 
+    const bool one_block = (a.block_size % SUB) == 0;
+    // Block id of this warp's sub-tile `i` (fast path), 0 past the end.
+#define SUB_TOK0(i) (t_begin + (warp + (i) * WARPS) * SUB)
+#define BLOCK_OF(i) ((one_block && (i) < my_n) ? blocks[SUB_TOK0(i) / a.block_size] : 0)
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
         if (st < my_n) {
             unsigned char* ks_ = wbase + st * (2 * SUB * PITCH);
-            load_subtile(k_pool, v_pool, blocks, a, kvh, t_begin + (warp + st * WARPS) * SUB, t_end,
-                         ks_, ks_ + SUB * PITCH, lane);
+            load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(st), t_end, ks_, ks_ + SUB * PITCH,
+                         lane, one_block, BLOCK_OF(st));
         }
         cp_async_commit();
     }
+    int blk_next = BLOCK_OF(STAGES - 1);
 
     // ldmatrix row addresses (per lane) within a stage.
     const int lm = lane >> 3, lr = lane & 7;
@@ -216,6 +220,8 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     for (int it = 0; it < my_n; ++it) {
         cp_async_wait<STAGES - 2>();
         __syncwarp();
+        // The table lookup for the sub-tile after next, a whole iteration early.
+        const int blk_after = BLOCK_OF(it + STAGES);
         const int stage = it % STAGES;
         unsigned char* kst = wbase + stage * (2 * SUB * PITCH);
         unsigned char* vst = kst + SUB * PITCH;
@@ -292,11 +298,14 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         const int nxt = it + STAGES - 1;
         if (nxt < my_n) {
             unsigned char* ks_ = wbase + (nxt % STAGES) * (2 * SUB * PITCH);
-            load_subtile(k_pool, v_pool, blocks, a, kvh, t_begin + (warp + nxt * WARPS) * SUB, t_end,
-                         ks_, ks_ + SUB * PITCH, lane);
+            load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(nxt), t_end, ks_, ks_ + SUB * PITCH,
+                         lane, one_block, blk_next);
         }
+        blk_next = blk_after;
         cp_async_commit();
     }
+#undef BLOCK_OF
+#undef SUB_TOK0
     cp_async_wait<0>();
 
     // Row sums over the quad.
@@ -359,7 +368,7 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
            const float* __restrict__ part_m, const float* __restrict__ part_l,
            const float* __restrict__ part_o, int num_splits, int fresh, u16* __restrict__ out) {
     __shared__ float w[MAX_SPLITS];
-    __shared__ float red[256];
+    __shared__ float red[16];
     __shared__ float4 acc_sh[256];
     __shared__ float mm_sh, l_sh, wold_sh;
     const int tid = threadIdx.x;
@@ -368,28 +377,33 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
     const float* pl = part_l + i * num_splits;
     const float m_old = fresh ? NEG_INF : st_m[i];
 
-    // Max over the splits and the old state.
+    // Max over the splits and the old state (warp shuffles, then 8 warps).
+    const int lane = tid & 31, wid = tid >> 5;
     const float ms = tid < num_splits ? pm[tid] : NEG_INF;
-    red[tid] = ms;
+    float v = ms;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) red[wid] = v;
     __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if (tid < o) red[tid] = fmaxf(red[tid], red[tid + o]);
-        __syncthreads();
+    if (tid == 0) {
+        float mm = m_old;
+        for (int k = 0; k < 8; ++k) mm = fmaxf(mm, red[k]);
+        mm_sh = mm;
     }
-    if (tid == 0) mm_sh = fmaxf(red[0], m_old);
     __syncthreads();
     const float mm = mm_sh;
     const float ws = (mm == NEG_INF || ms == NEG_INF) ? 0.f : __expf(ms - mm);
     if (tid < num_splits) w[tid] = ws;
-    red[tid] = tid < num_splits ? pl[tid] * ws : 0.f;
+    float ls = tid < num_splits ? pl[tid] * ws : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    if (lane == 0) red[8 + wid] = ls;
     __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if (tid < o) red[tid] += red[tid + o];
-        __syncthreads();
-    }
     if (tid == 0) {
+        float lsum = 0.f;
+        for (int k = 0; k < 8; ++k) lsum += red[8 + k];
         const float wold = (mm == NEG_INF || m_old == NEG_INF) ? 0.f : __expf(m_old - mm);
-        const float l = red[0] + (fresh ? 0.f : st_l[i] * wold);
+        const float l = lsum + (fresh ? 0.f : st_l[i] * wold);
         wold_sh = wold;
         l_sh = l;
         st_l[i] = l;

@@ -64,7 +64,11 @@ pub struct Opts {
     /// Head dimension.
     #[arg(long, default_value_t = 128)]
     pub head_dim: usize,
-    /// Tokens per KV block (paged layout).
+    /// KV layouts to time: `paged` ([block, token, kv_head, dim]) and/or
+    /// `slot` ([slot, K|V, kv_head, token, dim]).
+    #[arg(long, value_delimiter = ',', default_value = "paged,slot")]
+    pub layouts: Vec<String>,
+    /// Tokens per KV block.
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     /// Decode steps per timed run.

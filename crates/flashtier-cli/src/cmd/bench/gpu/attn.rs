@@ -13,6 +13,8 @@ use super::{Opts, gbps};
 /// One shape.
 #[derive(Debug, Serialize)]
 pub struct Shape {
+    /// KV layout.
+    pub layout: String,
     /// Sequences.
     pub batch: usize,
     /// Tokens per sequence.
@@ -62,12 +64,20 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
     let copy_bps = d2d_bytes_per_s(gpu, 2 << 30, 5)?;
     let mut shapes = Vec::new();
     let mut ctas_per_sm = 0;
-    for &batch in &args.batches {
-        for &context in &args.contexts {
-            let (shape, occ) = bench_shape(gpu, &util, args, batch, context, copy_bps)
-                .with_context(|| format!("attention batch {batch} context {context}"))?;
-            ctas_per_sm = occ;
-            shapes.push(shape);
+    for layout in &args.layouts {
+        anyhow::ensure!(
+            layout == "paged" || layout == "slot",
+            "unknown layout {layout:?} (paged | slot)"
+        );
+        for &batch in &args.batches {
+            for &context in &args.contexts {
+                let (shape, occ) = bench_shape(gpu, &util, args, layout, batch, context, copy_bps)
+                    .with_context(|| {
+                        format!("attention {layout} batch {batch} context {context}")
+                    })?;
+                ctas_per_sm = occ;
+                shapes.push(shape);
+            }
         }
     }
     let torch = match &args.torch_script {
@@ -93,6 +103,7 @@ fn bench_shape(
     gpu: &Gpu,
     util: &UtilKernels,
     args: &Opts,
+    layout_name: &str,
     batch: usize,
     context: usize,
     copy_bps: f64,
@@ -110,7 +121,11 @@ fn bench_shape(
         tile_capacity: context / args.block_size,
     };
     let mut attn = DecodeAttention::new(gpu, dims)?;
-    let layout = KvLayout::paged(&dims);
+    let layout = if layout_name == "slot" {
+        KvLayout::slot(&dims)
+    } else {
+        KvLayout::paged(&dims)
+    };
     let kv_bytes = 2 * batch * context * args.kv_heads * args.head_dim * 2;
     let io_bytes = 2 * batch * args.q_heads * args.head_dim * 2;
     let l2 = gpu.info().l2_bytes.max(1 << 20);
@@ -168,6 +183,7 @@ fn bench_shape(
     let bps = bytes as f64 / secs;
     Ok((
         Shape {
+            layout: layout_name.to_string(),
             batch,
             context,
             bytes,
@@ -226,7 +242,7 @@ fn attach_torch(shapes: &mut [Shape], torch: &serde_json::Value) {
         let key = |k: &str| row.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
         let (b, c) = (key("batch"), key("context"));
         let us = row.get("best_us").and_then(serde_json::Value::as_f64);
-        if let Some(s) = shapes.iter_mut().find(|s| s.batch == b && s.context == c) {
+        for s in shapes.iter_mut().filter(|s| s.batch == b && s.context == c) {
             s.torch_us = us;
             s.torch_backend = row
                 .get("best_backend")
@@ -249,8 +265,8 @@ pub fn print(a: &Attention) {
         gbps(a.copy_bps)
     );
     println!(
-        "{:>5} {:>8} {:>10} {:>12} {:>8} {:>10} {:>10} {:>8}",
-        "batch", "context", "time us", "HBM", "vs copy", "torch us", "backend", "speedup"
+        "{:>6} {:>5} {:>8} {:>10} {:>12} {:>8} {:>10} {:>10} {:>8}",
+        "layout", "batch", "context", "time us", "HBM", "vs copy", "torch us", "backend", "speedup"
     );
     for s in &a.shapes {
         let t = s.torch_us.map_or_else(|| "-".into(), |t| format!("{t:.1}"));
@@ -259,7 +275,8 @@ pub fn print(a: &Attention) {
             .map_or_else(|| "-".into(), |x| format!("{x:.2}x"));
         let be = s.torch_backend.clone().unwrap_or_else(|| "-".into());
         println!(
-            "{:>5} {:>8} {:>10.1} {:>12} {:>7.1}% {t:>10} {be:>10} {sp:>8}",
+            "{:>6} {:>5} {:>8} {:>10.1} {:>12} {:>7.1}% {t:>10} {be:>10} {sp:>8}",
+            s.layout,
             s.batch,
             s.context,
             s.time_us,

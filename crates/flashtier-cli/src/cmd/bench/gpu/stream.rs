@@ -81,6 +81,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Streaming> {
         .stream()
         .alloc_zeros::<u8>(region)
         .context("allocate HBM target")?;
+    sink.order_after(gpu.stream())?;
     let mut reps = Vec::new();
     for r in 0..args.reps {
         let base = (r * per_rep * region) as u64;
