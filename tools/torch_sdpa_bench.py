@@ -13,6 +13,7 @@ median of `reps` such runs. Prints one JSON object on stdout.
 import argparse
 import json
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,7 @@ def bench_shape(batch, ctx, hq, hkv, d, iters, reps, l2_bytes):
 
 
 def main():
+    warnings.filterwarnings("ignore")  # backend refusals are reported once per shape below
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--contexts", default="4096,8192,16384,32768,65536,131072")
