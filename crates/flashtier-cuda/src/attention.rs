@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg, sys,
 };
 
 use crate::context::Gpu;
@@ -206,6 +207,7 @@ pub struct DecodeAttention {
     scale: f32,
     step_seqs: Option<usize>,
     fresh: bool,
+    pdl: bool,
     ptxas_log: String,
 }
 
@@ -293,6 +295,7 @@ impl DecodeAttention {
             scale: 1.0 / (dims.head_dim as f32).sqrt(),
             step_seqs: None,
             fresh: true,
+            pdl: true,
             ptxas_log: cubin.log,
         })
     }
@@ -472,25 +475,17 @@ impl DecodeAttention {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let null_out = 0u64;
-        let mut launch = stream.launch_builder(&self.f_merge);
-        launch
-            .arg(&mut self.st_m)
-            .arg(&mut self.st_l)
-            .arg(&mut self.st_o)
-            .arg(&self.part_m)
-            .arg(&self.part_l)
-            .arg(&self.part_o)
-            .arg(&splits)
-            .arg(&fresh);
-        match out {
-            Some(o) => launch.arg(o),
-            None => launch.arg(&null_out),
-        };
-        // SAFETY: matches `attn_merge`; the state holds max_seqs * num_q_heads
-        // entries, the partials `splits` per entry, and `out` (when given) the
-        // step's outputs (checked by `check_out`); a null `out` is skipped.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_merge"))?;
+        let out_ptr = out.map_or(0u64, |o| o.device_ptr(&stream).0);
+        let dev = |b: &CudaSlice<f32>| b.device_ptr(&stream).0;
+        let ptrs = [
+            dev(&self.st_m),
+            dev(&self.st_l),
+            dev(&self.st_o),
+            dev(&self.part_m),
+            dev(&self.part_l),
+            dev(&self.part_o),
+        ];
+        self.launch_merge(&stream, cfg, ptrs, splits, fresh, out_ptr)?;
         self.fresh = false;
         Ok(())
     }
@@ -513,6 +508,90 @@ impl DecodeAttention {
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_finalize"))?;
         self.step_seqs = None;
         Ok(())
+    }
+
+    /// Launch `attn_merge` with programmatic dependent launch, so its CTAs are
+    /// resident before the split grid ends (no launch gap); falls back to a
+    /// plain launch where the driver refuses the attribute.
+    fn launch_merge(
+        &mut self,
+        stream: &CudaStream,
+        cfg: LaunchConfig,
+        ptrs: [u64; 6],
+        splits: i32,
+        fresh: i32,
+        out_ptr: u64,
+    ) -> Result<(), CudaError> {
+        let [mut m, mut l, mut o, mut pm, mut pl, mut po] = ptrs;
+        let (mut splits, mut fresh, mut out_ptr) = (splits, fresh, out_ptr);
+        let mut params: [*mut std::ffi::c_void; 9] = [
+            (&raw mut m).cast(),
+            (&raw mut l).cast(),
+            (&raw mut o).cast(),
+            (&raw mut pm).cast(),
+            (&raw mut pl).cast(),
+            (&raw mut po).cast(),
+            (&raw mut splits).cast(),
+            (&raw mut fresh).cast(),
+            (&raw mut out_ptr).cast(),
+        ];
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        if self.pdl {
+            // SAFETY: an all-zero launch attribute is a valid C value; the
+            // id and the one union field PDL reads are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: cfg.grid_dim.0,
+                gridDimY: cfg.grid_dim.1,
+                gridDimZ: cfg.grid_dim.2,
+                blockDimX: cfg.block_dim.0,
+                blockDimY: cfg.block_dim.1,
+                blockDimZ: cfg.block_dim.2,
+                sharedMemBytes: cfg.shared_mem_bytes,
+                hStream: stream.cu_stream(),
+                attrs: &raw mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `params` point at live locals in `attn_merge`'s parameter
+            // order and types (six device pointers, two ints, one pointer); the
+            // buffers behind the pointers are this object's state and partials
+            // and the caller's checked output; the driver copies the values
+            // before returning.
+            let r = unsafe {
+                sys::cuLaunchKernelEx(
+                    &raw const config,
+                    self.f_merge.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                return Ok(());
+            }
+            tracing::warn!(
+                ?r,
+                "programmatic dependent launch refused; plain launches from now on"
+            );
+            self.pdl = false;
+        }
+        // SAFETY: as above, a plain launch with the same parameters.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.f_merge.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(CudaError::driver("launch attn_merge"))
     }
 
     fn check_out(&self, out: &CudaSlice<u16>) -> Result<usize, CudaError> {

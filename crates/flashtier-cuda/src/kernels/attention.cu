@@ -51,6 +51,11 @@ static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// Pull `bytes` at `src` into L2 ahead of the cp.async that will read them.
+static __device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 static __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -149,12 +154,30 @@ static __device__ __forceinline__ void load_subtile(
     }
 }
 
+// L2 prefetch of one sub-tile (fast path): lane l takes token row l % 16 of
+// K (l < 16) or V (l >= 16), HEAD_DIM * 2 contiguous bytes.
+static __device__ __forceinline__ void prefetch_subtile(
+    const u16* __restrict__ k_pool, const u16* __restrict__ v_pool, const SplitArgs& a, int kvh,
+    int tok0, int t_end, int blk, int lane) {
+    const int row = lane & 15;
+    if (tok0 + row >= t_end) return;
+    const long long off = (long long)blk * a.blk_stride + (long long)(tok0 % a.block_size + row) * a.tok_stride +
+                          (long long)kvh * a.kvh_stride;
+    prefetch_l2((lane < 16 ? k_pool : v_pool) + off, HEAD_DIM * 2);
+}
+
+// Sub-tiles prefetched into L2 beyond the cp.async pipeline.
+#define PF_AHEAD 2
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
            const int* __restrict__ tile_blocks, const int* __restrict__ tile_tokens,
            float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
            const SplitArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
+    // Let the merge kernel (launched with programmatic dependent launch) get
+    // resident now; it waits for this grid's completion before reading.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int split = blockIdx.x;
     const int qgroups = (a.group + 15) / 16;
     const int kvh = blockIdx.y / qgroups;
@@ -211,6 +234,14 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         cp_async_commit();
     }
     int blk_next = BLOCK_OF(STAGES - 1);
+    if (one_block) {
+#pragma unroll
+        for (int j = 0; j < PF_AHEAD; ++j) {
+            const int sub = STAGES - 1 + j;
+            if (sub < my_n) prefetch_subtile(k_pool, v_pool, a, kvh, SUB_TOK0(sub), t_end, BLOCK_OF(sub), lane);
+        }
+    }
+    int blk_pf = BLOCK_OF(STAGES - 1 + PF_AHEAD);
 
     // ldmatrix row addresses (per lane) within a stage.
     const int lm = lane >> 3, lr = lane & 7;
@@ -222,6 +253,10 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         __syncwarp();
         // The table lookup for the sub-tile after next, a whole iteration early.
         const int blk_after = BLOCK_OF(it + STAGES);
+        const int blk_pf_after = BLOCK_OF(it + STAGES + PF_AHEAD);
+        if (one_block && it + STAGES - 1 + PF_AHEAD < my_n) {
+            prefetch_subtile(k_pool, v_pool, a, kvh, SUB_TOK0(it + STAGES - 1 + PF_AHEAD), t_end, blk_pf, lane);
+        }
         const int stage = it % STAGES;
         unsigned char* kst = wbase + stage * (2 * SUB * PITCH);
         unsigned char* vst = kst + SUB * PITCH;
@@ -274,9 +309,12 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         }
         l0 = l0 * al0 + ps0;
         l1 = l1 * al1 + ps1;
+        // Rescale only when some row's max moved (rare once the max settles).
+        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < NTILES; ++i) {
-            o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1;
+            for (int i = 0; i < NTILES; ++i) {
+                o[i][0] *= al0; o[i][1] *= al0; o[i][2] *= al1; o[i][3] *= al1;
+            }
         }
 
         // O += P V: P (16 heads x 16 tokens) straight from the S fragments.
@@ -302,6 +340,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
                          lane, one_block, blk_next);
         }
         blk_next = blk_after;
+        blk_pf = blk_pf_after;
         cp_async_commit();
     }
 #undef BLOCK_OF
@@ -371,6 +410,9 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
     __shared__ float red[16];
     __shared__ float4 acc_sh[256];
     __shared__ float mm_sh, l_sh, wold_sh;
+    // Programmatic dependent launch: resident early, read only after the
+    // split grid has completed (a no-op when launched normally).
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int tid = threadIdx.x;
     const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;  // seq * nq + head
     const float* pm = part_m + i * num_splits;
