@@ -197,6 +197,7 @@ pub struct DecodeAttention {
     f_merge: CudaFunction,
     f_finalize: CudaFunction,
     split_smem_bytes: u32,
+    stages: usize,
     ctas_per_sm: u32,
     st_m: CudaSlice<f32>,
     st_l: CudaSlice<f32>,
@@ -220,8 +221,17 @@ impl std::fmt::Debug for DecodeAttention {
     }
 }
 
-fn split_smem_bytes(head_dim: usize) -> usize {
-    let stages = if head_dim <= 128 { 3 } else { 2 };
+/// Most cp.async stages per warp.
+const MAX_STAGES: usize = 6;
+
+/// Pipeline depth for `head_dim` given the per-block shared-memory limit:
+/// as deep as fits (bytes in flight per SM bound a decode kernel), 2..=6.
+pub(crate) fn split_stages(head_dim: usize, smem_limit: usize) -> usize {
+    let per_stage = WARPS * 2 * 16 * (head_dim * 2 + 16);
+    (smem_limit / per_stage.max(1)).clamp(2, MAX_STAGES)
+}
+
+fn split_smem_bytes(head_dim: usize, stages: usize) -> usize {
     let pitch = head_dim * 2 + 16;
     let staging = WARPS * stages * 2 * 16 * pitch;
     let merge = 4 * (2 * WARPS * 16 + WARPS * 16 * head_dim);
@@ -233,11 +243,22 @@ impl DecodeAttention {
     /// softmax scale is `1 / sqrt(head_dim)`.
     pub fn new(gpu: &Gpu, dims: AttnDims) -> Result<Self, CudaError> {
         dims.validate()?;
+        // FLASHTIER_ATTN_STAGES overrides the depth (tuning runs only).
+        let stages = std::env::var("FLASHTIER_ATTN_STAGES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or_else(
+                || split_stages(dims.head_dim, gpu.info().max_smem_per_block_optin_bytes),
+                |v| v.clamp(2, MAX_STAGES),
+            );
         let (module, cubin) = load_module(
             gpu,
             &format!("attention_d{}", dims.head_dim),
             ATTENTION_SRC,
-            &[("HEAD_DIM", dims.head_dim.to_string())],
+            &[
+                ("HEAD_DIM", dims.head_dim.to_string()),
+                ("STAGES", stages.to_string()),
+            ],
         )?;
         let func = |name: &str| {
             module
@@ -247,7 +268,7 @@ impl DecodeAttention {
         let f_split = func("attn_split")?;
         let f_merge = func("attn_merge")?;
         let f_finalize = func("attn_finalize")?;
-        let smem = split_smem_bytes(dims.head_dim);
+        let smem = split_smem_bytes(dims.head_dim, stages);
         if smem > gpu.info().max_smem_per_block_optin_bytes {
             return Err(CudaError::invalid(
                 "attention dims",
@@ -285,6 +306,7 @@ impl DecodeAttention {
             f_merge,
             f_finalize,
             split_smem_bytes: u32::try_from(smem).unwrap_or(u32::MAX),
+            stages,
             ctas_per_sm,
             st_m: alloc(n_state)?,
             st_l: alloc(n_state)?,
@@ -310,6 +332,12 @@ impl DecodeAttention {
     #[must_use]
     pub fn ctas_per_sm(&self) -> u32 {
         self.ctas_per_sm
+    }
+
+    /// cp.async pipeline depth per warp.
+    #[must_use]
+    pub fn stages(&self) -> usize {
+        self.stages
     }
 
     /// ptxas's register / shared-memory / spill report for this module.

@@ -26,7 +26,11 @@
 
 #define WARPS 4
 #define SUB 16
+// cp.async pipeline depth per warp, chosen on the host from the device's
+// shared memory (bytes in flight per SM are what bound a decode kernel).
+#ifndef STAGES
 #define STAGES (HEAD_DIM <= 128 ? 3 : 2)
+#endif
 #define PITCH (HEAD_DIM * 2 + 16)
 #define CHUNKS_PER_ROW (HEAD_DIM / 8)
 #define CHUNKS_PER_LANE (SUB * CHUNKS_PER_ROW / 32)
@@ -49,11 +53,6 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
 
 static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// Pull `bytes` at `src` into L2 ahead of the cp.async that will read them.
-static __device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
 static __device__ __forceinline__ void cp_async_commit() {
@@ -154,21 +153,6 @@ static __device__ __forceinline__ void load_subtile(
     }
 }
 
-// L2 prefetch of one sub-tile (fast path): lane l takes token row l % 16 of
-// K (l < 16) or V (l >= 16), HEAD_DIM * 2 contiguous bytes.
-static __device__ __forceinline__ void prefetch_subtile(
-    const u16* __restrict__ k_pool, const u16* __restrict__ v_pool, const SplitArgs& a, int kvh,
-    int tok0, int t_end, int blk, int lane) {
-    const int row = lane & 15;
-    if (tok0 + row >= t_end) return;
-    const long long off = (long long)blk * a.blk_stride + (long long)(tok0 % a.block_size + row) * a.tok_stride +
-                          (long long)kvh * a.kvh_stride;
-    prefetch_l2((lane < 16 ? k_pool : v_pool) + off, HEAD_DIM * 2);
-}
-
-// Sub-tiles prefetched into L2 beyond the cp.async pipeline.
-#define PF_AHEAD 2
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
            const int* __restrict__ tile_blocks, const int* __restrict__ tile_tokens,
@@ -234,14 +218,6 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         cp_async_commit();
     }
     int blk_next = BLOCK_OF(STAGES - 1);
-    if (one_block) {
-#pragma unroll
-        for (int j = 0; j < PF_AHEAD; ++j) {
-            const int sub = STAGES - 1 + j;
-            if (sub < my_n) prefetch_subtile(k_pool, v_pool, a, kvh, SUB_TOK0(sub), t_end, BLOCK_OF(sub), lane);
-        }
-    }
-    int blk_pf = BLOCK_OF(STAGES - 1 + PF_AHEAD);
 
     // ldmatrix row addresses (per lane) within a stage.
     const int lm = lane >> 3, lr = lane & 7;
@@ -253,10 +229,6 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         __syncwarp();
         // The table lookup for the sub-tile after next, a whole iteration early.
         const int blk_after = BLOCK_OF(it + STAGES);
-        const int blk_pf_after = BLOCK_OF(it + STAGES + PF_AHEAD);
-        if (one_block && it + STAGES - 1 + PF_AHEAD < my_n) {
-            prefetch_subtile(k_pool, v_pool, a, kvh, SUB_TOK0(it + STAGES - 1 + PF_AHEAD), t_end, blk_pf, lane);
-        }
         const int stage = it % STAGES;
         unsigned char* kst = wbase + stage * (2 * SUB * PITCH);
         unsigned char* vst = kst + SUB * PITCH;
@@ -340,7 +312,6 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
                          lane, one_block, blk_next);
         }
         blk_next = blk_after;
-        blk_pf = blk_pf_after;
         cp_async_commit();
     }
 #undef BLOCK_OF

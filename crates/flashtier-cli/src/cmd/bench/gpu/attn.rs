@@ -52,6 +52,8 @@ pub struct Attention {
     pub block_size: usize,
     /// Split CTAs resident per SM.
     pub ctas_per_sm: u32,
+    /// cp.async stages per warp.
+    pub stages: usize,
     /// torch version and the script's raw output.
     pub torch: Option<serde_json::Value>,
     /// Every shape.
@@ -64,6 +66,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
     let copy_bps = d2d_bytes_per_s(gpu, 2 << 30, 5)?;
     let mut shapes = Vec::new();
     let mut ctas_per_sm = 0;
+    let mut stages = 0;
     for layout in &args.layouts {
         anyhow::ensure!(
             layout == "paged" || layout == "slot",
@@ -75,7 +78,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
                     .with_context(|| {
                         format!("attention {layout} batch {batch} context {context}")
                     })?;
-                ctas_per_sm = occ;
+                (ctas_per_sm, stages) = occ;
                 shapes.push(shape);
             }
         }
@@ -94,6 +97,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
         head_dim: args.head_dim,
         block_size: args.block_size,
         ctas_per_sm,
+        stages,
         torch,
         shapes,
     })
@@ -107,7 +111,7 @@ fn bench_shape(
     batch: usize,
     context: usize,
     copy_bps: f64,
-) -> anyhow::Result<(Shape, u32)> {
+) -> anyhow::Result<(Shape, (u32, usize))> {
     anyhow::ensure!(
         context % args.block_size == 0,
         "context must be a multiple of the block size"
@@ -195,7 +199,7 @@ fn bench_shape(
             torch_backend: None,
             speedup_vs_torch: None,
         },
-        attn.ctas_per_sm(),
+        (attn.ctas_per_sm(), attn.stages()),
     ))
 }
 
@@ -256,12 +260,13 @@ fn attach_torch(shapes: &mut [Shape], torch: &serde_json::Value) {
 /// Print the attention table.
 pub fn print(a: &Attention) {
     println!(
-        "\n## decode attention ({} q heads / {} kv heads, head_dim {}, block {}, {} CTAs/SM); d2d copy {}",
+        "\n## decode attention ({} q heads / {} kv heads, head_dim {}, block {}, {} CTAs/SM, {} stages); d2d copy {}",
         a.q_heads,
         a.kv_heads,
         a.head_dim,
         a.block_size,
         a.ctas_per_sm,
+        a.stages,
         gbps(a.copy_bps)
     );
     println!(
