@@ -495,7 +495,7 @@ impl GroupLayout {
                 value: 0,
             });
         }
-        let last_block = first.block.checked_add(run_len - 1).unwrap_or(u32::MAX);
+        let last_block = first.block.saturating_add(run_len - 1);
         self.check_block(BlockId::new(first.layer, last_block))?;
         let start = self.block_extent(first)?;
         let contiguous =
