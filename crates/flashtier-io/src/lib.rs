@@ -27,13 +27,15 @@ pub mod error;
 pub mod file;
 pub mod posix;
 pub mod region;
+pub mod sim;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
-    read_blocking,
+    read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
+pub use sim::{FaultPlan, SimBackend};
