@@ -524,7 +524,19 @@ impl Shared {
                         got: done,
                     });
                 }
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    // Direct I/O stops short of an aligned boundary only at EOF.
+                    let next = offset + done as u64;
+                    if done < len && file.is_direct() && next % unit as u64 != 0 {
+                        return Err(IoError::ShortRead {
+                            path: file.path().to_path_buf(),
+                            offset,
+                            len,
+                            got: done,
+                        });
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(source) => {
                     return Err(IoError::Read {
