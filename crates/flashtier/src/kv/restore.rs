@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use flashtier_io::blocks::{BatchId, BlockSpan};
+use flashtier_io::blocks::{BatchId, BlockPath, BlockSpan};
 use rayon::prelude::*;
 
 use super::attention::{KvStrides, KvTile, TileSeq};
@@ -134,7 +134,10 @@ impl KvSwap {
         stats: &mut RestoreStats,
     ) -> Result<BatchId, KvError> {
         let spans = plan_spans(self, tile, base)?;
-        stats.read_ops += spans.len() as u64;
+        stats.read_ops += match self.opts.path {
+            BlockPath::Coalesced => spans.len() as u64,
+            BlockPath::PerHead => tile.len() as u64 * u64::from(self.layout.groups_per_block()),
+        };
         let batch = self.pool.submit(
             self.backend.as_ref(),
             &self.file,
