@@ -40,6 +40,8 @@ pub struct DeviceInfo {
     pub sm_count: u32,
     /// Largest dynamic shared memory a block may opt in to, bytes.
     pub max_smem_per_block_optin_bytes: usize,
+    /// Shared memory of one multiprocessor, bytes.
+    pub smem_per_sm_bytes: usize,
     /// L2 cache, bytes.
     pub l2_bytes: usize,
     /// Device memory, bytes.
@@ -163,6 +165,9 @@ fn read_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, CudaE
         max_smem_per_block_optin_bytes: as_usize(attr(
             Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?),
+        smem_per_sm_bytes: as_usize(attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?),
         l2_bytes: as_usize(attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?),
         total_mem_bytes: ctx.total_mem().map_err(CudaError::driver("total memory"))?,
         unified_addressing: attr(Attr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
@@ -195,6 +200,7 @@ mod tests {
             compute_capability: (9, 0),
             sm_count: 132,
             max_smem_per_block_optin_bytes: 232_448,
+            smem_per_sm_bytes: 233_472,
             l2_bytes: 0,
             total_mem_bytes: 0,
             unified_addressing: true,

@@ -135,8 +135,8 @@ mod tests {
             return;
         }
         for d in [16, 64, 128, 256] {
-            // The depth the H200's 227 KiB opt-in limit gives.
-            let stages = crate::attention::split_stages(d, 232_448);
+            // The depth the H200's shared memory gives.
+            let stages = crate::attention::split_stages(d, 233_472, 232_448);
             let defines = [("HEAD_DIM", d.to_string()), ("STAGES", stages.to_string())];
             let c = compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
                 .unwrap_or_else(|e| panic!("head_dim {d}: {e}"));

@@ -120,6 +120,13 @@ impl HbmSink {
         &self.copy_stream
     }
 
+    /// Staging slots. A backend that stages a whole batch before submitting
+    /// it (io_uring) must not hand the sink more device reads per batch.
+    #[must_use]
+    pub fn slots(&self) -> usize {
+        self.events.len()
+    }
+
     /// Bytes per staging slot (the largest single read the sink takes).
     #[must_use]
     pub fn slot_bytes(&self) -> usize {

@@ -124,12 +124,30 @@ static __device__ __forceinline__ void load_subtile(
     const int* __restrict__ blocks, const SplitArgs& a, int kvh, int tok0, int t_end,
     unsigned char* k_stage, unsigned char* v_stage, int lane, bool one_block, int blk) {
     const long long head_off = (long long)kvh * a.kvh_stride;
-    long long base0 = 0;
-    int slot0 = 0;
+#if (32 % CHUNKS_PER_ROW) == 0
     if (one_block) {
-        base0 = (long long)blk * a.blk_stride + head_off;
-        slot0 = tok0 % a.block_size;
+        // Each lane keeps one 16-byte column and walks rows with a constant
+        // stride: one address computation per sub-tile, not per chunk.
+        const int rps = 32 / CHUNKS_PER_ROW;  // rows per warp-wide chunk step
+        const int r0 = lane / CHUNKS_PER_ROW;
+        const int part = lane % CHUNKS_PER_ROW;
+        const long long off0 = (long long)blk * a.blk_stride + head_off +
+                               (long long)(tok0 % a.block_size + r0) * a.tok_stride + part * 8;
+        const u16* kp = k_pool + off0;
+        const u16* vp = v_pool + off0;
+        const long long step = (long long)rps * a.tok_stride;
+        const u32 sk = smem_addr(k_stage + r0 * PITCH + part * 16);
+        const u32 sv = smem_addr(v_stage + r0 * PITCH + part * 16);
+#pragma unroll
+        for (int i = 0; i < CHUNKS_PER_LANE; ++i) {
+            const bool valid = tok0 + r0 + i * rps < t_end;
+            const int bytes = valid ? 16 : 0;
+            cp_async16(sk + i * rps * PITCH, valid ? (const void*)(kp + i * step) : (const void*)k_pool, bytes);
+            cp_async16(sv + i * rps * PITCH, valid ? (const void*)(vp + i * step) : (const void*)v_pool, bytes);
+        }
+        return;
     }
+#endif
 #pragma unroll
     for (int i = 0; i < CHUNKS_PER_LANE; ++i) {
         const int c = lane + 32 * i;
@@ -140,7 +158,8 @@ static __device__ __forceinline__ void load_subtile(
         long long off = 0;
         if (valid) {
             if (one_block) {
-                off = base0 + (long long)(slot0 + row) * a.tok_stride;
+                off = (long long)blk * a.blk_stride + head_off +
+                      (long long)(tok0 % a.block_size + row) * a.tok_stride;
             } else {
                 const int b = blocks[tok / a.block_size];
                 off = (long long)b * a.blk_stride + (long long)(tok % a.block_size) * a.tok_stride + head_off;
