@@ -1,10 +1,12 @@
-//! GPU decode attention against a float64 reference on random shapes (both
+//! GPU decode attention against the CPU reference (`flashtier::kv::attention`,
+//! same tiles, same contract) and a float64 reference, on random shapes (both
 //! layouts, GQA ratios 1..32, partial last blocks, several tiles per step).
 //! Bound: max |gpu - ref| <= 2e-2 on the BF16 output. Skips without a GPU.
 
 mod common;
 
 use common::{bf16, f32_of, gpu_or_skip};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
 use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, KvLayout};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -118,6 +120,84 @@ fn reference(p: &Problem, lens: &[usize]) -> Vec<f64> {
     out
 }
 
+/// The tiles of a step: per tile, per sequence, its blocks and the filled
+/// tokens of its last block.
+fn tiles(p: &Problem, lens: &[usize]) -> Vec<Vec<(Vec<u32>, usize)>> {
+    let d = p.dims;
+    let n = p
+        .seq_blocks
+        .iter()
+        .map(|b| b.len().div_ceil(d.tile_capacity))
+        .max()
+        .unwrap_or(0);
+    (0..n)
+        .map(|tix| {
+            p.seq_blocks
+                .iter()
+                .zip(lens)
+                .map(|(sb, &len)| {
+                    let lo = (tix * d.tile_capacity).min(sb.len());
+                    let hi = ((tix + 1) * d.tile_capacity).min(sb.len());
+                    let ends = hi == sb.len() && len % d.block_size != 0;
+                    (
+                        sb[lo..hi].to_vec(),
+                        if ends {
+                            len % d.block_size
+                        } else {
+                            d.block_size
+                        },
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The CPU reference of `flashtier::kv` over the same tiles.
+fn cpu_reference(p: &Problem, lens: &[usize]) -> Vec<f32> {
+    let d = p.dims;
+    let dims = AttentionDims::new(
+        lens.len(),
+        d.num_q_heads,
+        d.num_kv_heads,
+        d.head_dim,
+        d.block_size,
+    );
+    let strides = KvStrides {
+        block: p.layout.block_stride,
+        token: p.layout.token_stride,
+        kv_head: p.layout.kv_head_stride,
+    };
+    let bytes = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (k, v) = (bytes(&p.k), bytes(&p.v));
+    let q: Vec<f32> = p.q.iter().map(|&b| f32_of(b)).collect();
+    let mut state = AttnState::new(dims).expect("cpu state");
+    state.begin_step(lens.len()).expect("cpu begin");
+    for tile in tiles(p, lens) {
+        let seqs: Vec<TileSeq<'_>> = tile
+            .iter()
+            .map(|(b, last)| TileSeq {
+                blocks: b,
+                last_block_tokens: *last,
+            })
+            .collect();
+        state
+            .step_tile(
+                &q,
+                &KvTile {
+                    k: &k,
+                    v: &v,
+                    strides,
+                    seqs: &seqs,
+                },
+            )
+            .expect("cpu step_tile");
+    }
+    let mut out = vec![half::bf16::ZERO; q.len()];
+    state.finalize(&mut out).expect("cpu finalize");
+    out.iter().map(|x| x.to_f32()).collect()
+}
+
 /// Run one decode step on the GPU, cutting each sequence into tiles of at
 /// most `tile_capacity` blocks.
 fn run_gpu(
@@ -190,17 +270,23 @@ fn check_case(gpu: &Gpu, c: &Case, seed: u64) {
         };
         let got = run_gpu(gpu, &mut attn, &p, &c.lens, step == 1);
         let want = reference(&p, &c.lens);
-        let mut max_err = 0.0f64;
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        let cpu = cpu_reference(&p, &c.lens);
+        let (mut max_err, mut max_err_cpu) = (0.0f64, 0.0f64);
+        for (i, ((&g, &w), &r)) in got.iter().zip(&want).zip(&cpu).enumerate() {
             let g = f64::from(f32_of(g));
             assert!(
                 g.is_finite(),
                 "seed {seed} step {step}: output {i} is {g} (unwritten or NaN)"
             );
             max_err = max_err.max((g - w).abs());
+            max_err_cpu = max_err_cpu.max((g - f64::from(r)).abs());
         }
+        assert!(
+            max_err_cpu <= BOUND,
+            "seed {seed}: max abs err vs the CPU reference {max_err_cpu} > {BOUND}"
+        );
         eprintln!(
-            "seed {seed} step {step} (fused final {}): lens {:?} nq {} nkv {} d {} bs {} slot {} -> max abs err {max_err:.2e}",
+            "seed {seed} step {step} (fused final {}): lens {:?} nq {} nkv {} d {} bs {} slot {} -> max abs err {max_err:.2e} (f64), {max_err_cpu:.2e} (CPU reference)",
             step == 1,
             c.lens,
             c.nq,
