@@ -244,10 +244,22 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     const int v_row = lr + 8 * (lm & 1), v_col = 8 * (lm >> 1);  // V: transposed
 
     for (int it = 0; it < my_n; ++it) {
-        cp_async_wait<STAGES - 2>();
+        // Refill the stage consumed last iteration before waiting, so STAGES
+        // sub-tiles are in flight while this warp waits and STAGES - 1 while
+        // it computes.
+        {
+            const int nxt = it + STAGES - 1;
+            if (nxt < my_n) {
+                unsigned char* ks_ = wbase + (nxt % STAGES) * (2 * SUB * PITCH);
+                load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(nxt), t_end, ks_, ks_ + SUB * PITCH,
+                             lane, one_block, blk_next);
+            }
+            cp_async_commit();
+            // The table lookup for the next refill, an iteration early.
+            blk_next = BLOCK_OF(it + STAGES);
+        }
+        cp_async_wait<STAGES - 1>();
         __syncwarp();
-        // The table lookup for the sub-tile after next, a whole iteration early.
-        const int blk_after = BLOCK_OF(it + STAGES);
         const int stage = it % STAGES;
         unsigned char* kst = wbase + stage * (2 * SUB * PITCH);
         unsigned char* vst = kst + SUB * PITCH;
@@ -323,15 +335,6 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
             mma16816(o[2 * dn + 1], pa, b2, b3);
         }
         __syncwarp();
-
-        const int nxt = it + STAGES - 1;
-        if (nxt < my_n) {
-            unsigned char* ks_ = wbase + (nxt % STAGES) * (2 * SUB * PITCH);
-            load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(nxt), t_end, ks_, ks_ + SUB * PITCH,
-                         lane, one_block, blk_next);
-        }
-        blk_next = blk_after;
-        cp_async_commit();
     }
 #undef BLOCK_OF
 #undef SUB_TOK0
