@@ -134,10 +134,15 @@ mod tests {
             eprintln!("skipped: libnvrtc not found (no CUDA runtime compiler on this machine)");
             return;
         }
-        for d in [16, 64, 128, 256] {
+        for d in [16, 64, 80, 128, 256] {
             // The depth the H200's shared memory gives.
-            let stages = crate::attention::split_stages(d, 233_472, 232_448);
-            let defines = [("HEAD_DIM", d.to_string()), ("STAGES", stages.to_string())];
+            let kreg = crate::attention::use_kreg(d);
+            let stages = crate::attention::split_stages(d, kreg, 233_472, 232_448);
+            let defines = [
+                ("HEAD_DIM", d.to_string()),
+                ("STAGES", stages.to_string()),
+                ("KREG", u8::from(kreg).to_string()),
+            ];
             let c = compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
                 .unwrap_or_else(|e| panic!("head_dim {d}: {e}"));
             assert!(!c.image.is_empty());

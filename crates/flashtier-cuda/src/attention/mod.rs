@@ -90,19 +90,38 @@ impl std::fmt::Debug for DecodeAttention {
 /// Most cp.async stages per warp.
 const MAX_STAGES: usize = 6;
 
-/// Pipeline depth for `head_dim`: as deep as fits while two split CTAs
-/// (8 warps) stay resident per SM, 2..=4. Measured on the H200: warps per
-/// SM matter more than depth (4 warps at 6 stages ran 25% slower than 8
-/// warps at 3).
-pub(crate) fn split_stages(head_dim: usize, smem_per_sm: usize, smem_optin: usize) -> usize {
-    let per_stage = WARPS * 2 * 16 * (head_dim * 2 + 16);
-    let budget = (smem_per_sm / 2).saturating_sub(1024).min(smem_optin);
-    (budget / per_stage.max(1)).clamp(2, 4)
+/// Whether K is loaded straight into registers (`KREG` in attention.cu):
+/// head dims that are multiples of 32 up to 128 (at 256 the fragments
+/// would spill), unless `FLASHTIER_ATTN_KREG=0`.
+pub(crate) fn use_kreg(head_dim: usize) -> bool {
+    head_dim % 32 == 0
+        && head_dim <= 128
+        && std::env::var("FLASHTIER_ATTN_KREG").map_or(true, |v| v != "0")
 }
 
-fn split_smem_bytes(head_dim: usize, stages: usize) -> usize {
-    let pitch = head_dim * 2 + 16;
-    let staging = WARPS * stages * 2 * 16 * pitch;
+/// Shared memory of one pipeline stage of one warp: K and V rows, or V
+/// alone with `kreg`.
+fn stage_bytes(head_dim: usize, kreg: bool) -> usize {
+    (if kreg { 1 } else { 2 }) * 16 * (head_dim * 2 + 16)
+}
+
+/// Pipeline depth for `head_dim`: as deep as fits while two split CTAs
+/// (8 warps) stay resident per SM, 2..=6. Measured on the H200: warps per
+/// SM matter more than depth (4 warps at 6 stages ran 25% slower than 8
+/// warps at 3).
+pub(crate) fn split_stages(
+    head_dim: usize,
+    kreg: bool,
+    smem_per_sm: usize,
+    smem_optin: usize,
+) -> usize {
+    let per_stage = WARPS * stage_bytes(head_dim, kreg);
+    let budget = (smem_per_sm / 2).saturating_sub(1024).min(smem_optin);
+    (budget / per_stage.max(1)).clamp(2, MAX_STAGES)
+}
+
+fn split_smem_bytes(head_dim: usize, kreg: bool, stages: usize) -> usize {
+    let staging = WARPS * stages * stage_bytes(head_dim, kreg);
     let merge = 4 * (2 * WARPS * 16 + WARPS * 16 * head_dim);
     staging.max(merge)
 }
@@ -112,6 +131,7 @@ impl DecodeAttention {
     /// softmax scale is `1 / sqrt(head_dim)`.
     pub fn new(gpu: &Gpu, dims: AttnDims) -> Result<Self, CudaError> {
         dims.validate()?;
+        let kreg = use_kreg(dims.head_dim);
         // FLASHTIER_ATTN_STAGES overrides the depth (tuning runs only).
         let stages = std::env::var("FLASHTIER_ATTN_STAGES")
             .ok()
@@ -121,6 +141,7 @@ impl DecodeAttention {
                     let info = gpu.info();
                     split_stages(
                         dims.head_dim,
+                        kreg,
                         info.smem_per_sm_bytes,
                         info.max_smem_per_block_optin_bytes,
                     )
@@ -134,6 +155,7 @@ impl DecodeAttention {
             &[
                 ("HEAD_DIM", dims.head_dim.to_string()),
                 ("STAGES", stages.to_string()),
+                ("KREG", u8::from(kreg).to_string()),
             ],
         )?;
         let func = |name: &str| {
@@ -144,7 +166,7 @@ impl DecodeAttention {
         let f_split = func("attn_split")?;
         let f_merge = func("attn_merge")?;
         let f_finalize = func("attn_finalize")?;
-        let smem = split_smem_bytes(dims.head_dim, stages);
+        let smem = split_smem_bytes(dims.head_dim, kreg, stages);
         if smem > gpu.info().max_smem_per_block_optin_bytes {
             return Err(CudaError::invalid(
                 "attention dims",

@@ -32,6 +32,16 @@
 #define STAGES (HEAD_DIM <= 128 ? 3 : 2)
 #endif
 #define PITCH (HEAD_DIM * 2 + 16)
+// KREG: K goes straight from global memory into mma B fragments (16-byte
+// loads, the dims permuted identically in Q and K), so shared memory holds V
+// alone and the V pipeline can be twice as deep. Needs HEAD_DIM % 32 == 0.
+#ifndef KREG
+#define KREG 0
+#endif
+#if KREG && (HEAD_DIM % 32 != 0)
+#error "KREG needs HEAD_DIM % 32 == 0"
+#endif
+#define STAGE_BYTES ((KREG ? 1 : 2) * SUB * PITCH)
 #define CHUNKS_PER_ROW (HEAD_DIM / 8)
 #define CHUNKS_PER_LANE (SUB * CHUNKS_PER_ROW / 32)
 #define KSTEPS (HEAD_DIM / 16)
@@ -64,11 +74,13 @@ static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+#if !KREG
 static __device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
+#endif
 
 static __device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -142,7 +154,7 @@ static __device__ __forceinline__ void load_subtile(
         for (int i = 0; i < CHUNKS_PER_LANE; ++i) {
             const bool valid = tok0 + r0 + i * rps < t_end;
             const int bytes = valid ? 16 : 0;
-            cp_async16(sk + i * rps * PITCH, valid ? (const void*)(kp + i * step) : (const void*)k_pool, bytes);
+            if (!KREG) cp_async16(sk + i * rps * PITCH, valid ? (const void*)(kp + i * step) : (const void*)k_pool, bytes);
             cp_async16(sv + i * rps * PITCH, valid ? (const void*)(vp + i * step) : (const void*)v_pool, bytes);
         }
         return;
@@ -167,10 +179,47 @@ static __device__ __forceinline__ void load_subtile(
             off += part * 8;
         }
         const int bytes = valid ? 16 : 0;
-        cp_async16(smem_addr(k_stage + row * PITCH + part * 16), k_pool + off, bytes);
+        if (!KREG) cp_async16(smem_addr(k_stage + row * PITCH + part * 16), k_pool + off, bytes);
         cp_async16(smem_addr(v_stage + row * PITCH + part * 16), v_pool + off, bytes);
     }
 }
+
+#if KREG
+#define KCH (HEAD_DIM / 32)
+static __device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// K of one sub-tile as B fragments: lane (g, t) holds, for token 8j + g,
+// dims 32c + 8t .. 32c + 8t + 7 of every 32-dim chunk c.
+static __device__ __forceinline__ void load_k_regs(uint4 (&kr)[2][KCH], const u16* __restrict__ k_pool,
+                                                   const int* __restrict__ blocks, const SplitArgs& a, int kvh,
+                                                   int tok0, int t_end, bool one_block, int blk, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int tok = tok0 + 8 * j + g;
+        if (tok < t_end) {
+            long long off;
+            if (one_block) {
+                off = (long long)blk * a.blk_stride + (long long)(tok0 % a.block_size + 8 * j + g) * a.tok_stride;
+            } else {
+                off = (long long)blocks[tok / a.block_size] * a.blk_stride +
+                      (long long)(tok % a.block_size) * a.tok_stride;
+            }
+            const u16* p = k_pool + off + (long long)kvh * a.kvh_stride + 8 * t;
+#pragma unroll
+            for (int c = 0; c < KCH; ++c) kr[j][c] = ld_nc_v4(p + 32 * c);
+        } else {
+#pragma unroll
+            for (int c = 0; c < KCH; ++c) kr[j][c] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
@@ -204,11 +253,17 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         const u16* qs = q + ((long long)seq * a.num_q_heads + head0) * HEAD_DIM;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
+#if KREG
+            const int c0 = (ks >> 1) * 32 + 8 * t + 4 * (ks & 1);
+            const int c2 = c0 + 2;
+#else
             const int c0 = ks * 16 + 2 * t;
+            const int c2 = c0 + 8;
+#endif
             qf[ks][0] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0) : 0u;
             qf[ks][1] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0) : 0u;
-            qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0 + 8) : 0u;
-            qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0 + 8) : 0u;
+            qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c2) : 0u;
+            qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c2) : 0u;
         }
     }
 
@@ -219,7 +274,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     }
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
 
-    unsigned char* wbase = smem + warp * (STAGES * 2 * SUB * PITCH);
+    unsigned char* wbase = smem + warp * (STAGES * STAGE_BYTES);
     const int n_sub = t_end > t_begin ? (t_end - t_begin + SUB - 1) / SUB : 0;
     const int my_n = n_sub > warp ? (n_sub - warp + WARPS - 1) / WARPS : 0;
 
@@ -230,17 +285,25 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
         if (st < my_n) {
-            unsigned char* ks_ = wbase + st * (2 * SUB * PITCH);
-            load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(st), t_end, ks_, ks_ + SUB * PITCH,
+            unsigned char* ks_ = wbase + st * STAGE_BYTES;
+            load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(st), t_end, ks_, ks_ + (KREG ? 0 : SUB * PITCH),
                          lane, one_block, BLOCK_OF(st));
         }
         cp_async_commit();
     }
     int blk_next = BLOCK_OF(STAGES - 1);
+#if KREG
+    uint4 kc[2][KCH];
+    uint4 kn[2][KCH];
+    if (my_n > 0) load_k_regs(kc, k_pool, blocks, a, kvh, SUB_TOK0(0), t_end, one_block, BLOCK_OF(0), g, t);
+    int kblk_next = BLOCK_OF(1);
+#endif
 
     // ldmatrix row addresses (per lane) within a stage.
     const int lm = lane >> 3, lr = lane & 7;
+#if !KREG
     const int k_row = lr + 8 * (lm >> 1), k_col = 8 * (lm & 1);  // K: non-transposed
+#endif
     const int v_row = lr + 8 * (lm & 1), v_col = 8 * (lm >> 1);  // V: transposed
 
     for (int it = 0; it < my_n; ++it) {
@@ -250,23 +313,44 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         {
             const int nxt = it + STAGES - 1;
             if (nxt < my_n) {
-                unsigned char* ks_ = wbase + (nxt % STAGES) * (2 * SUB * PITCH);
-                load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(nxt), t_end, ks_, ks_ + SUB * PITCH,
+                unsigned char* ks_ = wbase + (nxt % STAGES) * STAGE_BYTES;
+                load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(nxt), t_end, ks_, ks_ + (KREG ? 0 : SUB * PITCH),
                              lane, one_block, blk_next);
             }
             cp_async_commit();
             // The table lookup for the next refill, an iteration early.
             blk_next = BLOCK_OF(it + STAGES);
         }
+#if KREG
+        // K of the next sub-tile into registers, while this one is computed.
+        if (it + 1 < my_n) {
+            load_k_regs(kn, k_pool, blocks, a, kvh, SUB_TOK0(it + 1), t_end, one_block, kblk_next, g, t);
+        }
+        kblk_next = BLOCK_OF(it + 2);
+#endif
         cp_async_wait<STAGES - 1>();
         __syncwarp();
         const int stage = it % STAGES;
-        unsigned char* kst = wbase + stage * (2 * SUB * PITCH);
-        unsigned char* vst = kst + SUB * PITCH;
+        unsigned char* kst = wbase + stage * STAGE_BYTES;
+        unsigned char* vst = kst + (KREG ? 0 : SUB * PITCH);
         const int tok0 = t_begin + (warp + it * WARPS) * SUB;
 
         // S = Q K^T for 16 tokens: s[j] is the n-tile of tokens 8j..8j+7.
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#if KREG
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            const uint4 k0 = kc[0][ks >> 1];
+            const uint4 k1 = kc[1][ks >> 1];
+            if (ks & 1) {
+                mma16816(s[0], qf[ks], k0.z, k0.w);
+                mma16816(s[1], qf[ks], k1.z, k1.w);
+            } else {
+                mma16816(s[0], qf[ks], k0.x, k0.y);
+                mma16816(s[1], qf[ks], k1.x, k1.y);
+            }
+        }
+#else
         const u32 k_addr = smem_addr(kst + k_row * PITCH + k_col * 2);
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -275,6 +359,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
             mma16816(s[0], qf[ks], b0, b1);
             mma16816(s[1], qf[ks], b2, b3);
         }
+#endif
 
         // Online softmax (log2 domain), rows g (s[.][0..1]) and g+8 (s[.][2..3]).
         float mx0 = NEG_INF, mx1 = NEG_INF;
@@ -335,6 +420,13 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
             mma16816(o[2 * dn + 1], pa, b2, b3);
         }
         __syncwarp();
+#if KREG
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int c = 0; c < KCH; ++c) kc[j][c] = kn[j][c];
+        }
+#endif
     }
 #undef BLOCK_OF
 #undef SUB_TOK0
