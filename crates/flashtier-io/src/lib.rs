@@ -25,6 +25,7 @@ pub mod backend;
 pub mod buf;
 pub mod error;
 pub mod file;
+pub mod locked;
 pub mod posix;
 pub mod region;
 
@@ -35,5 +36,6 @@ pub use backend::{
 pub use buf::{ALIGN, AlignedBuf, round_up};
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
+pub use locked::{LockError, LockedMap, memlock_limit_bytes};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
