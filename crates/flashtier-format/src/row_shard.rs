@@ -217,9 +217,7 @@ impl RowShardHeader {
         row_weight_bytes: u32,
         scale_bytes: u32,
     ) -> Result<Self, RowShardError> {
-        let stride = row_weight_bytes
-            .checked_add(scale_bytes)
-            .unwrap_or(u32::MAX);
+        let stride = row_weight_bytes.saturating_add(scale_bytes);
         let h = Self {
             layer,
             lo,
