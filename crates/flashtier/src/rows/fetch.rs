@@ -4,7 +4,7 @@
 //! A read unit is one read of one aligned window: a 4096-byte block of a
 //! packed shard (checked against its xxh3 before any row of it is used), or
 //! the aligned window of the source's weight file around one or more rows
-//! that start in the same page. Rows of a unit are served together, so two
+//! within the same 4 KiB page. Rows of a unit are served together, so two
 //! misses in one block cost one read.
 
 use std::cell::RefCell;
@@ -132,9 +132,11 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
         let base = start / align * align;
         let end = (start + w).div_ceil(align) * align;
         if let Some(u) = units.last_mut() {
-            if u.block.is_none() && u.offset == base && base + u.len as u64 >= start {
+            // Rows whose windows share one 4 KiB page share one read.
+            let same_page = (end - 1) / 4096 == u.offset / 4096 && u.offset + u.len as u64 >= base;
+            if u.block.is_none() && same_page {
                 let cur_end = u.offset + u.len as u64;
-                u.len = (cur_end.max(end) - base) as usize;
+                u.len = (cur_end.max(end) - u.offset) as usize;
                 u.count += 1;
                 continue;
             }
