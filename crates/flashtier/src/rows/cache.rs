@@ -1,23 +1,32 @@
 //! A bounded set-associative row cache, safe under concurrent lookups.
 //!
-//! Geometry: `sets * ways` slots (ways 1..=16). A slot holds one row as
-//! little-endian u64 words (weight words, then scale words), its key
-//! (`id + 1`, 0 = empty) and a CLOCK reference bit; a set has a sequence
-//! counter and a CLOCK hand. The byte budget covers all of it:
-//! `sets = budget / (ways * (row_words * 8 + 9) + 9)`.
+//! Layout: one slab of u64 words, one stretch per set, so a hit touches one
+//! small contiguous region (the set's header line and the row's lines):
+//!
+//! ```text
+//! set s: [seq][refs][key 0 .. key W-1][row 0 words][row 1 words]...[pad to 64 B]
+//! ```
+//!
+//! `seq` is the set's sequence counter (odd while a writer is inside),
+//! `refs` holds one CLOCK reference bit per way, a key is `id + 1` (0 =
+//! empty), and a row is its weight words then its scale words
+//! (little-endian). Each set also has a CLOCK hand byte outside the slab.
+//! The byte budget covers all of it:
+//! `sets = budget / (set_words * 8 + 1)`, ways 1..=16.
 //!
 //! Concurrency: writers (inserting a row read from disk) serialise per set
 //! on one of at most [`MAX_STRIPES`] striped locks and bump the set's
-//! sequence counter around the write (odd while writing). Readers take no
-//! lock: they read the counter, find the key, copy the words, and re-read
-//! the counter; a change means a concurrent write and the copy is retried,
-//! at most [`READ_TRIES`] times before the lookup is treated as a miss. So a
-//! reader never returns a torn row, and the hit path never waits on a
-//! writer. Every word is an atomic, so this needs no `unsafe`.
+//! sequence counter around the write. Readers take no lock: they read the
+//! counter, find the key, copy the words, and re-read the counter; a change
+//! means a concurrent write and the copy is retried, at most [`READ_TRIES`]
+//! times before the lookup is treated as a miss. So a reader never returns
+//! a torn row, and the hit path never waits on a writer. Every word is an
+//! atomic, so this needs no `unsafe`.
 //!
 //! Replacement is per set: CLOCK (second chance). A hit sets the slot's
-//! reference bit; the hand evicts the first slot whose bit is clear,
-//! clearing bits as it passes, so a row seen twice outlives one seen once.
+//! reference bit (an atomic OR, only when it is clear); the hand evicts the
+//! first slot whose bit is clear, clearing bits as it passes, so a row seen
+//! twice outlives one seen once.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, PoisonError};
@@ -31,18 +40,21 @@ pub const MAX_STRIPES: usize = 256;
 /// Bounded retries of a lock-free read that raced a writer.
 pub const READ_TRIES: usize = 8;
 
+/// Words before the keys in a set's stretch (seq, refs).
+const HEADER_WORDS: usize = 2;
+
 /// The cache. See the module docs.
 pub struct RowCache {
     sets: usize,
     ways: usize,
     weight_words: usize,
     row_words: usize,
+    set_words: usize,
+    /// Index of set 0's first word (aligns sets to 64 bytes).
+    base_word: usize,
     geometry: RowGeometry,
-    keys: Vec<AtomicU64>,
-    refs: Vec<AtomicU8>,
-    seq: Vec<AtomicU64>,
+    slab: Vec<AtomicU64>,
     hands: Vec<AtomicU8>,
-    data: Vec<AtomicU64>,
     stripes: Vec<Mutex<()>>,
 }
 
@@ -51,16 +63,60 @@ fn words(bytes: usize) -> usize {
 }
 
 fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
-    for (chunk, w) in out.chunks_mut(8).zip(words) {
+    // 64-byte blocks of eight words with fixed bounds (the compiler unrolls
+    // them into plain loads and stores), then single words, then the partial
+    // last word, if any.
+    let mut blocks = out.chunks_exact_mut(64);
+    let mut word_blocks = words.chunks_exact(8);
+    for (block, ws) in (&mut blocks).zip(&mut word_blocks) {
+        if let (Ok(block), Ok(ws)) = (<&mut [u8; 64]>::try_from(block), <&[AtomicU64; 8]>::try_from(ws)) {
+            copy_block(ws, block);
+        }
+    }
+    let mut chunks = blocks.into_remainder().chunks_exact_mut(8);
+    let mut words = word_blocks.remainder().iter();
+    for (chunk, w) in (&mut chunks).zip(&mut words) {
+        chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let tail = chunks.into_remainder();
+    if let (false, Some(w)) = (tail.is_empty(), words.next()) {
         let v = w.load(Ordering::Relaxed).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
+        tail.copy_from_slice(&v[..tail.len()]);
+    }
+}
+
+/// The way holding `key`, scanning every way without an early exit: the
+/// matching way varies from row to row, and a mispredicted exit would stall
+/// the next rows' loads behind this row's cache miss.
+#[inline(always)]
+fn find_way(keys: &[AtomicU64], key: u64) -> Option<usize> {
+    let mut found = usize::MAX;
+    for (i, k) in keys.iter().enumerate() {
+        found = if k.load(Ordering::Relaxed) == key { i } else { found };
+    }
+    (found != usize::MAX).then_some(found)
+}
+
+#[inline(always)]
+fn copy_block(words: &[AtomicU64; 8], out: &mut [u8; 64]) {
+    for (i, w) in words.iter().enumerate() {
+        let v = w.load(Ordering::Relaxed).to_le_bytes();
+        out[i * 8..i * 8 + 8].copy_from_slice(&v);
     }
 }
 
 fn copy_in(words: &[AtomicU64], src: &[u8]) {
-    for (chunk, w) in src.chunks(8).zip(words) {
+    let mut chunks = src.chunks_exact(8);
+    let mut words = words.iter();
+    for (chunk, w) in (&mut chunks).zip(&mut words) {
         let mut v = [0u8; 8];
-        v[..chunk.len()].copy_from_slice(chunk);
+        v.copy_from_slice(chunk);
+        w.store(u64::from_le_bytes(v), Ordering::Relaxed);
+    }
+    let tail = chunks.remainder();
+    if let (false, Some(w)) = (tail.is_empty(), words.next()) {
+        let mut v = [0u8; 8];
+        v[..tail.len()].copy_from_slice(tail);
         w.store(u64::from_le_bytes(v), Ordering::Relaxed);
     }
 }
@@ -68,39 +124,34 @@ fn copy_in(words: &[AtomicU64], src: &[u8]) {
 impl RowCache {
     /// A cache within `budget_bytes` for rows of `geometry`; `None` when the
     /// budget holds less than one set.
-    pub fn new(
-        budget_bytes: u64,
-        ways: usize,
-        geometry: RowGeometry,
-    ) -> Result<Option<Self>, RowError> {
+    pub fn new(budget_bytes: u64, ways: usize, geometry: RowGeometry) -> Result<Option<Self>, RowError> {
         if !(1..=MAX_WAYS).contains(&ways) {
-            return Err(RowError::Config(format!(
-                "{ways} cache ways: need 1..={MAX_WAYS}"
-            )));
+            return Err(RowError::Config(format!("{ways} cache ways: need 1..={MAX_WAYS}")));
         }
         geometry.validate()?;
         let weight_words = words(geometry.w());
         let row_words = weight_words + words(geometry.s());
-        let set_bytes = (ways * (row_words * 8 + 9) + 9) as u64;
-        let sets = usize::try_from(budget_bytes / set_bytes).map_err(|_| {
-            RowError::Config(format!("cache budget {budget_bytes} bytes too large"))
-        })?;
+        let set_words = (HEADER_WORDS + ways + ways * row_words).div_ceil(8) * 8;
+        let set_bytes = (set_words * 8 + 1) as u64;
+        let sets = usize::try_from(budget_bytes / set_bytes)
+            .map_err(|_| RowError::Config(format!("cache budget {budget_bytes} bytes too large")))?;
+        // Keep 64 bytes of the budget for aligning the slab.
+        let sets = if sets > 0 && (sets as u64) * set_bytes + 64 > budget_bytes { sets - 1 } else { sets };
         if sets == 0 {
             return Ok(None);
         }
-        let slots = sets * ways;
-        let atomics = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        let slab: Vec<AtomicU64> = (0..sets * set_words + 8).map(|_| AtomicU64::new(0)).collect();
+        let misalign = (slab.as_ptr() as usize % 64) / 8;
         Ok(Some(Self {
             sets,
             ways,
             weight_words,
             row_words,
+            set_words,
+            base_word: (8 - misalign) % 8,
             geometry,
-            keys: atomics(slots),
-            refs: (0..slots).map(|_| AtomicU8::new(0)).collect(),
-            seq: atomics(sets),
+            slab,
             hands: (0..sets).map(|_| AtomicU8::new(0)).collect(),
-            data: atomics(slots * row_words),
             stripes: (0..sets.min(MAX_STRIPES)).map(|_| Mutex::new(())).collect(),
         }))
     }
@@ -126,7 +177,7 @@ impl RowCache {
     /// Bytes the cache occupies (within its budget).
     #[must_use]
     pub fn bytes(&self) -> u64 {
-        (self.slots() * (self.row_words * 8 + 9) + self.sets * 9) as u64
+        (self.slab.len() * 8 + self.hands.len()) as u64
     }
 
     fn set_of(&self, id: u64) -> usize {
@@ -134,18 +185,26 @@ impl RowCache {
         ((u128::from(h) * self.sets as u128) >> 64) as usize
     }
 
-    fn row_words_of(&self, slot: usize) -> &[AtomicU64] {
-        let at = slot * self.row_words;
-        self.data.get(at..at + self.row_words).unwrap_or(&[])
+    /// The words of set `set`.
+    fn set_words_of(&self, set: usize) -> &[AtomicU64] {
+        let at = self.base_word + set * self.set_words;
+        self.slab.get(at..at + self.set_words).unwrap_or(&[])
+    }
+
+    /// Split a set's words into (seq, refs, keys, rows).
+    fn parts<'a>(&self, w: &'a [AtomicU64]) -> Option<(&'a AtomicU64, &'a AtomicU64, &'a [AtomicU64], &'a [AtomicU64])> {
+        let (seq, rest) = w.split_first()?;
+        let (refs, rest) = rest.split_first()?;
+        let keys = rest.get(..self.ways)?;
+        let rows = rest.get(self.ways..self.ways + self.ways * self.row_words)?;
+        Some((seq, refs, keys, rows))
     }
 
     /// Copy row `id` into `weight_out` / `scale_out` if cached. Never returns
     /// a torn row; gives up (a miss) after [`READ_TRIES`] racing writes.
     pub fn get(&self, id: u64, weight_out: &mut [u8], scale_out: &mut [u8]) -> bool {
         let key = id.wrapping_add(1);
-        let set = self.set_of(id);
-        let base = set * self.ways;
-        let Some(seq) = self.seq.get(set) else {
+        let Some((seq, refs, keys, rows)) = self.parts(self.set_words_of(self.set_of(id))) else {
             return false;
         };
         for _ in 0..READ_TRIES {
@@ -154,21 +213,18 @@ impl RowCache {
                 std::hint::spin_loop();
                 continue;
             }
-            let keys = self.keys.get(base..base + self.ways).unwrap_or(&[]);
-            let Some(way) = keys.iter().position(|k| k.load(Ordering::Relaxed) == key) else {
+            let Some(way) = find_way(keys, key) else {
                 return false;
             };
-            let slot = base + way;
-            let row = self.row_words_of(slot);
+            let row = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
             let (w, s) = row.split_at(self.weight_words.min(row.len()));
             copy_out(w, weight_out);
             copy_out(s, scale_out);
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {
-                if let Some(r) = self.refs.get(slot) {
-                    if r.load(Ordering::Relaxed) == 0 {
-                        r.store(1, Ordering::Relaxed);
-                    }
+                let bit = 1u64 << way;
+                if refs.load(Ordering::Relaxed) & bit == 0 {
+                    refs.fetch_or(bit, Ordering::Relaxed);
                 }
                 return true;
             }
@@ -176,14 +232,39 @@ impl RowCache {
         false
     }
 
+    /// Stage 1 of a batched probe: start loading the set headers of `ids`.
+    pub fn prefetch_sets(&self, ids: &[u64]) {
+        for &id in ids {
+            if let Some(w) = self.set_words_of(self.set_of(id)).first() {
+                flashtier_io::prefetch::prefetch_read(w);
+            }
+        }
+    }
+
+    /// Stage 2: start loading the cached rows of `ids` (every 64-byte line
+    /// of each row whose key is present). A racing write makes this a
+    /// wasted hint, never a wrong answer: [`Self::get`] validates.
+    pub fn prefetch_rows(&self, ids: &[u64]) {
+        for &id in ids {
+            let Some((_, _, keys, rows)) = self.parts(self.set_words_of(self.set_of(id))) else {
+                continue;
+            };
+            let Some(way) = find_way(keys, id.wrapping_add(1)) else {
+                continue;
+            };
+            let row = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
+            for w in row.iter().step_by(8).chain(row.last()) {
+                flashtier_io::prefetch::prefetch_read(w);
+            }
+        }
+    }
+
     /// Whether `id` is cached (a racing write may make this stale at once).
     #[must_use]
     pub fn contains(&self, id: u64) -> bool {
         let key = id.wrapping_add(1);
-        let base = self.set_of(id) * self.ways;
-        self.keys
-            .get(base..base + self.ways)
-            .is_some_and(|k| k.iter().any(|k| k.load(Ordering::Relaxed) == key))
+        self.parts(self.set_words_of(self.set_of(id)))
+            .is_some_and(|(_, _, keys, _)| keys.iter().any(|k| k.load(Ordering::Relaxed) == key))
     }
 
     /// Insert row `id` (`row` = weight bytes then scale bytes), evicting by
@@ -191,58 +272,47 @@ impl RowCache {
     pub fn insert(&self, id: u64, row: &[u8]) {
         let key = id.wrapping_add(1);
         let set = self.set_of(id);
-        let base = set * self.ways;
         let Some(stripe) = self.stripes.get(set % self.stripes.len().max(1)) else {
             return;
         };
+        let Some((seq, refs, keys, rows)) = self.parts(self.set_words_of(set)) else {
+            return;
+        };
         let _guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
-        let keys = self.keys.get(base..base + self.ways).unwrap_or(&[]);
         if keys.iter().any(|k| k.load(Ordering::Relaxed) == key) {
             return;
         }
-        let way = self.victim(set, base);
-        let slot = base + way;
-        let (Some(seq), Some(k)) = (self.seq.get(set), self.keys.get(slot)) else {
+        let way = self.victim(set, refs, keys);
+        let Some(k) = keys.get(way) else {
             return;
         };
         let v = seq.load(Ordering::Relaxed);
         seq.store(v.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
         k.store(key, Ordering::Relaxed);
-        let words = self.row_words_of(slot);
+        let words = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
         let (w, s) = words.split_at(self.weight_words.min(words.len()));
         let (rw, rs) = row.split_at(self.geometry.w().min(row.len()));
         copy_in(w, rw);
         copy_in(s, rs);
-        if let Some(r) = self.refs.get(slot) {
-            r.store(0, Ordering::Relaxed);
-        }
+        refs.fetch_and(!(1u64 << way), Ordering::Relaxed);
         seq.store(v.wrapping_add(2), Ordering::Release);
     }
 
     /// The way to fill in `set` (caller holds the set's stripe lock).
-    fn victim(&self, set: usize, base: usize) -> usize {
+    fn victim(&self, set: usize, refs: &AtomicU64, keys: &[AtomicU64]) -> usize {
         let Some(hand) = self.hands.get(set) else {
             return 0;
         };
         let mut h = usize::from(hand.load(Ordering::Relaxed)) % self.ways;
         // Bounded: after one sweep every bit is clear, so two sweeps suffice.
         for _ in 0..2 * self.ways {
-            let slot = base + h;
-            let empty = self
-                .keys
-                .get(slot)
-                .is_some_and(|k| k.load(Ordering::Relaxed) == 0);
-            let referenced = self
-                .refs
-                .get(slot)
-                .is_some_and(|r| r.load(Ordering::Relaxed) != 0);
-            if empty || !referenced {
+            let empty = keys.get(h).is_some_and(|k| k.load(Ordering::Relaxed) == 0);
+            let bit = 1u64 << h;
+            if empty || refs.load(Ordering::Relaxed) & bit == 0 {
                 break;
             }
-            if let Some(r) = self.refs.get(slot) {
-                r.store(0, Ordering::Relaxed);
-            }
+            refs.fetch_and(!bit, Ordering::Relaxed);
             h = (h + 1) % self.ways;
         }
         hand.store(((h + 1) % self.ways) as u8, Ordering::Relaxed);

@@ -66,6 +66,9 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Measure only the hit path (no drive phases, no fio).
+    #[arg(long)]
+    pub hit_path_only: bool,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -174,6 +177,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rows = probe.rows();
     anyhow::ensure!(probe.stats().direct || a.json, "store is not read with O_DIRECT; cold numbers would be page-cache numbers");
     drop(probe);
+    if a.hit_path_only {
+        let h = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
+        println!("{}", serde_json::to_string(&h)?);
+        return Ok(());
+    }
     let inter = interleaved(&b, &a, rows)?;
     let store = b.open(a.cache)?;
     let mut z = Zipf::new(rows, a.zipf, 42);
