@@ -231,7 +231,11 @@ pub unsafe extern "C" fn ft_rows_lookup(
 /// valid for the documented lengths, handles from `ft_rows_open*` not yet
 /// closed.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ft_rows_prefetch(store: *mut FtRows, ids: *const i64, count: u64) -> c_int {
+pub unsafe extern "C" fn ft_rows_prefetch(
+    store: *mut FtRows,
+    ids: *const i64,
+    count: u64,
+) -> c_int {
     guard(|| {
         let s = store_ref(store)?;
         let ids = lift(to_row_ids(ids_of(ids, count)?))?;

@@ -30,7 +30,6 @@ pub mod file;
 pub mod locked;
 pub mod open;
 pub mod posix;
-pub mod prefetch;
 pub mod region;
 pub mod sim;
 pub mod uring;

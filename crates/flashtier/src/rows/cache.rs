@@ -69,7 +69,10 @@ fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
     let mut blocks = out.chunks_exact_mut(64);
     let mut word_blocks = words.chunks_exact(8);
     for (block, ws) in (&mut blocks).zip(&mut word_blocks) {
-        if let (Ok(block), Ok(ws)) = (<&mut [u8; 64]>::try_from(block), <&[AtomicU64; 8]>::try_from(ws)) {
+        if let (Ok(block), Ok(ws)) = (
+            <&mut [u8; 64]>::try_from(block),
+            <&[AtomicU64; 8]>::try_from(ws),
+        ) {
             copy_block(ws, block);
         }
     }
@@ -92,7 +95,11 @@ fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
 fn find_way(keys: &[AtomicU64], key: u64) -> Option<usize> {
     let mut found = usize::MAX;
     for (i, k) in keys.iter().enumerate() {
-        found = if k.load(Ordering::Relaxed) == key { i } else { found };
+        found = if k.load(Ordering::Relaxed) == key {
+            i
+        } else {
+            found
+        };
     }
     (found != usize::MAX).then_some(found)
 }
@@ -124,23 +131,36 @@ fn copy_in(words: &[AtomicU64], src: &[u8]) {
 impl RowCache {
     /// A cache within `budget_bytes` for rows of `geometry`; `None` when the
     /// budget holds less than one set.
-    pub fn new(budget_bytes: u64, ways: usize, geometry: RowGeometry) -> Result<Option<Self>, RowError> {
+    pub fn new(
+        budget_bytes: u64,
+        ways: usize,
+        geometry: RowGeometry,
+    ) -> Result<Option<Self>, RowError> {
         if !(1..=MAX_WAYS).contains(&ways) {
-            return Err(RowError::Config(format!("{ways} cache ways: need 1..={MAX_WAYS}")));
+            return Err(RowError::Config(format!(
+                "{ways} cache ways: need 1..={MAX_WAYS}"
+            )));
         }
         geometry.validate()?;
         let weight_words = words(geometry.w());
         let row_words = weight_words + words(geometry.s());
         let set_words = (HEADER_WORDS + ways + ways * row_words).div_ceil(8) * 8;
         let set_bytes = (set_words * 8 + 1) as u64;
-        let sets = usize::try_from(budget_bytes / set_bytes)
-            .map_err(|_| RowError::Config(format!("cache budget {budget_bytes} bytes too large")))?;
+        let sets = usize::try_from(budget_bytes / set_bytes).map_err(|_| {
+            RowError::Config(format!("cache budget {budget_bytes} bytes too large"))
+        })?;
         // Keep 64 bytes of the budget for aligning the slab.
-        let sets = if sets > 0 && (sets as u64) * set_bytes + 64 > budget_bytes { sets - 1 } else { sets };
+        let sets = if sets > 0 && (sets as u64) * set_bytes + 64 > budget_bytes {
+            sets - 1
+        } else {
+            sets
+        };
         if sets == 0 {
             return Ok(None);
         }
-        let slab: Vec<AtomicU64> = (0..sets * set_words + 8).map(|_| AtomicU64::new(0)).collect();
+        let slab: Vec<AtomicU64> = (0..sets * set_words + 8)
+            .map(|_| AtomicU64::new(0))
+            .collect();
         let misalign = (slab.as_ptr() as usize % 64) / 8;
         Ok(Some(Self {
             sets,
@@ -192,7 +212,15 @@ impl RowCache {
     }
 
     /// Split a set's words into (seq, refs, keys, rows).
-    fn parts<'a>(&self, w: &'a [AtomicU64]) -> Option<(&'a AtomicU64, &'a AtomicU64, &'a [AtomicU64], &'a [AtomicU64])> {
+    fn parts<'a>(
+        &self,
+        w: &'a [AtomicU64],
+    ) -> Option<(
+        &'a AtomicU64,
+        &'a AtomicU64,
+        &'a [AtomicU64],
+        &'a [AtomicU64],
+    )> {
         let (seq, rest) = w.split_first()?;
         let (refs, rest) = rest.split_first()?;
         let keys = rest.get(..self.ways)?;
@@ -216,7 +244,9 @@ impl RowCache {
             let Some(way) = find_way(keys, key) else {
                 return false;
             };
-            let row = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
+            let row = rows
+                .get(way * self.row_words..(way + 1) * self.row_words)
+                .unwrap_or(&[]);
             let (w, s) = row.split_at(self.weight_words.min(row.len()));
             copy_out(w, weight_out);
             copy_out(s, scale_out);
@@ -230,33 +260,6 @@ impl RowCache {
             }
         }
         false
-    }
-
-    /// Stage 1 of a batched probe: start loading the set headers of `ids`.
-    pub fn prefetch_sets(&self, ids: &[u64]) {
-        for &id in ids {
-            if let Some(w) = self.set_words_of(self.set_of(id)).first() {
-                flashtier_io::prefetch::prefetch_read(w);
-            }
-        }
-    }
-
-    /// Stage 2: start loading the cached rows of `ids` (every 64-byte line
-    /// of each row whose key is present). A racing write makes this a
-    /// wasted hint, never a wrong answer: [`Self::get`] validates.
-    pub fn prefetch_rows(&self, ids: &[u64]) {
-        for &id in ids {
-            let Some((_, _, keys, rows)) = self.parts(self.set_words_of(self.set_of(id))) else {
-                continue;
-            };
-            let Some(way) = find_way(keys, id.wrapping_add(1)) else {
-                continue;
-            };
-            let row = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
-            for w in row.iter().step_by(8).chain(row.last()) {
-                flashtier_io::prefetch::prefetch_read(w);
-            }
-        }
     }
 
     /// Whether `id` is cached (a racing write may make this stale at once).
@@ -290,7 +293,9 @@ impl RowCache {
         seq.store(v.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
         k.store(key, Ordering::Relaxed);
-        let words = rows.get(way * self.row_words..(way + 1) * self.row_words).unwrap_or(&[]);
+        let words = rows
+            .get(way * self.row_words..(way + 1) * self.row_words)
+            .unwrap_or(&[]);
         let (w, s) = words.split_at(self.weight_words.min(words.len()));
         let (rw, rs) = row.split_at(self.geometry.w().min(row.len()));
         copy_in(w, rw);

@@ -6,8 +6,19 @@
 //! the aligned window of the source's weight file around one or more rows
 //! within the same 4 KiB page. Rows of a unit are served together, so two
 //! misses in one block cost one read.
+//!
+//! Two ways to get queue depth, chosen by the backend:
+//! - a backend that reads on the calling thread (`queue_depth() == 1`, the
+//!   default [`crate::rows::InlineBackend`]) is driven by the shared
+//!   [`crate::rows::RowPool`]: its threads and the caller each claim units;
+//! - a backend with its own queue (io_uring, posix workers, the simulator)
+//!   gets the units submitted in windows of at most [`SUBMIT_WINDOW`], two
+//!   windows in flight, while the caller verifies, cuts out and caches the
+//!   rows of each window as it lands. At most `2 * SUBMIT_WINDOW` landing
+//!   buffers exist per batch.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -16,6 +27,9 @@ use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
 use crate::rows::RowError;
 use crate::rows::pool::PoolTask;
 use crate::rows::store::{Inner, ServePlan, read_bytes};
+
+/// Units per submission in the submit mode.
+pub const SUBMIT_WINDOW: usize = 128;
 
 struct ReadUnit {
     file: Arc<StoreFile>,
@@ -73,6 +87,8 @@ pub(crate) fn serve(
         for u in 0..n {
             task.run(u);
         }
+    } else if inner.backend.queue_depth() > 1 {
+        task.submit_all();
     } else {
         inner.pool.run(task.clone(), n);
     }
@@ -196,9 +212,14 @@ impl MissTask {
                 offset: u.offset,
             });
         };
-        let out = self.rows_from(u, &buf);
+        let out = self.finish_unit(u, &buf);
         LANDING.with(|l| *l.borrow_mut() = Some(buf));
-        let out = out?;
+        out
+    }
+
+    /// Verify and cut out a landed unit's rows, and cache them.
+    fn finish_unit(&self, u: &ReadUnit, buf: &AlignedBuf) -> Result<Vec<u8>, RowError> {
+        let out = self.rows_from(u, buf)?;
         if let Some(cache) = &self.inner.cache {
             let stride = self.inner.geometry.stride();
             for (k, row) in out.chunks_exact(stride).enumerate() {
@@ -208,6 +229,68 @@ impl MissTask {
             }
         }
         Ok(out)
+    }
+
+    /// The submit mode (see the module docs): windows of units through
+    /// `read_async`, two in flight, each finished on the caller as it lands.
+    fn submit_all(&self) {
+        let n = self.units.len();
+        let mut spare: Vec<AlignedBuf> = Vec::new();
+        let mut in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)> = VecDeque::new();
+        let mut next = 0;
+        while next < n || !in_flight.is_empty() {
+            while next < n && in_flight.len() < 2 {
+                let end = (next + SUBMIT_WINDOW).min(n);
+                let reqs = (next..end)
+                    .filter_map(|i| self.units.get(i).map(|u| (i, u)))
+                    .map(|(i, u)| {
+                        let buf = spare
+                            .pop()
+                            .filter(|b| b.capacity() >= u.len)
+                            .unwrap_or_else(|| AlignedBuf::zeroed(u.len));
+                        ReadReq {
+                            file: u.file.clone(),
+                            offset: u.offset,
+                            len: u.len,
+                            landing: Landing::Host(buf),
+                            tag: i as u64,
+                        }
+                    });
+                match self.inner.backend.read_async(reqs.collect()) {
+                    Ok(ticket) => in_flight.push_back((next, end, ticket)),
+                    Err(e) => self.record(next, Err(e.into())),
+                }
+                next = end;
+            }
+            let Some((start, end, ticket)) = in_flight.pop_front() else {
+                break;
+            };
+            match ticket.wait() {
+                Ok(landed) => {
+                    self.inner
+                        .counters
+                        .reads
+                        .fetch_add((end - start) as u64, Ordering::Relaxed);
+                    for l in landed {
+                        let i = l.tag as usize;
+                        let (Some(u), Some(buf)) = (self.units.get(i), l.buf) else {
+                            continue;
+                        };
+                        self.record(i, self.finish_unit(u, &buf));
+                        spare.push(buf);
+                    }
+                }
+                // The ticket reports its first failure; charge it to the
+                // window's first unit so the batch fails with it.
+                Err(e) => self.record(start, Err(e.into())),
+            }
+        }
+    }
+
+    fn record(&self, unit: usize, result: Result<Vec<u8>, RowError>) {
+        if let Some(slot) = self.results.get(unit) {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+        }
     }
 
     /// Cut the unit's rows out of its landed window (`buf`).

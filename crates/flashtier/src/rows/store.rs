@@ -21,10 +21,6 @@ use flashtier_io::{
 use crate::rows::fetch;
 use crate::rows::{InlineBackend, RowCache, RowError, RowGeometry, RowPool, TableSource};
 
-/// Ids probed together: their set headers, then their rows, are prefetched
-/// before any is copied, so the cache misses of a batch overlap.
-const PROBE_CHUNK: usize = 16;
-
 /// How a [`RowStore`] is built.
 #[derive(Clone)]
 pub struct RowStoreConfig {
@@ -437,13 +433,6 @@ impl RowStore {
         let mut misses = Vec::new();
         let mut hits = 0u64;
         for (i, &id) in ids.iter().enumerate() {
-            if i % PROBE_CHUNK == 0 {
-                if let Some(c) = &self.inner.cache {
-                    let chunk = ids.get(i..(i + PROBE_CHUNK).min(ids.len())).unwrap_or(&[]);
-                    c.prefetch_sets(chunk);
-                    c.prefetch_rows(chunk);
-                }
-            }
             let (Some(wo), Some(so)) = (
                 weights_out.get_mut(i * w..(i + 1) * w),
                 scales_out.get_mut(i * s..(i + 1) * s),

@@ -45,9 +45,14 @@ pub struct Args {
     /// Zipf exponent of the steady-state and prefill ids (0 = uniform).
     #[arg(long, default_value_t = 1.0)]
     pub zipf: f64,
-    /// Miss-pool threads, the caller included.
+    /// Miss-pool threads, the caller included (inline backend), or the
+    /// backend's queue depth (uring, posix).
     #[arg(long, default_value_t = 32)]
     pub threads: usize,
+    /// How misses are read: `inline` (the shared pool's threads each pread),
+    /// `uring` or `posix` (windows submitted to that backend's queue).
+    #[arg(long, default_value = "inline")]
+    pub backend: String,
     /// Ids in one prefill batch (deduplicated by the store).
     #[arg(long, default_value_t = 32768)]
     pub prefill: usize,
@@ -79,16 +84,24 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         Some('G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<u64>().map(|n| n * mul).map_err(|e| format!("{s:?}: {e}"))
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn write_store(path: &Path, rows: u64, quiet: bool) -> anyhow::Result<()> {
     let g = RowGeometry::ENGRAM;
     let header = RowShardHeader::new(0, 0, rows, rows, g.weight_bytes, g.scale_bytes)?;
-    let bar = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(rows) };
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(rows)
+    };
     bar.set_style(
-        indicatif::ProgressStyle::with_template("writing synthetic shard [{bar:40}] {pos}/{len} rows ({eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "writing synthetic shard [{bar:40}] {pos}/{len} rows ({eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     write_synthetic_packed(path, header, 0xB0B, &mut |d| bar.set_position(d))
         .with_context(|| format!("write {}", path.display()))?;
@@ -105,7 +118,11 @@ struct Bench {
 impl Bench {
     /// A fresh store (empty cache) over the shard.
     fn open(&self, cache_bytes: u64) -> anyhow::Result<RowStore> {
-        let cfg = RowStoreConfig { cache_bytes, pool: Some(self.pool.clone()), ..self.cfg.clone() };
+        let cfg = RowStoreConfig {
+            cache_bytes,
+            pool: Some(self.pool.clone()),
+            ..self.cfg.clone()
+        };
         Ok(RowStore::open_packed(&self.path, cfg)?)
     }
 }
@@ -122,7 +139,10 @@ struct Interleaved {
 }
 
 fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
-    let mut r = Interleaved { fio_iops: a.fio_iodepth.iter().map(|&q| (q, Vec::new())).collect(), ..Default::default() };
+    let mut r = Interleaved {
+        fio_iops: a.fio_iodepth.iter().map(|&q| (q, Vec::new())).collect(),
+        ..Default::default()
+    };
     let fio_on = !a.no_fio && fio::available();
     for rep in 0..a.reps {
         let seed = 0x5EED_0000 + rep as u64 * 7919 + std::process::id() as u64;
@@ -139,21 +159,30 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         r.cold_p99_us.push(cold.batch_us_p99);
         if fio_on {
             for (q, v) in r.fio_iops.iter_mut().skip(1) {
-                v.push(fio::randread_iops(&b.path, *q, a.seconds, seed ^ u64::from(*q))?);
+                v.push(fio::randread_iops(
+                    &b.path,
+                    *q,
+                    a.seconds,
+                    seed ^ u64::from(*q),
+                )?);
             }
         }
         let store = b.open(a.cache)?;
         let mut z = Zipf::new(rows, a.zipf, seed ^ 2);
         let pre = timed(&store, a.seconds, || z.batch(a.prefill))?;
         r.prefill_iops.push(pre.read_iops());
-        r.prefill_unique_rows.push(pre.misses as f64 / pre.batches.max(1) as f64);
+        r.prefill_unique_rows
+            .push(pre.misses as f64 / pre.batches.max(1) as f64);
         r.prefill_batch_ms.push(pre.batch_us_p50 / 1e3);
         if !a.json {
             eprintln!(
                 "rep {rep}: cold {:.0} IOPS, prefill {:.0} IOPS{}",
                 cold.read_iops(),
                 pre.read_iops(),
-                r.fio_iops.iter().filter_map(|(q, v)| v.last().map(|x| format!(", fio QD{q} {x:.0}"))).collect::<String>()
+                r.fio_iops
+                    .iter()
+                    .filter_map(|(q, v)| v.last().map(|x| format!(", fio QD{q} {x:.0}")))
+                    .collect::<String>()
             );
         }
     }
@@ -162,20 +191,42 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
 
 /// Run `flashtier bench rows`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.batch > 0 && a.prefill > 0 && a.reps > 0, "--batch, --prefill and --reps must be positive");
-    let tmp = tempfile::Builder::new().prefix("flashtier-bench-rows").tempdir_in(".")?;
-    let path = a.store.clone().unwrap_or_else(|| tmp.path().join("bench.rows"));
+    anyhow::ensure!(
+        a.batch > 0 && a.prefill > 0 && a.reps > 0,
+        "--batch, --prefill and --reps must be positive"
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("flashtier-bench-rows")
+        .tempdir_in(".")?;
+    let path = a
+        .store
+        .clone()
+        .unwrap_or_else(|| tmp.path().join("bench.rows"));
     if !path.exists() {
         write_store(&path, a.rows, a.json)?;
     }
+    let backend: Option<Arc<dyn flashtier_io::StorageBackend>> = match a.backend.as_str() {
+        "inline" => None,
+        other => Some(Arc::from(flashtier_io::open_backend(
+            other.parse()?,
+            a.threads,
+        )?)),
+    };
     let b = Bench {
         path,
         pool: RowPool::new(a.threads)?,
-        cfg: RowStoreConfig { ways: a.ways, ..Default::default() },
+        cfg: RowStoreConfig {
+            ways: a.ways,
+            backend,
+            ..Default::default()
+        },
     };
     let probe = b.open(0)?;
     let rows = probe.rows();
-    anyhow::ensure!(probe.stats().direct || a.json, "store is not read with O_DIRECT; cold numbers would be page-cache numbers");
+    anyhow::ensure!(
+        probe.stats().direct || a.json,
+        "store is not read with O_DIRECT; cold numbers would be page-cache numbers"
+    );
     drop(probe);
     if a.hit_path_only {
         let h = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
@@ -191,17 +242,56 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     report(&a, rows, &inter, &steady, &hits)
 }
 
-fn report(a: &Args, rows: u64, r: &Interleaved, steady: &Phase, hits: &HitPath) -> anyhow::Result<()> {
-    let fio_best = r.fio_iops.iter().map(|(_, v)| median(v)).fold(0.0, f64::max);
-    let ratio = |x: f64| if fio_best > 0.0 { Some(x / fio_best) } else { None };
+fn report(
+    a: &Args,
+    rows: u64,
+    r: &Interleaved,
+    steady: &Phase,
+    hits: &HitPath,
+) -> anyhow::Result<()> {
+    let fio_best = r
+        .fio_iops
+        .iter()
+        .map(|(_, v)| median(v))
+        .fold(0.0, f64::max);
+    let ratio = |x: f64| {
+        if fio_best > 0.0 {
+            Some(x / fio_best)
+        } else {
+            None
+        }
+    };
     let (cold, pre) = (median(&r.cold_iops), median(&r.prefill_iops));
+    // Per repetition: ours over the best fio of the same repetition (run
+    // back to back, so they share the machine's noise), then the median.
+    let fio_rep = |i: usize| {
+        r.fio_iops
+            .iter()
+            .filter_map(|(_, v)| v.get(i).copied())
+            .fold(0.0, f64::max)
+    };
+    let paired = |ours: &[f64]| -> Option<f64> {
+        let v: Vec<f64> = ours
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| fio_rep(*i) > 0.0)
+            .map(|(i, x)| x / fio_rep(i))
+            .collect();
+        (!v.is_empty()).then(|| median(&v))
+    };
+    let (cold_paired, pre_paired) = (paired(&r.cold_iops), paired(&r.prefill_iops));
     let fio_json: serde_json::Map<String, serde_json::Value> = r
         .fio_iops
         .iter()
-        .map(|(q, v)| (format!("qd{q}"), serde_json::json!({ "iops_median": median(v), "iops": v })))
+        .map(|(q, v)| {
+            (
+                format!("qd{q}"),
+                serde_json::json!({ "iops_median": median(v), "iops": v }),
+            )
+        })
         .collect();
     let v = serde_json::json!({
-        "rows": rows, "batch": a.batch, "cache_bytes": a.cache, "ways": a.ways, "zipf": a.zipf, "threads": a.threads,
+        "rows": rows, "backend": a.backend, "batch": a.batch, "cache_bytes": a.cache, "ways": a.ways, "zipf": a.zipf, "threads": a.threads,
         "rows_per_sec": steady.rows_per_sec(),
         "lookups_per_sec": steady.lookups_per_sec(),
         "read_iops": steady.read_iops(),
@@ -211,10 +301,11 @@ fn report(a: &Args, rows: u64, r: &Interleaved, steady: &Phase, hits: &HitPath) 
         "batch_us_p999": steady.batch_us_p999,
         "cold": { "batch": a.batch, "read_iops_median": cold, "read_iops": r.cold_iops,
                   "batch_us_p50_median": median(&r.cold_p50_us), "batch_us_p99_median": median(&r.cold_p99_us),
-                  "ratio_vs_fio": ratio(cold) },
+                  "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired },
         "prefill": { "ids": a.prefill, "unique_rows_median": median(&r.prefill_unique_rows),
                      "batch_ms_median": median(&r.prefill_batch_ms),
-                     "read_iops_median": pre, "read_iops": r.prefill_iops, "ratio_vs_fio": ratio(pre) },
+                     "read_iops_median": pre, "read_iops": r.prefill_iops, "ratio_vs_fio": ratio(pre),
+                     "ratio_vs_fio_paired_median": pre_paired },
         "fio": fio_json,
         "fio_best_iops": fio_best,
         "hit_path": hits,
@@ -223,24 +314,52 @@ fn report(a: &Args, rows: u64, r: &Interleaved, steady: &Phase, hits: &HitPath) 
         println!("{v}");
         return Ok(());
     }
-    println!("row store bench: {rows} rows, batch {}, cache {} bytes x {} ways, zipf {}, {} threads", a.batch, a.cache, a.ways, a.zipf, a.threads);
+    println!(
+        "row store bench: {rows} rows, {} backend, batch {}, cache {} bytes x {} ways, zipf {}, {} threads",
+        a.backend, a.batch, a.cache, a.ways, a.zipf, a.threads
+    );
     println!(
         "steady state: {:.0} lookups/s, {:.0} rows/s, {:.0} reads/s, hit rate {:.3}, batch p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
-        steady.lookups_per_sec(), steady.rows_per_sec(), steady.read_iops(), steady.hit_rate(),
-        steady.batch_us_p50, steady.batch_us_p99, steady.batch_us_p999
+        steady.lookups_per_sec(),
+        steady.rows_per_sec(),
+        steady.read_iops(),
+        steady.hit_rate(),
+        steady.batch_us_p50,
+        steady.batch_us_p99,
+        steady.batch_us_p999
     );
     for (q, v) in &r.fio_iops {
-        println!("fio 4 KiB randread QD{q}: median {:.0} IOPS ({} runs)", median(v), v.len());
+        println!(
+            "fio 4 KiB randread QD{q}: median {:.0} IOPS ({} runs)",
+            median(v),
+            v.len()
+        );
     }
-    let pct = |x: Option<f64>| x.map_or("n/a (no fio)".to_string(), |x| format!("{:.1}% of fio", x * 100.0));
-    println!("cold misses, batch {}: median {cold:.0} IOPS = {} (p50 {:.0} us, p99 {:.0} us per batch)",
-        a.batch, pct(ratio(cold)), median(&r.cold_p50_us), median(&r.cold_p99_us));
-    println!("prefill {} ids (~{:.0} distinct): median {pre:.0} IOPS = {}",
-        a.prefill, median(&r.prefill_unique_rows), pct(ratio(pre)));
+    let pct =
+        |x: Option<f64>| x.map_or("n/a (no fio)".to_string(), |x| format!("{:.1}%", x * 100.0));
+    println!(
+        "cold misses, batch {}: median {cold:.0} IOPS = {} of the best fio median; paired per rep: {} (p50 {:.0} us, p99 {:.0} us per batch)",
+        a.batch,
+        pct(ratio(cold)),
+        pct(cold_paired),
+        median(&r.cold_p50_us),
+        median(&r.cold_p99_us)
+    );
+    println!(
+        "prefill {} ids (~{:.0} distinct): median {pre:.0} IOPS = {}; paired per rep: {}",
+        a.prefill,
+        median(&r.prefill_unique_rows),
+        pct(ratio(pre)),
+        pct(pre_paired)
+    );
     println!(
         "hit path, {} rows: {:.1} ns/row; memcpy gather {:.1} ns/row ({:.2}x), contiguous memcpy {:.1} ns/row ({:.2}x)",
-        hits.batch, hits.lookup_ns_per_row, hits.memcpy_gather_ns_per_row, hits.ratio_vs_gather,
-        hits.memcpy_contiguous_ns_per_row, hits.ratio_vs_contiguous
+        hits.batch,
+        hits.lookup_ns_per_row,
+        hits.memcpy_gather_ns_per_row,
+        hits.ratio_vs_gather,
+        hits.memcpy_contiguous_ns_per_row,
+        hits.ratio_vs_contiguous
     );
     Ok(())
 }

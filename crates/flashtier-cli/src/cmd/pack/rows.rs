@@ -60,15 +60,35 @@ pub struct Args {
 
 fn source(a: &Args) -> anyhow::Result<TableSource> {
     if let Some(model) = &a.model {
-        let tensor = a.tensor.as_deref().context("--tensor is required with --model")?;
-        let scales = a.scales.as_deref().context("--scales is required with --model")?;
+        let tensor = a
+            .tensor
+            .as_deref()
+            .context("--tensor is required with --model")?;
+        let scales = a
+            .scales
+            .as_deref()
+            .context("--scales is required with --model")?;
         return Ok(TableSource::safetensors(model, tensor, scales)?);
     }
-    let table = a.table.as_ref().context("give --model DIR --tensor NAME --scales NAME, or --table FILE --rows N")?;
+    let table = a
+        .table
+        .as_ref()
+        .context("give --model DIR --tensor NAME --scales NAME, or --table FILE --rows N")?;
     let rows = a.rows.context("--rows is required with --table")?;
-    let g = RowGeometry { weight_bytes: a.weight_bytes, scale_bytes: a.scale_bytes };
-    let scale_offset = a.scale_offset.unwrap_or(a.weight_offset + rows * u64::from(a.weight_bytes));
-    Ok(TableSource::raw(table, rows, a.weight_offset, scale_offset, g)?)
+    let g = RowGeometry {
+        weight_bytes: a.weight_bytes,
+        scale_bytes: a.scale_bytes,
+    };
+    let scale_offset = a
+        .scale_offset
+        .unwrap_or(a.weight_offset + rows * u64::from(a.weight_bytes));
+    Ok(TableSource::raw(
+        table,
+        rows,
+        a.weight_offset,
+        scale_offset,
+        g,
+    )?)
 }
 
 /// Run `flashtier pack rows`.
@@ -77,13 +97,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (lo, hi) = owned_range(src.rows, a.rank, a.ranks)?;
     let bar = indicatif::ProgressBar::new(hi - lo);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, eta {eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_message(format!("packing rows [{lo}, {hi})"));
     let t0 = std::time::Instant::now();
-    let header = pack_shard(&src, a.layer, lo, hi, &a.out, &mut |done| bar.set_position(done))
-        .with_context(|| format!("packing {}", a.out.display()))?;
+    let header = pack_shard(&src, a.layer, lo, hi, &a.out, &mut |done| {
+        bar.set_position(done)
+    })
+    .with_context(|| format!("packing {}", a.out.display()))?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if a.json {

@@ -31,7 +31,12 @@ impl Zipf {
         while rows > 1 && gcd(mul, rows) != 1 {
             mul += 1;
         }
-        Self { rows: rows.max(1), s, mul: mul.max(1), rng: SmallRng::seed_from_u64(seed) }
+        Self {
+            rows: rows.max(1),
+            s,
+            mul: mul.max(1),
+            rng: SmallRng::seed_from_u64(seed),
+        }
     }
 
     /// The next id.
@@ -99,7 +104,11 @@ impl Phase {
 }
 
 /// Look up batches from `ids` for `seconds` (at least one batch).
-pub fn timed(store: &RowStore, seconds: f64, mut ids: impl FnMut() -> Vec<u64>) -> anyhow::Result<Phase> {
+pub fn timed(
+    store: &RowStore,
+    seconds: f64,
+    mut ids: impl FnMut() -> Vec<u64>,
+) -> anyhow::Result<Phase> {
     let g = store.geometry();
     let mut hist = Histogram::<u64>::new(3)?;
     let before = store.stats();
@@ -158,12 +167,18 @@ pub fn hit_path(store: &RowStore, batch: usize, seed: u64) -> anyhow::Result<Hit
     let (mut w, mut s) = (vec![0u8; n * g.w()], vec![0u8; n * g.s()]);
     let before = store.stats();
     store.lookup(&ids, &mut w, &mut s)?;
-    anyhow::ensure!(store.stats().misses == before.misses, "hit-path rows were not all cached (cache too small?)");
-    // A RAM table of the same rows at scattered slots, like the cache's.
-    let slots = (n * 64).max(1024);
+    anyhow::ensure!(
+        store.stats().misses == before.misses,
+        "hit-path rows were not all cached (cache too small?)"
+    );
+    // The same rows scattered over a RAM table as large as the cache, so
+    // the copies see the same cache and TLB footprint as the hit path.
+    let slots = (usize::try_from(store.stats().cache_bytes).unwrap_or(0) / g.stride()).max(n * 64);
     let mut ram = vec![0u8; slots * g.stride()];
     let mut rng = SmallRng::seed_from_u64(seed);
-    let at: Vec<usize> = (0..n).map(|_| rng.random_range(0..slots) * g.stride()).collect();
+    let at: Vec<usize> = (0..n)
+        .map(|_| rng.random_range(0..slots) * g.stride())
+        .collect();
     let contiguous = vec![7u8; n * g.stride()];
     let reps = (2_000_000 / n.max(1)).max(10);
     let mut best = [f64::MAX; 3];
