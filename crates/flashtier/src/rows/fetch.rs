@@ -26,7 +26,8 @@ use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
 
 use crate::rows::RowError;
 use crate::rows::pool::PoolTask;
-use crate::rows::store::{Inner, ServePlan, read_bytes};
+use crate::rows::shard::read_bytes;
+use crate::rows::store::{Inner, ServePlan};
 
 /// Units per submission in the submit mode.
 pub const SUBMIT_WINDOW: usize = 128;

@@ -10,7 +10,8 @@
 //!   zeros (another rank adds it in);
 //! - hits come from a bounded set-associative cache ([`cache`]); misses are
 //!   deduplicated, grouped by read window, and served by a shared bounded
-//!   worker pool in which the caller takes part ([`pool`]);
+//!   worker pool in which the caller takes part ([`pool`]), or submitted in
+//!   bounded windows to a backend with its own queue (io_uring);
 //! - a miss is one read: from a packed shard ([`pack`], weight and scale side
 //!   by side, every block checked against its xxh3) or from the table source
 //!   with the owned scales resident in RAM;
@@ -45,9 +46,11 @@ pub mod ngram;
 pub mod pack;
 pub mod pool;
 pub mod source;
+pub mod stats;
 pub mod store;
 
 mod fetch;
+mod shard;
 
 pub use cache::RowCache;
 pub use error::RowError;

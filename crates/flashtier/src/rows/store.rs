@@ -10,15 +10,16 @@
 //! `attach_packed`, then `lookup` / `prefetch` from any number of threads.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use flashtier_format::row_shard::{ROW_SHARD_HEADER_BYTES, RowShardError, RowShardHeader};
-use flashtier_io::{
-    AlignedBuf, DirectMode, IoError, Landing, LockedMap, ReadReq, StorageBackend, StoreFile,
-};
+use flashtier_format::row_shard::RowShardHeader;
+use flashtier_io::{DirectMode, IoError, LockedMap, StorageBackend, StoreFile};
 
 use crate::rows::fetch;
+use crate::rows::shard::{load_packed, pin_scales, read_header};
+use crate::rows::stats::Counters;
+pub use crate::rows::stats::RowStats;
 use crate::rows::{InlineBackend, RowCache, RowError, RowGeometry, RowPool, TableSource};
 
 /// How a [`RowStore`] is built.
@@ -36,7 +37,10 @@ pub struct RowStoreConfig {
     pub pin_scales: bool,
     /// Miss pool (`None` = the process-wide [`RowPool::shared`]).
     pub pool: Option<Arc<RowPool>>,
-    /// Backend the reads go through (`None` = [`InlineBackend`]).
+    /// Backend the reads go through. `None` = [`InlineBackend`], driven by
+    /// the pool; a backend with its own queue (`queue_depth() > 1`: io_uring,
+    /// posix, the simulator) gets each batch's reads submitted in windows
+    /// instead (see `fetch`).
     pub backend: Option<Arc<dyn StorageBackend>>,
     /// Batches with fewer read units than this are read on the caller alone.
     pub inline_below: usize,
@@ -69,51 +73,6 @@ impl std::fmt::Debug for RowStoreConfig {
             .field("inline_below", &self.inline_below)
             .finish()
     }
-}
-
-/// Counters and geometry of a store (the SPEC's stats).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RowStats {
-    /// Ids served from the cache (or from RAM in RAM mode).
-    pub hits: u64,
-    /// Distinct rows read from storage.
-    pub misses: u64,
-    /// Read operations issued (one per read unit; rows sharing a block share a read).
-    pub reads: u64,
-    /// Batch positions served by another position's read (repeated ids).
-    pub deduplicated: u64,
-    /// Bytes of the cache.
-    pub cache_bytes: u64,
-    /// Cache slots.
-    pub slots: u64,
-    /// Cache sets.
-    pub sets: u64,
-    /// Cache ways.
-    pub ways: u64,
-    /// Threads serving misses (the caller included).
-    pub threads: u64,
-    /// Whether misses come from a packed shard.
-    pub packed: bool,
-    /// Bytes of owned scales pinned in RAM.
-    pub scales_bytes: u64,
-    /// Whether the table is mapped and locked in RAM.
-    pub ram_mode: bool,
-    /// Whether row reads bypass the page cache.
-    pub direct: bool,
-    /// Owned range start.
-    pub lo: u64,
-    /// Owned range end.
-    pub hi: u64,
-    /// Rows in the table.
-    pub rows: u64,
-}
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub reads: AtomicU64,
-    pub deduplicated: AtomicU64,
 }
 
 pub(crate) struct SourceFiles {
@@ -582,94 +541,4 @@ fn check_len(what: &'static str, expected_bytes: usize, got_bytes: usize) -> Res
         });
     }
     Ok(())
-}
-
-/// Read `len` bytes at `offset` of `file` through `backend`.
-pub(crate) fn read_bytes(
-    backend: &dyn StorageBackend,
-    file: &Arc<StoreFile>,
-    offset: u64,
-    len: usize,
-) -> Result<AlignedBuf, RowError> {
-    let req = ReadReq {
-        file: file.clone(),
-        offset,
-        len,
-        landing: Landing::Host(AlignedBuf::zeroed(len)),
-        tag: 0,
-    };
-    let landed = backend.read(vec![req])?;
-    landed
-        .into_iter()
-        .next()
-        .and_then(|l| l.buf)
-        .ok_or_else(|| {
-            RowError::Io(IoError::Backend {
-                backend: backend.name(),
-                what: format!("read at {offset} returned no buffer"),
-            })
-        })
-}
-
-fn read_header(
-    backend: &dyn StorageBackend,
-    file: &Arc<StoreFile>,
-) -> Result<RowShardHeader, RowError> {
-    let len = file.len_bytes()?;
-    if len < u64::from(ROW_SHARD_HEADER_BYTES) {
-        return Err(RowShardError::TooShort {
-            path: file.path().to_path_buf(),
-            len_bytes: len,
-        }
-        .into());
-    }
-    let buf = read_bytes(backend, file, 0, ROW_SHARD_HEADER_BYTES as usize)?;
-    Ok(RowShardHeader::decode(file.path(), &buf)?)
-}
-
-fn load_packed(
-    backend: &dyn StorageBackend,
-    file: Arc<StoreFile>,
-    header: RowShardHeader,
-    expected: Option<&RowShardHeader>,
-) -> Result<Packed, RowError> {
-    if let Some(e) = expected {
-        header.expect(file.path(), e)?;
-    }
-    header.check_len(file.path(), file.len_bytes()?)?;
-    let region = usize::try_from(header.checksum_region_bytes())
-        .map_err(|_| RowError::Config("checksum table too large".into()))?;
-    let checksums = if region == 0 {
-        Vec::new()
-    } else {
-        let buf = read_bytes(backend, &file, header.checksum_offset(), region)?;
-        header.decode_checksums(file.path(), &buf)?
-    };
-    Ok(Packed {
-        file,
-        header,
-        checksums,
-    })
-}
-
-/// Read the scales of rows `[lo, hi)` into RAM, in bounded 8 MiB reads.
-fn pin_scales(
-    backend: &dyn StorageBackend,
-    src: &SourceFiles,
-    lo: u64,
-    hi: u64,
-) -> Result<Vec<u8>, RowError> {
-    const CHUNK_BYTES: u64 = 8 << 20;
-    let s = u64::from(src.table.geometry.scale_bytes);
-    let start = src.table.scales.offset + lo * s;
-    let total = (hi - lo) * s;
-    let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    let mut done = 0u64;
-    while done < total {
-        let n = (total - done).min(CHUNK_BYTES) as usize;
-        let buf = read_bytes(backend, &src.scales, start + done, n)?;
-        out.extend_from_slice(&buf[..n]);
-        done += n as u64;
-    }
-    Ok(out)
 }
