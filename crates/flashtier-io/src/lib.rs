@@ -28,6 +28,7 @@ pub mod blocks;
 pub mod buf;
 pub mod error;
 pub mod file;
+pub mod locked;
 pub mod open;
 pub mod posix;
 pub mod region;
@@ -42,6 +43,7 @@ pub use backend::{
 pub use buf::{ALIGN, AlignedBuf, round_up};
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
+pub use locked::{LockError, LockedMap, memlock_limit_bytes};
 pub use open::{BackendKind, open_backend};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
