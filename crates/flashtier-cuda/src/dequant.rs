@@ -2,7 +2,9 @@
 //! deterministic device-side fill used by tests and benchmarks.
 //!
 //! `out[r, c] = bf16_rne(e4m3(w[r, c]) * scale[r, c / group])`, computed in
-//! f32 exactly as the CPU reference in `flashtier::rows` does: e4m3fn has no
+//! f32 exactly as the CPU reference in `flashtier::rows::fp8` does
+//! (`ScaleFormat::F32Blocks`: `scales_per_row` equal column blocks; an f64
+//! row scale is the one-block case after `as f32`): e4m3fn has no
 //! infinities, `0x7E` is 448 and `0x7F` / `0xFF` are NaN.
 
 use std::sync::Arc;
@@ -218,6 +220,21 @@ mod tests {
         assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
         assert_eq!(e4m3_to_f32(0x38), 1.0);
         assert_eq!(e4m3_to_f32(0xB8), -1.0);
+    }
+
+    /// The host decode the GPU kernel is tested against equals the rows
+    /// tier's CPU reference on every code (sign of zero and NaN included).
+    #[test]
+    fn host_decode_equals_the_rows_reference() {
+        for code in 0..=255u8 {
+            let mine = e4m3_to_f32(code);
+            let reference = flashtier::rows::fp8::e4m3_to_f32(code);
+            if reference.is_nan() {
+                assert!(mine.is_nan(), "code {code:#04x}");
+            } else {
+                assert_eq!(mine.to_bits(), reference.to_bits(), "code {code:#04x}");
+            }
+        }
     }
 
     #[test]

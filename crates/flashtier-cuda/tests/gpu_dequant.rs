@@ -1,10 +1,11 @@
-//! FP8 E4M3 -> BF16 dequant on the GPU against the host decode, bit for bit,
-//! over every byte value (NaN included) in packed Engram rows. Skips without
-//! a GPU.
+//! FP8 E4M3 -> BF16 dequant on the GPU against the rows tier's CPU reference
+//! (`flashtier::rows::fp8`) and the host decode, bit for bit, over every byte
+//! value (NaN included) in packed Engram rows. Skips without a GPU.
 
 mod common;
 
 use common::{bf16, gpu_or_skip};
+use flashtier::rows::ScaleFormat;
 use flashtier_cuda::dequant::e4m3_to_f32;
 use flashtier_cuda::{Fp8Rows, UtilKernels};
 use rand::{Rng, SeedableRng};
@@ -42,8 +43,18 @@ fn dequant_matches_host_decode() {
     let got = s.clone_dtoh(&out).expect("download");
     let mut nans = 0;
     for r in 0..geom.rows {
+        // The rows tier's CPU reference on the packed row: weights, then the
+        // two f32 block scales as little-endian bytes.
+        let weight = &w[r * geom.row_stride_bytes..][..geom.cols];
+        let scale: Vec<u8> = scales[r * 2..r * 2 + 2]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let mut want = vec![half::bf16::ZERO; geom.cols];
+        flashtier::rows::fp8::dequant_row_bf16(weight, &scale, ScaleFormat::F32Blocks, &mut want)
+            .expect("rows reference");
         for c in 0..geom.cols {
-            let x = e4m3_to_f32(w[r * geom.row_stride_bytes + c]) * scales[r * 2 + c / 128];
+            let x = e4m3_to_f32(weight[c]) * scales[r * 2 + c / 128];
             let g = got[r * geom.cols + c];
             if x.is_nan() {
                 nans += 1;
@@ -51,8 +62,13 @@ fn dequant_matches_host_decode() {
                     half::bf16::from_bits(g).is_nan(),
                     "row {r} col {c}: NaN expected"
                 );
+                assert!(
+                    want[c].is_nan(),
+                    "row {r} col {c}: the rows reference agrees"
+                );
             } else {
                 assert_eq!(g, bf16(x), "row {r} col {c}: {x}");
+                assert_eq!(g, want[c].to_bits(), "row {r} col {c}: rows reference");
             }
         }
     }
