@@ -7,9 +7,11 @@
 //!   the expert arena, with the device-address check.
 //! - [`sink`]: [`HbmSink`], the disk -> pinned -> HBM device sink of the
 //!   `flashtier-io` backends (double-buffered staging, a copy stream).
-//! - [`nvrtc`], [`attention`], [`dequant`]: kernels compiled at run time for
-//!   the device's own architecture: tiled split-KV decode attention and the
-//!   FP8 -> BF16 row dequant.
+//! - [`nvrtc`], [`attention`], [`plan`], [`dequant`]: kernels compiled at run
+//!   time for the device's own architecture (CUBIN for `sm_90` on Hopper):
+//!   tiled split-KV decode attention (flash-decoding, log-sum-exp merge) and
+//!   the FP8 -> BF16 row dequant.
+//! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
 //!
 //! ```no_run
 //! use flashtier_cuda::{CudaError, Gpu};
