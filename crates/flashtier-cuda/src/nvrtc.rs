@@ -12,8 +12,13 @@ use cudarc::nvrtc::sys::{self as nv, nvrtcProgram};
 use crate::context::{Gpu, nvrtc_present};
 use crate::error::CudaError;
 
-/// Source of the attention kernels.
-pub const ATTENTION_SRC: &str = include_str!("kernels/attention.cu");
+/// Source of the attention kernels: the split kernel, then the merge and
+/// finalize kernels that share its definitions.
+pub const ATTENTION_SRC: &str = concat!(
+    include_str!("kernels/attention.cu"),
+    "\n",
+    include_str!("kernels/attention_merge.cu")
+);
 /// Source of the dequant and fill kernels.
 pub const UTIL_SRC: &str = include_str!("kernels/util.cu");
 
