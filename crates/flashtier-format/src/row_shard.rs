@@ -1,1 +1,674 @@
-//! (placeholder: filled by the issue that owns this module)
+//! The packed row shard: one rank's owned rows `[lo, hi)` of an embedding /
+//! Engram table, weight and scale side by side, so that a cache miss is one
+//! aligned read. The byte-level layout is in `docs/rows-format.md`.
+//!
+//! ```text
+//! [0, 4096)                      header (fixed-width little-endian, see below)
+//! [4096, 4096 + blocks * 4096)   row blocks: rows_per_block rows of row_stride
+//!                                bytes each, zero padding to the block end
+//! [checksum_offset, ...)         one xxh3-64 per row block (u64 LE), zero
+//!                                padded to a multiple of 4096
+//! ```
+//!
+//! Invariants checked by [`RowShardHeader::decode`]: magic, version, header
+//! checksum, `lo <= hi <= rows`, `row_stride == row_weight_bytes +
+//! scale_bytes`, `rows_per_block == block_bytes / row_stride >= 1`,
+//! `block_count == ceil((hi - lo) / rows_per_block)`, and offsets that follow
+//! from those. A row never straddles a block, so one block read serves it,
+//! and every block read is checked against its checksum before a byte of it
+//! is served.
+
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Magic at byte 0 of every packed row shard.
+pub const ROW_SHARD_MAGIC: [u8; 8] = *b"FTROWSH1";
+/// The only version this code reads and writes.
+pub const ROW_SHARD_VERSION: u32 = 1;
+/// Bytes of the header region (keeps row block 0 page-aligned).
+pub const ROW_SHARD_HEADER_BYTES: u32 = 4096;
+/// Bytes of one row block (one direct read).
+pub const ROW_SHARD_BLOCK_BYTES: u32 = 4096;
+/// Bytes of the header covered by the header checksum (`[0, 104)`).
+const HEADER_CHECKED_BYTES: usize = 104;
+
+/// A packed row shard failed validation. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RowShardError {
+    /// Fewer bytes than a header.
+    #[error("{path}: packed row shard is {len_bytes} bytes, shorter than its 4096-byte header")]
+    TooShort {
+        /// Shard file.
+        path: PathBuf,
+        /// Bytes available.
+        len_bytes: u64,
+    },
+    /// The magic is not `FTROWSH1`.
+    #[error("{path}: not a packed row shard (magic {found:02x?})")]
+    BadMagic {
+        /// Shard file.
+        path: PathBuf,
+        /// The bytes found.
+        found: [u8; 8],
+    },
+    /// A version this code does not read.
+    #[error(
+        "{path}: packed row shard version {found} (this build reads version {ROW_SHARD_VERSION})"
+    )]
+    UnsupportedVersion {
+        /// Shard file.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+    },
+    /// The header checksum does not match its bytes.
+    #[error(
+        "{path}: header checksum {stored:#018x} does not match the header bytes ({computed:#018x})"
+    )]
+    HeaderChecksum {
+        /// Shard file.
+        path: PathBuf,
+        /// Stored checksum.
+        stored: u64,
+        /// Checksum of the bytes read.
+        computed: u64,
+    },
+    /// A header field is inconsistent with itself or the other fields.
+    #[error("{path}: header field `{field}` = {value} is invalid: {why}")]
+    BadField {
+        /// Shard file.
+        path: PathBuf,
+        /// Field name as in docs/rows-format.md.
+        field: &'static str,
+        /// Value found.
+        value: u64,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The shard is valid but was packed for another layer, range or table.
+    #[error(
+        "{path}: header field `{field}` is {found} but this store expects {expected}; re-run `flashtier pack rows`"
+    )]
+    Mismatch {
+        /// Shard file.
+        path: PathBuf,
+        /// Field name as in docs/rows-format.md.
+        field: &'static str,
+        /// What the store expects.
+        expected: u64,
+        /// What the shard says.
+        found: u64,
+    },
+    /// The file is shorter than its header says.
+    #[error(
+        "{path}: packed row shard is truncated: {actual_bytes} bytes, header needs {expected_bytes}"
+    )]
+    Truncated {
+        /// Shard file.
+        path: PathBuf,
+        /// Length the header implies.
+        expected_bytes: u64,
+        /// Length of the file.
+        actual_bytes: u64,
+    },
+    /// The checksum table does not match its checksum in the header.
+    #[error(
+        "{path}: row-block checksum table is corrupt (stored {stored:#018x}, computed {computed:#018x})"
+    )]
+    ChecksumTable {
+        /// Shard file.
+        path: PathBuf,
+        /// Stored checksum.
+        stored: u64,
+        /// Checksum of the table read.
+        computed: u64,
+    },
+    /// A row block does not match its checksum: never served.
+    #[error(
+        "{path}: row block {block} at offset {offset} length {len_bytes} is corrupt (checksum {computed:#018x}, expected {stored:#018x})"
+    )]
+    BlockChecksum {
+        /// Shard file.
+        path: PathBuf,
+        /// Block index.
+        block: u64,
+        /// Byte offset of the block in the file.
+        offset: u64,
+        /// Block length in bytes.
+        len_bytes: u64,
+        /// Stored checksum.
+        stored: u64,
+        /// Checksum of the bytes read.
+        computed: u64,
+    },
+}
+
+/// The decoded header of a packed row shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowShardHeader {
+    /// Layer (or table) id this shard belongs to.
+    pub layer: u64,
+    /// First owned row (inclusive).
+    pub lo: u64,
+    /// End of the owned rows (exclusive).
+    pub hi: u64,
+    /// Rows of the whole table.
+    pub rows: u64,
+    /// Weight bytes per row (256 for Engram FP8 rows).
+    pub row_weight_bytes: u32,
+    /// Scale bytes per row (8 for Engram).
+    pub scale_bytes: u32,
+    /// Rows per 4096-byte block.
+    pub rows_per_block: u32,
+    /// Checksum (xxh3-64) of the row-block checksum table.
+    pub checksums_xxh3: u64,
+}
+
+/// Where one row sits in a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLocation {
+    /// Block index.
+    pub block: u64,
+    /// File offset of the block.
+    pub block_offset: u64,
+    /// Offset of the row inside the block.
+    pub in_block: usize,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    if let Some(s) = b.get(at..at + 4) {
+        w.copy_from_slice(s);
+    }
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    if let Some(s) = b.get(at..at + 8) {
+        w.copy_from_slice(s);
+    }
+    u64::from_le_bytes(w)
+}
+
+fn put(b: &mut [u8], at: usize, bytes: &[u8]) {
+    if let Some(d) = b.get_mut(at..at + bytes.len()) {
+        d.copy_from_slice(bytes);
+    }
+}
+
+/// xxh3-64 of one row block, as stored in the checksum table.
+#[must_use]
+pub fn block_checksum(block: &[u8]) -> u64 {
+    xxh3_64(block)
+}
+
+impl RowShardHeader {
+    /// A header for rows `[lo, hi)` of a `rows`-row table; `rows_per_block`
+    /// follows from the geometry. `checksums_xxh3` starts at 0 and is set by
+    /// the writer once the blocks are written.
+    pub fn new(
+        layer: u64,
+        lo: u64,
+        hi: u64,
+        rows: u64,
+        row_weight_bytes: u32,
+        scale_bytes: u32,
+    ) -> Result<Self, RowShardError> {
+        let stride = row_weight_bytes.saturating_add(scale_bytes);
+        let h = Self {
+            layer,
+            lo,
+            hi,
+            rows,
+            row_weight_bytes,
+            scale_bytes,
+            rows_per_block: ROW_SHARD_BLOCK_BYTES.checked_div(stride).unwrap_or(0),
+            checksums_xxh3: 0,
+        };
+        h.check(Path::new("<new shard>"))?;
+        Ok(h)
+    }
+
+    /// Bytes of one row (weight then scale).
+    #[must_use]
+    pub fn row_stride(&self) -> u32 {
+        self.row_weight_bytes + self.scale_bytes
+    }
+
+    /// Rows held by this shard.
+    #[must_use]
+    pub fn owned_rows(&self) -> u64 {
+        self.hi - self.lo
+    }
+
+    /// Row blocks in the shard.
+    #[must_use]
+    pub fn block_count(&self) -> u64 {
+        self.owned_rows().div_ceil(u64::from(self.rows_per_block))
+    }
+
+    /// File offset of the first row block.
+    #[must_use]
+    pub fn data_offset(&self) -> u64 {
+        u64::from(ROW_SHARD_HEADER_BYTES)
+    }
+
+    /// File offset of the checksum table.
+    #[must_use]
+    pub fn checksum_offset(&self) -> u64 {
+        self.data_offset() + self.block_count() * u64::from(ROW_SHARD_BLOCK_BYTES)
+    }
+
+    /// Bytes of the checksum table region (padded to 4096).
+    #[must_use]
+    pub fn checksum_region_bytes(&self) -> u64 {
+        (self.block_count() * 8).div_ceil(4096) * 4096
+    }
+
+    /// Exact length of a complete shard file.
+    #[must_use]
+    pub fn file_bytes(&self) -> u64 {
+        self.checksum_offset() + self.checksum_region_bytes()
+    }
+
+    /// Where owned row `id` sits, or `None` when `id` is outside `[lo, hi)`.
+    #[must_use]
+    pub fn locate(&self, id: u64) -> Option<RowLocation> {
+        if id < self.lo || id >= self.hi {
+            return None;
+        }
+        let local = id - self.lo;
+        let rpb = u64::from(self.rows_per_block);
+        let block = local / rpb;
+        let in_block = usize::try_from((local % rpb) * u64::from(self.row_stride())).ok()?;
+        Some(RowLocation {
+            block,
+            block_offset: self.data_offset() + block * u64::from(ROW_SHARD_BLOCK_BYTES),
+            in_block,
+        })
+    }
+
+    fn check(&self, path: &Path) -> Result<(), RowShardError> {
+        let bad = |field: &'static str, value: u64, why: &str| RowShardError::BadField {
+            path: path.to_path_buf(),
+            field,
+            value,
+            why: why.to_string(),
+        };
+        if self.row_weight_bytes == 0 {
+            return Err(bad("row_weight_bytes", 0, "must be non-zero"));
+        }
+        let stride = u64::from(self.row_weight_bytes) + u64::from(self.scale_bytes);
+        if stride > u64::from(ROW_SHARD_BLOCK_BYTES) {
+            return Err(bad(
+                "row_stride",
+                stride,
+                "a row must fit in one 4096-byte block",
+            ));
+        }
+        let rpb = u64::from(ROW_SHARD_BLOCK_BYTES) / stride;
+        if u64::from(self.rows_per_block) != rpb {
+            return Err(bad(
+                "rows_per_block",
+                u64::from(self.rows_per_block),
+                &format!("must be 4096 / row_stride = {rpb}"),
+            ));
+        }
+        if self.hi > self.rows {
+            return Err(bad(
+                "hi",
+                self.hi,
+                &format!("beyond the table's {} rows", self.rows),
+            ));
+        }
+        if self.lo > self.hi {
+            return Err(bad(
+                "lo",
+                self.lo,
+                &format!("greater than hi = {}", self.hi),
+            ));
+        }
+        // Offsets must fit in u64 for any lo/hi that passed the checks above;
+        // a block count whose byte size overflows is rejected here.
+        let limit = u64::MAX / 8192;
+        if self.block_count() > limit {
+            return Err(bad("block_count", self.block_count(), "too large"));
+        }
+        Ok(())
+    }
+
+    /// Encode into the 4096-byte header region (checksum included).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; ROW_SHARD_HEADER_BYTES as usize];
+        put(&mut b, 0, &ROW_SHARD_MAGIC);
+        put(&mut b, 8, &ROW_SHARD_VERSION.to_le_bytes());
+        put(&mut b, 12, &ROW_SHARD_HEADER_BYTES.to_le_bytes());
+        put(&mut b, 16, &self.layer.to_le_bytes());
+        put(&mut b, 24, &self.lo.to_le_bytes());
+        put(&mut b, 32, &self.hi.to_le_bytes());
+        put(&mut b, 40, &self.rows.to_le_bytes());
+        put(&mut b, 48, &self.row_weight_bytes.to_le_bytes());
+        put(&mut b, 52, &self.scale_bytes.to_le_bytes());
+        put(&mut b, 56, &self.row_stride().to_le_bytes());
+        put(&mut b, 60, &ROW_SHARD_BLOCK_BYTES.to_le_bytes());
+        put(&mut b, 64, &self.rows_per_block.to_le_bytes());
+        put(&mut b, 72, &self.data_offset().to_le_bytes());
+        put(&mut b, 80, &self.block_count().to_le_bytes());
+        put(&mut b, 88, &self.checksum_offset().to_le_bytes());
+        put(&mut b, 96, &self.checksums_xxh3.to_le_bytes());
+        let sum = xxh3_64(b.get(..HEADER_CHECKED_BYTES).unwrap_or(&[]));
+        put(&mut b, 104, &sum.to_le_bytes());
+        b
+    }
+
+    /// Decode and validate the header region of the file at `path`
+    /// (`bytes` holds at least its first 4096 bytes).
+    pub fn decode(path: &Path, bytes: &[u8]) -> Result<Self, RowShardError> {
+        let p = || path.to_path_buf();
+        if bytes.len() < ROW_SHARD_HEADER_BYTES as usize {
+            return Err(RowShardError::TooShort {
+                path: p(),
+                len_bytes: bytes.len() as u64,
+            });
+        }
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(bytes.get(..8).unwrap_or(&[0; 8]));
+        if magic != ROW_SHARD_MAGIC {
+            return Err(RowShardError::BadMagic {
+                path: p(),
+                found: magic,
+            });
+        }
+        let version = u32_at(bytes, 8);
+        if version != ROW_SHARD_VERSION {
+            return Err(RowShardError::UnsupportedVersion {
+                path: p(),
+                found: version,
+            });
+        }
+        let stored = u64_at(bytes, 104);
+        let computed = xxh3_64(bytes.get(..HEADER_CHECKED_BYTES).unwrap_or(&[]));
+        if stored != computed {
+            return Err(RowShardError::HeaderChecksum {
+                path: p(),
+                stored,
+                computed,
+            });
+        }
+        let h = Self {
+            layer: u64_at(bytes, 16),
+            lo: u64_at(bytes, 24),
+            hi: u64_at(bytes, 32),
+            rows: u64_at(bytes, 40),
+            row_weight_bytes: u32_at(bytes, 48),
+            scale_bytes: u32_at(bytes, 52),
+            rows_per_block: u32_at(bytes, 64),
+            checksums_xxh3: u64_at(bytes, 96),
+        };
+        h.check(path)?;
+        h.check_derived(path, bytes)?;
+        Ok(h)
+    }
+
+    fn check_derived(&self, path: &Path, bytes: &[u8]) -> Result<(), RowShardError> {
+        let fields: [(&'static str, u64, u64); 6] = [
+            (
+                "header_bytes",
+                u64::from(u32_at(bytes, 12)),
+                u64::from(ROW_SHARD_HEADER_BYTES),
+            ),
+            (
+                "row_stride",
+                u64::from(u32_at(bytes, 56)),
+                u64::from(self.row_stride()),
+            ),
+            (
+                "block_bytes",
+                u64::from(u32_at(bytes, 60)),
+                u64::from(ROW_SHARD_BLOCK_BYTES),
+            ),
+            ("data_offset", u64_at(bytes, 72), self.data_offset()),
+            ("block_count", u64_at(bytes, 80), self.block_count()),
+            ("checksum_offset", u64_at(bytes, 88), self.checksum_offset()),
+        ];
+        for (field, value, want) in fields {
+            if value != want {
+                return Err(RowShardError::BadField {
+                    path: path.to_path_buf(),
+                    field,
+                    value,
+                    why: format!("must be {want}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Check that this shard is the one a store expects: same layer, same
+    /// owned range, same table, same geometry. The first difference is the
+    /// error.
+    pub fn expect(&self, path: &Path, expected: &RowShardHeader) -> Result<(), RowShardError> {
+        let pairs: [(&'static str, u64, u64); 6] = [
+            ("layer", expected.layer, self.layer),
+            ("lo", expected.lo, self.lo),
+            ("hi", expected.hi, self.hi),
+            ("rows", expected.rows, self.rows),
+            (
+                "row_weight_bytes",
+                u64::from(expected.row_weight_bytes),
+                u64::from(self.row_weight_bytes),
+            ),
+            (
+                "scale_bytes",
+                u64::from(expected.scale_bytes),
+                u64::from(self.scale_bytes),
+            ),
+        ];
+        for (field, expected, found) in pairs {
+            if expected != found {
+                return Err(RowShardError::Mismatch {
+                    path: path.to_path_buf(),
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the file length against the header: shorter is truncated.
+    pub fn check_len(&self, path: &Path, actual_bytes: u64) -> Result<(), RowShardError> {
+        if actual_bytes < self.file_bytes() {
+            return Err(RowShardError::Truncated {
+                path: path.to_path_buf(),
+                expected_bytes: self.file_bytes(),
+                actual_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Decode the checksum table region (`bytes` starts at `checksum_offset`)
+    /// and check it against `checksums_xxh3`.
+    pub fn decode_checksums(&self, path: &Path, bytes: &[u8]) -> Result<Vec<u64>, RowShardError> {
+        let need = usize::try_from(self.block_count() * 8).unwrap_or(usize::MAX);
+        let Some(table) = bytes.get(..need) else {
+            return Err(RowShardError::Truncated {
+                path: path.to_path_buf(),
+                expected_bytes: self.file_bytes(),
+                actual_bytes: self.checksum_offset() + bytes.len() as u64,
+            });
+        };
+        let computed = xxh3_64(table);
+        if computed != self.checksums_xxh3 {
+            return Err(RowShardError::ChecksumTable {
+                path: path.to_path_buf(),
+                stored: self.checksums_xxh3,
+                computed,
+            });
+        }
+        Ok(table.chunks_exact(8).map(|c| u64_at(c, 0)).collect())
+    }
+
+    /// Check one block read from the file against its stored checksum.
+    pub fn verify_block(
+        &self,
+        path: &Path,
+        block: u64,
+        bytes: &[u8],
+        stored: u64,
+    ) -> Result<(), RowShardError> {
+        let computed = block_checksum(bytes);
+        if computed != stored {
+            return Err(RowShardError::BlockChecksum {
+                path: path.to_path_buf(),
+                block,
+                offset: self.data_offset() + block * u64::from(ROW_SHARD_BLOCK_BYTES),
+                len_bytes: bytes.len() as u64,
+                stored,
+                computed,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Encode a checksum table (one u64 LE per block), padded to 4096 bytes.
+#[must_use]
+pub fn encode_checksums(sums: &[u64]) -> Vec<u8> {
+    let mut b = Vec::with_capacity((sums.len() * 8).div_ceil(4096) * 4096);
+    for s in sums {
+        b.extend_from_slice(&s.to_le_bytes());
+    }
+    b.resize(b.len().div_ceil(4096) * 4096, 0);
+    b
+}
+
+/// xxh3-64 of the unpadded checksum table, for `checksums_xxh3`.
+#[must_use]
+pub fn checksums_digest(sums: &[u64]) -> u64 {
+    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+    xxh3_64(&bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn p() -> &'static Path {
+        Path::new("t.rows")
+    }
+
+    #[test]
+    fn engram_geometry() {
+        let h = RowShardHeader::new(3, 100, 1100, 5000, 256, 8).expect("valid");
+        assert_eq!(h.row_stride(), 264);
+        assert_eq!(h.rows_per_block, 15);
+        assert_eq!(h.block_count(), 67);
+        let loc = h.locate(100 + 16).expect("owned");
+        assert_eq!(loc.block, 1);
+        assert_eq!(loc.block_offset, 8192);
+        assert_eq!(loc.in_block, 264);
+        assert!(h.locate(99).is_none() && h.locate(1100).is_none());
+    }
+
+    #[test]
+    fn round_trip_and_every_corruption() {
+        let mut h = RowShardHeader::new(1, 0, 10, 20, 256, 8).expect("valid");
+        h.checksums_xxh3 = 42;
+        let b = h.encode();
+        assert_eq!(RowShardHeader::decode(p(), &b).expect("decodes"), h);
+        // Any single flipped byte in the checked range is caught.
+        for i in 0..112 {
+            let mut c = b.clone();
+            c[i] ^= 0x40;
+            assert!(RowShardHeader::decode(p(), &c).is_err(), "byte {i}");
+        }
+        assert!(matches!(
+            RowShardHeader::decode(p(), &b[..100]),
+            Err(RowShardError::TooShort { .. })
+        ));
+    }
+
+    #[test]
+    fn mismatch_names_the_field() {
+        let h = RowShardHeader::new(1, 0, 10, 20, 256, 8).expect("valid");
+        let other = RowShardHeader::new(2, 0, 10, 20, 256, 8).expect("valid");
+        let e = h.expect(p(), &other).expect_err("layer differs");
+        assert!(matches!(
+            e,
+            RowShardError::Mismatch {
+                field: "layer",
+                expected: 2,
+                found: 1,
+                ..
+            }
+        ));
+        let other = RowShardHeader::new(1, 10, 20, 20, 256, 8).expect("valid");
+        let e = h.expect(p(), &other).expect_err("range differs");
+        assert!(e.to_string().contains("`lo`"), "{e}");
+    }
+
+    #[test]
+    fn bad_geometry_rejected() {
+        assert!(RowShardHeader::new(0, 5, 4, 10, 256, 8).is_err());
+        assert!(RowShardHeader::new(0, 0, 11, 10, 256, 8).is_err());
+        assert!(RowShardHeader::new(0, 0, 1, 10, 4096, 8).is_err());
+        assert!(RowShardHeader::new(0, 0, 1, 10, 0, 8).is_err());
+    }
+
+    #[test]
+    fn checksum_table_and_blocks() {
+        let mut h = RowShardHeader::new(0, 0, 31, 31, 256, 8).expect("valid");
+        let blocks: Vec<Vec<u8>> = (0..h.block_count()).map(|i| vec![i as u8; 4096]).collect();
+        let sums: Vec<u64> = blocks.iter().map(|b| block_checksum(b)).collect();
+        h.checksums_xxh3 = checksums_digest(&sums);
+        let table = encode_checksums(&sums);
+        assert_eq!(table.len() as u64, h.checksum_region_bytes());
+        assert_eq!(h.decode_checksums(p(), &table).expect("valid"), sums);
+        let mut bad = table.clone();
+        bad[3] ^= 1;
+        assert!(matches!(
+            h.decode_checksums(p(), &bad),
+            Err(RowShardError::ChecksumTable { .. })
+        ));
+        h.verify_block(p(), 1, &blocks[1], sums[1])
+            .expect("good block");
+        let mut torn = blocks[1].clone();
+        torn[4000] ^= 1;
+        assert!(matches!(
+            h.verify_block(p(), 1, &torn, sums[1]),
+            Err(RowShardError::BlockChecksum {
+                block: 1,
+                offset: 8192,
+                ..
+            })
+        ));
+        assert!(h.check_len(p(), h.file_bytes() - 1).is_err());
+        h.check_len(p(), h.file_bytes()).expect("exact length");
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..5000)) {
+            let _ = RowShardHeader::decode(p(), &bytes);
+        }
+
+        #[test]
+        fn locate_stays_in_its_block(lo in 0u64..1000, n in 1u64..5000, w in 1u32..600, s in 0u32..64, k in 0u64..5000) {
+            let hi = lo + n;
+            let h = RowShardHeader::new(0, lo, hi, hi + 3, w, s).expect("valid");
+            let id = lo + k % n;
+            let loc = h.locate(id).expect("owned");
+            prop_assert!(loc.in_block + h.row_stride() as usize <= 4096);
+            prop_assert!(loc.block < h.block_count());
+            prop_assert!(loc.block_offset + 4096 <= h.checksum_offset());
+        }
+    }
+}

@@ -1,10 +1,369 @@
-//! `flashtier bench rows`.
+//! `flashtier bench rows`: row-store lookups against fio on the same file.
+//!
+//! Phases, interleaved with fio and repeated `--reps` times (medians):
+//! 1. **cold**: batches of `--batch` uniform random ids over a table far
+//!    larger than the run touches: every id a miss, one 4 KiB read each;
+//! 2. **prefill**: deduplicated batches of `--prefill` Zipf ids, cache empty;
+//! 3. fio 4 KiB randread, O_DIRECT, at each `--fio-iodepth` (fresh seeds).
+//!
+//! Then the steady state the options describe (`--batch`, `--cache`,
+//! `--zipf`: lookups/s, rows/s, per-batch p50/p99/p999, hit rate) and the
+//! hit path against plain copies of the same bytes. With no `--store` (or a
+//! missing one) a synthetic packed shard of `--rows` rows is written first.
+
+mod fio;
+mod load;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use flashtier::rows::pack::write_synthetic_packed;
+use flashtier::rows::{RowGeometry, RowPool, RowStore, RowStoreConfig};
+use flashtier_format::row_shard::RowShardHeader;
+use load::{HitPath, Phase, Zipf, hit_path, median, timed};
 
 /// Options of `flashtier bench rows`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Packed row shard to read (written here first when missing; a
+    /// temporary one when not given).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Rows of the synthetic table written when the store is missing.
+    #[arg(long, default_value_t = 16_000_000)]
+    pub rows: u64,
+    /// Ids per lookup in the cold and steady-state phases.
+    #[arg(long, default_value_t = 144)]
+    pub batch: usize,
+    /// Cache budget in bytes (suffixes K, M, G).
+    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
+    pub cache: u64,
+    /// Cache ways (1..=16).
+    #[arg(long, default_value_t = 4)]
+    pub ways: usize,
+    /// Zipf exponent of the steady-state and prefill ids (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Miss-pool threads, the caller included (inline backend), or the
+    /// backend's queue depth (uring, posix).
+    #[arg(long, default_value_t = 32)]
+    pub threads: usize,
+    /// How misses are read: `inline` (the shared pool's threads each pread),
+    /// `uring` or `posix` (windows submitted to that backend's queue).
+    #[arg(long, default_value = "inline")]
+    pub backend: String,
+    /// Ids in one prefill batch (deduplicated by the store).
+    #[arg(long, default_value_t = 32768)]
+    pub prefill: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Repetitions of the interleaved cold / prefill / fio measurements.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// fio queue depths (comma-separated).
+    #[arg(long, default_value = "32,64", value_delimiter = ',')]
+    pub fio_iodepth: Vec<u32>,
+    /// Skip fio.
+    #[arg(long)]
+    pub no_fio: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure only the hit path (no drive phases, no fio).
+    #[arg(long)]
+    pub hit_path_only: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn write_store(path: &Path, rows: u64, quiet: bool) -> anyhow::Result<()> {
+    let g = RowGeometry::ENGRAM;
+    let header = RowShardHeader::new(0, 0, rows, rows, g.weight_bytes, g.scale_bytes)?;
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(rows)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "writing synthetic shard [{bar:40}] {pos}/{len} rows ({eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    write_synthetic_packed(path, header, 0xB0B, &mut |d| bar.set_position(d))
+        .with_context(|| format!("write {}", path.display()))?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+struct Bench {
+    path: PathBuf,
+    pool: Arc<RowPool>,
+    cfg: RowStoreConfig,
+}
+
+impl Bench {
+    /// A fresh store (empty cache) over the shard.
+    fn open(&self, cache_bytes: u64) -> anyhow::Result<RowStore> {
+        let cfg = RowStoreConfig {
+            cache_bytes,
+            pool: Some(self.pool.clone()),
+            ..self.cfg.clone()
+        };
+        Ok(RowStore::open_packed(&self.path, cfg)?)
+    }
+}
+
+#[derive(Default, serde::Serialize)]
+struct Interleaved {
+    cold_iops: Vec<f64>,
+    cold_p50_us: Vec<f64>,
+    cold_p99_us: Vec<f64>,
+    prefill_iops: Vec<f64>,
+    prefill_unique_rows: Vec<f64>,
+    prefill_batch_ms: Vec<f64>,
+    fio_iops: Vec<(u32, Vec<f64>)>,
+}
+
+fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
+    let mut r = Interleaved {
+        fio_iops: a.fio_iodepth.iter().map(|&q| (q, Vec::new())).collect(),
+        ..Default::default()
+    };
+    let fio_on = !a.no_fio && fio::available();
+    for rep in 0..a.reps {
+        let seed = 0x5EED_0000 + rep as u64 * 7919 + std::process::id() as u64;
+        if fio_on {
+            if let Some((q, v)) = r.fio_iops.get_mut(0) {
+                v.push(fio::randread_iops(&b.path, *q, a.seconds, seed)?);
+            }
+        }
+        let store = b.open(a.cache)?;
+        let mut uni = Zipf::new(rows, 0.0, seed ^ 1);
+        let cold = timed(&store, a.seconds, || uni.batch(a.batch))?;
+        r.cold_iops.push(cold.read_iops());
+        r.cold_p50_us.push(cold.batch_us_p50);
+        r.cold_p99_us.push(cold.batch_us_p99);
+        if fio_on {
+            for (q, v) in r.fio_iops.iter_mut().skip(1) {
+                v.push(fio::randread_iops(
+                    &b.path,
+                    *q,
+                    a.seconds,
+                    seed ^ u64::from(*q),
+                )?);
+            }
+        }
+        let store = b.open(a.cache)?;
+        let mut z = Zipf::new(rows, a.zipf, seed ^ 2);
+        let pre = timed(&store, a.seconds, || z.batch(a.prefill))?;
+        r.prefill_iops.push(pre.read_iops());
+        r.prefill_unique_rows
+            .push(pre.misses as f64 / pre.batches.max(1) as f64);
+        r.prefill_batch_ms.push(pre.batch_us_p50 / 1e3);
+        if !a.json {
+            eprintln!(
+                "rep {rep}: cold {:.0} IOPS, prefill {:.0} IOPS{}",
+                cold.read_iops(),
+                pre.read_iops(),
+                r.fio_iops
+                    .iter()
+                    .filter_map(|(q, v)| v.last().map(|x| format!(", fio QD{q} {x:.0}")))
+                    .collect::<String>()
+            );
+        }
+    }
+    Ok(r)
+}
 
 /// Run `flashtier bench rows`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("flashtier bench rows is not built yet")
+pub fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.batch > 0 && a.prefill > 0 && a.reps > 0,
+        "--batch, --prefill and --reps must be positive"
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("flashtier-bench-rows")
+        .tempdir_in(".")?;
+    let path = a
+        .store
+        .clone()
+        .unwrap_or_else(|| tmp.path().join("bench.rows"));
+    if !path.exists() {
+        write_store(&path, a.rows, a.json)?;
+    }
+    let backend: Option<Arc<dyn flashtier_io::StorageBackend>> = match a.backend.as_str() {
+        "inline" => None,
+        other => Some(Arc::from(flashtier_io::open_backend(
+            other.parse()?,
+            a.threads,
+        )?)),
+    };
+    let b = Bench {
+        path,
+        pool: RowPool::new(a.threads)?,
+        cfg: RowStoreConfig {
+            ways: a.ways,
+            backend,
+            ..Default::default()
+        },
+    };
+    let probe = b.open(0)?;
+    let rows = probe.rows();
+    let direct = probe.stats().direct;
+    if !direct {
+        eprintln!(
+            "warning: {} is read through the page cache (no O_DIRECT): cold numbers are not drive numbers",
+            b.path.display()
+        );
+    }
+    drop(probe);
+    if a.hit_path_only {
+        let h = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
+        println!("{}", serde_json::to_string(&h)?);
+        return Ok(());
+    }
+    let inter = interleaved(&b, &a, rows)?;
+    let store = b.open(a.cache)?;
+    let mut z = Zipf::new(rows, a.zipf, 42);
+    timed(&store, a.seconds, || z.batch(a.batch))?; // warm-up
+    let steady = timed(&store, a.seconds, || z.batch(a.batch))?;
+    let hits = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
+    report(&a, rows, direct, &inter, &steady, &hits)
+}
+
+fn report(
+    a: &Args,
+    rows: u64,
+    direct: bool,
+    r: &Interleaved,
+    steady: &Phase,
+    hits: &HitPath,
+) -> anyhow::Result<()> {
+    let fio_best = r
+        .fio_iops
+        .iter()
+        .map(|(_, v)| median(v))
+        .fold(0.0, f64::max);
+    let ratio = |x: f64| {
+        if fio_best > 0.0 {
+            Some(x / fio_best)
+        } else {
+            None
+        }
+    };
+    let (cold, pre) = (median(&r.cold_iops), median(&r.prefill_iops));
+    // Per repetition: ours over the best fio of the same repetition (run
+    // back to back, so they share the machine's noise), then the median.
+    let fio_rep = |i: usize| {
+        r.fio_iops
+            .iter()
+            .filter_map(|(_, v)| v.get(i).copied())
+            .fold(0.0, f64::max)
+    };
+    let paired = |ours: &[f64]| -> Option<f64> {
+        let v: Vec<f64> = ours
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| fio_rep(*i) > 0.0)
+            .map(|(i, x)| x / fio_rep(i))
+            .collect();
+        (!v.is_empty()).then(|| median(&v))
+    };
+    let (cold_paired, pre_paired) = (paired(&r.cold_iops), paired(&r.prefill_iops));
+    let fio_json: serde_json::Map<String, serde_json::Value> = r
+        .fio_iops
+        .iter()
+        .map(|(q, v)| {
+            (
+                format!("qd{q}"),
+                serde_json::json!({ "iops_median": median(v), "iops": v }),
+            )
+        })
+        .collect();
+    let v = serde_json::json!({
+        "rows": rows, "backend": a.backend, "direct": direct, "batch": a.batch, "cache_bytes": a.cache, "ways": a.ways, "zipf": a.zipf, "threads": a.threads,
+        "rows_per_sec": steady.rows_per_sec(),
+        "lookups_per_sec": steady.lookups_per_sec(),
+        "read_iops": steady.read_iops(),
+        "hit_rate": steady.hit_rate(),
+        "batch_us_p50": steady.batch_us_p50,
+        "batch_us_p99": steady.batch_us_p99,
+        "batch_us_p999": steady.batch_us_p999,
+        "cold": { "batch": a.batch, "read_iops_median": cold, "read_iops": r.cold_iops,
+                  "batch_us_p50_median": median(&r.cold_p50_us), "batch_us_p99_median": median(&r.cold_p99_us),
+                  "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired },
+        "prefill": { "ids": a.prefill, "unique_rows_median": median(&r.prefill_unique_rows),
+                     "batch_ms_median": median(&r.prefill_batch_ms),
+                     "read_iops_median": pre, "read_iops": r.prefill_iops, "ratio_vs_fio": ratio(pre),
+                     "ratio_vs_fio_paired_median": pre_paired },
+        "fio": fio_json,
+        "fio_best_iops": fio_best,
+        "hit_path": hits,
+    });
+    if a.json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "row store bench: {rows} rows, {} backend, batch {}, cache {} bytes x {} ways, zipf {}, {} threads",
+        a.backend, a.batch, a.cache, a.ways, a.zipf, a.threads
+    );
+    println!(
+        "steady state: {:.0} lookups/s, {:.0} rows/s, {:.0} reads/s, hit rate {:.3}, batch p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
+        steady.lookups_per_sec(),
+        steady.rows_per_sec(),
+        steady.read_iops(),
+        steady.hit_rate(),
+        steady.batch_us_p50,
+        steady.batch_us_p99,
+        steady.batch_us_p999
+    );
+    for (q, v) in &r.fio_iops {
+        println!(
+            "fio 4 KiB randread QD{q}: median {:.0} IOPS ({} runs)",
+            median(v),
+            v.len()
+        );
+    }
+    let pct =
+        |x: Option<f64>| x.map_or("n/a (no fio)".to_string(), |x| format!("{:.1}%", x * 100.0));
+    println!(
+        "cold misses, batch {}: median {cold:.0} IOPS = {} of the best fio median; paired per rep: {} (p50 {:.0} us, p99 {:.0} us per batch)",
+        a.batch,
+        pct(ratio(cold)),
+        pct(cold_paired),
+        median(&r.cold_p50_us),
+        median(&r.cold_p99_us)
+    );
+    println!(
+        "prefill {} ids (~{:.0} distinct): median {pre:.0} IOPS = {}; paired per rep: {}",
+        a.prefill,
+        median(&r.prefill_unique_rows),
+        pct(ratio(pre)),
+        pct(pre_paired)
+    );
+    println!(
+        "hit path, {} rows: {:.1} ns/row; memcpy gather {:.1} ns/row ({:.2}x), contiguous memcpy {:.1} ns/row ({:.2}x)",
+        hits.batch,
+        hits.lookup_ns_per_row,
+        hits.memcpy_gather_ns_per_row,
+        hits.ratio_vs_gather,
+        hits.memcpy_contiguous_ns_per_row,
+        hits.ratio_vs_contiguous
+    );
+    Ok(())
 }

@@ -1,10 +1,133 @@
-//! `flashtier pack rows`.
+//! `flashtier pack rows`: write one rank's packed row shard.
+//!
+//! The table is a safetensors tensor and its scale tensor (`--model`,
+//! `--tensor`, `--scales`), or a raw table file (`--table`, `--rows`,
+//! `--weight-offset`, `--scale-offset`). Rank `R` of `N` owns rows
+//! `[rows * R / N, rows * (R + 1) / N)`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use flashtier::rows::pack::pack_shard;
+use flashtier::rows::{RowGeometry, TableSource, owned_range};
 
 /// Options of `flashtier pack rows`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Checkpoint directory (or one .safetensors file) holding the table.
+    #[arg(long, conflicts_with = "table")]
+    pub model: Option<PathBuf>,
+    /// Name of the FP8 E4M3 weight tensor `[rows, 256]`.
+    #[arg(long, requires = "model")]
+    pub tensor: Option<String>,
+    /// Name of its scale tensor (F32 [rows, 2], F64 [rows] or U8 [rows, 8]).
+    #[arg(long, requires = "model")]
+    pub scales: Option<String>,
+    /// A raw table file instead of a checkpoint.
+    #[arg(long)]
+    pub table: Option<PathBuf>,
+    /// Rows of the raw table.
+    #[arg(long, requires = "table")]
+    pub rows: Option<u64>,
+    /// Byte offset of the raw table's weights.
+    #[arg(long, default_value_t = 0)]
+    pub weight_offset: u64,
+    /// Byte offset of the raw table's scales (default: right after the weights).
+    #[arg(long)]
+    pub scale_offset: Option<u64>,
+    /// Weight bytes per row of the raw table.
+    #[arg(long, default_value_t = 256)]
+    pub weight_bytes: u32,
+    /// Scale bytes per row of the raw table.
+    #[arg(long, default_value_t = 8)]
+    pub scale_bytes: u32,
+    /// This rank.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u64,
+    /// Ranks sharing the table.
+    #[arg(long, default_value_t = 1)]
+    pub ranks: u64,
+    /// Layer id recorded in the header (checked when the shard is attached).
+    #[arg(long, default_value_t = 0)]
+    pub layer: u64,
+    /// Output shard file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn source(a: &Args) -> anyhow::Result<TableSource> {
+    if let Some(model) = &a.model {
+        let tensor = a
+            .tensor
+            .as_deref()
+            .context("--tensor is required with --model")?;
+        let scales = a
+            .scales
+            .as_deref()
+            .context("--scales is required with --model")?;
+        return Ok(TableSource::safetensors(model, tensor, scales)?);
+    }
+    let table = a
+        .table
+        .as_ref()
+        .context("give --model DIR --tensor NAME --scales NAME, or --table FILE --rows N")?;
+    let rows = a.rows.context("--rows is required with --table")?;
+    let g = RowGeometry {
+        weight_bytes: a.weight_bytes,
+        scale_bytes: a.scale_bytes,
+    };
+    let scale_offset = a
+        .scale_offset
+        .unwrap_or(a.weight_offset + rows * u64::from(a.weight_bytes));
+    Ok(TableSource::raw(
+        table,
+        rows,
+        a.weight_offset,
+        scale_offset,
+        g,
+    )?)
+}
 
 /// Run `flashtier pack rows`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("flashtier pack rows is not built yet")
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let src = source(&a)?;
+    let (lo, hi) = owned_range(src.rows, a.rank, a.ranks)?;
+    let bar = indicatif::ProgressBar::new(hi - lo);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} rows ({per_sec}, eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("packing rows [{lo}, {hi})"));
+    let t0 = std::time::Instant::now();
+    let header = pack_shard(&src, a.layer, lo, hi, &a.out, &mut |done| {
+        bar.set_position(done)
+    })
+    .with_context(|| format!("packing {}", a.out.display()))?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        let v = serde_json::json!({
+            "out": a.out, "layer": header.layer, "lo": lo, "hi": hi, "rows": header.rows,
+            "row_weight_bytes": header.row_weight_bytes, "scale_bytes": header.scale_bytes,
+            "blocks": header.block_count(), "file_bytes": header.file_bytes(), "seconds": secs,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "packed rows [{lo}, {hi}) of {} (layer {}, rank {}/{}) into {}: {} blocks, {} bytes, {secs:.2} s",
+            header.rows,
+            header.layer,
+            a.rank,
+            a.ranks,
+            a.out.display(),
+            header.block_count(),
+            header.file_bytes()
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,233 @@
+//! Load generators and timed phases of `flashtier bench rows`.
+
+use std::time::{Duration, Instant};
+
+use flashtier::rows::RowStore;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Zipf-like ids over `rows`: rank `r` drawn from the continuous power law
+/// with exponent `s` (inverse CDF), then scattered over the table by a
+/// bijection `r * mul mod rows`, so hot rows are not neighbours.
+pub struct Zipf {
+    rows: u64,
+    s: f64,
+    mul: u64,
+    rng: SmallRng,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl Zipf {
+    /// A generator; `s = 0` is uniform.
+    pub fn new(rows: u64, s: f64, seed: u64) -> Self {
+        let mut mul = 0x9E37_79B9_7F4A_7C15 % rows.max(1);
+        while rows > 1 && gcd(mul, rows) != 1 {
+            mul += 1;
+        }
+        Self {
+            rows: rows.max(1),
+            s,
+            mul: mul.max(1),
+            rng: SmallRng::seed_from_u64(seed),
+        }
+    }
+
+    /// The next id.
+    pub fn next_id(&mut self) -> u64 {
+        let n = self.rows as f64;
+        let u: f64 = self.rng.random();
+        let rank = if self.s <= 0.0 {
+            u * n
+        } else if (self.s - 1.0).abs() < 1e-9 {
+            n.powf(u) - 1.0
+        } else {
+            let a = 1.0 - self.s;
+            ((n.powf(a) - 1.0) * u + 1.0).powf(1.0 / a) - 1.0
+        };
+        let r = (rank.max(0.0) as u64).min(self.rows - 1);
+        ((u128::from(r) * u128::from(self.mul)) % u128::from(self.rows)) as u64
+    }
+
+    /// A batch of `n` ids.
+    pub fn batch(&mut self, n: usize) -> Vec<u64> {
+        (0..n).map(|_| self.next_id()).collect()
+    }
+}
+
+/// What one timed phase measured.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Phase {
+    /// Lookup calls.
+    pub batches: u64,
+    /// Ids looked up.
+    pub ids: u64,
+    /// Read operations issued by the store.
+    pub reads: u64,
+    /// Cache hits.
+    pub hits: u64,
+    /// Distinct rows read.
+    pub misses: u64,
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Per-batch latency percentiles, microseconds.
+    pub batch_us_p50: f64,
+    /// 99th percentile.
+    pub batch_us_p99: f64,
+    /// 99.9th percentile.
+    pub batch_us_p999: f64,
+}
+
+impl Phase {
+    /// Reads per second.
+    pub fn read_iops(&self) -> f64 {
+        self.reads as f64 / self.seconds.max(1e-9)
+    }
+    /// Ids served per second.
+    pub fn rows_per_sec(&self) -> f64 {
+        self.ids as f64 / self.seconds.max(1e-9)
+    }
+    /// Lookup calls per second.
+    pub fn lookups_per_sec(&self) -> f64 {
+        self.batches as f64 / self.seconds.max(1e-9)
+    }
+    /// Hits over hits plus misses.
+    pub fn hit_rate(&self) -> f64 {
+        self.hits as f64 / ((self.hits + self.misses) as f64).max(1.0)
+    }
+}
+
+/// Look up batches from `ids` for `seconds` (at least one batch).
+pub fn timed(
+    store: &RowStore,
+    seconds: f64,
+    mut ids: impl FnMut() -> Vec<u64>,
+) -> anyhow::Result<Phase> {
+    let g = store.geometry();
+    let mut hist = Histogram::<u64>::new(3)?;
+    let before = store.stats();
+    let deadline = Duration::from_secs_f64(seconds);
+    let (mut w, mut s) = (Vec::new(), Vec::new());
+    let mut phase = Phase::default();
+    let t0 = Instant::now();
+    while phase.batches == 0 || t0.elapsed() < deadline {
+        let batch = ids();
+        w.resize(batch.len() * g.w(), 0);
+        s.resize(batch.len() * g.s(), 0);
+        let t = Instant::now();
+        store.lookup(&batch, &mut w, &mut s)?;
+        hist.record(t.elapsed().as_nanos() as u64)?;
+        phase.batches += 1;
+        phase.ids += batch.len() as u64;
+    }
+    phase.seconds = t0.elapsed().as_secs_f64();
+    let after = store.stats();
+    phase.reads = after.reads - before.reads;
+    phase.hits = after.hits - before.hits;
+    phase.misses = after.misses - before.misses;
+    phase.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
+    phase.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
+    phase.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
+    Ok(phase)
+}
+
+/// The hit path against plain copies of the same bytes.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct HitPath {
+    /// Rows per batch.
+    pub batch: usize,
+    /// Nanoseconds per row on the cache hit path.
+    pub lookup_ns_per_row: f64,
+    /// Nanoseconds per row gathering the same rows from a RAM table.
+    pub memcpy_gather_ns_per_row: f64,
+    /// Nanoseconds per row copying the batch's bytes contiguously.
+    pub memcpy_contiguous_ns_per_row: f64,
+    /// lookup / gather.
+    pub ratio_vs_gather: f64,
+    /// lookup / contiguous.
+    pub ratio_vs_contiguous: f64,
+}
+
+/// Time `batch` cached rows against memcpy baselines (best of 5 rounds).
+pub fn hit_path(store: &RowStore, batch: usize, seed: u64) -> anyhow::Result<HitPath> {
+    let g = store.geometry();
+    let (lo, hi) = store.range();
+    let mut z = Zipf::new(hi - lo, 0.0, seed);
+    let mut ids: Vec<u64> = (0..batch).map(|_| lo + z.next_id()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    store.prefetch(&ids)?;
+    let n = ids.len();
+    let (mut w, mut s) = (vec![0u8; n * g.w()], vec![0u8; n * g.s()]);
+    let before = store.stats();
+    store.lookup(&ids, &mut w, &mut s)?;
+    anyhow::ensure!(
+        store.stats().misses == before.misses,
+        "hit-path rows were not all cached (cache too small?)"
+    );
+    // The same rows scattered over a RAM table as large as the cache, so
+    // the copies see the same cache and TLB footprint as the hit path.
+    let slots = (usize::try_from(store.stats().cache_bytes).unwrap_or(0) / g.stride()).max(n * 64);
+    let mut ram = vec![0u8; slots * g.stride()];
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let at: Vec<usize> = (0..n)
+        .map(|_| rng.random_range(0..slots) * g.stride())
+        .collect();
+    let contiguous = vec![7u8; n * g.stride()];
+    let reps = (2_000_000 / n.max(1)).max(10);
+    let mut best = [f64::MAX; 3];
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            store.lookup(std::hint::black_box(&ids), &mut w, &mut s)?;
+        }
+        best[0] = best[0].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..reps {
+            for (i, &a) in std::hint::black_box(&at).iter().enumerate() {
+                w[i * g.w()..(i + 1) * g.w()].copy_from_slice(&ram[a..a + g.w()]);
+                s[i * g.s()..(i + 1) * g.s()].copy_from_slice(&ram[a + g.w()..a + g.stride()]);
+            }
+            std::hint::black_box(&mut w);
+        }
+        best[1] = best[1].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..reps {
+            w.copy_from_slice(&std::hint::black_box(&contiguous)[..n * g.w()]);
+            s.copy_from_slice(&contiguous[n * g.w()..]);
+            std::hint::black_box(&mut w);
+        }
+        best[2] = best[2].min(t.elapsed().as_secs_f64());
+        ram[0] = ram[0].wrapping_add(1);
+    }
+    let per_row = |secs: f64| secs * 1e9 / (reps * n) as f64;
+    let h = HitPath {
+        batch: n,
+        lookup_ns_per_row: per_row(best[0]),
+        memcpy_gather_ns_per_row: per_row(best[1]),
+        memcpy_contiguous_ns_per_row: per_row(best[2]),
+        ..Default::default()
+    };
+    Ok(HitPath {
+        ratio_vs_gather: h.lookup_ns_per_row / h.memcpy_gather_ns_per_row,
+        ratio_vs_contiguous: h.lookup_ns_per_row / h.memcpy_contiguous_ns_per_row,
+        ..h
+    })
+}
+
+/// The median of `v` (0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

@@ -1,0 +1,101 @@
+//! Reading a packed shard's header and checksum table, pinning owned
+//! scales, and single reads through the backend: the one-time loads behind
+//! `set_range`, `attach_packed` and `open_packed`.
+
+use std::sync::Arc;
+
+use flashtier_format::row_shard::{ROW_SHARD_HEADER_BYTES, RowShardError, RowShardHeader};
+use flashtier_io::{AlignedBuf, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+
+use crate::rows::RowError;
+use crate::rows::store::{Packed, SourceFiles};
+
+/// Read `len` bytes at `offset` of `file` through `backend`.
+pub(crate) fn read_bytes(
+    backend: &dyn StorageBackend,
+    file: &Arc<StoreFile>,
+    offset: u64,
+    len: usize,
+) -> Result<AlignedBuf, RowError> {
+    let req = ReadReq {
+        file: file.clone(),
+        offset,
+        len,
+        landing: Landing::Host(AlignedBuf::zeroed(len)),
+        tag: 0,
+    };
+    let landed = backend.read(vec![req])?;
+    landed
+        .into_iter()
+        .next()
+        .and_then(|l| l.buf)
+        .ok_or_else(|| {
+            RowError::Io(IoError::Backend {
+                backend: backend.name(),
+                what: format!("read at {offset} returned no buffer"),
+            })
+        })
+}
+
+pub(crate) fn read_header(
+    backend: &dyn StorageBackend,
+    file: &Arc<StoreFile>,
+) -> Result<RowShardHeader, RowError> {
+    let len = file.len_bytes()?;
+    if len < u64::from(ROW_SHARD_HEADER_BYTES) {
+        return Err(RowShardError::TooShort {
+            path: file.path().to_path_buf(),
+            len_bytes: len,
+        }
+        .into());
+    }
+    let buf = read_bytes(backend, file, 0, ROW_SHARD_HEADER_BYTES as usize)?;
+    Ok(RowShardHeader::decode(file.path(), &buf)?)
+}
+
+pub(crate) fn load_packed(
+    backend: &dyn StorageBackend,
+    file: Arc<StoreFile>,
+    header: RowShardHeader,
+    expected: Option<&RowShardHeader>,
+) -> Result<Packed, RowError> {
+    if let Some(e) = expected {
+        header.expect(file.path(), e)?;
+    }
+    header.check_len(file.path(), file.len_bytes()?)?;
+    let region = usize::try_from(header.checksum_region_bytes())
+        .map_err(|_| RowError::Config("checksum table too large".into()))?;
+    let checksums = if region == 0 {
+        Vec::new()
+    } else {
+        let buf = read_bytes(backend, &file, header.checksum_offset(), region)?;
+        header.decode_checksums(file.path(), &buf)?
+    };
+    Ok(Packed {
+        file,
+        header,
+        checksums,
+    })
+}
+
+/// Read the scales of rows `[lo, hi)` into RAM, in bounded 8 MiB reads.
+pub(crate) fn pin_scales(
+    backend: &dyn StorageBackend,
+    src: &SourceFiles,
+    lo: u64,
+    hi: u64,
+) -> Result<Vec<u8>, RowError> {
+    const CHUNK_BYTES: u64 = 8 << 20;
+    let s = u64::from(src.table.geometry.scale_bytes);
+    let start = src.table.scales.offset + lo * s;
+    let total = (hi - lo) * s;
+    let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    let mut done = 0u64;
+    while done < total {
+        let n = (total - done).min(CHUNK_BYTES) as usize;
+        let buf = read_bytes(backend, &src.scales, start + done, n)?;
+        out.extend_from_slice(&buf[..n]);
+        done += n as u64;
+    }
+    Ok(out)
+}

@@ -1,0 +1,393 @@
+//! Where a table's rows come from before (or instead of) a packed shard.
+//!
+//! Two kinds of source, both describing a weight extent
+//! (`rows * weight_bytes`, row-major) and a scale extent
+//! (`rows * scale_bytes`) in one or two files:
+//!
+//! - **raw**: a file with the weights at `weight_offset` and the scales at
+//!   `scale_offset` ([`TableSource::raw`]);
+//! - **safetensors**: a tensor and its scale tensor in a checkpoint file or
+//!   directory ([`TableSource::safetensors`]). Accepted:
+//!
+//!   | tensor | dtype | shape | scale format |
+//!   | --- | --- | --- | --- |
+//!   | weights | `F8_E4M3` (or `U8`/`I8` holding E4M3 codes) | `[rows, W]` | |
+//!   | scales | `F32` | `[rows, S/4]` | [`ScaleFormat::F32Blocks`] |
+//!   | scales | `F64` | `[rows]` or `[rows, 1]` | [`ScaleFormat::F64Row`] |
+//!   | scales | `U8` | `[rows, S]` | [`ScaleFormat::F32Blocks`] (raw LE f32 bytes) |
+//!
+//!   `W` and `S` give the row geometry (256 and 8 for Engram). In a
+//!   directory, `model.safetensors.index.json` names the file of each tensor
+//!   when present; otherwise every `*.safetensors` header is searched. The
+//!   8-byte length and JSON header are parsed here (headers over 100 MiB are
+//!   refused), and the tensor's bytes must lie inside the file.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::rows::{RowError, RowGeometry, ScaleFormat};
+
+/// Largest safetensors JSON header accepted.
+pub const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// One extent of a source: a file and the offset of row 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// File holding the extent.
+    pub path: PathBuf,
+    /// Byte offset of row 0.
+    pub offset: u64,
+}
+
+/// A table's rows in their source files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSource {
+    /// Rows in the table.
+    pub rows: u64,
+    /// Bytes per row.
+    pub geometry: RowGeometry,
+    /// The weights, `rows * weight_bytes` bytes.
+    pub weights: Extent,
+    /// The scales, `rows * scale_bytes` bytes.
+    pub scales: Extent,
+    /// How the scale bytes are read by [`crate::rows::fp8`].
+    pub scale_format: ScaleFormat,
+}
+
+fn source_err(path: &Path, what: impl Into<String>) -> RowError {
+    RowError::Source {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+fn file_len(path: &Path) -> Result<u64, RowError> {
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| source_err(path, format!("cannot stat: {e}")))
+}
+
+fn check_extent(path: &Path, what: &str, offset: u64, bytes: Option<u64>) -> Result<(), RowError> {
+    let len = file_len(path)?;
+    let end = bytes.and_then(|b| offset.checked_add(b));
+    match end {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(source_err(
+            path,
+            format!(
+                "{what} extent at offset {offset} of {bytes:?} bytes runs past the file's {len} bytes"
+            ),
+        )),
+    }
+}
+
+impl TableSource {
+    /// A raw table file: `rows` weights at `weight_offset`, scales at
+    /// `scale_offset`. Checks that both extents lie inside the file.
+    pub fn raw(
+        path: &Path,
+        rows: u64,
+        weight_offset: u64,
+        scale_offset: u64,
+        geometry: RowGeometry,
+    ) -> Result<Self, RowError> {
+        geometry.validate()?;
+        let s = Self {
+            rows,
+            geometry,
+            weights: Extent {
+                path: path.to_path_buf(),
+                offset: weight_offset,
+            },
+            scales: Extent {
+                path: path.to_path_buf(),
+                offset: scale_offset,
+            },
+            scale_format: ScaleFormat::F32Blocks,
+        };
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Check that both extents lie inside their files.
+    pub fn validate(&self) -> Result<(), RowError> {
+        self.geometry.validate()?;
+        let wb = self.rows.checked_mul(u64::from(self.geometry.weight_bytes));
+        let sb = self.rows.checked_mul(u64::from(self.geometry.scale_bytes));
+        check_extent(&self.weights.path, "weight", self.weights.offset, wb)?;
+        check_extent(&self.scales.path, "scale", self.scales.offset, sb)
+    }
+
+    /// A weight tensor and its scale tensor in a safetensors file or a
+    /// checkpoint directory (see the module docs for accepted dtypes).
+    pub fn safetensors(model: &Path, tensor: &str, scales: &str) -> Result<Self, RowError> {
+        let w = find_tensor(model, tensor)?;
+        let s = find_tensor(model, scales)?;
+        let (rows, weight_bytes) = match (w.dtype.as_str(), w.shape.as_slice()) {
+            ("F8_E4M3" | "U8" | "I8", [r, c]) => (*r, *c),
+            (d, sh) => {
+                return Err(source_err(
+                    &w.path,
+                    format!("tensor {tensor} is {d} {sh:?}; expected F8_E4M3 [rows, weight_bytes]"),
+                ));
+            }
+        };
+        let (scale_bytes, scale_format) = match (s.dtype.as_str(), s.shape.as_slice()) {
+            ("F32", [r, n]) if *r == rows => (n * 4, ScaleFormat::F32Blocks),
+            ("F64", [r]) | ("F64", [r, 1]) if *r == rows => (8, ScaleFormat::F64Row),
+            ("U8", [r, n]) if *r == rows && n % 4 == 0 => (*n, ScaleFormat::F32Blocks),
+            (d, sh) => {
+                return Err(source_err(
+                    &s.path,
+                    format!(
+                        "scale tensor {scales} is {d} {sh:?}; expected F32 [{rows}, n], F64 [{rows}] or U8 [{rows}, 4n]"
+                    ),
+                ));
+            }
+        };
+        let geometry = RowGeometry {
+            weight_bytes: u32::try_from(weight_bytes)
+                .map_err(|_| source_err(&w.path, "row too wide"))?,
+            scale_bytes: u32::try_from(scale_bytes)
+                .map_err(|_| source_err(&s.path, "scale too wide"))?,
+        };
+        geometry.validate()?;
+        for (t, want) in [
+            (&w, rows.checked_mul(weight_bytes)),
+            (&s, rows.checked_mul(scale_bytes)),
+        ] {
+            if Some(t.end - t.begin) != want {
+                return Err(source_err(
+                    &t.path,
+                    format!(
+                        "tensor {} holds {} bytes, its shape needs {want:?}",
+                        t.name,
+                        t.end - t.begin
+                    ),
+                ));
+            }
+        }
+        let src = Self {
+            rows,
+            geometry,
+            weights: Extent {
+                path: w.path.clone(),
+                offset: w.begin,
+            },
+            scales: Extent {
+                path: s.path.clone(),
+                offset: s.begin,
+            },
+            scale_format,
+        };
+        src.validate()?;
+        Ok(src)
+    }
+}
+
+/// A tensor located in a safetensors file.
+#[derive(Clone, Debug)]
+struct TensorInfo {
+    name: String,
+    path: PathBuf,
+    dtype: String,
+    shape: Vec<u64>,
+    /// Absolute file offsets of the tensor's bytes.
+    begin: u64,
+    end: u64,
+}
+
+fn find_tensor(model: &Path, name: &str) -> Result<TensorInfo, RowError> {
+    if model.is_file() {
+        return read_tensor(model, name)?
+            .ok_or_else(|| source_err(model, format!("no tensor named {name}")));
+    }
+    let index = model.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text =
+            std::fs::read_to_string(&index).map_err(|e| source_err(&index, e.to_string()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| source_err(&index, format!("bad JSON: {e}")))?;
+        if let Some(file) = v
+            .get("weight_map")
+            .and_then(|m| m.get(name))
+            .and_then(|f| f.as_str())
+        {
+            let path = model.join(file);
+            return read_tensor(&path, name)?.ok_or_else(|| {
+                source_err(
+                    &path,
+                    format!("index names this file for {name}, but it lacks it"),
+                )
+            });
+        }
+    }
+    let entries = std::fs::read_dir(model).map_err(|e| source_err(model, e.to_string()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    for f in &files {
+        if let Some(t) = read_tensor(f, name)? {
+            return Ok(t);
+        }
+    }
+    Err(source_err(
+        model,
+        format!(
+            "no tensor named {name} in {} safetensors files",
+            files.len()
+        ),
+    ))
+}
+
+/// Parse the header of `path` and return `name`'s entry, if present.
+fn read_tensor(path: &Path, name: &str) -> Result<Option<TensorInfo>, RowError> {
+    let err = |w: String| source_err(path, w);
+    let mut f = std::fs::File::open(path).map_err(|e| err(format!("open: {e}")))?;
+    let file_bytes = f.metadata().map_err(|e| err(e.to_string()))?.len();
+    let mut len8 = [0u8; 8];
+    f.read_exact(&mut len8)
+        .map_err(|e| err(format!("no safetensors header: {e}")))?;
+    let n = u64::from_le_bytes(len8);
+    if n > MAX_HEADER_BYTES || n.saturating_add(8) > file_bytes {
+        return Err(err(format!(
+            "safetensors header length {n} is invalid for a {file_bytes}-byte file"
+        )));
+    }
+    let mut json = vec![0u8; n as usize];
+    f.read_exact(&mut json)
+        .map_err(|e| err(format!("read header: {e}")))?;
+    let map: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(&json).map_err(|e| err(format!("bad header JSON: {e}")))?;
+    let Some(entry) = map.get(name) else {
+        return Ok(None);
+    };
+    let dtype = entry
+        .get("dtype")
+        .and_then(|d| d.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let shape: Option<Vec<u64>> = entry
+        .get("shape")
+        .and_then(|s| s.as_array())
+        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
+    let offs: Option<Vec<u64>> = entry
+        .get("data_offsets")
+        .and_then(|s| s.as_array())
+        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
+    let (Some(shape), Some(offs)) = (shape, offs) else {
+        return Err(err(format!("tensor {name} lacks shape or data_offsets")));
+    };
+    let data = 8 + n;
+    let [b, e] = offs.as_slice() else {
+        return Err(err(format!("tensor {name}: data_offsets {offs:?}")));
+    };
+    let (begin, end) = (data.saturating_add(*b), data.saturating_add(*e));
+    if b > e || end > file_bytes {
+        return Err(err(format!(
+            "tensor {name}: bytes [{begin}, {end}) outside the {file_bytes}-byte file"
+        )));
+    }
+    Ok(Some(TensorInfo {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        dtype,
+        shape,
+        begin,
+        end,
+    }))
+}
+
+/// Write a safetensors file of the given tensors (`name`, dtype, shape,
+/// bytes), in order. For fixtures and the synthetic checkpoints of tests and
+/// benchmarks.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(&str, &str, Vec<u64>, &[u8])],
+) -> Result<(), RowError> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, dtype, shape, bytes) in tensors {
+        let end = at + bytes.len() as u64;
+        header.insert(
+            (*name).to_string(),
+            serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [at, end] }),
+        );
+        at = end;
+    }
+    let mut json = serde_json::Value::Object(header).to_string().into_bytes();
+    json.resize(json.len().div_ceil(8) * 8, b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + at as usize);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    for (_, _, _, bytes) in tensors {
+        out.extend_from_slice(bytes);
+    }
+    std::fs::write(path, out).map_err(|e| source_err(path, format!("write: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safetensors_shapes_and_dtypes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("m.safetensors");
+        let w = vec![1u8; 10 * 256];
+        let s32 = vec![2u8; 10 * 8];
+        write_safetensors(
+            &p,
+            &[
+                ("e.w", "F8_E4M3", vec![10, 256], &w),
+                ("e.s", "F32", vec![10, 2], &s32),
+                ("e.d", "F64", vec![10], &s32),
+                ("e.u", "U8", vec![10, 8], &s32),
+                ("e.bad", "F32", vec![9, 2], &s32[..72]),
+            ],
+        )
+        .expect("write");
+        let t = TableSource::safetensors(&p, "e.w", "e.s").expect("f32 scales");
+        assert_eq!(
+            (t.rows, t.geometry, t.scale_format),
+            (10, RowGeometry::ENGRAM, ScaleFormat::F32Blocks)
+        );
+        let t = TableSource::safetensors(dir.path(), "e.w", "e.d").expect("f64 scales, dir scan");
+        assert_eq!(t.scale_format, ScaleFormat::F64Row);
+        assert_eq!(
+            TableSource::safetensors(&p, "e.w", "e.u")
+                .expect("u8")
+                .geometry,
+            RowGeometry::ENGRAM
+        );
+        let e = TableSource::safetensors(&p, "e.w", "e.bad").expect_err("row mismatch");
+        assert!(e.to_string().contains("e.bad"), "{e}");
+        let e = TableSource::safetensors(&p, "e.w", "nope").expect_err("missing");
+        assert!(e.to_string().contains("nope"), "{e}");
+        let e = TableSource::safetensors(&p, "e.s", "e.s").expect_err("wrong dtype");
+        assert!(e.to_string().contains("F8_E4M3"), "{e}");
+    }
+
+    #[test]
+    fn corrupt_headers_are_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("bad.safetensors");
+        std::fs::write(&p, [255u8; 16]).expect("write");
+        assert!(TableSource::safetensors(&p, "a", "b").is_err());
+        std::fs::write(&p, [4u8, 0, 0, 0, 0, 0, 0, 0, b'{', b'x', b'}', b' ']).expect("write");
+        assert!(TableSource::safetensors(&p, "a", "b").is_err());
+    }
+
+    #[test]
+    fn raw_extent_must_fit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t.bin");
+        std::fs::write(&p, vec![0u8; 264 * 4]).expect("write");
+        TableSource::raw(&p, 4, 0, 1024, RowGeometry::ENGRAM).expect("fits");
+        assert!(TableSource::raw(&p, 5, 0, 1024, RowGeometry::ENGRAM).is_err());
+        assert!(TableSource::raw(&p, u64::MAX, 0, 0, RowGeometry::ENGRAM).is_err());
+    }
+}
