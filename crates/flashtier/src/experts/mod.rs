@@ -1,1 +1,7 @@
-//! (placeholder: filled by the issue that owns this module)
+//! The expert tier (in progress).
+
+mod list;
+pub mod policy;
+pub mod sim;
+pub mod trace;
+pub mod tracegen;
