@@ -27,10 +27,12 @@ pub mod backend;
 pub mod buf;
 pub mod error;
 pub mod file;
+pub mod mapped;
 pub mod open;
 pub mod posix;
 pub mod region;
 pub mod sim;
+pub mod slots;
 pub mod uring;
 mod uring_ring;
 
@@ -41,8 +43,10 @@ pub use backend::{
 pub use buf::{ALIGN, AlignedBuf, round_up};
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
+pub use mapped::MappedFile;
 pub use open::{BackendKind, open_backend};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};
+pub use slots::{LandedFlag, SlotTable};
 pub use uring::UringBackend;

@@ -36,7 +36,11 @@ impl Ends {
 
     /// The oldest record (`None` when empty).
     pub(crate) const fn tail(&self) -> Option<u32> {
-        if self.tail == NIL { None } else { Some(self.tail) }
+        if self.tail == NIL {
+            None
+        } else {
+            Some(self.tail)
+        }
     }
 }
 

@@ -70,9 +70,7 @@ impl std::str::FromStr for PolicyKind {
             "lru" => Ok(Self::Lru),
             "sieve" => Ok(Self::Sieve),
             "s3-fifo" | "s3fifo" | "default" => Ok(Self::S3Fifo),
-            other => Err(format!(
-                "unknown policy {other:?} (lru | sieve | s3-fifo)"
-            )),
+            other => Err(format!("unknown policy {other:?} (lru | sieve | s3-fifo)")),
         }
     }
 }

@@ -86,7 +86,11 @@ fn check_steps(trace: &RoutingTrace, capacity: usize) -> Result<(), SimError> {
 }
 
 /// Run `policy` over the trace with room for `capacity` records.
-pub fn simulate(trace: &RoutingTrace, policy: PolicyKind, capacity: usize) -> Result<HitCount, SimError> {
+pub fn simulate(
+    trace: &RoutingTrace,
+    policy: PolicyKind,
+    capacity: usize,
+) -> Result<HitCount, SimError> {
     check_steps(trace, capacity)?;
     let records = trace.layers as usize * trace.experts as usize;
     let mut p = policy.build(records, capacity);
@@ -102,12 +106,12 @@ pub fn simulate(trace: &RoutingTrace, policy: PolicyKind, capacity: usize) -> Re
             continue;
         }
         if p.len() >= capacity {
-            let victim = p
-                .evict(&|r| pinned_step.get(r) == Some(&step))
-                .ok_or(SimError::TooSmall {
-                    capacity,
-                    needed: capacity + 1,
-                })?;
+            let victim =
+                p.evict(&|r| pinned_step.get(r) == Some(&step))
+                    .ok_or(SimError::TooSmall {
+                        capacity,
+                        needed: capacity + 1,
+                    })?;
             resident[victim] = false;
         }
         p.on_insert(rec);
@@ -170,7 +174,14 @@ mod tests {
             for p in PolicyKind::ALL {
                 let h = simulate(&t, p, cap).expect("fits");
                 assert_eq!(h.accesses, opt.accesses);
-                assert!(h.hits <= opt.hits, "{} on {}: {} > MIN {}", p, f.name(), h.hits, opt.hits);
+                assert!(
+                    h.hits <= opt.hits,
+                    "{} on {}: {} > MIN {}",
+                    p,
+                    f.name(),
+                    h.hits,
+                    opt.hits
+                );
             }
         }
     }
@@ -191,7 +202,10 @@ mod tests {
     #[test]
     fn a_step_wider_than_the_capacity_is_an_error() {
         let t = generate(&TraceFamily::Zipf.params(2, 16, 8, 5, 1)).expect("valid");
-        assert!(matches!(simulate(&t, PolicyKind::Lru, 7), Err(SimError::TooSmall { .. })));
+        assert!(matches!(
+            simulate(&t, PolicyKind::Lru, 7),
+            Err(SimError::TooSmall { .. })
+        ));
         assert!(belady(&t, 7).is_err());
         assert!(simulate(&t, PolicyKind::S3Fifo, 8).is_ok());
     }
@@ -202,7 +216,11 @@ mod sweep {
     use super::*;
     use crate::experts::tracegen::{TraceFamily, generate};
 
-    fn run_with(trace: &RoutingTrace, p: &mut dyn crate::experts::policy::EvictionPolicy, capacity: usize) -> HitCount {
+    fn run_with(
+        trace: &RoutingTrace,
+        p: &mut dyn crate::experts::policy::EvictionPolicy,
+        capacity: usize,
+    ) -> HitCount {
         let records = trace.layers as usize * trace.experts as usize;
         let mut resident = vec![false; records];
         let mut pinned_step = vec![usize::MAX; records];
@@ -236,21 +254,35 @@ mod sweep {
                     let opt = belady(&t, cap).expect("fits").rate();
                     let rates: Vec<String> = PolicyKind::ALL
                         .iter()
-                        .map(|&p| format!("{}={:.3}", p, simulate(&t, p, cap).expect("fits").rate()))
+                        .map(|&p| {
+                            format!("{}={:.3}", p, simulate(&t, p, cap).expect("fits").rate())
+                        })
                         .collect();
                     let s3: Vec<String> = [0.1, 0.2, 0.3, 0.5]
                         .iter()
                         .map(|&r| {
                             let mut pol = crate::experts::policy::S3Fifo::with_small(
-                                (layers * experts) as usize, cap, (cap as f64 * r) as usize);
+                                (layers * experts) as usize,
+                                cap,
+                                (cap as f64 * r) as usize,
+                            );
                             format!("s3@{r}={:.3}", run_with(&t, &mut pol, cap).rate())
                         })
                         .collect();
                     let tok = (layers * k) as usize;
-                    let mut pol = crate::experts::policy::S3Fifo::with_small((layers * experts) as usize, cap, tok.max(cap / 10));
+                    let mut pol = crate::experts::policy::S3Fifo::with_small(
+                        (layers * experts) as usize,
+                        cap,
+                        tok.max(cap / 10),
+                    );
                     let tokq = run_with(&t, &mut pol, cap).rate();
 
-                    println!("{layers}x{experts}k{k} {frac} {:<10} min={opt:.3} {} {} s3@tok={tokq:.3}", f.name(), rates.join(" "), s3.join(" "));
+                    println!(
+                        "{layers}x{experts}k{k} {frac} {:<10} min={opt:.3} {} {} s3@tok={tokq:.3}",
+                        f.name(),
+                        rates.join(" "),
+                        s3.join(" ")
+                    );
                 }
             }
         }

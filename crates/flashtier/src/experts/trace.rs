@@ -262,7 +262,8 @@ impl RoutingTrace {
         serde_json::to_writer(&mut w, &header).map_err(std::io::Error::other)?;
         writeln!(w)?;
         for step in &self.steps {
-            let has_scores = step.layers.iter().all(|l| l.scores.is_some()) && !step.layers.is_empty();
+            let has_scores =
+                step.layers.iter().all(|l| l.scores.is_some()) && !step.layers.is_empty();
             let line = StepLine {
                 ids: step.layers.iter().map(|l| l.ids.clone()).collect(),
                 scores: has_scores.then(|| {
@@ -295,7 +296,10 @@ fn parse_header(line: usize, text: &str) -> Result<Header, TraceError> {
         return bad(format!("version {}, this build reads {VERSION}", h.version));
     }
     if h.layers == 0 || h.experts == 0 {
-        return bad(format!("zero dimension (layers {}, experts {})", h.layers, h.experts));
+        return bad(format!(
+            "zero dimension (layers {}, experts {})",
+            h.layers, h.experts
+        ));
     }
     Ok(h)
 }
@@ -334,21 +338,32 @@ mod tests {
         let h = "{\"format\":\"flashtier-trace\",\"version\":1,\"layers\":2,\"experts\":8}\n";
         let cases: [(&str, fn(&TraceError) -> bool); 7] = [
             ("", |e| matches!(e, TraceError::Empty)),
-            ("{\"format\":\"x\",\"version\":1,\"layers\":2,\"experts\":8}", |e| {
-                matches!(e, TraceError::Header { .. })
+            (
+                "{\"format\":\"x\",\"version\":1,\"layers\":2,\"experts\":8}",
+                |e| matches!(e, TraceError::Header { .. }),
+            ),
+            ("{\"ids\":[[1]]}", |e| {
+                matches!(e, TraceError::LayerCount { line: 2, .. })
             }),
-            ("{\"ids\":[[1]]}", |e| matches!(e, TraceError::LayerCount { line: 2, .. })),
             ("{\"ids\":[[8],[]]}", |e| {
                 matches!(e, TraceError::ExpertOutOfRange { line: 2, id: 8, .. })
             }),
-            ("{\"ids\":[[1,1],[]]}", |e| matches!(e, TraceError::DuplicateExpert { .. })),
+            ("{\"ids\":[[1,1],[]]}", |e| {
+                matches!(e, TraceError::DuplicateExpert { .. })
+            }),
             ("{\"ids\":[[1],[2]],\"scores\":[[1.0],[]]}", |e| {
                 matches!(e, TraceError::Scores { layer: 1, .. })
             }),
-            ("{\"ids\":[[1],[2]],\"extra\":1}", |e| matches!(e, TraceError::Syntax { line: 2, .. })),
+            ("{\"ids\":[[1],[2]],\"extra\":1}", |e| {
+                matches!(e, TraceError::Syntax { line: 2, .. })
+            }),
         ];
         for (i, (body, check)) in cases.into_iter().enumerate() {
-            let text = if i < 2 { body.to_string() } else { format!("{h}{body}\n") };
+            let text = if i < 2 {
+                body.to_string()
+            } else {
+                format!("{h}{body}\n")
+            };
             let err = RoutingTrace::parse_str(&text).expect_err(body);
             assert!(check(&err), "{body}: got {err}");
         }
@@ -357,7 +372,10 @@ mod tests {
     fn arb_trace() -> impl Strategy<Value = RoutingTrace> {
         (1u32..4, 1u32..10).prop_flat_map(|(layers, experts)| {
             let route = (
-                proptest::sample::subsequence((0..experts).collect::<Vec<_>>(), 0..=experts as usize),
+                proptest::sample::subsequence(
+                    (0..experts).collect::<Vec<_>>(),
+                    0..=experts as usize,
+                ),
                 any::<bool>(),
             )
                 .prop_map(|(ids, scored)| LayerRoute {

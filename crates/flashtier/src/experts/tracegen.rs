@@ -91,7 +91,14 @@ impl TraceFamily {
 
     /// The family's parameters for a model shape.
     #[must_use]
-    pub fn params(self, layers: u32, experts: u32, top_k: u32, tokens: u32, seed: u64) -> SynthParams {
+    pub fn params(
+        self,
+        layers: u32,
+        experts: u32,
+        top_k: u32,
+        tokens: u32,
+        seed: u64,
+    ) -> SynthParams {
         let (zipf_s, token_locality, layer_correlation, drift_every) = match self {
             Self::Zipf => (1.0, 0.0, 0.0, 0),
             Self::Local => (0.6, 0.5, 0.0, 0),
@@ -150,7 +157,9 @@ fn validate(p: &SynthParams) -> Result<(), SynthError> {
         "layers, experts and top_k must be >= 1".to_string()
     } else if p.top_k > p.experts {
         format!("top_k {} > experts {}", p.top_k, p.experts)
-    } else if probs.iter().any(|x| !(0.0..=1.0).contains(x)) || !(p.zipf_s.is_finite() && p.zipf_s >= 0.0) {
+    } else if probs.iter().any(|x| !(0.0..=1.0).contains(x))
+        || !(p.zipf_s.is_finite() && p.zipf_s >= 0.0)
+    {
         "probabilities must lie in [0, 1] and zipf_s be finite and >= 0".to_string()
     } else {
         return Ok(());
@@ -159,7 +168,9 @@ fn validate(p: &SynthParams) -> Result<(), SynthError> {
 }
 
 fn cdf(experts: u32, s: f64) -> Vec<f64> {
-    let w: Vec<f64> = (0..experts).map(|r| 1.0 / f64::from(r + 1).powf(s)).collect();
+    let w: Vec<f64> = (0..experts)
+        .map(|r| 1.0 / f64::from(r + 1).powf(s))
+        .collect();
     let total: f64 = w.iter().sum();
     let mut acc = 0.0;
     w.iter()
@@ -217,7 +228,13 @@ pub fn generate(p: &SynthParams) -> Result<RoutingTrace, SynthError> {
     })
 }
 
-fn pick_layer(p: &SynthParams, d: &LayerDist, prev_token: &[u32], prev_layer: &[u32], rng: &mut SmallRng) -> Vec<u32> {
+fn pick_layer(
+    p: &SynthParams,
+    d: &LayerDist,
+    prev_token: &[u32],
+    prev_layer: &[u32],
+    rng: &mut SmallRng,
+) -> Vec<u32> {
     let k = p.top_k as usize;
     let mut ids: Vec<u32> = Vec::with_capacity(k);
     for _ in 0..64 * k {
@@ -248,7 +265,9 @@ fn pick_layer(p: &SynthParams, d: &LayerDist, prev_token: &[u32], prev_layer: &[
 }
 
 fn router_scores(k: usize, rng: &mut SmallRng) -> Vec<f32> {
-    let raw: Vec<f32> = (0..k).map(|i| rng.random::<f32>() / (i as f32 + 1.0)).collect();
+    let raw: Vec<f32> = (0..k)
+        .map(|i| rng.random::<f32>() / (i as f32 + 1.0))
+        .collect();
     let total: f32 = raw.iter().sum::<f32>().max(f32::MIN_POSITIVE);
     raw.iter().map(|x| x / total).collect()
 }
