@@ -21,6 +21,7 @@ use crate::error::IoError;
 /// A read-only map of a whole file.
 pub struct MappedFile {
     map: Mmap,
+    file: std::fs::File,
     path: PathBuf,
     page_bytes: usize,
 }
@@ -55,6 +56,7 @@ impl MappedFile {
         let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
         Ok(Self {
             map,
+            file,
             path: path.to_path_buf(),
             page_bytes: page_bytes(),
         })
@@ -132,6 +134,34 @@ impl MappedFile {
             });
         }
         Ok(vec.iter().all(|v| v & 1 == 1))
+    }
+
+    /// Ask the kernel to drop the clean cached pages of `[offset, offset +
+    /// len)` (`posix_fadvise(DONTNEED)`), so the next use reads the drive:
+    /// for cold-read benchmarks and tests. Advisory: pages in use may stay.
+    pub fn drop_cached(&self, offset: usize, len: usize) -> Result<(), IoError> {
+        use std::os::fd::AsRawFd;
+        let (start, span) = self.page_span(offset, len)?;
+        let as_off = |v: usize| libc::off_t::try_from(v).unwrap_or(libc::off_t::MAX);
+        // SAFETY: posix_fadvise only reads its integer arguments; the fd is
+        // owned by `self.file` and open for the call's duration.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                as_off(start),
+                as_off(span),
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            return Err(IoError::Read {
+                path: self.path.clone(),
+                offset: offset as u64,
+                len,
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
     }
 
     /// Ask the kernel to read `[offset, offset + len)` ahead (non-blocking).

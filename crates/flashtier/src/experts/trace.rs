@@ -336,7 +336,8 @@ mod tests {
     #[test]
     fn typed_errors_name_the_line() {
         let h = "{\"format\":\"flashtier-trace\",\"version\":1,\"layers\":2,\"experts\":8}\n";
-        let cases: [(&str, fn(&TraceError) -> bool); 7] = [
+        type Check = fn(&TraceError) -> bool;
+        let cases: [(&str, Check); 7] = [
             ("", |e| matches!(e, TraceError::Empty)),
             (
                 "{\"format\":\"x\",\"version\":1,\"layers\":2,\"experts\":8}",

@@ -556,9 +556,10 @@ impl ExpertPool {
 
     /// Start reads for records predicted for `layer` (expert ids), without
     /// evicting a record of the current step; stops quietly when no room is
-    /// left. Returns how many reads it started. Bound: at most `experts.len()`.
+    /// left (it evicts neither pinned records nor its own prefetches). Returns
+    /// how many reads it started. Bound: at most `experts.len()`.
     pub fn prefetch(&mut self, layer: u32, experts: &[u32]) -> Result<usize, ExpertsError> {
-        let mut started = 0;
+        let mut started: Vec<usize> = Vec::new();
         for &x in experts {
             let r = self.index_of(layer, x)?;
             if self.entries[r].residency != Residency::Absent {
@@ -566,10 +567,10 @@ impl ExpertPool {
             }
             if self.resident >= self.capacity {
                 let (entries, step, open) = (&self.entries, self.step, self.step_open);
-                let Some(victim) = self
-                    .policy
-                    .evict(&|v| Self::is_pinned(entries, step, open, v))
-                else {
+                // Neither the step's records nor this call's own prefetches.
+                let keep =
+                    |v: usize| Self::is_pinned(entries, step, open, v) || started.contains(&v);
+                let Some(victim) = self.policy.evict(&keep) else {
                     break;
                 };
                 self.drain(victim);
@@ -582,9 +583,9 @@ impl ExpertPool {
             }
             self.entries[r].prefetched = true;
             self.stats.prefetch_bytes += self.read_bytes(Precision::Full) as u64;
-            started += 1;
+            started.push(r);
         }
-        Ok(started)
+        Ok(started.len())
     }
 
     /// Cancel prefetches whose records have not been used: reads still in
