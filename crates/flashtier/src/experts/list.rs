@@ -4,7 +4,7 @@
 //! One [`Links`] table holds the `prev`/`next` links of every record; a record
 //! sits in at most one list at a time (named by a small list id), so several
 //! queues (S3-FIFO's small, main and ghost queues) share one table. Memory:
-//! 9 bytes per record of the store, allocated once.
+//! 10 bytes per record of the store, allocated once.
 
 /// No record.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -12,7 +12,7 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// Head, tail and length of one list. `head` is the most recently inserted end.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ends {
-    id: u8,
+    id: u16,
     head: u32,
     tail: u32,
     len: usize,
@@ -20,7 +20,7 @@ pub(crate) struct Ends {
 
 impl Ends {
     /// An empty list with id `id` (non-zero; zero means "in no list").
-    pub(crate) const fn new(id: u8) -> Self {
+    pub(crate) const fn new(id: u16) -> Self {
         Self {
             id,
             head: NIL,
@@ -49,7 +49,7 @@ impl Ends {
 pub(crate) struct Links {
     prev: Vec<u32>,
     next: Vec<u32>,
-    list: Vec<u8>,
+    list: Vec<u16>,
 }
 
 impl Links {
@@ -63,7 +63,7 @@ impl Links {
     }
 
     /// The list id record `i` is in (0 = none).
-    pub(crate) fn list_of(&self, i: u32) -> u8 {
+    pub(crate) fn list_of(&self, i: u32) -> u16 {
         self.list.get(i as usize).copied().unwrap_or(0)
     }
 

@@ -40,6 +40,7 @@
 //! ```
 
 pub mod arena;
+mod layered;
 mod list;
 pub mod lowbit;
 pub mod policy;

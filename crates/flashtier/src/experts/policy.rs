@@ -9,9 +9,13 @@
 //! - [`PolicyKind::Lru`]: least recently used, the seed's policy.
 //! - [`PolicyKind::Sieve`]: SIEVE (a FIFO with a visited bit and a moving hand).
 //! - [`PolicyKind::S3Fifo`]: S3-FIFO (a small probation FIFO, a main FIFO with
-//!   2-bit frequency counters, and a ghost FIFO of recently evicted ids), the
-//!   frequency-aware default, chosen by measurement (docs/benchmarks.md,
-//!   `## Expert tier`).
+//!   2-bit frequency counters, and a ghost FIFO of recently evicted ids).
+//! - [`PolicyKind::LayerClock`]: layer-aware and frequency-aware (one CLOCK
+//!   queue with 2-bit counters per layer, victims from the layer just used,
+//!   whose next use is farthest in the layer cycle); the default, chosen by
+//!   measurement on every synthetic family and budget (docs/benchmarks.md,
+//!   `## Expert tier`): it is never below LRU there, where S3-FIFO is on
+//!   traces with strong token locality.
 //!
 //! Bounds: per-record state is 10 bytes for every record of the store,
 //! allocated once; the ghost queue holds at most the main queue's capacity.
@@ -27,14 +31,16 @@ pub enum PolicyKind {
     Lru,
     /// SIEVE.
     Sieve,
-    /// S3-FIFO (default).
-    #[default]
+    /// S3-FIFO.
     S3Fifo,
+    /// Per-layer CLOCK queues, victims from the layer just used (default).
+    #[default]
+    LayerClock,
 }
 
 impl PolicyKind {
     /// Every policy, for sweeps.
-    pub const ALL: [Self; 3] = [Self::Lru, Self::Sieve, Self::S3Fifo];
+    pub const ALL: [Self; 4] = [Self::Lru, Self::Sieve, Self::S3Fifo, Self::LayerClock];
 
     /// Short name (`lru`, `sieve`, `s3-fifo`).
     #[must_use]
@@ -43,16 +49,20 @@ impl PolicyKind {
             Self::Lru => "lru",
             Self::Sieve => "sieve",
             Self::S3Fifo => "s3-fifo",
+            Self::LayerClock => "layer-clock",
         }
     }
 
-    /// A policy over records `0..records` holding at most `capacity` of them.
+    /// A policy over records whose layers are `layer_of` (one entry per
+    /// record) holding at most `capacity` of them.
     #[must_use]
-    pub fn build(self, records: usize, capacity: usize) -> Box<dyn EvictionPolicy> {
+    pub fn build(self, layer_of: &[u32], capacity: usize) -> Box<dyn EvictionPolicy> {
+        let records = layer_of.len();
         match self {
             Self::Lru => Box::new(Lru::new(records)),
             Self::Sieve => Box::new(Sieve::new(records)),
             Self::S3Fifo => Box::new(S3Fifo::new(records, capacity)),
+            Self::LayerClock => Box::new(super::layered::LayerClock::new(layer_of)),
         }
     }
 }
@@ -223,9 +233,9 @@ impl EvictionPolicy for Sieve {
     }
 }
 
-const SMALL: u8 = 1;
-const MAIN: u8 = 2;
-const GHOST: u8 = 3;
+const SMALL: u16 = 1;
+const MAIN: u16 = 2;
+const GHOST: u16 = 3;
 const FREQ_MAX: u8 = 3;
 
 /// S3-FIFO: new records enter a small FIFO (a fifth of the capacity: the

@@ -57,6 +57,14 @@ pub fn trace_index(experts: u32, layer: usize, expert: u32) -> usize {
     layer * experts as usize + expert as usize
 }
 
+/// The layer of every record index of a trace.
+#[must_use]
+pub fn trace_layers(trace: &RoutingTrace) -> Vec<u32> {
+    (0..trace.layers)
+        .flat_map(|l| std::iter::repeat_n(l, trace.experts as usize))
+        .collect()
+}
+
 /// Every access of the trace in order, as (step number, record index).
 fn accesses(trace: &RoutingTrace) -> impl Iterator<Item = (usize, usize)> + '_ {
     let layers = trace.layers as usize;
@@ -93,13 +101,26 @@ pub fn simulate(
 ) -> Result<HitCount, SimError> {
     check_steps(trace, capacity)?;
     let records = trace.layers as usize * trace.experts as usize;
-    let mut p = policy.build(records, capacity);
+    let mut p = policy.build(&trace_layers(trace), capacity);
     let mut resident = vec![false; records];
     let mut pinned_step = vec![usize::MAX; records];
     let mut count = HitCount::default();
-    for (step, rec) in accesses(trace) {
+    let mut pinned_upto = usize::MAX;
+    let all: Vec<(usize, usize)> = accesses(trace).collect();
+    for (i, &(step, rec)) in all.iter().enumerate() {
+        // Pin the whole step before its first record, as the pool does.
+        if pinned_upto != step {
+            pinned_upto = step;
+            for &(s, r) in all
+                .get(i..)
+                .unwrap_or_default()
+                .iter()
+                .take_while(|(s, _)| *s == step)
+            {
+                pinned_step[r] = s;
+            }
+        }
         count.accesses += 1;
-        pinned_step[rec] = step;
         if resident[rec] {
             count.hits += 1;
             p.on_hit(rec);
@@ -216,33 +237,6 @@ mod sweep {
     use super::*;
     use crate::experts::tracegen::{TraceFamily, generate};
 
-    fn run_with(
-        trace: &RoutingTrace,
-        p: &mut dyn crate::experts::policy::EvictionPolicy,
-        capacity: usize,
-    ) -> HitCount {
-        let records = trace.layers as usize * trace.experts as usize;
-        let mut resident = vec![false; records];
-        let mut pinned_step = vec![usize::MAX; records];
-        let mut count = HitCount::default();
-        for (step, rec) in accesses(trace) {
-            count.accesses += 1;
-            pinned_step[rec] = step;
-            if resident[rec] {
-                count.hits += 1;
-                p.on_hit(rec);
-                continue;
-            }
-            if p.len() >= capacity {
-                let v = p.evict(&|r| pinned_step[r] == step).expect("room");
-                resident[v] = false;
-            }
-            p.on_insert(rec);
-            resident[rec] = true;
-        }
-        count
-    }
-
     #[test]
     #[ignore = "prints a table for choosing the default policy"]
     fn policy_sweep() {
@@ -258,30 +252,10 @@ mod sweep {
                             format!("{}={:.3}", p, simulate(&t, p, cap).expect("fits").rate())
                         })
                         .collect();
-                    let s3: Vec<String> = [0.1, 0.2, 0.3, 0.5]
-                        .iter()
-                        .map(|&r| {
-                            let mut pol = crate::experts::policy::S3Fifo::with_small(
-                                (layers * experts) as usize,
-                                cap,
-                                (cap as f64 * r) as usize,
-                            );
-                            format!("s3@{r}={:.3}", run_with(&t, &mut pol, cap).rate())
-                        })
-                        .collect();
-                    let tok = (layers * k) as usize;
-                    let mut pol = crate::experts::policy::S3Fifo::with_small(
-                        (layers * experts) as usize,
-                        cap,
-                        tok.max(cap / 10),
-                    );
-                    let tokq = run_with(&t, &mut pol, cap).rate();
-
                     println!(
-                        "{layers}x{experts}k{k} {frac} {:<10} min={opt:.3} {} {} s3@tok={tokq:.3}",
+                        "{layers}x{experts}k{k} {frac} {:<10} min={opt:.3} {}",
                         f.name(),
-                        rates.join(" "),
-                        s3.join(" ")
+                        rates.join(" ")
                     );
                 }
             }

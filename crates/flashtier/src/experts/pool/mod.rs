@@ -243,6 +243,7 @@ impl ExpertPool {
             cancelled: false,
             pinned_step: 0,
         };
+        let layer_of: Vec<u32> = (0..records).map(|r| stores.layer_of(r)).collect();
         Ok(Self {
             stores,
             backend,
@@ -250,7 +251,7 @@ impl ExpertPool {
             arena,
             free_slots,
             capacity,
-            policy: config.policy.build(records, capacity),
+            policy: config.policy.build(&layer_of, capacity),
             entries: vec![entry; records],
             resident: 0,
             step: 0,
