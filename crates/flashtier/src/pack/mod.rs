@@ -46,19 +46,22 @@ pub struct PackOptions {
     pub direct: DirectMode,
     /// Record buffers in the pipeline (memory bound: `depth * stride`).
     pub depth: usize,
+    /// Reader threads (copying tensors into records and checksumming them).
+    pub readers: usize,
     /// Writer threads.
     pub writers: usize,
 }
 
 impl PackOptions {
-    /// Defaults: O_DIRECT preferred, 4 record buffers, 2 writers.
+    /// Defaults: O_DIRECT preferred, 6 record buffers, 2 readers, 2 writers.
     #[must_use]
     pub fn new(model_dir: &Path, out: &Path) -> Self {
         Self {
             model_dir: model_dir.to_path_buf(),
             out: out.to_path_buf(),
             direct: DirectMode::Prefer,
-            depth: 4,
+            depth: 6,
+            readers: 2,
             writers: 2,
         }
     }
@@ -253,6 +256,7 @@ pub fn pack_experts(
         keys: &layout.keys,
     };
     let shape = write::PipelineShape {
+        readers: opts.readers,
         depth: opts.depth,
         writers: opts.writers,
     };

@@ -1,7 +1,7 @@
 //! The streaming writer: a bounded pipeline from checkpoint tensors to
 //! aligned store records.
 //!
-//! One reader thread fills record buffers (positional reads of each tensor
+//! `readers` threads fill record buffers (positional reads of each tensor
 //! into its offset, then the record's checksum); `writers` threads write each
 //! whole record (its full stride, 4096-aligned, O_DIRECT where the file
 //! system allows) at its offset. Bounds: exactly `depth` record buffers exist
@@ -35,6 +35,8 @@ pub(crate) struct RecordSource<'a> {
 pub(crate) struct PipelineShape {
     /// Record buffers in the pipeline (>= 2).
     pub depth: usize,
+    /// Reader threads (>= 1); reader r fills records r, r + readers, ...
+    pub readers: usize,
     /// Writer threads (>= 1).
     pub writers: usize,
 }
@@ -65,6 +67,9 @@ pub(crate) fn write_store(
         _ => {}
     }
     let file = StoreFile::open_rw(path, direct, true)?;
+    // Size the file up front: direct writes below the end of file are not
+    // "extending" writes, which file systems such as ext4 serialise.
+    file.set_len(plan.file_len())?;
     let stride = usize::try_from(plan.header().record_stride_bytes)
         .map_err(|_| PackError::Thread("record stride exceeds the address space".into()))?;
     let count = plan.header().record_count;
@@ -76,11 +81,30 @@ pub(crate) fn write_store(
         let _ = free_tx.send(AlignedBuf::zeroed(stride));
     }
     let filled_rx = Arc::new(Mutex::new(filled_rx));
+    let free_rx = Arc::new(Mutex::new(free_rx));
     let sums = Mutex::new(vec![0u64; usize::try_from(count).unwrap_or(0)]);
     let failed = AtomicBool::new(false);
     let results = std::thread::scope(|s| {
         let failed = &failed;
-        let reader = s.spawn(move || fill_records(src, count, &free_rx, &filled_tx, failed));
+        let n_readers = shape.readers.max(1) as u64;
+        let readers: Vec<_> = (0..n_readers)
+            .map(|r| {
+                let (free, filled) = (free_rx.clone(), filled_tx.clone());
+                let lane = Lane {
+                    first: r,
+                    step: n_readers,
+                    count,
+                };
+                s.spawn(move || {
+                    let res = fill_records(src, lane, &free, &filled, failed);
+                    if res.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    res
+                })
+            })
+            .collect();
+        drop(filled_tx);
         let writers: Vec<_> = (0..shape.writers.max(1))
             .map(|_| {
                 let rx = filled_rx.clone();
@@ -96,7 +120,7 @@ pub(crate) fn write_store(
             })
             .collect();
         drop(free_tx);
-        let mut out = vec![join(reader)];
+        let mut out: Vec<_> = readers.into_iter().map(join).collect();
         out.extend(writers.into_iter().map(join));
         out
     });
@@ -113,21 +137,34 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, PackError>>) -> Result
         .unwrap_or_else(|_| Err(PackError::Thread("a packing thread panicked".into())))
 }
 
-/// Reader: fill each record's tensors and checksum, in index order.
+/// The records one reader fills: `first`, `first + step`, ... below `count`.
+#[derive(Clone, Copy)]
+struct Lane {
+    first: u64,
+    step: u64,
+    count: u64,
+}
+
+/// Reader: fill each record of its lane (tensors, then checksum), in order.
 fn fill_records(
     src: &RecordSource<'_>,
-    count: u64,
-    free: &Receiver<AlignedBuf>,
+    lane: Lane,
+    free: &Mutex<Receiver<AlignedBuf>>,
     filled: &SyncSender<Filled>,
     failed: &AtomicBool,
 ) -> Result<(), PackError> {
     let payload = src.tensors.last().map_or(0, |t| t.offset + t.len_bytes) as usize;
-    for (index, key) in (0..count).zip(src.keys) {
-        // A writer failed: stop; it reports its own error.
+    let indices = (lane.first..lane.count).step_by(usize::try_from(lane.step).unwrap_or(1));
+    for index in indices {
+        let Some(key) = usize::try_from(index).ok().and_then(|i| src.keys.get(i)) else {
+            return Err(PackError::Thread(format!("record {index} has no key")));
+        };
+        // Another thread failed: stop; it reports its own error.
         if failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let Ok(mut buf) = free.recv() else {
+        let next = free.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(mut buf) = next else {
             return Ok(());
         };
         for t in src.tensors {
