@@ -79,3 +79,67 @@ fn replay_reports_a_bad_trace_with_its_line() -> anyhow::Result<()> {
     assert!(err.contains("line 2") && err.contains("expert 9"), "{err}");
     Ok(())
 }
+
+#[test]
+fn pack_writes_low_bit_companions_and_replay_reads_the_packed_store() -> anyhow::Result<()> {
+    use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+    use flashtier_format::{Dtype, Store};
+    let dir = tempfile::tempdir()?;
+    let model = dir.path().join("model");
+    write_checkpoint(
+        &SynthSpec::tiny(SynthArch::Mixtral, Dtype::Bf16, 9),
+        &model,
+        &mut |_| {},
+    )?;
+    let store = dir.path().join("x.ftstore");
+    let out = Command::new(env!("CARGO_BIN_EXE_flashtier"))
+        .args(["pack", "experts", "--model"])
+        .arg(&model)
+        .arg("--out")
+        .arg(&store)
+        .args(["--lowbit", "3,2", "--json"])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let lowbit = v["lowbit"].as_array().cloned().unwrap_or_default();
+    assert_eq!(lowbit.len(), 2, "{v}");
+    let exact = Store::open(&store)?;
+    for (bits, entry) in [3u64, 2].iter().zip(&lowbit) {
+        let path = dir.path().join(format!("x.q{bits}.ftstore"));
+        let low = Store::open(&path)?;
+        assert_eq!(low.manifest().keys, exact.manifest().keys);
+        assert_eq!(low.manifest().extra["lowbit"]["bits"], *bits);
+        assert!(low.payload_bytes() < exact.payload_bytes());
+        assert_eq!(entry["spec"]["bits"], *bits);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_flashtier"))
+        .args(["replay", "--store"])
+        .arg(&store)
+        .args([
+            "--trace",
+            "synth:zipf",
+            "--tokens",
+            "20",
+            "--budget",
+            "1Gi",
+            "--backend",
+            "posix",
+            "--json",
+        ])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        r["capacity_records"], 8,
+        "budget larger than the store: every record fits"
+    );
+    Ok(())
+}

@@ -244,6 +244,16 @@ impl ExpertPool {
 
     /// Collect `r`'s landed read: verify, then Ready, or fail and report.
     fn complete_at(&mut self, r: usize, landed_at: Instant) -> Result<(), ExpertsError> {
+        let Some(inf) = self.inflight.get(&r) else {
+            return Ok(());
+        };
+        // The backend's completion time where it records one.
+        let finished = match (&self.arena, &inf.ticket) {
+            (Some(a), _) => a.table().finished_at(self.entries[r].slot as usize),
+            (None, Some(t)) => t.finished_at(),
+            (None, None) => None,
+        };
+        let landed_at = finished.unwrap_or(landed_at);
         let Some(inf) = self.inflight.remove(&r) else {
             return Ok(());
         };
