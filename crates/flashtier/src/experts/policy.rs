@@ -91,6 +91,10 @@ impl std::str::FromStr for PolicyKind {
 pub trait EvictionPolicy: Send {
     /// The policy's name.
     fn kind(&self) -> PolicyKind;
+    /// A step begins with these records (before their hits and inserts).
+    fn on_step(&mut self, records: &[usize]) {
+        let _ = records;
+    }
     /// A resident record was used.
     fn on_hit(&mut self, rec: usize);
     /// A record became resident (after a miss or a prefetch).

@@ -331,6 +331,7 @@ impl ExpertPool {
         for &r in &distinct {
             self.entries[r].pinned_step = self.step;
         }
+        self.policy.on_step(&distinct);
         let mut need = Vec::new();
         for &r in &distinct {
             if let Err(e) = self.admit(r, &mut need) {
