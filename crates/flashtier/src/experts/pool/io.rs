@@ -162,9 +162,10 @@ impl ExpertPool {
             .ok_or(ExpertsError::NoStore(e.precision))?;
         let offset = store.offset(r)?;
         let len = store.read_bytes();
+        let key = self.stores.key_name(r);
         let read_err = |source| ExpertsError::Read {
             record: r,
-            key: format!("index {r}"),
+            key,
             source,
         };
         let ticket = match (&mut self.arena, self.backing) {
@@ -292,9 +293,10 @@ impl ExpertPool {
             .stores
             .get(e.precision)
             .ok_or(ExpertsError::NoStore(e.precision))?;
+        let key = self.stores.key_name(r);
         let read_err = |source| ExpertsError::Read {
             record: r,
-            key: format!("index {r}"),
+            key,
             source,
         };
         let payload = store.payload_bytes();
