@@ -168,6 +168,14 @@ pub fn store_shape(stores: &StoreSet) -> StoreShape {
     }
 }
 
+/// A budget of `percent` % of the store's expert bytes (record strides),
+/// never below one record; `flashtier demo` replays at 25 %.
+#[must_use]
+pub fn budget_fraction(stores: &StoreSet, percent: u64) -> u64 {
+    let stride = stores.full().read_bytes() as u64;
+    (stores.records() as u64 * stride * percent / 100).max(stride)
+}
+
 /// A synthetic decode trace of `tokens` tokens shaped like `stores`.
 pub fn synth_trace(
     stores: &StoreSet,
