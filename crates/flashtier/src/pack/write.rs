@@ -2,7 +2,8 @@
 //! aligned store records.
 //!
 //! `readers` threads fill record buffers (positional reads of each tensor
-//! into its offset, then the record's checksum); `writers` threads write each
+//! into its offset, direct through a per-reader staging buffer of at most the
+//! largest tensor plus 8 KiB, then the record's checksum); `writers` threads write each
 //! whole record (its full stride, 4096-aligned, O_DIRECT where the file
 //! system allows) at its offset. Bounds: exactly `depth` record buffers exist
 //! (allocated once, recycled through a channel), so memory is `depth *
@@ -16,7 +17,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_format::{RecordKey, StoreWriterPlan, TensorLayout, xxh3_64};
-use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
+use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
 use super::layout::source_name;
@@ -28,6 +29,8 @@ pub(crate) struct RecordSource<'a> {
     pub template: &'a str,
     pub tensors: &'a [TensorLayout],
     pub keys: &'a [RecordKey],
+    /// Read source tensors with direct I/O (bypassing the page cache).
+    pub direct: bool,
 }
 
 /// Pipeline shape.
@@ -67,9 +70,25 @@ pub(crate) fn write_store(
         _ => {}
     }
     let file = StoreFile::open_rw(path, direct, true)?;
-    // Size the file up front: direct writes below the end of file are not
-    // "extending" writes, which file systems such as ext4 serialise.
-    file.set_len(plan.file_len())?;
+    // Allocate the file up front: direct writes into allocated extents are
+    // overwrites, which file systems such as ext4 run in parallel (extending
+    // writes and writes into holes are serialised on the inode lock).
+    if !file.preallocate(plan.file_len())? {
+        tracing::info!(path = %path.display(), "file system cannot preallocate; writing a sparse file");
+    }
+    let sums = run_pipeline(src, plan, &file, shape, progress)?;
+    finish(plan, &file, &sums)?;
+    Ok(file.is_direct())
+}
+
+/// Run the readers and writers over every record; the record checksums.
+fn run_pipeline(
+    src: &RecordSource<'_>,
+    plan: &StoreWriterPlan,
+    file: &StoreFile,
+    shape: PipelineShape,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<u64>, PackError> {
     let stride = usize::try_from(plan.header().record_stride_bytes)
         .map_err(|_| PackError::Thread("record stride exceeds the address space".into()))?;
     let count = plan.header().record_count;
@@ -109,7 +128,7 @@ pub(crate) fn write_store(
             .map(|_| {
                 let rx = filled_rx.clone();
                 let tx = free_tx.clone();
-                let (file, sums) = (&file, &sums);
+                let sums = &sums;
                 s.spawn(move || {
                     let r = write_records(plan, file, &rx, &tx, sums, progress);
                     if r.is_err() {
@@ -127,9 +146,7 @@ pub(crate) fn write_store(
     for r in results {
         r?;
     }
-    let sums = sums.into_inner().unwrap_or_else(PoisonError::into_inner);
-    finish(plan, &file, &sums)?;
-    Ok(file.is_direct())
+    Ok(sums.into_inner().unwrap_or_else(PoisonError::into_inner))
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, PackError>>) -> Result<T, PackError> {
@@ -154,6 +171,7 @@ fn fill_records(
     failed: &AtomicBool,
 ) -> Result<(), PackError> {
     let payload = src.tensors.last().map_or(0, |t| t.offset + t.len_bytes) as usize;
+    let mut staging = AlignedBuf::zeroed(ALIGN);
     let indices = (lane.first..lane.count).step_by(usize::try_from(lane.step).unwrap_or(1));
     for index in indices {
         let Some(key) = usize::try_from(index).ok().and_then(|i| src.keys.get(i)) else {
@@ -176,7 +194,11 @@ fn fill_records(
                     tensor: name.clone(),
                     why: "tensor outside its record".into(),
                 })?;
-            src.ckpt.read_tensor(&name, dst)?;
+            if src.direct {
+                src.ckpt.read_tensor_direct(&name, dst, &mut staging)?;
+            } else {
+                src.ckpt.read_tensor(&name, dst)?;
+            }
         }
         let checksum = xxh3_64(buf.get(..payload).unwrap_or_default());
         if filled

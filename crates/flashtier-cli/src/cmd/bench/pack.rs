@@ -7,7 +7,9 @@
 //! (`--rw=write --bs=4M --direct=1 --ioengine=libaio --iodepth=4
 //! --end_fsync=1`) and packs into a fresh store, alternating which goes
 //! first; both files are deleted after each repetition. The report gives
-//! every repetition, the medians and the ratio of medians.
+//! every repetition, the medians, the ratio of medians and the median of the
+//! per-repetition ratios (robust when the drive is shared and its speed
+//! drifts between repetitions).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,13 +34,13 @@ pub struct Args {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Repetitions (interleaved with the reference writes).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Reference tool: fio | dd (fio falls back to dd when not installed).
     #[arg(long, default_value = "fio")]
     pub tool: String,
-    /// Writer threads of the packer.
-    #[arg(long, default_value_t = 2)]
+    /// Writer threads of the packer (queue depth; fio runs at 4).
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
     /// Print JSON on stdout.
     #[arg(long)]
@@ -119,6 +121,50 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Interleaved repetitions: (reference bytes/s, pack bytes/s, reference command).
+fn run_reps(
+    args: &Args,
+    tool: &str,
+    ws: &Workspace,
+    file_len: u64,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>, String)> {
+    let reference = ws.root.join("reference.bin");
+    let (mut ref_bw, mut pack_bw, mut cmd) = (Vec::new(), Vec::new(), String::new());
+    for rep in 0..args.reps.max(1) {
+        let run_pack = || -> anyhow::Result<f64> {
+            let out = ws.root.join(format!("bench-{rep}.ftstore"));
+            let mut opts = PackOptions::new(&ws.model, &out);
+            opts.writers = args.writers.clamp(1, 16);
+            let r = pack_with_progress(&opts, false)?;
+            let _ = std::fs::remove_file(&out);
+            Ok(r.file_len_bytes as f64 / r.elapsed.as_secs_f64())
+        };
+        let mut run_reference = || -> anyhow::Result<()> {
+            let (bw, c) = reference_write(tool, &reference, file_len)?;
+            ref_bw.push(bw);
+            cmd = c;
+            Ok(())
+        };
+        if rep % 2 == 0 {
+            run_reference()?;
+            pack_bw.push(run_pack()?);
+        } else {
+            pack_bw.push(run_pack()?);
+            run_reference()?;
+        }
+        if !args.json {
+            let (r, p) = (ref_bw[rep], pack_bw[rep]);
+            eprintln!(
+                "rep {rep}: {tool} {:.0} MiB/s, pack {:.0} MiB/s ({:.0}%)",
+                r / 1048576.0,
+                p / 1048576.0,
+                100.0 * p / r
+            );
+        }
+    }
+    Ok((ref_bw, pack_bw, cmd))
+}
+
 /// Run `flashtier bench pack`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let tool = if args.tool == "fio" && !fio_available() {
@@ -136,46 +182,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&ws.model)?;
     let file_len = StoreWriterPlan::new(plan_experts(&ckpt)?.1)?.file_len();
     drop(ckpt);
-    let reference = ws.root.join("reference.bin");
-    let (mut ref_bw, mut pack_bw, mut cmd) = (Vec::new(), Vec::new(), String::new());
-    for rep in 0..args.reps.max(1) {
-        let run_pack = || -> anyhow::Result<f64> {
-            let out = ws.root.join(format!("bench-{rep}.ftstore"));
-            let mut opts = PackOptions::new(&ws.model, &out);
-            opts.writers = args.writers.clamp(1, 16);
-            let r = pack_with_progress(&opts, false)?;
-            let _ = std::fs::remove_file(&out);
-            Ok(r.file_len_bytes as f64 / r.elapsed.as_secs_f64())
-        };
-        if rep % 2 == 0 {
-            let (bw, c) = reference_write(tool, &reference, file_len)?;
-            ref_bw.push(bw);
-            cmd = c;
-            pack_bw.push(run_pack()?);
-        } else {
-            pack_bw.push(run_pack()?);
-            let (bw, c) = reference_write(tool, &reference, file_len)?;
-            ref_bw.push(bw);
-            cmd = c;
-        }
-        if !args.json {
-            let (r, p) = (ref_bw[rep], pack_bw[rep]);
-            eprintln!(
-                "rep {rep}: {tool} {:.0} MiB/s, pack {:.0} MiB/s ({:.0}%)",
-                r / 1048576.0,
-                p / 1048576.0,
-                100.0 * p / r
-            );
-        }
-    }
+    let (ref_bw, pack_bw, cmd) = run_reps(&args, tool, &ws, file_len)?;
     let (r, p) = (median(&ref_bw), median(&pack_bw));
     let ratio = p / r;
+    let pair_ratios: Vec<f64> = pack_bw.iter().zip(&ref_bw).map(|(p, r)| p / r).collect();
+    let pair_median = median(&pair_ratios);
     if args.json {
         let out = serde_json::json!({
             "store_bytes": file_len, "checkpoint_bytes": spec.total_bytes(), "reps": ref_bw.len(),
             "reference": { "tool": tool, "command": cmd, "bytes_per_s": ref_bw, "median_bytes_per_s": r },
             "pack": { "bytes_per_s": pack_bw, "median_bytes_per_s": p, "writers": args.writers },
             "ratio": ratio,
+            "pair_ratios": pair_ratios,
+            "median_pair_ratio": pair_median,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -186,6 +205,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ref_bw.len(),
             file_len as f64 / 1048576.0,
             100.0 * ratio
+        );
+        println!(
+            "median of the per-repetition ratios (pack / {tool} run back to back): {:.0}%",
+            100.0 * pair_median
         );
         println!("reference: {cmd}");
     }
