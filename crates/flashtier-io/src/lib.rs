@@ -25,6 +25,7 @@
 
 pub mod backend;
 pub mod buf;
+pub mod done;
 pub mod error;
 pub mod file;
 pub mod loadgen;
@@ -41,6 +42,7 @@ pub use backend::{
     read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
+pub use done::DoneQueue;
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
 pub use open::{BackendKind, open_backend};

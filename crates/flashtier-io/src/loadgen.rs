@@ -6,6 +6,9 @@
 //! at the device, so the device sees the same queue depth as fio's
 //! `--iodepth`.
 //!
+//! The generator wakes for batches of completions ([`DoneQueue`]): half the
+//! backlog, so the device never runs short while it sleeps.
+//!
 //! Latency is service time, from the moment the backend starts a read
 //! ([`Ticket::started_at`]) to its completion ([`Ticket::finished_at`]), the
 //! analogue of fio's `clat`; turnaround (from `read_async`, queueing
@@ -21,7 +24,6 @@
 //! that many tokens.
 
 use std::sync::Arc;
-use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -29,6 +31,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{Landing, ReadReq, StorageBackend, Ticket};
+use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::region::LandingRegion;
@@ -187,7 +190,7 @@ pub fn run_load(
             .map_err(|e| IoError::Invalid(format!("histogram: {e}")))
     };
     let (mut latency_ns, mut turnaround_ns) = (new_hist()?, new_hist()?);
-    let (tx, rx) = channel::<u64>();
+    let done_q = Arc::new(DoneQueue::new());
     let mut slots: Vec<Option<(Ticket, Instant)>> = (0..outstanding).map(|_| None).collect();
     let (mut ops, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
@@ -206,36 +209,44 @@ pub fn run_load(
         };
         let t0 = Instant::now();
         let ticket = backend.read_async(vec![req])?;
-        ticket.notify_on_done(tx.clone(), slot as u64);
+        ticket.notify_on_done_to(&done_q, slot as u64);
         Ok((ticket, t0))
     };
     for (i, s) in slots.iter_mut().enumerate() {
         *s = Some(submit(i, &mut offsets)?);
     }
     let mut in_flight = outstanding;
+    let mut ready = Vec::with_capacity(outstanding);
     while in_flight > 0 {
-        let Ok(token) = rx.recv() else { break };
-        let slot = token as usize;
-        let Some((ticket, t0)) = slots.get_mut(slot).and_then(Option::take) else {
-            continue;
-        };
-        let started = ticket.started_at().unwrap_or(t0);
-        let finished = ticket.finished_at();
-        ticket.wait()?;
-        let now = Instant::now();
-        let finished = finished.unwrap_or(now);
-        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        latency_ns.saturating_record(ns(finished.saturating_duration_since(started)));
-        turnaround_ns.saturating_record(ns(finished.saturating_duration_since(t0)));
-        ops += 1;
-        bytes += bs as u64;
-        in_flight -= 1;
-        if now < deadline {
-            if let Some(s) = slots.get_mut(slot) {
-                *s = Some(submit(slot, &mut offsets)?);
-                in_flight += 1;
+        // Wake for a batch: half the backlog can complete before the device
+        // would run short of queued reads.
+        let min = (spec.backlog / 2).clamp(1, in_flight);
+        ready.clear();
+        done_q.wait(min, Duration::from_millis(100), &mut ready);
+        for &token in &ready {
+            let slot = token as usize;
+            let Some((ticket, t0)) = slots.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            let started = ticket.started_at().unwrap_or(t0);
+            let finished = ticket.finished_at();
+            ticket.wait()?;
+            let now = Instant::now();
+            let finished = finished.unwrap_or(now);
+            let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            latency_ns.saturating_record(ns(finished.saturating_duration_since(started)));
+            turnaround_ns.saturating_record(ns(finished.saturating_duration_since(t0)));
+            ops += 1;
+            bytes += bs as u64;
+            in_flight -= 1;
+            if now < deadline {
+                if let Some(s) = slots.get_mut(slot) {
+                    *s = Some(submit(slot, &mut offsets)?);
+                    in_flight += 1;
+                }
             }
         }
+        let now = Instant::now();
         if now - last_tick >= Duration::from_millis(100) {
             last_tick = now;
             on_progress(LoadProgress {

@@ -195,8 +195,11 @@ impl Reaper {
         }
     }
 
+    /// Submit queued SQEs and sleep until at least one completion arrives
+    /// (with `DEFER_TASKRUN` the kernel batches what is ready by then).
     fn submit_and_wait(&mut self) {
-        match self.ring.submit_and_wait(1) {
+        let res = self.ring.submit_and_wait(1);
+        match res {
             Ok(_) => {}
             Err(e) if matches!(errno_of(&e), libc::EINTR | libc::EAGAIN | libc::EBUSY) => {}
             Err(e) => {
