@@ -26,6 +26,8 @@ pub trait DeviceSink: Send + Sync {
     fn stage(&self, len: usize) -> Result<(Arc<LandingRegion>, usize), String>;
     /// The staged bytes at `offset..offset+len` hold the read; move them to
     /// device address `dst` (for example, enqueue a host-to-device copy).
+    /// Runs on the backend's completion thread: it must not block on, or
+    /// submit to, the same backend.
     fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String>;
     /// Make every committed copy visible (synchronise the copy stream).
     fn flush(&self) -> Result<(), String>;

@@ -11,8 +11,9 @@
 //! - Registered files: a sparse table of [`FILE_SLOTS`] slots keyed by
 //!   [`StoreFile::id`]; a file with no free slot is read by plain descriptor.
 //! - Fixed buffers: regions passed to `register_landing_region` go into a
-//!   sparse table of [`BUFFER_SLOTS`]; a read whose landing lies inside one
-//!   uses `READ_FIXED`, every other read plain `READ`.
+//!   sparse table of [`BUFFER_SLOTS`] (a slot whose region was dropped by its
+//!   owner is reused); a read whose landing lies inside one uses
+//!   `READ_FIXED`, every other read plain `READ`.
 //! - Short reads are resubmitted for the remainder until exact; EOF is
 //!   [`IoError::ShortRead`] naming the file.
 //! - Every SQE's `user_data` is its in-flight slot, which records the ticket

@@ -523,31 +523,46 @@ impl Reaper {
         if !self.bufs.enabled {
             return Err("the kernel refused a fixed-buffer table".into());
         }
-        let idx = self.bufs.regions.len();
-        let idx16 = u16::try_from(idx)
-            .ok()
-            .filter(|&i| u32::from(i) < BUFFER_SLOTS)
-            .ok_or_else(|| format!("all {BUFFER_SLOTS} fixed-buffer slots are in use"))?;
         if region.len_bytes() > MAX_FIXED_BYTES {
             return Err(format!(
                 "region of {} bytes exceeds the {MAX_FIXED_BYTES}-byte fixed-buffer limit",
                 region.len_bytes()
             ));
         }
+        // A fresh slot, else one whose region nobody else holds any more: no
+        // landing (and so no read in flight) can point into it.
+        let idx = if self.bufs.regions.len() < BUFFER_SLOTS as usize {
+            self.bufs.regions.len()
+        } else {
+            self.bufs
+                .regions
+                .iter()
+                .position(|r| Arc::strong_count(r) == 1)
+                .ok_or_else(|| format!("all {BUFFER_SLOTS} fixed-buffer slots are in use"))?
+        };
+        let idx16 = u16::try_from(idx).map_err(|_| "fixed-buffer index overflow".to_string())?;
         let iov = libc::iovec {
             iov_base: region.base_ptr().cast(),
             iov_len: region.len_bytes(),
         };
         // SAFETY: the region's memory is valid for `len_bytes()` and never
         // moves while the `Arc` lives (RegionMemory contract); the table keeps
-        // the `Arc` until the reaper drops, after the ring is closed.
+        // the `Arc` until the slot is re-registered (when no landing holds the
+        // region) or the reaper drops, after the ring is closed. Replacing a
+        // slot makes the kernel drop its pages of the old region.
         unsafe {
             self.ring
                 .submitter()
                 .register_buffers_update(u32::from(idx16), &[iov], None)
         }
         .map_err(|e| format!("register buffer: {e}"))?;
-        self.bufs.regions.push(region.clone());
+        if let Some(old) = self.bufs.regions.get_mut(idx) {
+            let old_id = old.id();
+            *old = region.clone();
+            self.bufs.by_id.remove(&old_id);
+        } else {
+            self.bufs.regions.push(region.clone());
+        }
         self.bufs.by_id.insert(region.id(), idx16);
         Ok(())
     }

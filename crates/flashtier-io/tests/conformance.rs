@@ -425,3 +425,37 @@ fn loadgen_runs_on_every_backend() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn many_registered_regions_over_time() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "g.bin", 8 * UNIT)?;
+    for b in backends(2)? {
+        // More regions than fixed-buffer slots, each dropped after use: slots
+        // are reused and every read stays exact.
+        for k in 0..40usize {
+            let region = LandingRegion::host(2 * UNIT);
+            b.register_landing_region(&region)?;
+            let blk = k % 7;
+            b.read(vec![ReadReq {
+                file: file.clone(),
+                offset: (blk * UNIT) as u64,
+                len: UNIT,
+                landing: Landing::Region {
+                    region: region.clone(),
+                    offset: UNIT,
+                },
+                tag: k as u64,
+            }])?;
+            // SAFETY: the read completed; nothing is in flight into the region.
+            let got = unsafe { region.slice(UNIT, UNIT) };
+            assert_eq!(
+                got,
+                &data[blk * UNIT..(blk + 1) * UNIT],
+                "{} k {k}",
+                b.name()
+            );
+        }
+    }
+    Ok(())
+}
