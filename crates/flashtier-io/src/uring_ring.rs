@@ -309,7 +309,16 @@ impl Reaper {
         let fixed_buf = fixed_region.and_then(|id| self.bufs.by_id.get(&id).copied());
         let file_slot = self.file_slot(&req.file);
         let Some(slot) = self.slots.free.pop() else {
-            return;
+            // `fill` starts requests only while a slot is free.
+            let err = IoError::Backend {
+                backend: "uring",
+                what: format!(
+                    "no free slot for {} at {}",
+                    req.file.path().display(),
+                    req.offset
+                ),
+            };
+            return done.complete(idx, Err(err));
         };
         let flight = InFlight {
             req,
