@@ -28,8 +28,9 @@ use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
 const WAKE_TAG: u64 = u64::MAX;
 /// `user_data` of the probe NOP.
 const NOP_TAG: u64 = u64::MAX - 1;
-/// Largest single SQE length; longer requests continue as "short" reads.
-const MAX_SQE_BYTES: usize = 1 << 30;
+/// Largest single SQE length by default; longer requests continue as
+/// "short" reads.
+pub(crate) const MAX_SQE_BYTES: usize = 1 << 30;
 /// Largest fixed buffer the kernel accepts.
 const MAX_FIXED_BYTES: usize = 1 << 30;
 
@@ -87,6 +88,8 @@ pub(crate) struct Reaper {
     wake_armed: bool,
     /// Below this many reads in flight the reaper sleeps wakeable.
     wake_below: usize,
+    /// Largest kernel op; a longer read continues like a short read.
+    max_op_bytes: usize,
     closing: bool,
 }
 
@@ -96,7 +99,7 @@ fn errno_of(e: &std::io::Error) -> i32 {
 
 impl Reaper {
     /// Create and probe a ring for `queue_depth` reads in flight.
-    pub(crate) fn open(queue_depth: usize) -> Result<Self, String> {
+    pub(crate) fn open(queue_depth: usize, max_op_bytes: usize) -> Result<Self, String> {
         let entries = u32::try_from((queue_depth + 1).next_power_of_two())
             .map_err(|_| format!("queue depth {queue_depth} too large"))?;
         let mut ring = IoUring::builder()
@@ -155,6 +158,7 @@ impl Reaper {
             wake_buf: Box::new(0),
             wake_armed: false,
             wake_below: (queue_depth / 4).max(1),
+            max_op_bytes,
             closing: false,
         })
     }
@@ -344,7 +348,7 @@ impl Reaper {
         let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) else {
             return;
         };
-        let rest = (f.req.len - f.got).min(MAX_SQE_BYTES);
+        let rest = (f.req.len - f.got).min(self.max_op_bytes);
         let offset = f.req.offset + f.got as u64;
         // SAFETY: `dst` is valid for `req.len` bytes and `got < req.len`.
         let buf = unsafe { f.dst.add(f.got) };

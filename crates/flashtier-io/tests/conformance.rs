@@ -459,3 +459,38 @@ fn many_registered_regions_over_time() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn uring_split_ops_resubmit_until_exact() -> anyhow::Result<()> {
+    let backend = match UringBackend::with_max_op_bytes(4, UNIT) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIP uring resubmission: io_uring unavailable here: {e}");
+            return Ok(());
+        }
+    };
+    assert!(UringBackend::with_max_op_bytes(4, 100).is_err());
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "s.bin", 64 * UNIT + 100)?;
+    // Every read takes several kernel ops, each continuing where the last
+    // stopped, as after a short read.
+    let extents = [(0, 16), (3, 5), (40, 24), (63, 1)];
+    let reqs = extents
+        .iter()
+        .enumerate()
+        .map(|(i, &(b, n))| host_req(&file, b * UNIT, n * UNIT, i as u64))
+        .collect();
+    for (l, &(b, n)) in backend.read(reqs)?.iter().zip(&extents) {
+        assert_eq!(l.buf.as_deref(), data.get(b * UNIT..(b + n) * UNIT));
+    }
+    // The file ends inside the third op of this read.
+    let err = expect_err(
+        backend.read(vec![host_req(&file, 62 * UNIT, 4 * UNIT, 0)]),
+        "eof",
+    )?;
+    assert!(
+        matches!(err, IoError::ShortRead { got, .. } if got == 2 * UNIT + 100),
+        "{err}"
+    );
+    Ok(())
+}
