@@ -19,9 +19,9 @@
 //! registered with the backend (io_uring fixed buffers), so the hot loop
 //! allocates no buffers.
 //!
-//! Bounds: `queue_depth + backlog` reads outstanding (backlog at most
-//! `queue_depth`), one landing region, one completion channel holding at most
-//! that many tokens.
+//! Bounds: `queue_depth + backlog` reads outstanding (each at most 256), one
+//! landing region of that many blocks, one [`DoneQueue`] holding at most that
+//! many tokens.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use crate::backend::{Landing, ReadReq, StorageBackend, Ticket};
 use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
+use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
 
 /// Offset pattern.
@@ -73,7 +74,7 @@ pub struct LoadSpec {
     pub duration: Duration,
     /// Seed of the offset generator (differ it per run to dodge caches).
     pub seed: u64,
-    /// Reads queued in the backend beyond its queue depth (0..=queue depth).
+    /// Reads queued in the backend beyond its queue depth (0..=256).
     pub backlog: usize,
 }
 
@@ -159,9 +160,9 @@ pub fn run_load(
     mut on_progress: impl FnMut(LoadProgress),
 ) -> Result<LoadReport, IoError> {
     let qd = backend.queue_depth();
-    if spec.backlog > qd {
+    if spec.backlog > MAX_QUEUE_DEPTH {
         return Err(IoError::Invalid(format!(
-            "backlog {} exceeds the queue depth {qd}",
+            "backlog {} exceeds {MAX_QUEUE_DEPTH}",
             spec.backlog
         )));
     }

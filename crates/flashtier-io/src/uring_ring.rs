@@ -84,6 +84,9 @@ pub(crate) struct Reaper {
     files: FileTable,
     bufs: BufTable,
     cqes: Vec<(u64, i32)>,
+    /// Reads finished in this pass, completed by `deliver` (at most the
+    /// queue depth).
+    landed: Vec<(InFlight, Result<(), IoError>)>,
     wake_buf: Box<u64>,
     wake_armed: bool,
     /// Below this many reads in flight the reaper sleeps wakeable.
@@ -155,6 +158,7 @@ impl Reaper {
                 by_id: HashMap::new(),
             },
             cqes: Vec::with_capacity(2 * queue_depth + 2),
+            landed: Vec::with_capacity(queue_depth),
             wake_buf: Box::new(0),
             wake_armed: false,
             wake_below: (queue_depth / 4).max(1),
@@ -173,6 +177,7 @@ impl Reaper {
         self.arm_wake(waker);
         loop {
             self.fill(rx);
+            self.deliver();
             if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
                 break;
             }
@@ -190,6 +195,12 @@ impl Reaper {
             self.submit_and_wait();
             waker.sleeping.store(false, Ordering::SeqCst);
             self.reap(waker);
+            // Refill freed slots and get them to the device before spending
+            // time on completions.
+            if self.fill(rx) > 0 {
+                let _ = self.ring.submit();
+            }
+            self.deliver();
         }
         // The wake read points at `wake_buf`: complete it before returning.
         while self.wake_armed {
@@ -197,6 +208,7 @@ impl Reaper {
             self.submit_and_wait();
             self.reap(waker);
         }
+        self.deliver();
     }
 
     /// Submit queued SQEs and sleep until at least one completion arrives
@@ -454,12 +466,27 @@ impl Reaper {
         }
     }
 
-    /// Free the slot and complete its request.
+    /// Free the slot (the kernel is done with it) and queue its outcome for
+    /// [`Reaper::deliver`].
     fn finish(&mut self, slot: usize, outcome: Result<(), IoError>) {
         let Some(f) = self.slots.table.get_mut(slot).and_then(Option::take) else {
             return;
         };
         self.slots.free.push(slot);
+        self.landed.push((f, outcome));
+    }
+
+    /// Complete the tickets of finished reads. Runs after freed slots have
+    /// been refilled and submitted, so the device is busy meanwhile.
+    fn deliver(&mut self) {
+        let mut landed = std::mem::take(&mut self.landed);
+        for (f, outcome) in landed.drain(..) {
+            Self::complete(f, outcome);
+        }
+        self.landed = landed;
+    }
+
+    fn complete(f: InFlight, outcome: Result<(), IoError>) {
         let InFlight {
             req,
             idx,

@@ -419,7 +419,7 @@ fn loadgen_runs_on_every_backend() -> anyhow::Result<()> {
             pattern: Pattern::Random,
             duration: std::time::Duration::from_millis(1),
             seed: 1,
-            backlog: 5,
+            backlog: 257,
         };
         assert!(run_load(b.as_ref(), &bad, |_| {}).is_err());
     }

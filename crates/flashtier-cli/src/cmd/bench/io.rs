@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Reads queued in the backend beyond --qd so freed slots refill at once
-    /// (0..=qd; default qd). The device never sees more than --qd.
+    /// (0..=256; default max(qd, 8)). The device never sees more than --qd.
     #[arg(long)]
     pub backlog: Option<usize>,
     /// Repetitions (medians are reported).
@@ -334,7 +334,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.file.display()
         );
     }
-    let backlog = args.backlog.unwrap_or(args.qd);
+    let backlog = args.backlog.unwrap_or(args.qd.max(8));
     let mut runs = Vec::new();
     let mut fio_runs = Vec::new();
     let mut backend_name = kind.as_str();
