@@ -34,8 +34,10 @@ pub mod posix;
 mod queue;
 pub mod region;
 pub mod sim;
+mod sim_plan;
 pub mod uring;
 mod uring_ring;
+mod uring_tables;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,

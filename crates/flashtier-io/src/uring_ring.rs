@@ -10,19 +10,19 @@
 //! kernel operation. If this thread ever unwinds with reads in flight, the
 //! slot table leaks those entries instead of freeing memory under the kernel.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Weak};
 
 use io_uring::{IoUring, Probe, opcode, types};
 
 use crate::backend::{Completer, Landed, Landing, ReadReq, landing_ptr};
 use crate::error::IoError;
-use crate::file::StoreFile;
 use crate::region::LandingRegion;
 use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
+use crate::uring_tables::{BufTable, FileTable};
 
 /// `user_data` of the eventfd read that wakes the reaper.
 const WAKE_TAG: u64 = u64::MAX;
@@ -31,8 +31,6 @@ const NOP_TAG: u64 = u64::MAX - 1;
 /// Largest single SQE length by default; longer requests continue as
 /// "short" reads.
 pub(crate) const MAX_SQE_BYTES: usize = 1 << 30;
-/// Largest fixed buffer the kernel accepts.
-const MAX_FIXED_BYTES: usize = 1 << 30;
 
 /// One read in flight.
 struct InFlight {
@@ -61,18 +59,6 @@ impl Drop for Slots {
             std::mem::forget(entry);
         }
     }
-}
-
-struct FileTable {
-    enabled: bool,
-    slots: Vec<Option<(u64, Weak<StoreFile>)>>,
-    by_id: HashMap<u64, u32>,
-}
-
-struct BufTable {
-    enabled: bool,
-    regions: Vec<Arc<LandingRegion>>,
-    by_id: HashMap<u64, u16>,
 }
 
 /// The ring and everything tied to it.
@@ -147,16 +133,8 @@ impl Reaper {
                 free: (0..queue_depth).rev().collect(),
             },
             pending: VecDeque::new(),
-            files: FileTable {
-                enabled: files_ok,
-                slots: (0..FILE_SLOTS).map(|_| None).collect(),
-                by_id: HashMap::new(),
-            },
-            bufs: BufTable {
-                enabled: bufs_ok,
-                regions: Vec::new(),
-                by_id: HashMap::new(),
-            },
+            files: FileTable::new(files_ok),
+            bufs: BufTable::new(bufs_ok),
             cqes: Vec::with_capacity(2 * queue_depth + 2),
             landed: Vec::with_capacity(queue_depth),
             wake_buf: Box::new(0),
@@ -260,7 +238,7 @@ impl Reaper {
                 match rx.try_recv() {
                     Ok(Msg::Read(batch)) => self.pending.push_back(batch),
                     Ok(Msg::Register(region, reply)) => {
-                        let _ = reply.send(self.register_region(&region));
+                        let _ = reply.send(self.bufs.register(&self.ring.submitter(), &region));
                         continue;
                     }
                     Err(TryRecvError::Empty) => break,
@@ -322,8 +300,8 @@ impl Reaper {
             (Landing::Region { region, .. }, _) | (_, Some((region, _))) => Some(region.id()),
             _ => None,
         };
-        let fixed_buf = fixed_region.and_then(|id| self.bufs.by_id.get(&id).copied());
-        let file_slot = self.file_slot(&req.file);
+        let fixed_buf = fixed_region.and_then(|id| self.bufs.index_of(id));
+        let file_slot = self.files.slot_for(&self.ring.submitter(), &req.file);
         let Some(slot) = self.slots.free.pop() else {
             // `fill` starts requests only while a slot is free.
             let err = IoError::Backend {
@@ -518,92 +496,5 @@ impl Reaper {
             })
         });
         done.complete(idx, result);
-    }
-
-    /// The registered-file slot of `file`, registering it on first use.
-    fn file_slot(&mut self, file: &Arc<StoreFile>) -> Option<u32> {
-        if !self.files.enabled {
-            return None;
-        }
-        if let Some(&s) = self.files.by_id.get(&file.id()) {
-            return Some(s);
-        }
-        // A free slot, or one whose file has been dropped (no request of it
-        // can be in flight: requests hold their file).
-        let s = self
-            .files
-            .slots
-            .iter()
-            .position(|e| e.as_ref().is_none_or(|(_, w)| w.strong_count() == 0))?;
-        let s32 = u32::try_from(s).ok()?;
-        let fd = file.file().as_raw_fd();
-        if self
-            .ring
-            .submitter()
-            .register_files_update(s32, &[fd])
-            .is_err()
-        {
-            return None;
-        }
-        if let Some(Some((old, _))) = self.files.slots.get(s) {
-            self.files.by_id.remove(old);
-        }
-        if let Some(e) = self.files.slots.get_mut(s) {
-            *e = Some((file.id(), Arc::downgrade(file)));
-        }
-        self.files.by_id.insert(file.id(), s32);
-        Some(s32)
-    }
-
-    /// Register `region` as a fixed buffer (kept for the ring's lifetime).
-    fn register_region(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
-        if self.bufs.by_id.contains_key(&region.id()) {
-            return Ok(());
-        }
-        if !self.bufs.enabled {
-            return Err("the kernel refused a fixed-buffer table".into());
-        }
-        if region.len_bytes() > MAX_FIXED_BYTES {
-            return Err(format!(
-                "region of {} bytes exceeds the {MAX_FIXED_BYTES}-byte fixed-buffer limit",
-                region.len_bytes()
-            ));
-        }
-        // A fresh slot, else one whose region nobody else holds any more: no
-        // landing (and so no read in flight) can point into it.
-        let idx = if self.bufs.regions.len() < BUFFER_SLOTS as usize {
-            self.bufs.regions.len()
-        } else {
-            self.bufs
-                .regions
-                .iter()
-                .position(|r| Arc::strong_count(r) == 1)
-                .ok_or_else(|| format!("all {BUFFER_SLOTS} fixed-buffer slots are in use"))?
-        };
-        let idx16 = u16::try_from(idx).map_err(|_| "fixed-buffer index overflow".to_string())?;
-        let iov = libc::iovec {
-            iov_base: region.base_ptr().cast(),
-            iov_len: region.len_bytes(),
-        };
-        // SAFETY: the region's memory is valid for `len_bytes()` and never
-        // moves while the `Arc` lives (RegionMemory contract); the table keeps
-        // the `Arc` until the slot is re-registered (when no landing holds the
-        // region) or the reaper drops, after the ring is closed. Replacing a
-        // slot makes the kernel drop its pages of the old region.
-        unsafe {
-            self.ring
-                .submitter()
-                .register_buffers_update(u32::from(idx16), &[iov], None)
-        }
-        .map_err(|e| format!("register buffer: {e}"))?;
-        if let Some(old) = self.bufs.regions.get_mut(idx) {
-            let old_id = old.id();
-            *old = region.clone();
-            self.bufs.by_id.remove(&old_id);
-        } else {
-            self.bufs.regions.push(region.clone());
-        }
-        self.bufs.by_id.insert(region.id(), idx16);
-        Ok(())
     }
 }
