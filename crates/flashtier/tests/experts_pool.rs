@@ -287,7 +287,7 @@ fn prefetch_counts_bytes_never_evicts_the_step_and_can_be_cancelled() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
 
     /// Random steps, tracked and blocking, under random latency: no slot owned
     /// twice, no eviction of a current-step record, every read landed before
@@ -295,7 +295,7 @@ proptest! {
     /// surface as an error), bytes exact.
     #[test]
     fn pool_invariants_hold(
-        steps in proptest::collection::vec((0..LAYERS, proptest::collection::btree_set(0..EXPERTS, 1..4), any::<bool>(), any::<bool>()), 1..25),
+        steps in proptest::collection::vec((0..LAYERS, proptest::collection::btree_set(0..EXPERTS, 1..4), any::<bool>(), any::<bool>()), 1..16),
         capacity in 3u64..8,
         policy in prop_oneof![Just(PolicyKind::Lru), Just(PolicyKind::Sieve), Just(PolicyKind::S3Fifo)],
         seed in any::<u64>(),

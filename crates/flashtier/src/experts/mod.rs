@@ -11,7 +11,8 @@
 //!   [`ExpertPool::run_tracked`] -> [`ExpertPool::finish`]; a record's bytes
 //!   are handed out ([`ExpertPool::addr`], [`ExpertPool::bytes`]) only after
 //!   its read landed and its checksum matched.
-//! - [`policy`]: O(1) eviction policies (LRU, SIEVE, S3-FIFO = default).
+//! - [`policy`]: O(1) eviction policies (LRU, SIEVE, S3-FIFO, and the layer-aware
+//!   `layer-clock`, the default).
 //! - [`trace`], [`tracegen`], [`sim`], [`replay`]: routing traces, synthetic
 //!   families, Belady's MIN, and the replay of a trace against a real store.
 //! - [`lowbit`]: 3-bit and 2-bit group-quantized companions of every record.

@@ -37,7 +37,8 @@ impl ReadPlan {
 impl ExpertPool {
     /// Decide the reads for `need` (from [`ExpertPool::acquire`]). Mapped
     /// backing: records whose pages are all in the page cache (`mincore`) are
-    /// verified in place and become ready without a read.
+    /// verified in place and become ready without a read; the others get a
+    /// `madvise(WILLNEED)` at once and a verifying read in `run`.
     pub fn plan(&mut self, need: &[usize]) -> Result<ReadPlan, ExpertsError> {
         if !self.step_open {
             return Err(ExpertsError::Lifecycle("plan without an open step"));
@@ -56,6 +57,7 @@ impl ExpertPool {
             if self.backing == Backing::Mapped && self.admit_cached(r)? {
                 plan.page_cache += 1;
             } else {
+                self.advise_will_need(r)?;
                 plan.reads.push(r);
             }
         }
@@ -92,6 +94,21 @@ impl ExpertPool {
         self.tracker
             .record(layer, e.precision, ReadSource::PageCache, len as u64, ns);
         Ok(true)
+    }
+
+    /// Mapped: ask the kernel to start reading a cold record's pages
+    /// (`madvise(WILLNEED)`) as soon as it is planned; the verifying read that
+    /// `run` issues then finds them in flight or cached.
+    fn advise_will_need(&self, r: usize) -> Result<(), ExpertsError> {
+        let e = self.entries[r];
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
+        if let Some(map) = &store.map {
+            map.will_need(store.offset(r)? as usize, store.read_bytes())?;
+        }
+        Ok(())
     }
 
     fn check_plan(&self, plan: &ReadPlan) -> Result<(), ExpertsError> {
