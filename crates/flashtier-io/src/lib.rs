@@ -29,26 +29,36 @@ pub mod prealloc;
 pub mod backend;
 pub mod blocks;
 pub mod buf;
+pub mod done;
 pub mod error;
 pub mod file;
+pub mod loadgen;
 pub mod locked;
+pub mod mapped;
 pub mod open;
 pub mod posix;
+mod queue;
 pub mod region;
 pub mod sim;
+mod sim_plan;
+pub mod slots;
 pub mod uring;
 mod uring_ring;
+mod uring_tables;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
     read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
+pub use done::DoneQueue;
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
 pub use locked::{LockError, LockedMap, memlock_limit_bytes};
+pub use mapped::MappedFile;
 pub use open::{BackendKind, open_backend};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};
+pub use slots::{LandedFlag, SlotTable};
 pub use uring::UringBackend;
