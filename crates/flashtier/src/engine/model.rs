@@ -1,0 +1,294 @@
+//! The forward pass at batch 1 and greedy decoding.
+//!
+//! One token at a time (the prompt too): embeddings, per layer RMSNorm ->
+//! q/k/v -> (Qwen3 qk-norm) -> RoPE -> KV cache -> GQA attention -> o_proj
+//! -> residual -> RMSNorm -> dense or sparse SwiGLU MLP -> residual; then
+//! the final norm and the LM head. Sparse layers route with a softmax over
+//! the router logits, keep the top-k, renormalise when `norm_topk_prob`
+//! (always for Mixtral, which equals a softmax over the top-k logits), and
+//! sum the experts in ascending expert order, as transformers does.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::attention::{KvCache, attend};
+use super::checkpoint::Checkpoint;
+use super::config::ModelConfig;
+use super::error::EngineError;
+use super::experts::{CheckpointExperts, ExpertSource, ExpertStats};
+use super::kernels::{
+    MatRef, apply_rope, argmax, matvec, rms_norm, rms_norm_heads, rope_table, silu, softmax, top_k,
+};
+use super::weights::{DenseMlp, Mlp, ModelWeights};
+
+/// A loaded model with its KV cache and expert source, decoding one sequence.
+pub struct Model {
+    cfg: ModelConfig,
+    weights: ModelWeights,
+    experts: Box<dyn ExpertSource>,
+    cache: KvCache,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("cfg", &self.cfg)
+            .field("positions", &self.cache.len())
+            .finish()
+    }
+}
+
+/// What [`Model::generate`] produced.
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    /// Logits at every prompt position (`[prompt_len][vocab]`), when asked for.
+    pub prompt_logits: Vec<Vec<f32>>,
+    /// New tokens, in order.
+    pub generated_ids: Vec<u32>,
+    /// Seconds spent on the prompt.
+    pub prefill_secs: f64,
+    /// Seconds spent producing the new tokens after the first.
+    pub decode_secs: f64,
+    /// Forward passes in `decode_secs`.
+    pub decode_steps: u64,
+    /// Expert counters over the decode steps only.
+    pub decode_experts: ExpertStats,
+    /// Expert counters over the whole call.
+    pub total_experts: ExpertStats,
+}
+
+impl Generation {
+    /// Decoded tokens per second (forward passes after the prompt).
+    pub fn tokens_per_sec(&self) -> f64 {
+        if self.decode_secs > 0.0 {
+            self.decode_steps as f64 / self.decode_secs
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Model {
+    /// Load `config.json` and the checkpoint in `dir`; experts are read from
+    /// the checkpoint under `budget_bytes` (`None`: all experts may stay).
+    pub fn load(dir: &Path, budget_bytes: Option<u64>) -> Result<Self, EngineError> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let ckpt = Arc::new(Checkpoint::open(dir)?);
+        let experts = CheckpointExperts::new(ckpt.clone(), &cfg, budget_bytes.unwrap_or(u64::MAX))?;
+        Self::with_experts(&cfg, &ckpt, Box::new(experts))
+    }
+
+    /// Build from a parsed config and checkpoint with any expert source.
+    pub fn with_experts(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        experts: Box<dyn ExpertSource>,
+    ) -> Result<Self, EngineError> {
+        let weights = ModelWeights::load(ckpt, cfg)?;
+        let cache = KvCache::new(
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.max_positions,
+        );
+        Ok(Self {
+            cfg: cfg.clone(),
+            weights,
+            experts,
+            cache,
+        })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Expert counters so far.
+    pub fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+
+    /// Forget the sequence (the expert cache stays warm).
+    pub fn reset(&mut self) {
+        let c = &self.cfg;
+        self.cache = KvCache::new(c.num_layers, c.num_kv_heads, c.head_dim, c.max_positions);
+    }
+
+    /// Run one token at the next position; returns its logits `[vocab]`.
+    pub fn forward(&mut self, token: u32) -> Result<Vec<f32>, EngineError> {
+        let c = self.cfg.clone();
+        let id = token as usize;
+        if id >= c.vocab_size {
+            return Err(EngineError::TokenOutOfRange {
+                id: token,
+                vocab: c.vocab_size,
+            });
+        }
+        if self.cache.len() >= self.cache.capacity() {
+            return Err(EngineError::ContextFull {
+                len: self.cache.len() + 1,
+                max: self.cache.capacity(),
+            });
+        }
+        let h = c.hidden_size;
+        let mut x = self.weights.embed[id * h..(id + 1) * h].to_vec();
+        let (cos, sin) = rope_table(self.cache.len(), c.head_dim, c.rope_theta);
+        let mut normed = vec![0f32; h];
+        for layer in 0..c.num_layers {
+            rms_norm(
+                &mut normed,
+                &x,
+                &self.weights.layers[layer].input_norm,
+                c.rms_norm_eps,
+            );
+            let attn = self.attention(layer, &normed, &cos, &sin)?;
+            add(&mut x, &attn);
+            let lw = &self.weights.layers[layer];
+            rms_norm(&mut normed, &x, &lw.post_attention_norm, c.rms_norm_eps);
+            let ffn = self.feed_forward(layer, &normed)?;
+            add(&mut x, &ffn);
+        }
+        self.cache.advance();
+        rms_norm(&mut normed, &x, &self.weights.norm, self.cfg.rms_norm_eps);
+        let mut logits = vec![0f32; self.cfg.vocab_size];
+        matvec(&mut logits, MatRef::F32(self.weights.lm_head()), &normed);
+        Ok(logits)
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        x: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+    ) -> Result<Vec<f32>, EngineError> {
+        let c = &self.cfg;
+        let lw = &self.weights.layers[layer];
+        let d = c.head_dim;
+        let mut q = vec![0f32; c.num_q_heads * d];
+        let mut k = vec![0f32; c.num_kv_heads * d];
+        let mut v = vec![0f32; c.num_kv_heads * d];
+        matvec(&mut q, MatRef::F32(&lw.q_proj), x);
+        matvec(&mut k, MatRef::F32(&lw.k_proj), x);
+        matvec(&mut v, MatRef::F32(&lw.v_proj), x);
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            rms_norm_heads(&mut q, qn, c.rms_norm_eps);
+            rms_norm_heads(&mut k, kn, c.rms_norm_eps);
+        }
+        apply_rope(&mut q, d, cos, sin);
+        apply_rope(&mut k, d, cos, sin);
+        self.cache.push(layer, &k, &v)?;
+        let mut heads = vec![0f32; q.len()];
+        attend(&mut heads, &q, &self.cache, layer, c.sliding_window)?;
+        let mut out = vec![0f32; c.hidden_size];
+        matvec(&mut out, MatRef::F32(&lw.o_proj), &heads);
+        Ok(out)
+    }
+
+    fn feed_forward(&mut self, layer: usize, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+        let h = self.cfg.hidden_size;
+        let router = match &self.weights.layers[layer].mlp {
+            Mlp::Dense(d) => return Ok(dense_mlp(d, x, h)),
+            Mlp::Sparse { router } => router,
+        };
+        let mut probs = vec![0f32; self.cfg.num_experts];
+        matvec(&mut probs, MatRef::F32(router), x);
+        softmax(&mut probs);
+        let mut chosen = top_k(&probs, self.cfg.top_k);
+        if self.cfg.norm_topk_prob {
+            let sum: f32 = chosen.iter().map(|(_, w)| w).sum();
+            for (_, w) in &mut chosen {
+                *w /= sum;
+            }
+        }
+        // transformers adds the experts' outputs in ascending expert order.
+        chosen.sort_by_key(|(e, _)| *e);
+        let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
+        let inter = self.cfg.expert_intermediate;
+        let views = self.experts.fetch(layer, &ids)?;
+        let mut out = vec![0f32; h];
+        let mut g = vec![0f32; inter];
+        let mut u = vec![0f32; inter];
+        let mut y = vec![0f32; h];
+        for (view, (_, w)) in views.iter().zip(&chosen) {
+            matvec(&mut g, view.gate, x);
+            matvec(&mut u, view.up, x);
+            for (gi, ui) in g.iter_mut().zip(&u) {
+                *gi = silu(*gi) * ui;
+            }
+            matvec(&mut y, view.down, &g);
+            for (o, yi) in out.iter_mut().zip(&y) {
+                *o += yi * w;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Greedy decoding at batch 1: run `prompt`, then produce up to
+    /// `max_new` tokens, calling `on_token` with each as it comes; stops
+    /// early at a token in `stop_ids`. Keeps every prompt position's logits
+    /// when `keep_prompt_logits`.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop_ids: &[u32],
+        keep_prompt_logits: bool,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation, EngineError> {
+        let mut out = Generation::default();
+        if prompt.is_empty() || max_new == 0 {
+            return Ok(out);
+        }
+        let start_stats = self.experts.stats();
+        let started = Instant::now();
+        let mut last = Vec::new();
+        for &t in prompt {
+            last = self.forward(t)?;
+            if keep_prompt_logits {
+                out.prompt_logits.push(last.clone());
+            }
+        }
+        out.prefill_secs = started.elapsed().as_secs_f64();
+        let decode_stats = self.experts.stats();
+        let decode_started = Instant::now();
+        let mut next = argmax(&last) as u32;
+        loop {
+            out.generated_ids.push(next);
+            on_token(next);
+            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
+                break;
+            }
+            last = self.forward(next)?;
+            out.decode_steps += 1;
+            next = argmax(&last) as u32;
+        }
+        out.decode_secs = decode_started.elapsed().as_secs_f64();
+        let now = self.experts.stats();
+        out.decode_experts = now.since(&decode_stats);
+        out.total_experts = now.since(&start_stats);
+        Ok(out)
+    }
+}
+
+fn dense_mlp(m: &DenseMlp, x: &[f32], hidden: usize) -> Vec<f32> {
+    let inter = m.gate.len() / hidden;
+    let mut g = vec![0f32; inter];
+    let mut u = vec![0f32; inter];
+    matvec(&mut g, MatRef::F32(&m.gate), x);
+    matvec(&mut u, MatRef::F32(&m.up), x);
+    for (gi, ui) in g.iter_mut().zip(&u) {
+        *gi = silu(*gi) * ui;
+    }
+    let mut out = vec![0f32; hidden];
+    matvec(&mut out, MatRef::F32(&m.down), &g);
+    out
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
