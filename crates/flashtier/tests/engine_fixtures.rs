@@ -1,7 +1,10 @@
 //! The engine against HF transformers: prompt logits within 1e-3 and the
 //! same greedy tokens on the fixtures `tools/make_fixtures.py` made, and
 //! bit-identical output at every expert budget.
-#![allow(clippy::unwrap_used, reason = "test helpers: a broken fixture must fail the test loudly")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a broken fixture must fail the test loudly"
+)]
 
 use std::path::{Path, PathBuf};
 

@@ -389,3 +389,7 @@ impl Fields<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;
