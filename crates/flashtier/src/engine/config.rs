@@ -77,6 +77,8 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Query/key RMSNorm per head (Qwen3).
     pub qk_norm: bool,
+    /// End-of-sequence token ids (`eos_token_id`: a number, a list or null).
+    pub eos_token_ids: Vec<u32>,
 }
 
 impl ModelConfig {
@@ -196,6 +198,7 @@ impl ModelConfig {
             max_positions: c.opt_positive("max_position_embeddings")?.unwrap_or(4096),
             sliding_window,
             qk_norm: arch == Arch::Qwen3Moe,
+            eos_token_ids: eos_ids(&c)?,
         })
     }
 
@@ -250,6 +253,21 @@ fn sparse_layers(
     Ok((0..num_layers)
         .map(|i| !dense_only[i] && num_experts > 0 && (i + 1) % step == 0)
         .collect())
+}
+
+/// `eos_token_id`: absent, null, one id or a list of ids.
+fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
+    let bad = || EngineError::config("eos_token_id", "not a token id or a list of ids");
+    let id = |v: &Value| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    match c.get("eos_token_id") {
+        None => Ok(Vec::new()),
+        Some(Value::Array(list)) => list.iter().map(id).collect(),
+        Some(v) => Ok(vec![id(v)?]),
+    }
 }
 
 /// `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x); only the plain

@@ -91,15 +91,22 @@ impl ExpertStats {
     }
 }
 
+/// Called with (position in the request, the expert's matrices).
+pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
+
 /// Gives the engine the matrices of (layer, expert).
 pub trait ExpertSource: Send {
-    /// Make `experts` of `layer` available for one token and return their
-    /// views, in the order asked. `layer` counts all decoder layers.
-    fn fetch(
+    /// Make `experts` of `layer` available for one token and call
+    /// `use_expert(i, view)` exactly once for each `experts[i]`, in any order:
+    /// a streaming source serves resident experts first and the others as
+    /// their reads land, so compute overlaps I/O. `layer` counts all decoder
+    /// layers. The caller must not depend on the call order for its result.
+    fn with_experts(
         &mut self,
         layer: usize,
         experts: &[usize],
-    ) -> Result<Vec<ExpertView<'_>>, EngineError>;
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError>;
 
     /// Counters so far.
     fn stats(&self) -> ExpertStats;
@@ -261,11 +268,12 @@ impl CheckpointExperts {
 }
 
 impl ExpertSource for CheckpointExperts {
-    fn fetch(
+    fn with_experts(
         &mut self,
         layer: usize,
         experts: &[usize],
-    ) -> Result<Vec<ExpertView<'_>>, EngineError> {
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
         for &e in experts {
             if e >= self.num_experts || self.layers.get(layer).is_none_or(Option::is_none) {
                 return Err(EngineError::ExpertOutOfRange {
@@ -321,15 +329,13 @@ impl ExpertSource for CheckpointExperts {
             }
         }
         let (dtype, h, i) = (self.dtype, self.hidden, self.intermediate);
-        experts
-            .iter()
-            .map(|e| {
-                let c = self.cache.get(&(layer, *e)).ok_or_else(|| {
-                    EngineError::Experts(format!("expert ({layer}, {e}) vanished from the cache"))
-                })?;
-                ExpertView::from_record(&c.record, dtype, h, i)
-            })
-            .collect()
+        for (pos, e) in experts.iter().enumerate() {
+            let c = self.cache.get(&(layer, *e)).ok_or_else(|| {
+                EngineError::Experts(format!("expert ({layer}, {e}) vanished from the cache"))
+            })?;
+            use_expert(pos, ExpertView::from_record(&c.record, dtype, h, i)?)?;
+        }
+        Ok(())
     }
 
     fn stats(&self) -> ExpertStats {

@@ -37,6 +37,6 @@ pub use attention::{KvCache, attend};
 pub use checkpoint::{Checkpoint, DType, ShardFile, TensorInfo, to_f32};
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;
-pub use experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView};
+pub use experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView, UseExpert};
 pub use model::{Generation, Model};
 pub use weights::{DenseMlp, LayerWeights, Mlp, ModelWeights};

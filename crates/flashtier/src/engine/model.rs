@@ -16,7 +16,7 @@ use super::attention::{KvCache, attend};
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
 use super::error::EngineError;
-use super::experts::{CheckpointExperts, ExpertSource, ExpertStats};
+use super::experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView};
 use super::kernels::{
     MatRef, apply_rope, argmax, matvec, rms_norm, rms_norm_heads, rope_table, silu, softmax, top_k,
 };
@@ -207,19 +207,24 @@ impl Model {
         chosen.sort_by_key(|(e, _)| *e);
         let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
         let inter = self.cfg.expert_intermediate;
-        let views = self.experts.fetch(layer, &ids)?;
+        // One output per chosen expert, filled in whatever order the source
+        // serves them, summed afterwards in ascending expert order.
+        let mut outs = vec![vec![0f32; h]; ids.len()];
+        let mut act = vec![0f32; inter];
+        let mut up = vec![0f32; inter];
+        self.experts.with_experts(layer, &ids, &mut |pos, view| {
+            let y = outs.get_mut(pos).ok_or_else(|| {
+                EngineError::Experts(format!(
+                    "source served request position {pos} of {}",
+                    ids.len()
+                ))
+            })?;
+            swiglu(y, &view, x, &mut act, &mut up);
+            Ok(())
+        })?;
         let mut out = vec![0f32; h];
-        let mut g = vec![0f32; inter];
-        let mut u = vec![0f32; inter];
-        let mut y = vec![0f32; h];
-        for (view, (_, w)) in views.iter().zip(&chosen) {
-            matvec(&mut g, view.gate, x);
-            matvec(&mut u, view.up, x);
-            for (gi, ui) in g.iter_mut().zip(&u) {
-                *gi = silu(*gi) * ui;
-            }
-            matvec(&mut y, view.down, &g);
-            for (o, yi) in out.iter_mut().zip(&y) {
+        for (y, (_, w)) in outs.iter().zip(&chosen) {
+            for (o, yi) in out.iter_mut().zip(y) {
                 *o += yi * w;
             }
         }
@@ -275,16 +280,30 @@ impl Model {
 
 fn dense_mlp(m: &DenseMlp, x: &[f32], hidden: usize) -> Vec<f32> {
     let inter = m.gate.len() / hidden;
-    let mut g = vec![0f32; inter];
-    let mut u = vec![0f32; inter];
-    matvec(&mut g, MatRef::F32(&m.gate), x);
-    matvec(&mut u, MatRef::F32(&m.up), x);
-    for (gi, ui) in g.iter_mut().zip(&u) {
-        *gi = silu(*gi) * ui;
-    }
+    let view = ExpertView {
+        gate: MatRef::F32(&m.gate),
+        up: MatRef::F32(&m.up),
+        down: MatRef::F32(&m.down),
+    };
     let mut out = vec![0f32; hidden];
-    matvec(&mut out, MatRef::F32(&m.down), &g);
+    swiglu(
+        &mut out,
+        &view,
+        x,
+        &mut vec![0f32; inter],
+        &mut vec![0f32; inter],
+    );
     out
+}
+
+/// `out = down(silu(gate x) * up x)`; `act` and `up` are scratch of the intermediate width.
+fn swiglu(out: &mut [f32], m: &ExpertView<'_>, x: &[f32], act: &mut [f32], up: &mut [f32]) {
+    matvec(act, m.gate, x);
+    matvec(up, m.up, x);
+    for (a, u) in act.iter_mut().zip(up.iter()) {
+        *a = silu(*a) * u;
+    }
+    matvec(out, m.down, act);
 }
 
 fn add(x: &mut [f32], y: &[f32]) {
