@@ -8,6 +8,7 @@
 //! which is what io_uring needs); region and device landings stay with their
 //! owner and are reached by offset.
 
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::buf::AlignedBuf;
@@ -144,7 +145,17 @@ pub fn landing_ptr(req: &mut ReadReq) -> Result<Option<*mut u8>, IoError> {
 /// Perform one request with blocking positional reads (posix workers, sim,
 /// and the staging half of device landings). Resubmits short reads until the
 /// request is exact.
-pub fn read_blocking(mut req: ReadReq) -> Result<Landed, IoError> {
+pub fn read_blocking(req: ReadReq) -> Result<Landed, IoError> {
+    read_blocking_with(req, |file, dst, offset| file.read_exact_at(dst, offset))
+}
+
+/// [`read_blocking`] with the exact positional read supplied by the caller
+/// (the simulator injects faults there). `read_exact` must fill all of `dst`
+/// from `offset` or fail naming the request.
+pub fn read_blocking_with<F>(mut req: ReadReq, read_exact: F) -> Result<Landed, IoError>
+where
+    F: Fn(&StoreFile, &mut [u8], u64) -> Result<(), IoError>,
+{
     let len = req.len;
     let dst = landing_ptr(&mut req)?;
     if let Some(ptr) = dst {
@@ -153,9 +164,9 @@ pub fn read_blocking(mut req: ReadReq) -> Result<Landed, IoError> {
         // region owner guarantees no other access while the read is in flight
         // (LandingRegion's protocol).
         let slice = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        req.file.read_exact_at(slice, req.offset)?;
+        read_exact(&req.file, slice, req.offset)?;
     } else if let Landing::Device { sink, dst } = &req.landing {
-        read_via_device(&req, sink.as_ref(), *dst)?;
+        read_via_device(&req, sink.as_ref(), *dst, &read_exact)?;
     }
     let mut landed = Landed {
         tag: req.tag,
@@ -169,7 +180,15 @@ pub fn read_blocking(mut req: ReadReq) -> Result<Landed, IoError> {
     Ok(landed)
 }
 
-fn read_via_device(req: &ReadReq, sink: &dyn DeviceSink, dst: u64) -> Result<(), IoError> {
+fn read_via_device<F>(
+    req: &ReadReq,
+    sink: &dyn DeviceSink,
+    dst: u64,
+    read_exact: &F,
+) -> Result<(), IoError>
+where
+    F: Fn(&StoreFile, &mut [u8], u64) -> Result<(), IoError>,
+{
     let dev_err = |what: String| IoError::Device {
         path: req.file.path().to_path_buf(),
         offset: req.offset,
@@ -186,7 +205,7 @@ fn read_via_device(req: &ReadReq, sink: &dyn DeviceSink, dst: u64) -> Result<(),
     // SAFETY: the sink reserved `off..off+len` of its staging region for this
     // read alone until `commit`; the pointer is in bounds (checked above).
     let slice = unsafe { std::slice::from_raw_parts_mut(ptr, req.len) };
-    req.file.read_exact_at(slice, req.offset)?;
+    read_exact(&req.file, slice, req.offset)?;
     sink.commit(off, req.len, dst).map_err(dev_err)
 }
 
@@ -206,6 +225,7 @@ struct TicketInner {
     remaining: usize,
     landed: Vec<Option<Landed>>,
     first_err: Option<(usize, IoError)>,
+    notify: Option<(Sender<u64>, u64)>,
 }
 
 /// The backend's half of a ticket: completes requests by index.
@@ -222,6 +242,7 @@ impl Ticket {
                 remaining: n,
                 landed: (0..n).map(|_| None).collect(),
                 first_err: None,
+                notify: None,
             }),
             cv: Condvar::new(),
         });
@@ -237,6 +258,19 @@ impl Ticket {
     #[must_use]
     pub fn is_done(&self) -> bool {
         self.state.lock().remaining == 0
+    }
+
+    /// Send `token` on `tx` once every request has completed (at once when
+    /// the ticket is already done). Lets a caller with many tickets in flight
+    /// (a load generator) wake on whichever finishes first. A later call
+    /// replaces an earlier one.
+    pub fn notify_on_done(&self, tx: Sender<u64>, token: u64) {
+        let mut g = self.state.lock();
+        if g.remaining == 0 {
+            let _ = tx.send(token);
+        } else {
+            g.notify = Some((tx, token));
+        }
     }
 
     /// Block until every request completes; the landed results in request
@@ -282,6 +316,9 @@ impl Completer {
         g.remaining = g.remaining.saturating_sub(1);
         if g.remaining == 0 {
             self.state.cv.notify_all();
+            if let Some((tx, token)) = g.notify.take() {
+                let _ = tx.send(token);
+            }
         }
     }
 }

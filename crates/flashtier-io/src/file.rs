@@ -192,7 +192,20 @@ impl StoreFile {
                         got: done,
                     });
                 }
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    // Direct I/O stops short of an aligned boundary only at
+                    // end of file; asking again would fail with EINVAL.
+                    let next = offset + done as u64;
+                    if done < len && self.direct && next % self.offset_align as u64 != 0 {
+                        return Err(IoError::ShortRead {
+                            path: self.path.clone(),
+                            offset,
+                            len,
+                            got: done,
+                        });
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(source) => {
                     return Err(IoError::Read {

@@ -3,8 +3,10 @@
 //! Every tier reads through [`StorageBackend`]: a request names a
 //! [`StoreFile`] extent and a [`Landing`] (an owned [`AlignedBuf`], a slice of a
 //! [`LandingRegion`], or device memory behind a [`DeviceSink`]). Backends:
-//! [`PosixBackend`] (pread on worker threads), the io_uring backend and the
-//! seeded fault-injecting simulator. All `unsafe` of the I/O path lives in this
+//! [`PosixBackend`] (pread on worker threads), [`UringBackend`] (one ring,
+//! registered files and fixed buffers) and the seeded fault-injecting
+//! [`SimBackend`]; [`open_backend`] picks one by [`BackendKind`] and falls back
+//! from io_uring to posix where the kernel refuses io_uring. All `unsafe` of the I/O path lives in this
 //! crate, each block with a `// SAFETY:` comment.
 //!
 //! ```
@@ -25,15 +27,26 @@ pub mod backend;
 pub mod buf;
 pub mod error;
 pub mod file;
+pub mod mapped;
+pub mod open;
 pub mod posix;
 pub mod region;
+pub mod sim;
+pub mod slots;
+pub mod uring;
+mod uring_ring;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
-    read_blocking,
+    read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
+pub use mapped::MappedFile;
+pub use open::{BackendKind, open_backend};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
+pub use sim::{FaultPlan, SimBackend};
+pub use slots::{LandedFlag, SlotTable};
+pub use uring::UringBackend;

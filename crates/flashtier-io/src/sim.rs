@@ -1,0 +1,646 @@
+//! The seeded fault-injecting backend: real files, blocking reads on worker
+//! threads, and a [`FaultPlan`] that decides, per operation, whether the
+//! kernel "returns" a short read, EIO, ENOSPC, a torn write or extra latency.
+//!
+//! Replay: every backend prints its seed to stderr once when it opens
+//! (`flashtier sim: seed=N ...`); setting `FLASHTIER_SIM_SEED=N` makes the next
+//! run draw the same faults for the same sequence of operations. Each
+//! operation's fault is drawn from a generator seeded by `(seed, op index)`,
+//! and op indexes are assigned in submission order, so concurrency does not
+//! change which operation fails.
+//!
+//! What each fault does:
+//! - short read: the simulated kernel returns fewer bytes than asked (a
+//!   multiple of the file's direct-I/O alignment); the backend resubmits the
+//!   remainder until the request is exact, so short reads show only in
+//!   [`SimStats`], never in the landed bytes;
+//! - EIO (reads and writes): the operation fails with [`IoError::Read`] or
+//!   [`IoError::Write`] naming path, offset and length;
+//! - ENOSPC (writes): nothing is written, the write fails;
+//! - torn write: only an aligned prefix reaches the file, then the write fails
+//!   with EIO; a reader sees the old bytes past the prefix;
+//! - latency: the operation sleeps first.
+//!
+//! Bounds: `queue_depth` workers (1..=256), a job queue of `2 * queue_depth`
+//! requests (`read_async` blocks beyond it), one request in flight per worker.
+//!
+//! ```
+//! use flashtier_io::sim::{FaultPlan, SimBackend};
+//! use flashtier_io::{AlignedBuf, DirectMode, Landing, ReadReq, StorageBackend, StoreFile};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("data.bin");
+//! std::fs::write(&path, vec![3u8; 16384])?;
+//! let file = StoreFile::open_read(&path, DirectMode::Prefer)?;
+//! // Every read comes back short at least once; the bytes are still exact.
+//! let sim = SimBackend::new(FaultPlan::seeded(7).short_reads(1.0), 2)?;
+//! let req = ReadReq { file, offset: 0, len: 16384, landing: Landing::Host(AlignedBuf::zeroed(16384)), tag: 0 };
+//! let landed = sim.read(vec![req])?;
+//! assert!(landed[0].buf.as_ref().unwrap().iter().all(|&b| b == 3));
+//! # Ok(()) }
+//! ```
+
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backend::{Completer, ReadReq, StorageBackend, Ticket, read_blocking_with};
+use crate::error::IoError;
+use crate::file::StoreFile;
+use crate::posix::MAX_QUEUE_DEPTH;
+
+/// Environment variable that overrides the plan's seed (replay).
+pub const SEED_ENV: &str = "FLASHTIER_SIM_SEED";
+
+/// Most short-read splits the simulator injects into one request.
+const MAX_SHORT_SPLITS: u32 = 8;
+
+/// Which operations a countdown fault targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Reads only.
+    Read,
+    /// Writes only.
+    Write,
+    /// Reads and writes, counted together.
+    Any,
+}
+
+/// A fault a countdown injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// EIO on a read or a write.
+    Eio,
+    /// ENOSPC (writes; on a read it acts as EIO).
+    Enospc,
+    /// A torn write (on a read it acts as EIO).
+    Torn,
+}
+
+/// "Fail the Nth operation": the `n`th matching operation (1-based, counted
+/// in submission order among operations inside the plan's offset range)
+/// gets `fault`; with `sticky`, every later matching operation does too
+/// (a device that died).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Countdown {
+    /// Which operations count.
+    pub op: OpKind,
+    /// 1-based index of the first failing operation.
+    pub n: u64,
+    /// What happens to it.
+    pub fault: Fault,
+    /// Whether every later matching operation fails too.
+    pub sticky: bool,
+}
+
+/// Probabilities and countdowns of injected faults. All probabilities are in
+/// `0.0..=1.0`; the default plan injects nothing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultPlan {
+    /// Seed; `None` draws one from the OS. `FLASHTIER_SIM_SEED` overrides both.
+    pub seed: Option<u64>,
+    /// Probability a read is split into short reads (resubmitted, invisible).
+    pub short_read: f64,
+    /// Probability a read fails with EIO.
+    pub read_eio: f64,
+    /// Probability a write fails with EIO, nothing written.
+    pub write_eio: f64,
+    /// Probability a write fails with ENOSPC, nothing written.
+    pub enospc: f64,
+    /// Probability a write is torn: an aligned prefix persists, then EIO.
+    pub torn_write: f64,
+    /// Probability an operation is delayed by `latency`.
+    pub latency_prob: f64,
+    /// Added latency.
+    pub latency: Duration,
+    /// Countdown fault.
+    pub countdown: Option<Countdown>,
+    /// Restrict faults to operations overlapping this byte range of a file.
+    pub offset_range: Option<Range<u64>>,
+}
+
+impl FaultPlan {
+    /// No faults, OS-drawn seed (faults-off sim).
+    #[must_use]
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    /// No faults yet, fixed seed; add faults with the builder methods.
+    #[must_use]
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            seed: Some(seed),
+            ..Self::default()
+        }
+    }
+
+    /// Split reads into short reads with probability `p`.
+    #[must_use]
+    pub fn short_reads(mut self, p: f64) -> Self {
+        self.short_read = p;
+        self
+    }
+
+    /// Fail reads with EIO with probability `p`.
+    #[must_use]
+    pub fn read_eio(mut self, p: f64) -> Self {
+        self.read_eio = p;
+        self
+    }
+
+    /// Fail writes with EIO with probability `p`.
+    #[must_use]
+    pub fn write_eio(mut self, p: f64) -> Self {
+        self.write_eio = p;
+        self
+    }
+
+    /// Fail writes with ENOSPC with probability `p`.
+    #[must_use]
+    pub fn enospc(mut self, p: f64) -> Self {
+        self.enospc = p;
+        self
+    }
+
+    /// Tear writes with probability `p`.
+    #[must_use]
+    pub fn torn_writes(mut self, p: f64) -> Self {
+        self.torn_write = p;
+        self
+    }
+
+    /// Delay operations by `latency` with probability `p`.
+    #[must_use]
+    pub fn latency(mut self, p: f64, latency: Duration) -> Self {
+        self.latency_prob = p;
+        self.latency = latency;
+        self
+    }
+
+    /// Inject `fault` into the `n`th (1-based) operation of kind `op`.
+    #[must_use]
+    pub fn fail_nth(mut self, op: OpKind, n: u64, fault: Fault) -> Self {
+        self.countdown = Some(Countdown {
+            op,
+            n,
+            fault,
+            sticky: false,
+        });
+        self
+    }
+
+    /// Inject `fault` into the `n`th operation of kind `op` and every later one.
+    #[must_use]
+    pub fn fail_from_nth(mut self, op: OpKind, n: u64, fault: Fault) -> Self {
+        self.countdown = Some(Countdown {
+            op,
+            n,
+            fault,
+            sticky: true,
+        });
+        self
+    }
+
+    /// Only inject into operations overlapping `range` (file byte offsets).
+    #[must_use]
+    pub fn in_range(mut self, range: Range<u64>) -> Self {
+        self.offset_range = Some(range);
+        self
+    }
+
+    fn validate(&self) -> Result<(), IoError> {
+        let probs = [
+            ("short_read", self.short_read),
+            ("read_eio", self.read_eio),
+            ("write_eio", self.write_eio),
+            ("enospc", self.enospc),
+            ("torn_write", self.torn_write),
+            ("latency_prob", self.latency_prob),
+        ];
+        for (name, p) in probs {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(IoError::Invalid(format!(
+                    "sim fault probability {name} = {p} outside 0..=1"
+                )));
+            }
+        }
+        if self.countdown.is_some_and(|c| c.n == 0) {
+            return Err(IoError::Invalid("sim countdown n is 1-based, got 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of what the simulator did (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Read requests started.
+    pub reads: u64,
+    /// Write requests started.
+    pub writes: u64,
+    /// Short reads injected (each one resubmitted).
+    pub short_reads: u64,
+    /// Read EIOs injected.
+    pub read_eio: u64,
+    /// Write EIOs injected.
+    pub write_eio: u64,
+    /// ENOSPCs injected.
+    pub enospc: u64,
+    /// Torn writes injected.
+    pub torn_writes: u64,
+    /// Operations delayed.
+    pub delayed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    short_reads: AtomicU64,
+    read_eio: AtomicU64,
+    write_eio: AtomicU64,
+    enospc: AtomicU64,
+    torn_writes: AtomicU64,
+    delayed: AtomicU64,
+}
+
+/// What the plan decided for one operation.
+#[derive(Clone, Copy, Debug)]
+struct Decision {
+    fail: Option<Fault>,
+    short: bool,
+    delay: bool,
+    /// Per-op generator seed for split points and torn prefixes.
+    rng_seed: u64,
+}
+
+struct Planner {
+    plan: FaultPlan,
+    seed: u64,
+    ops: AtomicU64,
+    reads_matched: AtomicU64,
+    writes_matched: AtomicU64,
+    any_matched: AtomicU64,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Planner {
+    fn decide(&self, is_write: bool, offset: u64, len: usize) -> Decision {
+        let op = self.ops.fetch_add(1, Ordering::Relaxed);
+        let rng_seed = splitmix(self.seed ^ splitmix(op));
+        let mut rng = SmallRng::seed_from_u64(rng_seed);
+        let p = &self.plan;
+        let mut d = Decision {
+            fail: None,
+            short: false,
+            delay: false,
+            rng_seed,
+        };
+        let in_range = p
+            .offset_range
+            .as_ref()
+            .is_none_or(|r| offset < r.end && offset.saturating_add(len as u64) > r.start);
+        if !in_range {
+            return d;
+        }
+        d.delay = rng.random_bool(p.latency_prob);
+        if is_write {
+            if rng.random_bool(p.write_eio) {
+                d.fail = Some(Fault::Eio);
+            } else if rng.random_bool(p.enospc) {
+                d.fail = Some(Fault::Enospc);
+            } else if rng.random_bool(p.torn_write) {
+                d.fail = Some(Fault::Torn);
+            }
+        } else if rng.random_bool(p.read_eio) {
+            d.fail = Some(Fault::Eio);
+        } else {
+            d.short = rng.random_bool(p.short_read);
+        }
+        if let Some(c) = p.countdown {
+            let counter = match c.op {
+                OpKind::Read if is_write => None,
+                OpKind::Write if !is_write => None,
+                OpKind::Read => Some(&self.reads_matched),
+                OpKind::Write => Some(&self.writes_matched),
+                OpKind::Any => Some(&self.any_matched),
+            };
+            if let Some(counter) = counter {
+                let nth = counter.fetch_add(1, Ordering::Relaxed) + 1;
+                if nth == c.n || (c.sticky && nth > c.n) {
+                    d.fail = Some(c.fault);
+                    d.short = false;
+                }
+            }
+        }
+        d
+    }
+}
+
+struct Job {
+    req: ReadReq,
+    idx: usize,
+    decision: Decision,
+    done: Completer,
+}
+
+struct Shared {
+    planner: Planner,
+    stats: Counters,
+}
+
+/// The fault-injecting backend. See the module docs.
+pub struct SimBackend {
+    shared: Arc<Shared>,
+    tx: Option<SyncSender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+    queue_depth: usize,
+}
+
+impl SimBackend {
+    /// A simulator running `plan` on `queue_depth` workers (1..=256). Prints
+    /// its seed to stderr once.
+    pub fn new(plan: FaultPlan, queue_depth: usize) -> Result<Self, IoError> {
+        if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
+            return Err(IoError::Invalid(format!(
+                "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
+            )));
+        }
+        plan.validate()?;
+        let seed = seed_for(&plan)?;
+        eprintln!("flashtier sim: seed={seed} (replay with {SEED_ENV}={seed})");
+        let shared = Arc::new(Shared {
+            planner: Planner {
+                plan,
+                seed,
+                ops: AtomicU64::new(0),
+                reads_matched: AtomicU64::new(0),
+                writes_matched: AtomicU64::new(0),
+                any_matched: AtomicU64::new(0),
+            },
+            stats: Counters::default(),
+        });
+        let (tx, rx) = sync_channel::<Job>(2 * queue_depth);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut workers = Vec::with_capacity(queue_depth);
+        for i in 0..queue_depth {
+            let rx = rx.clone();
+            let shared = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("ft-sim-{i}"))
+                .spawn(move || worker(&rx, &shared))
+                .map_err(|e| IoError::Backend {
+                    backend: "sim",
+                    what: format!("spawn: {e}"),
+                })?;
+            workers.push(handle);
+        }
+        Ok(Self {
+            shared,
+            tx: Some(tx),
+            workers,
+            queue_depth,
+        })
+    }
+
+    /// The seed in use (printed at open).
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.shared.planner.seed
+    }
+
+    /// What has been injected so far.
+    #[must_use]
+    pub fn stats(&self) -> SimStats {
+        let c = &self.shared.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SimStats {
+            reads: get(&c.reads),
+            writes: get(&c.writes),
+            short_reads: get(&c.short_reads),
+            read_eio: get(&c.read_eio),
+            write_eio: get(&c.write_eio),
+            enospc: get(&c.enospc),
+            torn_writes: get(&c.torn_writes),
+            delayed: get(&c.delayed),
+        }
+    }
+}
+
+fn seed_for(plan: &FaultPlan) -> Result<u64, IoError> {
+    match std::env::var(SEED_ENV) {
+        Ok(s) => s
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| IoError::Invalid(format!("{SEED_ENV}={s:?} is not a u64 seed: {e}"))),
+        Err(_) => Ok(plan.seed.unwrap_or_else(rand::random)),
+    }
+}
+
+fn worker(rx: &Mutex<Receiver<Job>>, shared: &Shared) {
+    loop {
+        let job = {
+            let guard = rx.lock().unwrap_or_else(PoisonError::into_inner);
+            guard.recv()
+        };
+        let Ok(job) = job else { return };
+        let d = job.decision;
+        shared.delay(d);
+        let result = read_blocking_with(job.req, |file, dst, offset| {
+            shared.read_exact(file, dst, offset, d)
+        });
+        job.done.complete(job.idx, result);
+    }
+}
+
+fn os_err(code: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(code)
+}
+
+impl Shared {
+    fn delay(&self, d: Decision) {
+        if d.delay {
+            self.stats.delayed.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(self.planner.plan.latency);
+        }
+    }
+
+    /// The simulated kernel's read loop: resubmits short reads until exact.
+    fn read_exact(
+        &self,
+        file: &StoreFile,
+        dst: &mut [u8],
+        offset: u64,
+        d: Decision,
+    ) -> Result<(), IoError> {
+        let len = dst.len();
+        file.check_aligned(offset, len, dst.as_ptr())?;
+        if d.fail.is_some() {
+            self.stats.read_eio.fetch_add(1, Ordering::Relaxed);
+            return Err(IoError::Read {
+                path: file.path().to_path_buf(),
+                offset,
+                len,
+                source: os_err(libc::EIO),
+            });
+        }
+        let unit = file.offset_align().max(1);
+        let mut rng = SmallRng::seed_from_u64(d.rng_seed);
+        let mut splits_left = if d.short { MAX_SHORT_SPLITS } else { 0 };
+        let mut done = 0usize;
+        while done < len {
+            let rest_len = len - done;
+            // The simulated kernel may return only an aligned part of the rest.
+            let ask = if splits_left > 0 && rest_len >= 2 * unit {
+                splits_left -= 1;
+                self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
+                rng.random_range(1..rest_len / unit) * unit
+            } else {
+                rest_len
+            };
+            let Some(part) = dst.get_mut(done..done + ask) else {
+                break;
+            };
+            match file.file().read_at(part, offset + done as u64) {
+                Ok(0) => {
+                    return Err(IoError::ShortRead {
+                        path: file.path().to_path_buf(),
+                        offset,
+                        len,
+                        got: done,
+                    });
+                }
+                Ok(n) => {
+                    done += n;
+                    // Direct I/O stops short of an aligned boundary only at EOF.
+                    let next = offset + done as u64;
+                    if done < len && file.is_direct() && next % unit as u64 != 0 {
+                        return Err(IoError::ShortRead {
+                            path: file.path().to_path_buf(),
+                            offset,
+                            len,
+                            got: done,
+                        });
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(IoError::Read {
+                        path: file.path().to_path_buf(),
+                        offset,
+                        len,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        let len = src.len();
+        file.check_aligned(offset, len, src.as_ptr())?;
+        let d = self.planner.decide(true, offset, len);
+        self.delay(d);
+        let fail = |code: i32| IoError::Write {
+            path: file.path().to_path_buf(),
+            offset,
+            len,
+            source: os_err(code),
+        };
+        match d.fail {
+            None => file.write_all_at(src, offset),
+            Some(Fault::Eio) => {
+                self.stats.write_eio.fetch_add(1, Ordering::Relaxed);
+                Err(fail(libc::EIO))
+            }
+            Some(Fault::Enospc) => {
+                self.stats.enospc.fetch_add(1, Ordering::Relaxed);
+                Err(fail(libc::ENOSPC))
+            }
+            Some(Fault::Torn) => {
+                self.stats.torn_writes.fetch_add(1, Ordering::Relaxed);
+                let unit = file.offset_align().max(1);
+                let units = len / unit;
+                let mut rng = SmallRng::seed_from_u64(d.rng_seed);
+                // An aligned prefix strictly shorter than the write persists.
+                let keep = if units >= 2 {
+                    rng.random_range(1..units) * unit
+                } else {
+                    0
+                };
+                if let Some(prefix) = src.get(..keep) {
+                    file.write_all_at(prefix, offset)?;
+                }
+                Err(fail(libc::EIO))
+            }
+        }
+    }
+}
+
+impl StorageBackend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.queue_depth
+    }
+
+    fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
+        let Some(tx) = &self.tx else {
+            return Err(IoError::Backend {
+                backend: "sim",
+                what: "shut down".into(),
+            });
+        };
+        let (ticket, done) = Ticket::new(reqs.len());
+        for (idx, req) in reqs.into_iter().enumerate() {
+            self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
+            let decision = self.shared.planner.decide(false, req.offset, req.len);
+            let job = Job {
+                req,
+                idx,
+                decision,
+                done: done.clone(),
+            };
+            if let Err(back) = tx.send(job) {
+                let job = back.0;
+                let err = IoError::Backend {
+                    backend: "sim",
+                    what: "workers exited".into(),
+                };
+                job.done.complete(job.idx, Err(err));
+            }
+        }
+        Ok(ticket)
+    }
+
+    fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {
+        self.shared.write(file, offset, src)
+    }
+}
+
+impl Drop for SimBackend {
+    fn drop(&mut self) {
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

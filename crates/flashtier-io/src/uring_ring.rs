@@ -1,0 +1,544 @@
+//! The reaper: the one thread that owns an io_uring, its in-flight slots,
+//! and its registered-file and fixed-buffer tables. See [`crate::uring`].
+//!
+//! Buffer lifetime (the contract behind every `push`): a read's destination
+//! is either the request's own [`crate::AlignedBuf`] (moved into the slot; its
+//! heap allocation does not move with it) or memory of an
+//! `Arc<LandingRegion>` held by the slot (directly in the landing, or as the
+//! staging of a device landing). The slot stays occupied until the kernel
+//! posts the completion for its `user_data`, so the memory outlives the
+//! kernel operation. If this thread ever unwinds with reads in flight, the
+//! slot table leaks those entries instead of freeing memory under the kernel.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Weak};
+
+use io_uring::{IoUring, Probe, opcode, types};
+
+use crate::backend::{Completer, Landed, Landing, ReadReq, landing_ptr};
+use crate::error::IoError;
+use crate::file::StoreFile;
+use crate::region::LandingRegion;
+use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
+
+/// `user_data` of the eventfd read that wakes the reaper.
+const WAKE_TAG: u64 = u64::MAX;
+/// `user_data` of the probe NOP.
+const NOP_TAG: u64 = u64::MAX - 1;
+/// Largest single SQE length; longer requests continue as "short" reads.
+const MAX_SQE_BYTES: usize = 1 << 30;
+/// Largest fixed buffer the kernel accepts.
+const MAX_FIXED_BYTES: usize = 1 << 30;
+
+/// One read in flight.
+struct InFlight {
+    req: ReadReq,
+    idx: usize,
+    done: Completer,
+    /// Staging (region, offset) of a device landing.
+    staged: Option<(Arc<LandingRegion>, usize)>,
+    dst: *mut u8,
+    got: usize,
+    fixed_buf: Option<u16>,
+    file_slot: Option<u32>,
+}
+
+/// In-flight slots; `user_data` is the slot index.
+struct Slots {
+    table: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // Only reachable with reads in flight if the reaper unwinds: the
+        // kernel may still write into these buffers, so never free them.
+        for entry in self.table.drain(..).flatten() {
+            std::mem::forget(entry);
+        }
+    }
+}
+
+struct FileTable {
+    enabled: bool,
+    slots: Vec<Option<(u64, Weak<StoreFile>)>>,
+    by_id: HashMap<u64, u32>,
+}
+
+struct BufTable {
+    enabled: bool,
+    regions: Vec<Arc<LandingRegion>>,
+    by_id: HashMap<u64, u16>,
+}
+
+/// The ring and everything tied to it.
+pub(crate) struct Reaper {
+    // Declared first so the ring closes before the tables drop.
+    ring: IoUring,
+    slots: Slots,
+    pending: VecDeque<Batch>,
+    files: FileTable,
+    bufs: BufTable,
+    cqes: Vec<(u64, i32)>,
+    wake_buf: Box<u64>,
+    wake_armed: bool,
+    closing: bool,
+}
+
+fn errno_of(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+impl Reaper {
+    /// Create and probe a ring for `queue_depth` reads in flight.
+    pub(crate) fn open(queue_depth: usize) -> Result<Self, String> {
+        let entries = u32::try_from((queue_depth + 1).next_power_of_two())
+            .map_err(|_| format!("queue depth {queue_depth} too large"))?;
+        let mut ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_defer_taskrun()
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))
+            .map_err(|e| format!("io_uring_setup: {e}"))?;
+        let mut probe = Probe::new();
+        ring.submitter()
+            .register_probe(&mut probe)
+            .map_err(|e| format!("probe: {e}"))?;
+        for (code, name) in [
+            (opcode::Read::CODE, "READ"),
+            (opcode::ReadFixed::CODE, "READ_FIXED"),
+            (opcode::Nop::CODE, "NOP"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(format!("kernel lacks IORING_OP_{name}"));
+            }
+        }
+        let nop = opcode::Nop::new().build().user_data(NOP_TAG);
+        // SAFETY: a NOP references no memory.
+        unsafe { ring.submission().push(&nop) }.map_err(|_| "probe NOP: SQ full".to_string())?;
+        ring.submit_and_wait(1)
+            .map_err(|e| format!("probe NOP: {e}"))?;
+        match ring.completion().next() {
+            Some(c) if c.user_data() == NOP_TAG && c.result() >= 0 => {}
+            Some(c) => return Err(format!("probe NOP failed: result {}", c.result())),
+            None => return Err("probe NOP: no completion".into()),
+        }
+        let files_ok = ring.submitter().register_files_sparse(FILE_SLOTS).is_ok();
+        let bufs_ok = ring
+            .submitter()
+            .register_buffers_sparse(BUFFER_SLOTS)
+            .is_ok();
+        Ok(Self {
+            ring,
+            slots: Slots {
+                table: (0..queue_depth).map(|_| None).collect(),
+                free: (0..queue_depth).rev().collect(),
+            },
+            pending: VecDeque::new(),
+            files: FileTable {
+                enabled: files_ok,
+                slots: (0..FILE_SLOTS).map(|_| None).collect(),
+                by_id: HashMap::new(),
+            },
+            bufs: BufTable {
+                enabled: bufs_ok,
+                regions: Vec::new(),
+                by_id: HashMap::new(),
+            },
+            cqes: Vec::with_capacity(2 * queue_depth + 2),
+            wake_buf: Box::new(0),
+            wake_armed: false,
+            closing: false,
+        })
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.table.len() - self.slots.free.len()
+    }
+
+    /// The reaper loop; returns when the backend is dropped and every read
+    /// has completed.
+    pub(crate) fn run(&mut self, rx: &Receiver<Msg>, waker: &Waker) {
+        self.arm_wake(waker);
+        loop {
+            self.fill(rx);
+            if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
+                break;
+            }
+            if !self.closing && !self.slots.free.is_empty() {
+                // Tell submitters to poke the eventfd, then look once more
+                // so a batch sent just before the flag is not missed.
+                waker.sleeping.store(true, Ordering::SeqCst);
+                if self.fill(rx) > 0 {
+                    waker.sleeping.store(false, Ordering::SeqCst);
+                }
+            }
+            self.submit_and_wait();
+            waker.sleeping.store(false, Ordering::SeqCst);
+            self.reap(waker);
+        }
+        // The wake read points at `wake_buf`: complete it before returning.
+        while self.wake_armed {
+            waker.wake(true);
+            self.submit_and_wait();
+            self.reap(waker);
+        }
+    }
+
+    fn submit_and_wait(&mut self) {
+        match self.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if matches!(errno_of(&e), libc::EINTR | libc::EAGAIN | libc::EBUSY) => {}
+            Err(e) => {
+                tracing::error!("io_uring_enter: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    fn arm_wake(&mut self, waker: &Waker) {
+        let ptr: *mut u64 = &mut *self.wake_buf;
+        let entry = opcode::Read::new(types::Fd(waker.fd.as_raw_fd()), ptr.cast(), 8)
+            .build()
+            .user_data(WAKE_TAG);
+        // SAFETY: `wake_buf` is a heap box owned by the reaper and not
+        // touched while the read is armed; `run` completes the read before
+        // the reaper drops.
+        self.wake_armed = unsafe { self.push(&entry) };
+    }
+
+    /// Push one SQE, submitting to make room if the SQ is full. Returns false
+    /// only if the kernel refuses to take entries.
+    ///
+    /// # Safety
+    /// Memory the entry points at must stay valid until its completion.
+    unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> bool {
+        for _ in 0..2 {
+            // SAFETY: forwarded from this function's contract.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return true;
+            }
+            let _ = self.ring.submit();
+        }
+        false
+    }
+
+    /// Start queued reads while slots are free. Returns how many started.
+    fn fill(&mut self, rx: &Receiver<Msg>) -> usize {
+        let mut started = 0;
+        while !self.slots.free.is_empty() {
+            if self.pending.is_empty() {
+                match rx.try_recv() {
+                    Ok(Msg::Read(batch)) => self.pending.push_back(batch),
+                    Ok(Msg::Register(region, reply)) => {
+                        let _ = reply.send(self.register_region(&region));
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.closing = true;
+                        break;
+                    }
+                }
+            }
+            let Some(batch) = self.pending.front_mut() else {
+                break;
+            };
+            let next = batch.reqs.next();
+            let idx = batch.next_idx;
+            batch.next_idx += 1;
+            let done = batch.done.clone();
+            let staged = batch.staged.get_mut(idx).and_then(Option::take);
+            if batch.reqs.len() == 0 {
+                self.pending.pop_front();
+            }
+            if let Some(req) = next {
+                self.start(req, idx, done, staged);
+                started += 1;
+            }
+        }
+        started
+    }
+
+    fn start(
+        &mut self,
+        mut req: ReadReq,
+        idx: usize,
+        done: Completer,
+        staged: Option<(Arc<LandingRegion>, usize)>,
+    ) {
+        let dst = match (&req.landing, &staged) {
+            // Staging failed: the error was recorded when it was requested.
+            (Landing::Device { .. }, None) => return,
+            (Landing::Device { .. }, Some((region, off))) => region.ptr_at(*off, req.len),
+            _ => landing_ptr(&mut req).ok().flatten(),
+        };
+        let dst = match dst {
+            Some(p) => p,
+            None => {
+                // Re-run the check for its error naming the request.
+                let err = landing_ptr(&mut req).err().unwrap_or(IoError::Landing {
+                    path: req.file.path().to_path_buf(),
+                    offset: req.offset,
+                    len: req.len,
+                    what: "staging slice outside its region".into(),
+                });
+                return done.complete(idx, Err(err));
+            }
+        };
+        if let Err(e) = req.file.check_aligned(req.offset, req.len, dst) {
+            return done.complete(idx, Err(e));
+        }
+        let fixed_region = match (&req.landing, &staged) {
+            (Landing::Region { region, .. }, _) | (_, Some((region, _))) => Some(region.id()),
+            _ => None,
+        };
+        let fixed_buf = fixed_region.and_then(|id| self.bufs.by_id.get(&id).copied());
+        let file_slot = self.file_slot(&req.file);
+        let Some(slot) = self.slots.free.pop() else {
+            return;
+        };
+        let flight = InFlight {
+            req,
+            idx,
+            done,
+            staged,
+            dst,
+            got: 0,
+            fixed_buf,
+            file_slot,
+        };
+        if flight.req.len == 0 {
+            self.slots.table[slot] = Some(flight);
+            return self.finish(slot, Ok(()));
+        }
+        self.slots.table[slot] = Some(flight);
+        self.submit_slot(slot);
+    }
+
+    /// Queue the SQE for the unread remainder of slot `slot`.
+    fn submit_slot(&mut self, slot: usize) {
+        let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) else {
+            return;
+        };
+        let rest = (f.req.len - f.got).min(MAX_SQE_BYTES);
+        let offset = f.req.offset + f.got as u64;
+        // SAFETY: `dst` is valid for `req.len` bytes and `got < req.len`.
+        let buf = unsafe { f.dst.add(f.got) };
+        let len = rest as u32;
+        let entry = match (f.file_slot, f.fixed_buf) {
+            (Some(fs), Some(bi)) => opcode::ReadFixed::new(types::Fixed(fs), buf, len, bi)
+                .offset(offset)
+                .build(),
+            (Some(fs), None) => opcode::Read::new(types::Fixed(fs), buf, len)
+                .offset(offset)
+                .build(),
+            (None, Some(bi)) => {
+                opcode::ReadFixed::new(types::Fd(f.req.file.file().as_raw_fd()), buf, len, bi)
+                    .offset(offset)
+                    .build()
+            }
+            (None, None) => opcode::Read::new(types::Fd(f.req.file.file().as_raw_fd()), buf, len)
+                .offset(offset)
+                .build(),
+        }
+        .user_data(slot as u64);
+        // SAFETY: see the module docs: the destination belongs to the slot's
+        // request (owned host buffer or Arc'd region) and the slot is held
+        // until this entry's completion is reaped.
+        if !unsafe { self.push(&entry) } {
+            let err = std::io::Error::other("io_uring submission queue refused the entry");
+            self.fail_read(slot, err);
+        }
+    }
+}
+
+impl Reaper {
+    /// Drain the completion queue and act on every completion.
+    fn reap(&mut self, waker: &Waker) {
+        self.cqes.clear();
+        self.cqes
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for i in 0..self.cqes.len() {
+            let Some(&(tag, res)) = self.cqes.get(i) else {
+                break;
+            };
+            match tag {
+                WAKE_TAG => {
+                    self.wake_armed = false;
+                    if !self.closing {
+                        self.arm_wake(waker);
+                    }
+                }
+                NOP_TAG => {}
+                _ => self.complete_slot(tag as usize, res),
+            }
+        }
+    }
+
+    fn complete_slot(&mut self, slot: usize, res: i32) {
+        let Some(f) = self.slots.table.get_mut(slot).and_then(Option::as_mut) else {
+            tracing::error!(slot, "io_uring completion for an empty slot");
+            return;
+        };
+        if res < 0 {
+            if matches!(-res, libc::EINTR | libc::EAGAIN) {
+                return self.submit_slot(slot);
+            }
+            return self.fail_read(slot, std::io::Error::from_raw_os_error(-res));
+        }
+        if res == 0 {
+            return self.fail_eof(slot);
+        }
+        f.got += res as usize;
+        if f.got >= f.req.len {
+            return self.finish(slot, Ok(()));
+        }
+        // A short read: resubmit the remainder. Direct I/O only stops short
+        // of an aligned boundary at end of file.
+        let next = f.req.offset + f.got as u64;
+        if f.req.file.is_direct() && next % f.req.file.offset_align() as u64 != 0 {
+            return self.fail_eof(slot);
+        }
+        self.submit_slot(slot);
+    }
+
+    fn fail_eof(&mut self, slot: usize) {
+        if let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) {
+            let err = IoError::ShortRead {
+                path: f.req.file.path().to_path_buf(),
+                offset: f.req.offset,
+                len: f.req.len,
+                got: f.got,
+            };
+            self.finish(slot, Err(err));
+        }
+    }
+
+    fn fail_read(&mut self, slot: usize, source: std::io::Error) {
+        if let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) {
+            let err = IoError::Read {
+                path: f.req.file.path().to_path_buf(),
+                offset: f.req.offset,
+                len: f.req.len,
+                source,
+            };
+            self.finish(slot, Err(err));
+        }
+    }
+
+    /// Free the slot and complete its request.
+    fn finish(&mut self, slot: usize, outcome: Result<(), IoError>) {
+        let Some(f) = self.slots.table.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.slots.free.push(slot);
+        let InFlight {
+            req,
+            idx,
+            done,
+            staged,
+            ..
+        } = f;
+        let result = outcome.and_then(|()| {
+            if let (Landing::Device { sink, dst }, Some((_, off))) = (&req.landing, &staged) {
+                sink.commit(*off, req.len, *dst)
+                    .map_err(|what| IoError::Device {
+                        path: req.file.path().to_path_buf(),
+                        offset: req.offset,
+                        len: req.len,
+                        what,
+                    })?;
+            }
+            let buf = match req.landing {
+                Landing::Host(mut b) => {
+                    b.set_len(req.len);
+                    Some(b)
+                }
+                _ => None,
+            };
+            Ok(Landed {
+                tag: req.tag,
+                len: req.len,
+                buf,
+            })
+        });
+        done.complete(idx, result);
+    }
+
+    /// The registered-file slot of `file`, registering it on first use.
+    fn file_slot(&mut self, file: &Arc<StoreFile>) -> Option<u32> {
+        if !self.files.enabled {
+            return None;
+        }
+        if let Some(&s) = self.files.by_id.get(&file.id()) {
+            return Some(s);
+        }
+        // A free slot, or one whose file has been dropped (no request of it
+        // can be in flight: requests hold their file).
+        let s = self
+            .files
+            .slots
+            .iter()
+            .position(|e| e.as_ref().is_none_or(|(_, w)| w.strong_count() == 0))?;
+        let s32 = u32::try_from(s).ok()?;
+        let fd = file.file().as_raw_fd();
+        if self
+            .ring
+            .submitter()
+            .register_files_update(s32, &[fd])
+            .is_err()
+        {
+            return None;
+        }
+        if let Some(Some((old, _))) = self.files.slots.get(s) {
+            self.files.by_id.remove(old);
+        }
+        if let Some(e) = self.files.slots.get_mut(s) {
+            *e = Some((file.id(), Arc::downgrade(file)));
+        }
+        self.files.by_id.insert(file.id(), s32);
+        Some(s32)
+    }
+
+    /// Register `region` as a fixed buffer (kept for the ring's lifetime).
+    fn register_region(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
+        if self.bufs.by_id.contains_key(&region.id()) {
+            return Ok(());
+        }
+        if !self.bufs.enabled {
+            return Err("the kernel refused a fixed-buffer table".into());
+        }
+        let idx = self.bufs.regions.len();
+        let idx16 = u16::try_from(idx)
+            .ok()
+            .filter(|&i| u32::from(i) < BUFFER_SLOTS)
+            .ok_or_else(|| format!("all {BUFFER_SLOTS} fixed-buffer slots are in use"))?;
+        if region.len_bytes() > MAX_FIXED_BYTES {
+            return Err(format!(
+                "region of {} bytes exceeds the {MAX_FIXED_BYTES}-byte fixed-buffer limit",
+                region.len_bytes()
+            ));
+        }
+        let iov = libc::iovec {
+            iov_base: region.base_ptr().cast(),
+            iov_len: region.len_bytes(),
+        };
+        // SAFETY: the region's memory is valid for `len_bytes()` and never
+        // moves while the `Arc` lives (RegionMemory contract); the table keeps
+        // the `Arc` until the reaper drops, after the ring is closed.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(u32::from(idx16), &[iov], None)
+        }
+        .map_err(|e| format!("register buffer: {e}"))?;
+        self.bufs.regions.push(region.clone());
+        self.bufs.by_id.insert(region.id(), idx16);
+        Ok(())
+    }
+}

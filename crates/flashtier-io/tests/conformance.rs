@@ -1,0 +1,391 @@
+//! The conformance suite every backend passes: posix, uring (skipped with a
+//! printed reason where the kernel refuses io_uring) and sim with faults off.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use flashtier_io::sim::{FaultPlan, SimBackend};
+use flashtier_io::{
+    AlignedBuf, BackendKind, DeviceSink, DirectMode, IoError, Landing, LandingRegion, PosixBackend,
+    ReadReq, StorageBackend, StoreFile, UringBackend, open_backend,
+};
+use proptest::prelude::*;
+
+const UNIT: usize = 4096;
+
+/// Every backend that can run here, each with its name.
+fn backends(queue_depth: usize) -> anyhow::Result<Vec<Box<dyn StorageBackend>>> {
+    let mut out: Vec<Box<dyn StorageBackend>> = vec![
+        Box::new(PosixBackend::new(queue_depth)?),
+        Box::new(SimBackend::new(FaultPlan::off(), queue_depth)?),
+    ];
+    match UringBackend::new(queue_depth) {
+        Ok(b) => out.push(Box::new(b)),
+        Err(e) => eprintln!("SKIP uring conformance: io_uring unavailable here: {e}"),
+    }
+    Ok(out)
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8) ^ ((i >> 8) as u8).wrapping_mul(7) ^ ((i >> 16) as u8))
+        .collect()
+}
+
+fn make_file(dir: &Path, name: &str, len: usize) -> anyhow::Result<(Arc<StoreFile>, Vec<u8>)> {
+    let path = dir.join(name);
+    let data = pattern(len);
+    std::fs::write(&path, &data)?;
+    Ok((StoreFile::open_rw(&path, DirectMode::Prefer, false)?, data))
+}
+
+fn host_req(file: &Arc<StoreFile>, offset: usize, len: usize, tag: u64) -> ReadReq {
+    ReadReq {
+        file: file.clone(),
+        offset: offset as u64,
+        len,
+        landing: Landing::Host(AlignedBuf::zeroed(len)),
+        tag,
+    }
+}
+
+fn expect_err<T>(r: Result<T, IoError>, what: &str) -> anyhow::Result<IoError> {
+    r.err()
+        .ok_or_else(|| anyhow::anyhow!("{what}: expected an error"))
+}
+
+#[test]
+fn host_landings_exact_bytes_and_tags() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "a.bin", 256 * UNIT)?;
+    for b in backends(8)? {
+        let extents: Vec<(usize, usize)> = (0..40)
+            .map(|i| ((i * 37 % 240) * UNIT, (1 + i % 5) * UNIT))
+            .collect();
+        let reqs = extents
+            .iter()
+            .enumerate()
+            .map(|(i, &(o, l))| host_req(&file, o, l, 1000 + i as u64))
+            .collect();
+        let landed = b.read(reqs)?;
+        assert_eq!(landed.len(), extents.len(), "{}", b.name());
+        for (i, (l, &(o, n))) in landed.iter().zip(&extents).enumerate() {
+            assert_eq!(l.tag, 1000 + i as u64, "{}", b.name());
+            assert_eq!(l.len, n);
+            assert_eq!(l.buf.as_deref(), data.get(o..o + n), "{} req {i}", b.name());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn region_landings_registered_and_not() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "r.bin", 64 * UNIT)?;
+    for b in backends(4)? {
+        let fixed = LandingRegion::host(32 * UNIT);
+        b.register_landing_region(&fixed)?;
+        let plain = LandingRegion::host(32 * UNIT);
+        let mut reqs = Vec::new();
+        for i in 0..32 {
+            let region = if i % 2 == 0 { &fixed } else { &plain };
+            reqs.push(ReadReq {
+                file: file.clone(),
+                offset: ((63 - i) * UNIT) as u64,
+                len: UNIT,
+                landing: Landing::Region {
+                    region: region.clone(),
+                    offset: i * UNIT,
+                },
+                tag: i as u64,
+            });
+        }
+        let landed = b.read(reqs)?;
+        assert!(landed.iter().all(|l| l.buf.is_none()));
+        for i in 0..32 {
+            let region = if i % 2 == 0 { &fixed } else { &plain };
+            // SAFETY: the ticket completed; nothing is in flight into the region.
+            let got = unsafe { region.slice(i * UNIT, UNIT) };
+            let want = (63 - i) * UNIT;
+            assert_eq!(got, &data[want..want + UNIT], "{} slot {i}", b.name());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn many_concurrent_tickets() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "c.bin", 128 * UNIT)?;
+    for b in backends(16)? {
+        let b: &dyn StorageBackend = b.as_ref();
+        std::thread::scope(|s| -> anyhow::Result<()> {
+            let handles: Vec<_> = (0..4usize)
+                .map(|t| {
+                    let (file, data) = (&file, &data);
+                    s.spawn(move || -> anyhow::Result<()> {
+                        let mut tickets = Vec::new();
+                        for k in 0..16usize {
+                            let reqs = (0..8usize)
+                                .map(|j| {
+                                    let blk = (t * 31 + k * 7 + j * 3) % 127;
+                                    host_req(file, blk * UNIT, UNIT, (k * 8 + j) as u64)
+                                })
+                                .collect();
+                            tickets.push((k, b.read_async(reqs)?));
+                        }
+                        for (k, ticket) in tickets.into_iter().rev() {
+                            for (j, l) in ticket.wait()?.iter().enumerate() {
+                                let blk = (t * 31 + k * 7 + j * 3) % 127;
+                                assert_eq!(l.tag, (k * 8 + j) as u64);
+                                assert_eq!(
+                                    l.buf.as_deref(),
+                                    data.get(blk * UNIT..(blk + 1) * UNIT)
+                                );
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn past_end_of_file_is_a_short_read_naming_the_file() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let len = 10 * UNIT + 100;
+    let (file, data) = make_file(dir.path(), "eof.bin", len)?;
+    for b in backends(2)? {
+        // Partly past the end: the tail lands, then the file ends.
+        let err = expect_err(b.read(vec![host_req(&file, 10 * UNIT, UNIT, 0)]), b.name())?;
+        match &err {
+            IoError::ShortRead {
+                path,
+                offset,
+                len,
+                got,
+            } => {
+                assert_eq!(path, file.path());
+                assert_eq!((*offset, *len, *got), ((10 * UNIT) as u64, UNIT, 100));
+            }
+            other => anyhow::bail!("{}: expected ShortRead, got {other}", b.name()),
+        }
+        assert!(err.to_string().contains("eof.bin"));
+        // Wholly past the end.
+        let err = expect_err(b.read(vec![host_req(&file, 20 * UNIT, UNIT, 0)]), b.name())?;
+        assert!(
+            matches!(err, IoError::ShortRead { got: 0, .. }),
+            "{}: {err}",
+            b.name()
+        );
+        // The last whole block still reads.
+        let ok = b.read(vec![host_req(&file, 9 * UNIT, UNIT, 0)])?;
+        assert_eq!(ok[0].buf.as_deref(), data.get(9 * UNIT..10 * UNIT));
+    }
+    Ok(())
+}
+
+#[test]
+fn misaligned_direct_reads_and_small_landings_are_errors() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, _) = make_file(dir.path(), "m.bin", 16 * UNIT)?;
+    for b in backends(2)? {
+        let err = expect_err(
+            b.read(vec![ReadReq {
+                landing: Landing::Host(AlignedBuf::zeroed(UNIT)),
+                ..host_req(&file, 0, 2 * UNIT, 0)
+            }]),
+            b.name(),
+        )?;
+        assert!(
+            matches!(err, IoError::Landing { .. }),
+            "{}: {err}",
+            b.name()
+        );
+        let region = LandingRegion::host(UNIT);
+        let err = expect_err(
+            b.read(vec![ReadReq {
+                landing: Landing::Region {
+                    region,
+                    offset: UNIT,
+                },
+                ..host_req(&file, 0, UNIT, 0)
+            }]),
+            b.name(),
+        )?;
+        assert!(
+            matches!(err, IoError::Landing { .. }),
+            "{}: {err}",
+            b.name()
+        );
+        if !file.is_direct() {
+            eprintln!("SKIP misaligned direct read: the temp file system refuses O_DIRECT");
+            continue;
+        }
+        let off = file.offset_align().max(512) / 2;
+        let err = expect_err(b.read(vec![host_req(&file, off, UNIT, 0)]), b.name())?;
+        assert!(
+            matches!(err, IoError::Misaligned { .. }),
+            "{}: {err}",
+            b.name()
+        );
+        assert!(err.to_string().contains("m.bin"));
+    }
+    Ok(())
+}
+
+#[test]
+fn write_then_read_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, mut data) = make_file(dir.path(), "w.bin", 32 * UNIT)?;
+    for (k, b) in backends(4)?.iter().enumerate() {
+        let mut src = AlignedBuf::zeroed(3 * UNIT);
+        for (i, x) in src.iter_mut().enumerate() {
+            *x = (i as u8).wrapping_add(k as u8 * 50 + 1);
+        }
+        let off = (4 + 7 * k) * UNIT;
+        b.write(&file, off as u64, &src)?;
+        data[off..off + 3 * UNIT].copy_from_slice(&src);
+        let landed = b.read(vec![host_req(&file, 0, 32 * UNIT, 0)])?;
+        assert_eq!(landed[0].buf.as_deref(), Some(&data[..]), "{}", b.name());
+    }
+    Ok(())
+}
+
+#[test]
+fn empty_batches_zero_lengths_and_notify() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "z.bin", 8 * UNIT)?;
+    for b in backends(2)? {
+        assert!(b.read(Vec::new())?.is_empty());
+        let landed = b.read(vec![host_req(&file, 0, 0, 5)])?;
+        assert_eq!((landed[0].tag, landed[0].len), (5, 0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ticket = b.read_async(vec![host_req(&file, UNIT, UNIT, 6)])?;
+        ticket.notify_on_done(tx, 42);
+        assert_eq!(rx.recv()?, 42);
+        assert!(ticket.is_done());
+        assert_eq!(ticket.wait()?[0].buf.as_deref(), data.get(UNIT..2 * UNIT));
+    }
+    Ok(())
+}
+
+/// A device sink whose "device" is host memory: staging from a landing
+/// region, `commit` copies into a byte vector addressed by `dst`.
+struct HostDevice {
+    staging: Arc<LandingRegion>,
+    next: Mutex<usize>,
+    memory: Mutex<Vec<u8>>,
+}
+
+impl DeviceSink for HostDevice {
+    fn stage(&self, len: usize) -> Result<(Arc<LandingRegion>, usize), String> {
+        let mut next = self.next.lock().map_err(|e| e.to_string())?;
+        let off = *next;
+        *next += len.div_ceil(UNIT) * UNIT;
+        Ok((self.staging.clone(), off))
+    }
+    fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String> {
+        // SAFETY: the read into this staging slice has landed.
+        let src = unsafe { self.staging.slice(offset, len) };
+        let mut mem = self.memory.lock().map_err(|e| e.to_string())?;
+        let d = dst as usize;
+        mem.get_mut(d..d + len)
+            .ok_or("dst out of range")?
+            .copy_from_slice(src);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[test]
+fn device_landings_reach_the_sink() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "d.bin", 16 * UNIT)?;
+    for b in backends(4)? {
+        let dev = Arc::new(HostDevice {
+            staging: LandingRegion::host(16 * UNIT),
+            next: Mutex::new(0),
+            memory: Mutex::new(vec![0; 16 * UNIT]),
+        });
+        let reqs = (0..8)
+            .map(|i| ReadReq {
+                file: file.clone(),
+                offset: (i * 2 * UNIT) as u64,
+                len: UNIT,
+                landing: Landing::Device {
+                    sink: dev.clone(),
+                    dst: (i * UNIT) as u64,
+                },
+                tag: i as u64,
+            })
+            .collect();
+        b.read(reqs)?;
+        dev.flush().map_err(anyhow::Error::msg)?;
+        let mem = dev.memory.lock().map_err(|e| anyhow::anyhow!("{e}"))?;
+        for i in 0..8 {
+            let want = &data[i * 2 * UNIT..i * 2 * UNIT + UNIT];
+            assert_eq!(&mem[i * UNIT..(i + 1) * UNIT], want, "{} dev {i}", b.name());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn open_backend_builds_each_kind() -> anyhow::Result<()> {
+    for kind in [BackendKind::Uring, BackendKind::Posix, BackendKind::Sim] {
+        let b = open_backend(kind, 4)?;
+        assert_eq!(b.queue_depth(), 4);
+        if kind == BackendKind::Uring && b.name() == "posix" {
+            eprintln!("SKIP: io_uring unavailable, open_backend fell back to posix");
+        } else {
+            assert_eq!(b.name(), kind.as_str());
+        }
+        assert_eq!(kind.as_str().parse::<BackendKind>()?, kind);
+    }
+    assert!(open_backend(BackendKind::Uring, 0).is_err());
+    assert!(open_backend(BackendKind::Posix, 257).is_err());
+    assert!("nvme".parse::<BackendKind>().is_err());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Random extents in random order, any backend, land the file's bytes.
+    #[test]
+    fn random_extents_are_exact(
+        extents in prop::collection::vec((0usize..120, 1usize..9), 1..48),
+        qd in 1usize..20,
+    ) {
+        let run = || -> anyhow::Result<()> {
+            let dir = tempfile::tempdir()?;
+            let (file, data) = make_file(dir.path(), "p.bin", 128 * UNIT)?;
+            for b in backends(qd)? {
+                let reqs = extents
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(blk, n))| host_req(&file, blk * UNIT, n * UNIT, i as u64))
+                    .collect();
+                for (l, &(blk, n)) in b.read(reqs)?.iter().zip(&extents) {
+                    anyhow::ensure!(
+                        l.buf.as_deref() == data.get(blk * UNIT..(blk + n) * UNIT),
+                        "{}: wrong bytes at block {blk}", b.name()
+                    );
+                }
+            }
+            Ok(())
+        };
+        run().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+}

@@ -1,0 +1,1 @@
+//! Low-bit companions (filled in below).

@@ -1,0 +1,368 @@
+//! The I/O half of the pool: planning, starting, collecting and verifying
+//! record reads for both backings.
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use flashtier_io::{AlignedBuf, LandedFlag, Landing, ReadReq};
+
+use super::{Backing, Entry, ExpertPool, Inflight, LandedFlags, Residency};
+use crate::experts::ExpertsError;
+use crate::experts::tracking::ReadSource;
+
+/// The reads of one step, from [`ExpertPool::plan`].
+#[derive(Debug)]
+#[must_use = "a plan does nothing until run"]
+pub struct ReadPlan {
+    step: u64,
+    need: Vec<usize>,
+    reads: Vec<usize>,
+    page_cache: usize,
+}
+
+impl ReadPlan {
+    /// Records the plan reads from the drive.
+    #[must_use]
+    pub fn reads(&self) -> &[usize] {
+        &self.reads
+    }
+
+    /// Records admitted from the page cache without a read (mapped backing).
+    #[must_use]
+    pub fn page_cache_hits(&self) -> usize {
+        self.page_cache
+    }
+}
+
+impl ExpertPool {
+    /// Decide the reads for `need` (from [`ExpertPool::acquire`]). Mapped
+    /// backing: records whose pages are all in the page cache (`mincore`) are
+    /// verified in place and become ready without a read.
+    pub fn plan(&mut self, need: &[usize]) -> Result<ReadPlan, ExpertsError> {
+        if !self.step_open {
+            return Err(ExpertsError::Lifecycle("plan without an open step"));
+        }
+        let mut plan = ReadPlan {
+            step: self.step,
+            need: need.to_vec(),
+            reads: Vec::new(),
+            page_cache: 0,
+        };
+        for &r in need {
+            self.check_record(r)?;
+            if self.entries[r].residency != Residency::Reserved {
+                continue;
+            }
+            if self.backing == Backing::Mapped && self.admit_cached(r)? {
+                plan.page_cache += 1;
+            } else {
+                plan.reads.push(r);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Mapped: admit `r` from the page cache when all its pages are there.
+    fn admit_cached(&mut self, r: usize) -> Result<bool, ExpertsError> {
+        let started = Instant::now();
+        let e = self.entries[r];
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
+        let Some(map) = &store.map else {
+            return Ok(false);
+        };
+        let offset = store.offset(r)? as usize;
+        let len = store.payload_bytes();
+        if !map.is_resident(offset, len)? {
+            return Ok(false);
+        }
+        let bytes = map
+            .bytes(offset, len)
+            .ok_or(ExpertsError::NotResident { record: r })?;
+        if let Err(source) = store.store.verify_record(r as u64, bytes) {
+            self.stats.failed_reads += 1;
+            self.fail(r);
+            return Err(ExpertsError::Checksum { record: r, source });
+        }
+        self.entries[r].residency = Residency::Ready;
+        let layer = self.stores.layer_of(r);
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.tracker
+            .record(layer, e.precision, ReadSource::PageCache, len as u64, ns);
+        Ok(true)
+    }
+
+    fn check_plan(&self, plan: &ReadPlan) -> Result<(), ExpertsError> {
+        if !self.step_open || plan.step != self.step {
+            return Err(ExpertsError::Lifecycle("plan belongs to another step"));
+        }
+        Ok(())
+    }
+
+    /// Run the plan and wait: every record of the step is ready afterwards,
+    /// except those whose read failed (non-resident; the first error is
+    /// returned after all reads have been collected).
+    pub fn run(&mut self, plan: ReadPlan) -> Result<(), ExpertsError> {
+        self.check_plan(&plan)?;
+        let mut first_err = self.start_reads(&plan.reads).err();
+        let waiting: Vec<usize> = plan
+            .need
+            .iter()
+            .copied()
+            .filter(|&r| {
+                self.entries
+                    .get(r)
+                    .is_some_and(|e| e.residency == Residency::Loading)
+            })
+            .collect();
+        let (tx, rx) = mpsc::channel::<u64>();
+        for &r in &waiting {
+            self.notify(r, tx.clone(), r as u64);
+        }
+        drop(tx);
+        for _ in 0..waiting.len() {
+            let Ok(token) = rx.recv() else { break };
+            let landed_at = Instant::now();
+            if let Err(e) = self.complete_at(token as usize, landed_at) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Start the plan's reads and return at once with one landed flag per
+    /// record of the step (set already for records that need no read). A
+    /// record is usable after [`ExpertPool::wait_ready`] (or once its flag is
+    /// set, through [`ExpertPool::addr`], which verifies it first).
+    pub fn run_tracked(&mut self, plan: ReadPlan) -> Result<LandedFlags, ExpertsError> {
+        self.check_plan(&plan)?;
+        self.start_reads(&plan.reads)?;
+        Ok(plan.need.iter().map(|&r| (r, self.flag(r))).collect())
+    }
+
+    fn start_reads(&mut self, reads: &[usize]) -> Result<(), ExpertsError> {
+        let mut first_err = None;
+        for &r in reads {
+            if let Err(e) = self.start_read(r, ReadSource::Disk) {
+                self.fail(r);
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Start the read of reserved record `r` (state becomes Loading).
+    pub(super) fn start_read(&mut self, r: usize, source: ReadSource) -> Result<(), ExpertsError> {
+        let e = self.entries[r];
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
+        let offset = store.offset(r)?;
+        let len = store.read_bytes();
+        let read_err = |source| ExpertsError::Read {
+            record: r,
+            key: format!("index {r}"),
+            source,
+        };
+        let ticket = match (&mut self.arena, self.backing) {
+            (Some(arena), Backing::Slots) => {
+                let file = store.direct.clone();
+                let table = arena.table_mut();
+                table
+                    .submit(self.backend.as_ref(), e.slot as usize, file, offset, len)
+                    .map_err(read_err)?;
+                None
+            }
+            _ => {
+                let req = ReadReq {
+                    file: store.buffered.clone(),
+                    offset,
+                    len,
+                    landing: Landing::Host(AlignedBuf::zeroed(len)),
+                    tag: r as u64,
+                };
+                Some(self.backend.read_async(vec![req]).map_err(read_err)?)
+            }
+        };
+        self.inflight.insert(
+            r,
+            Inflight {
+                started: Instant::now(),
+                source,
+                ticket,
+            },
+        );
+        self.entries[r].residency = Residency::Loading;
+        Ok(())
+    }
+
+    fn flag(&self, r: usize) -> LandedFlag {
+        let e = self.entries[r];
+        if e.residency != Residency::Loading {
+            return LandedFlag::landed();
+        }
+        match (
+            &self.arena,
+            self.inflight.get(&r).and_then(|i| i.ticket.clone()),
+        ) {
+            (Some(a), _) => a.table().flag(e.slot as usize),
+            (None, Some(t)) => LandedFlag::from(t),
+            (None, None) => LandedFlag::landed(),
+        }
+    }
+
+    fn notify(&self, r: usize, tx: mpsc::Sender<u64>, token: u64) {
+        let e = self.entries[r];
+        match (
+            &self.arena,
+            self.inflight.get(&r).and_then(|i| i.ticket.as_ref()),
+        ) {
+            (Some(a), _) => a.table().notify_on_done(e.slot as usize, tx, token),
+            (None, Some(t)) => t.notify_on_done(tx, token),
+            (None, None) => {
+                let _ = tx.send(token);
+            }
+        }
+    }
+
+    pub(super) fn is_landed(&self, r: usize) -> bool {
+        self.flag(r).is_landed()
+    }
+
+    /// Wait for `r`'s read and verify it.
+    pub(super) fn complete(&mut self, r: usize) -> Result<(), ExpertsError> {
+        if !self.is_landed(r) {
+            let (tx, rx) = mpsc::channel();
+            self.notify(r, tx, 0);
+            let _ = rx.recv();
+        }
+        self.complete_at(r, Instant::now())
+    }
+
+    /// Collect `r`'s landed read: verify, then Ready, or fail and report.
+    fn complete_at(&mut self, r: usize, landed_at: Instant) -> Result<(), ExpertsError> {
+        let Some(inf) = self.inflight.remove(&r) else {
+            return Ok(());
+        };
+        let e = self.entries[r];
+        let result = self.collect_and_verify(r, e, inf.ticket);
+        if e.cancelled {
+            self.fail(r);
+            return Ok(());
+        }
+        match result {
+            Ok(()) => {
+                self.entries[r].residency = Residency::Ready;
+                let len = self.read_bytes(e.precision) as u64;
+                let ns = u64::try_from(landed_at.saturating_duration_since(inf.started).as_nanos())
+                    .unwrap_or(u64::MAX);
+                let layer = self.stores.layer_of(r);
+                self.tracker.record(layer, e.precision, inf.source, len, ns);
+                self.stats.bytes_read += len;
+                Ok(())
+            }
+            Err(err) => {
+                self.stats.failed_reads += 1;
+                self.fail(r);
+                Err(err)
+            }
+        }
+    }
+
+    fn collect_and_verify(
+        &mut self,
+        r: usize,
+        e: Entry,
+        ticket: Option<flashtier_io::Ticket>,
+    ) -> Result<(), ExpertsError> {
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
+        let read_err = |source| ExpertsError::Read {
+            record: r,
+            key: format!("index {r}"),
+            source,
+        };
+        let payload = store.payload_bytes();
+        let verify = |bytes: &[u8]| {
+            store
+                .store
+                .verify_record(r as u64, bytes)
+                .map_err(|source| ExpertsError::Checksum { record: r, source })
+        };
+        match (&mut self.arena, ticket) {
+            (Some(arena), _) => {
+                arena
+                    .table_mut()
+                    .collect(e.slot as usize)
+                    .map_err(read_err)?;
+                let bytes = arena
+                    .table()
+                    .bytes(e.slot as usize, payload)
+                    .ok_or(ExpertsError::NotResident { record: r })?;
+                verify(bytes)
+            }
+            (None, Some(t)) => {
+                let landed = t.wait().map_err(read_err)?;
+                let buf = landed
+                    .first()
+                    .and_then(|l| l.buf.as_ref())
+                    .ok_or(ExpertsError::NotResident { record: r })?;
+                verify(
+                    buf.get(..payload)
+                        .ok_or(ExpertsError::NotResident { record: r })?,
+                )
+            }
+            (None, None) => Err(ExpertsError::NotResident { record: r }),
+        }
+    }
+
+    /// Wait for a read into `r` that is being evicted and discard it.
+    pub(super) fn drain(&mut self, r: usize) {
+        let Some(inf) = self.inflight.remove(&r) else {
+            return;
+        };
+        let slot = self.entries[r].slot as usize;
+        match (&mut self.arena, inf.ticket) {
+            (Some(a), _) => {
+                let _ = a.table_mut().collect(slot);
+            }
+            (None, Some(t)) => {
+                let _ = t.wait();
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// Collect every read that has landed; the first error.
+    pub(super) fn collect_done(&mut self) -> Result<(), ExpertsError> {
+        let mut done: Vec<usize> = self
+            .inflight
+            .keys()
+            .copied()
+            .filter(|&r| self.is_landed(r))
+            .collect();
+        done.sort_unstable();
+        let mut first_err = None;
+        for r in done {
+            if let Err(e) = self.complete_at(r, Instant::now()) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn view(&self, r: usize, e: Entry) -> Option<&[u8]> {
+        let store = self.stores.get(e.precision)?;
+        let len = store.payload_bytes();
+        match (&self.arena, &store.map) {
+            (Some(a), _) => a.table().bytes(e.slot as usize, len),
+            (None, Some(m)) => m.bytes(usize::try_from(store.offset(r).ok()?).ok()?, len),
+            (None, None) => None,
+        }
+    }
+}
