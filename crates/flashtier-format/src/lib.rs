@@ -28,6 +28,7 @@ pub mod checksum;
 pub mod error;
 pub mod group;
 pub mod header;
+pub mod kv_header;
 pub mod manifest;
 pub mod row_shard;
 pub mod store;

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod backend;
+pub mod blocks;
 pub mod buf;
 pub mod error;
 pub mod file;
