@@ -33,7 +33,7 @@ pub mod kernels;
 mod model;
 mod weights;
 
-pub use attention::{KvCache, attend};
+pub use attention::{BLOCK_TOKENS, KvCache, KvPrecision, TILE_BLOCKS};
 pub use checkpoint::{Checkpoint, DType, ShardFile, TensorInfo, to_f32};
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;

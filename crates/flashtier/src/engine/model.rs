@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::attention::{KvCache, attend};
+use super::attention::{KvCache, KvPrecision};
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
 use super::error::EngineError;
@@ -86,12 +86,7 @@ impl Model {
         experts: Box<dyn ExpertSource>,
     ) -> Result<Self, EngineError> {
         let weights = ModelWeights::load(ckpt, cfg)?;
-        let cache = KvCache::new(
-            cfg.num_layers,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.max_positions,
-        );
+        let cache = new_cache(cfg)?;
         Ok(Self {
             cfg: cfg.clone(),
             weights,
@@ -111,9 +106,9 @@ impl Model {
     }
 
     /// Forget the sequence (the expert cache stays warm).
-    pub fn reset(&mut self) {
-        let c = &self.cfg;
-        self.cache = KvCache::new(c.num_layers, c.num_kv_heads, c.head_dim, c.max_positions);
+    pub fn reset(&mut self) -> Result<(), EngineError> {
+        self.cache = new_cache(&self.cfg)?;
+        Ok(())
     }
 
     /// Run one token at the next position; returns its logits `[vocab]`.
@@ -181,7 +176,7 @@ impl Model {
         apply_rope(&mut k, d, cos, sin);
         self.cache.push(layer, &k, &v)?;
         let mut heads = vec![0f32; q.len()];
-        attend(&mut heads, &q, &self.cache, layer, c.sliding_window)?;
+        self.cache.attend(layer, &q, &mut heads)?;
         let mut out = vec![0f32; c.hidden_size];
         matvec(&mut out, MatRef::F32(&lw.o_proj), &heads);
         Ok(out)
@@ -276,6 +271,22 @@ impl Model {
         out.total_experts = now.since(&start_stats);
         Ok(out)
     }
+}
+
+/// The KV cache for `cfg`: up to `max_position_embeddings` positions, or the
+/// sliding window when smaller (so no position ever leaves the window).
+fn new_cache(cfg: &ModelConfig) -> Result<KvCache, EngineError> {
+    let capacity = cfg
+        .sliding_window
+        .map_or(cfg.max_positions, |w| w.min(cfg.max_positions));
+    KvCache::new(
+        cfg.num_layers,
+        cfg.num_q_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        capacity,
+        KvPrecision::default(),
+    )
 }
 
 fn dense_mlp(m: &DenseMlp, x: &[f32], hidden: usize) -> Vec<f32> {
