@@ -140,3 +140,67 @@ fn qwen3_moe_tied_fused_sharded_matches_transformers() {
 fn mixtral_matches_transformers() {
     check_against_reference("mixtral");
 }
+
+/// Pack the fixture's experts into a store and decode through the expert
+/// pool, both backings, budgets from all records down to one step's top-k:
+/// the same bits as the checkpoint source.
+fn check_pool(name: &str) {
+    use flashtier::engine::{StreamOptions, open_pool};
+    use flashtier::experts::Backing;
+    use flashtier::pack::{PackOptions, pack_experts};
+
+    let dir = fixture(name);
+    let r = reference(&dir);
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let ckpt = std::sync::Arc::new(Checkpoint::open(&dir).unwrap());
+    let mut base = Model::load(&dir, None).unwrap();
+    let want = base
+        .generate(&r.prompt, NEW_TOKENS, &[], true, |_| {})
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("experts.ftstore");
+    let report = pack_experts(&PackOptions::new(&dir, &store), &|_| {}).unwrap();
+    let stride = report.stride_bytes;
+    for backing in [Backing::Slots, Backing::Mapped] {
+        for budget in [
+            stride * report.records,
+            stride * report.records / 2,
+            stride * cfg.top_k as u64,
+        ] {
+            let opts = StreamOptions {
+                backing,
+                budget_bytes: budget,
+                queue_depth: 4,
+            };
+            let experts = open_pool(&store, &cfg, opts).unwrap();
+            let mut m = Model::with_experts(&cfg, &ckpt, Box::new(experts)).unwrap();
+            let o = m
+                .generate(&r.prompt, NEW_TOKENS, &[], true, |_| {})
+                .unwrap();
+            assert_eq!(
+                o.generated_ids, r.greedy,
+                "{name} {backing:?} budget {budget}"
+            );
+            assert_eq!(
+                o.prompt_logits, want.prompt_logits,
+                "{name} {backing:?} budget {budget}"
+            );
+            let s = m.expert_stats();
+            println!(
+                "{name} pool {backing:?} budget {budget} B: hit rate {:.3}, {} B read",
+                s.hit_rate(),
+                s.bytes_read
+            );
+        }
+    }
+}
+
+#[test]
+fn qwen3_moe_through_the_expert_pool() {
+    check_pool("qwen3_moe");
+}
+
+#[test]
+fn mixtral_through_the_expert_pool() {
+    check_pool("mixtral");
+}

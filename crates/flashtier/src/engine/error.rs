@@ -110,6 +110,9 @@ pub enum EngineError {
     /// The attention tier failed.
     #[error("attention: {0}")]
     Attention(String),
+    /// The expert pool failed (read, checksum, budget, record lookup).
+    #[error("expert pool: {0}")]
+    Pool(#[from] crate::experts::ExpertsError),
     /// Reading expert bytes failed.
     #[error(transparent)]
     StoreIo(#[from] flashtier_io::IoError),

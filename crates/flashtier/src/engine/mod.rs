@@ -31,6 +31,7 @@ mod error;
 mod experts;
 pub mod kernels;
 mod model;
+mod pool_source;
 mod weights;
 
 pub use attention::{BLOCK_TOKENS, KvCache, KvPrecision, TILE_BLOCKS};
@@ -39,4 +40,5 @@ pub use config::{Arch, ModelConfig};
 pub use error::EngineError;
 pub use experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView, UseExpert};
 pub use model::{Generation, Model};
+pub use pool_source::{PoolExperts, StreamOptions, open_pool};
 pub use weights::{DenseMlp, LayerWeights, Mlp, ModelWeights};
