@@ -119,3 +119,54 @@ fn prompt_text_without_tokenizer_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
 }
+
+#[test]
+fn store_is_packed_on_first_use_then_reused_on_both_backings() {
+    let r = reference("mixtral");
+    let ids: Vec<String> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("experts.ftstore");
+    for backing in ["slots", "mapped", "slots"] {
+        let out = run(&[
+            "--model",
+            fixture("mixtral").to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--backing",
+            backing,
+            "--budget",
+            "48K",
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-new",
+            "8",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["generated_ids"], r["greedy_ids"], "{backing}");
+        assert!(store.exists());
+    }
+    // A store packed from another checkpoint is refused.
+    let other = run(&[
+        "--model",
+        fixture("qwen3_moe").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-new",
+        "1",
+    ]);
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("does not belong"));
+}

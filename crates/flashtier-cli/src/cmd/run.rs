@@ -5,7 +5,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use flashtier::engine::{Generation, Model};
+use flashtier::engine::{Checkpoint, Generation, Model, ModelConfig, StreamOptions, open_pool};
+use flashtier::experts::Backing;
+use flashtier::pack::{PackOptions, check_pairing};
+use flashtier_format::Store;
 
 /// Options of `flashtier run`.
 #[derive(clap::Args, Debug)]
@@ -14,12 +17,20 @@ pub struct Args {
     /// Model directory: config.json and safetensors (tokenizer.json for --prompt).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// Expert store file packed from the model (`flashtier pack experts`).
+    /// Expert store packed from the model; packed there first when the file
+    /// does not exist. Without it, experts are read from the safetensors.
     #[arg(long, value_name = "FILE")]
     pub store: Option<PathBuf>,
     /// Memory budget for experts in bytes (suffixes K, M, G: binary); default: all experts.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
+    /// Pool backing with --store: `slots` (direct reads into a slot arena) or
+    /// `mapped` (the store memory-mapped, page cache as a second tier).
+    #[arg(long, value_name = "KIND", default_value = "slots")]
+    pub backing: Backing,
+    /// Expert reads in flight at most, with --store.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub queue_depth: usize,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
@@ -43,12 +54,6 @@ pub struct Args {
 
 /// Run `flashtier run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.store.is_some() {
-        bail!(
-            "--store needs the expert pool, which this build does not include yet; \
-             leave out --store to stream experts from the checkpoint's safetensors"
-        );
-    }
     let tokenizer = match &args.prompt {
         Some(_) => Some(load_tokenizer(&args.model)?),
         None => None,
@@ -65,8 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut model = Model::load(&args.model, args.budget)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let mut model = load_model(&args)?;
     let stop: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
@@ -96,6 +100,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         write_logits(path, &out)?;
     }
     report(&args, &out)
+}
+
+/// The model with experts from the checkpoint, or from `--store` (packed
+/// first when missing, and checked to come from this checkpoint).
+fn load_model(args: &Args) -> anyhow::Result<Model> {
+    let Some(store) = &args.store else {
+        return Model::load(&args.model, args.budget)
+            .with_context(|| format!("loading {}", args.model.display()));
+    };
+    if !store.exists() {
+        let opts = PackOptions::new(&args.model, store);
+        let report = super::pack::experts::pack_with_progress(&opts, !args.json)?;
+        if !args.json {
+            eprintln!("{}", super::pack::experts::report_line(&report));
+        }
+    }
+    let opened = Store::open(store).with_context(|| format!("opening {}", store.display()))?;
+    let source = flashtier::checkpoint::Checkpoint::open(&args.model)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    check_pairing(&opened, &source)?;
+    let budget = args
+        .budget
+        .unwrap_or(opened.stride_bytes() * opened.record_count());
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    let ckpt = Checkpoint::open(&args.model)?;
+    let opts = StreamOptions {
+        backing: args.backing,
+        budget_bytes: budget,
+        queue_depth: args.queue_depth,
+    };
+    let experts = open_pool(store, &cfg, opts)?;
+    Ok(Model::with_experts(&cfg, &ckpt, Box::new(experts))?)
 }
 
 fn load_tokenizer(model: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
