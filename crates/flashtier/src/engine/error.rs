@@ -113,6 +113,9 @@ pub enum EngineError {
     /// The expert pool failed (read, checksum, budget, record lookup).
     #[error("expert pool: {0}")]
     Pool(#[from] crate::experts::ExpertsError),
+    /// A demo step (synthetic checkpoint, packing) failed.
+    #[error("demo: {0}")]
+    Demo(String),
     /// Reading expert bytes failed.
     #[error(transparent)]
     StoreIo(#[from] flashtier_io::IoError),

@@ -63,8 +63,10 @@ pub struct ExpertStats {
     pub hits: u64,
     /// Expert uses that needed a read.
     pub misses: u64,
-    /// Bytes read to serve misses.
+    /// Bytes read from storage (misses and prefetches).
     pub bytes_read: u64,
+    /// Of `bytes_read`, bytes read ahead on a [`ExpertSource::hint`].
+    pub prefetch_bytes: u64,
     /// Nanoseconds the engine waited for expert reads.
     pub stall_ns: u64,
 }
@@ -86,6 +88,7 @@ impl ExpertStats {
             hits: self.hits - earlier.hits,
             misses: self.misses - earlier.misses,
             bytes_read: self.bytes_read - earlier.bytes_read,
+            prefetch_bytes: self.prefetch_bytes - earlier.prefetch_bytes,
             stall_ns: self.stall_ns - earlier.stall_ns,
         }
     }
@@ -107,6 +110,14 @@ pub trait ExpertSource: Send {
         experts: &[usize],
         use_expert: &mut UseExpert<'_>,
     ) -> Result<(), EngineError>;
+
+    /// A guess of the experts `layer` will ask for next (the engine applies
+    /// that layer's router to the current layer's input, "pre-gating"). A
+    /// streaming source may start reading them behind the current step's
+    /// reads; the default ignores it. Never changes what is computed.
+    fn hint(&mut self, layer: usize, experts: &[usize]) {
+        let _ = (layer, experts);
+    }
 
     /// Counters so far.
     fn stats(&self) -> ExpertStats;

@@ -253,7 +253,10 @@ mod tests {
         matvec(&mut b, MatRef::Raw(&bytes, DType::Bf16), &x);
         // Same bits on every call and every thread count: the order is fixed by the shape.
         let mut again = vec![0f32; rows];
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         one.install(|| matvec(&mut again, MatRef::Raw(&bytes, DType::Bf16), &x));
         assert_eq!(again, b);
         for (p, q) in a.iter().zip(&b) {

@@ -27,6 +27,7 @@
 mod attention;
 mod checkpoint;
 mod config;
+pub mod demo;
 mod error;
 mod experts;
 pub mod kernels;

@@ -198,6 +198,7 @@ impl Model {
                 *w /= sum;
             }
         }
+        self.hint_next_layer(layer, x);
         // transformers adds the experts' outputs in ascending expert order.
         chosen.sort_by_key(|(e, _)| *e);
         let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
@@ -224,6 +225,23 @@ impl Model {
             }
         }
         Ok(out)
+    }
+
+    /// Pre-gating: the next sparse layer's router applied to this layer's
+    /// MLP input predicts its experts; the source may prefetch them.
+    fn hint_next_layer(&mut self, layer: usize, x: &[f32]) {
+        let next = (layer + 1..self.cfg.num_layers).find(|l| self.cfg.sparse_layers[*l]);
+        let Some(next) = next else { return };
+        let Mlp::Sparse { router } = &self.weights.layers[next].mlp else {
+            return;
+        };
+        let mut logits = vec![0f32; self.cfg.num_experts];
+        matvec(&mut logits, MatRef::F32(router), x);
+        let ids: Vec<usize> = top_k(&logits, self.cfg.top_k)
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect();
+        self.experts.hint(next, &ids);
     }
 
     /// Greedy decoding at batch 1: run `prompt`, then produce up to

@@ -35,6 +35,8 @@ pub struct PoolExperts {
     down: Span,
     dtype: DType,
     stall_ns: u64,
+    /// The engine's guess for the next sparse layer, read behind the next step's misses.
+    hint: Option<(u32, Vec<u32>)>,
 }
 
 impl std::fmt::Debug for PoolExperts {
@@ -102,6 +104,7 @@ impl PoolExperts {
             down,
             dtype,
             stall_ns: 0,
+            hint: None,
         })
     }
 
@@ -206,6 +209,11 @@ impl ExpertSource for PoolExperts {
         let served = (|| {
             let plan = self.pool.plan(&need)?;
             self.pool.run_tracked(plan)?;
+            if let Some((layer, experts)) = self.hint.take() {
+                // Behind this step's misses: the drive stays busy while the
+                // engine computes this layer.
+                self.pool.prefetch(layer, &experts)?;
+            }
             self.serve(&records, use_expert)
         })();
         let finished = self.pool.finish();
@@ -214,12 +222,21 @@ impl ExpertSource for PoolExperts {
         Ok(())
     }
 
+    fn hint(&mut self, layer: usize, experts: &[usize]) {
+        let ids = experts
+            .iter()
+            .filter_map(|&e| u32::try_from(e).ok())
+            .collect();
+        self.hint = u32::try_from(layer).ok().map(|l| (l, ids));
+    }
+
     fn stats(&self) -> ExpertStats {
         let s = self.pool.stats();
         ExpertStats {
             hits: s.hits,
             misses: s.accesses - s.hits,
             bytes_read: s.bytes_read,
+            prefetch_bytes: s.prefetch_bytes,
             stall_ns: self.stall_ns,
         }
     }
