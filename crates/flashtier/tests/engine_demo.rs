@@ -13,6 +13,7 @@ fn tiny_demo_streams_and_maps_the_same_tokens() {
     opts.spec.experts = 8;
     opts.tokens = 6;
     opts.probe_records = 4;
+    opts.reps = 2;
     let phases = std::sync::Mutex::new(Vec::new());
     let report = run_decode_demo(&opts, &|p| {
         let mut seen = phases.lock().unwrap();
@@ -30,6 +31,8 @@ fn tiny_demo_streams_and_maps_the_same_tokens() {
     assert!(report.streamed.miss_bytes_per_token > 0.0);
     assert!(report.drive_bytes_per_sec > 0.0 && report.fraction_of_io_bound > 0.0);
     assert_eq!(report.drive_probes_bytes_per_sec.len(), 3);
+    assert_eq!(report.fractions_of_io_bound.len(), 2);
+    assert!(report.replay_bytes_per_sec > 0.0);
     let seen = phases.into_inner().unwrap();
     for phase in [
         DemoPhase::Generate,

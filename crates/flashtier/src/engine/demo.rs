@@ -4,17 +4,24 @@
 //! drive's own limit measured in the same run and with the same decode on
 //! the mapped (page-cache) backing.
 //!
-//! Steps: [`write_checkpoint`] -> [`pack_experts`] -> drive probe (direct
-//! reads of whole records at the pool's queue depth) -> decode on the slots
-//! backing -> drive probe again -> decode on the mapped backing. The I/O
-//! bound is `drive bytes/s / miss bytes per token`; the report gives the
-//! streamed decode's tokens/s as a fraction of it. Both decodes must produce
-//! the same tokens (streaming never changes results); the report says so.
+//! Steps: [`write_checkpoint`] -> [`pack_experts`] -> `reps` interleaved
+//! repetitions of { drive probe (direct reads of whole fresh pseudo-random
+//! records at the pool's queue depth) -> decode on the slots backing with a
+//! cold pool, every read logged -> replay of that log (the drive on the
+//! decode's own offsets, queue depth kept full) } -> decode on the mapped
+//! backing -> a last probe. The I/O bound of a repetition is `replay
+//! bytes/s / bytes read per token`: the drive's bandwidth on the same reads
+//! in the same run (the host's cache treats both alike). The report gives
+//! the median repetition's tokens/s as a fraction of it, every repetition's
+//! fraction, and the fraction against the median fresh-record probe. Both
+//! backings must produce the same tokens (streaming never changes results);
+//! the report says so.
 //!
 //! Bounds: memory is the budget plus the resident non-expert weights plus
 //! `queue_depth` record buffers during a probe.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use flashtier_format::{Dtype, Store};
@@ -24,9 +31,10 @@ use flashtier_io::{
 
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
+use super::demo_replay::{RecordingBackend, replay};
 use super::error::EngineError;
 use super::model::Model;
-use super::pool_source::{StreamOptions, open_pool};
+use super::pool_source::{StreamOptions, open_pool_with};
 use crate::experts::Backing;
 use crate::pack::{PackOptions, pack_experts};
 use crate::synth::{SynthArch, SynthSpec, write_checkpoint};
@@ -48,6 +56,8 @@ pub struct DemoOptions {
     pub queue_depth: usize,
     /// Records the drive probe reads each time.
     pub probe_records: usize,
+    /// Streamed decodes (each with its probe and replay); medians are reported.
+    pub reps: usize,
 }
 
 impl DemoOptions {
@@ -80,6 +90,7 @@ impl DemoOptions {
             budget_fraction: 0.25,
             queue_depth: 4,
             probe_records: 64,
+            reps: 3,
         }
     }
 }
@@ -143,14 +154,20 @@ pub struct DemoReport {
     pub drive_probes_bytes_per_sec: Vec<f64>,
     /// Median of the probes (bytes/s).
     pub drive_bytes_per_sec: f64,
-    /// Streamed decode (slots backing, direct reads).
+    /// The drive replaying the median repetition's own reads (bytes/s).
+    pub replay_bytes_per_sec: f64,
+    /// Streamed decode (slots backing, direct reads): the median repetition.
     pub streamed: DecodeRun,
     /// The same decode on the mapped (page-cache) backing.
     pub mapped: DecodeRun,
-    /// `drive_bytes_per_sec / streamed.miss_bytes_per_token`.
+    /// `replay_bytes_per_sec / streamed.miss_bytes_per_token`.
     pub io_bound_tokens_per_sec: f64,
-    /// `streamed.tokens_per_sec / io_bound_tokens_per_sec`.
+    /// The fraction of every repetition, in run order.
+    pub fractions_of_io_bound: Vec<f64>,
+    /// The median repetition's `streamed.tokens_per_sec / io_bound_tokens_per_sec`.
     pub fraction_of_io_bound: f64,
+    /// `streamed.tokens_per_sec` over the bound from the fresh-record probes.
+    pub fraction_of_probe_bound: f64,
     /// Both decodes produced the same tokens.
     pub same_tokens: bool,
     /// Wall time of the whole demo, seconds.
@@ -177,54 +194,81 @@ pub fn run_decode_demo(
         .map(|i| (i as u32 * 7919 + 13) % cfg.vocab_size as u32)
         .collect();
 
-    // Probes before, between and after the decodes; the median is the
-    // drive's bandwidth (the machine is shared and single probes are noisy).
-    let mut probes = vec![probe_drive(&store, &store_path, opts, 0, progress)?];
     let stream = |backing| StreamOptions {
         backing,
         budget_bytes,
         queue_depth: opts.queue_depth,
     };
-    let streamed = decode(
-        &cfg,
-        &ckpt,
-        &store_path,
-        stream(Backing::Slots),
-        &prompt,
-        opts,
-        progress,
-    )?;
-    probes.push(probe_drive(&store, &store_path, opts, 1, progress)?);
-    let mapped = decode(
-        &cfg,
-        &ckpt,
-        &store_path,
-        stream(Backing::Mapped),
-        &prompt,
-        opts,
-        progress,
-    )?;
-    probes.push(probe_drive(&store, &store_path, opts, 2, progress)?);
-    let mut sorted = probes.clone();
-    sorted.sort_by(f64::total_cmp);
-    let drive = sorted[sorted.len() / 2];
-    let bound = if streamed.miss_bytes_per_token > 0.0 {
-        drive / streamed.miss_bytes_per_token
-    } else {
-        f64::INFINITY
+    let run = DecodeSetup {
+        cfg: &cfg,
+        ckpt: &ckpt,
+        store: &store_path,
+        prompt: &prompt,
     };
+    // Interleaved repetitions (the machine and its drive are shared, single
+    // runs are noisy): fresh-record probe, streamed decode (cold pool, reads
+    // logged), replay of its reads; medians are reported.
+    let mut probes = Vec::with_capacity(opts.reps + 1);
+    let mut reps: Vec<(f64, f64, DecodeRun)> = Vec::with_capacity(opts.reps);
+    for rep in 0..opts.reps.max(1) {
+        probes.push(probe_drive(
+            &store,
+            &store_path,
+            opts,
+            rep as u64,
+            progress,
+        )?);
+        let logger = Arc::new(RecordingBackend::new(opts.queue_depth)?);
+        let streamed = run.decode(stream(Backing::Slots), logger.clone(), opts, progress)?;
+        let replay_bw = replay(&store_path, &logger.reads(), opts.queue_depth)?;
+        let bound = io_bound(replay_bw, streamed.miss_bytes_per_token);
+        reps.push((streamed.tokens_per_sec / bound, replay_bw, streamed));
+    }
+    let plain = Arc::new(PosixBackend::new(opts.queue_depth.max(1))?);
+    let mapped = run.decode(stream(Backing::Mapped), plain, opts, progress)?;
+    probes.push(probe_drive(
+        &store,
+        &store_path,
+        opts,
+        opts.reps as u64,
+        progress,
+    )?);
+    let drive = median(&probes);
+    let fractions: Vec<f64> = reps.iter().map(|r| r.0).collect();
+    reps.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (fraction, replay_bw, streamed) = reps.swap_remove(reps.len() / 2);
     Ok(DemoReport {
         expert_bytes,
         budget_bytes,
         drive_probes_bytes_per_sec: probes,
         drive_bytes_per_sec: drive,
-        io_bound_tokens_per_sec: bound,
-        fraction_of_io_bound: streamed.tokens_per_sec / bound,
+        replay_bytes_per_sec: replay_bw,
+        io_bound_tokens_per_sec: io_bound(replay_bw, streamed.miss_bytes_per_token),
+        fractions_of_io_bound: fractions,
+        fraction_of_io_bound: fraction,
+        fraction_of_probe_bound: streamed.tokens_per_sec
+            / io_bound(drive, streamed.miss_bytes_per_token),
         same_tokens: streamed.generated_ids == mapped.generated_ids,
         streamed,
         mapped,
         elapsed_secs: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Tokens per second the drive allows at `bytes_per_sec` for
+/// `bytes_per_token` (infinite when nothing is read).
+fn io_bound(bytes_per_sec: f64, bytes_per_token: f64) -> f64 {
+    if bytes_per_token > 0.0 {
+        bytes_per_sec / bytes_per_token
+    } else {
+        f64::INFINITY
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Write the checkpoint and pack it, unless `work_dir` already holds both.
@@ -310,42 +354,51 @@ fn probe_drive(
     Ok(done as f64 / started.elapsed().as_secs_f64())
 }
 
-fn decode(
-    cfg: &ModelConfig,
-    ckpt: &Checkpoint,
-    store: &Path,
-    stream: StreamOptions,
-    prompt: &[u32],
-    opts: &DemoOptions,
-    progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<DecodeRun, EngineError> {
-    let experts = open_pool(store, cfg, stream)?;
-    let mut model = Model::with_experts(cfg, ckpt, Box::new(experts))?;
-    let phase = if stream.backing == Backing::Mapped {
-        DemoPhase::Mapped
-    } else {
-        DemoPhase::Streamed
-    };
-    let total = opts.tokens as u64;
-    let mut done = 0u64;
-    let out = model.generate(prompt, opts.tokens, &[], false, |_| {
-        done += 1;
-        progress(DemoProgress { phase, done, total });
-    })?;
-    let e = out.decode_experts;
-    let steps = out.decode_steps.max(1) as f64;
-    Ok(DecodeRun {
-        backing: format!("{:?}", stream.backing).to_lowercase(),
-        generated_ids: out.generated_ids.clone(),
-        steps: out.decode_steps,
-        tokens_per_sec: out.tokens_per_sec(),
-        expert_hit_rate: e.hit_rate(),
-        miss_bytes_per_token: e.bytes_read as f64 / steps,
-        prefetch_bytes_per_token: e.prefetch_bytes as f64 / steps,
-        stall_fraction: if out.decode_secs > 0.0 {
-            e.stall_ns as f64 / 1e9 / out.decode_secs
+/// What both decodes share.
+struct DecodeSetup<'a> {
+    cfg: &'a ModelConfig,
+    ckpt: &'a Checkpoint,
+    store: &'a Path,
+    prompt: &'a [u32],
+}
+
+impl DecodeSetup<'_> {
+    fn decode(
+        &self,
+        stream: StreamOptions,
+        backend: Arc<dyn StorageBackend>,
+        opts: &DemoOptions,
+        progress: &(dyn Fn(DemoProgress) + Sync),
+    ) -> Result<DecodeRun, EngineError> {
+        let (cfg, ckpt, store, prompt) = (self.cfg, self.ckpt, self.store, self.prompt);
+        let experts = open_pool_with(store, cfg, stream, backend)?;
+        let mut model = Model::with_experts(cfg, ckpt, Box::new(experts))?;
+        let phase = if stream.backing == Backing::Mapped {
+            DemoPhase::Mapped
         } else {
-            0.0
-        },
-    })
+            DemoPhase::Streamed
+        };
+        let total = opts.tokens as u64;
+        let mut done = 0u64;
+        let out = model.generate(prompt, opts.tokens, &[], false, |_| {
+            done += 1;
+            progress(DemoProgress { phase, done, total });
+        })?;
+        let e = out.decode_experts;
+        let steps = out.decode_steps.max(1) as f64;
+        Ok(DecodeRun {
+            backing: format!("{:?}", stream.backing).to_lowercase(),
+            generated_ids: out.generated_ids.clone(),
+            steps: out.decode_steps,
+            tokens_per_sec: out.tokens_per_sec(),
+            expert_hit_rate: e.hit_rate(),
+            miss_bytes_per_token: e.bytes_read as f64 / steps,
+            prefetch_bytes_per_token: e.prefetch_bytes as f64 / steps,
+            stall_fraction: if out.decode_secs > 0.0 {
+                e.stall_ns as f64 / 1e9 / out.decode_secs
+            } else {
+                0.0
+            },
+        })
+    }
 }

@@ -260,9 +260,19 @@ pub fn open_pool(
     cfg: &ModelConfig,
     opts: StreamOptions,
 ) -> Result<PoolExperts, EngineError> {
+    let backend = std::sync::Arc::new(flashtier_io::PosixBackend::new(opts.queue_depth.max(1))?);
+    open_pool_with(store, cfg, opts, backend)
+}
+
+/// [`open_pool`] over any storage backend (io_uring, the simulator, a logger).
+pub fn open_pool_with(
+    store: &std::path::Path,
+    cfg: &ModelConfig,
+    opts: StreamOptions,
+    backend: std::sync::Arc<dyn flashtier_io::StorageBackend>,
+) -> Result<PoolExperts, EngineError> {
     use crate::experts::{Backing, PoolConfig, StoreSet};
     let stores = StoreSet::open(store, opts.backing == Backing::Mapped)?;
-    let backend = std::sync::Arc::new(flashtier_io::PosixBackend::new(opts.queue_depth.max(1))?);
     let config = PoolConfig {
         backing: opts.backing,
         budget_bytes: opts.budget_bytes,
