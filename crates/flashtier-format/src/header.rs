@@ -324,12 +324,40 @@ impl Header {
     /// Check the geometry: stride, payload, alignment, and that records,
     /// checksum table and manifest lie in this order inside `file_len`.
     pub fn validate_geometry(&self, path: &Path) -> Result<(), FormatError> {
-        let bad = |field, value, why| FormatError::BadField {
+        let records_end = self.validate_records(path)?;
+        self.validate_tables(path, records_end)
+    }
+
+    fn bad(path: &Path, field: &'static str, value: u64, why: &'static str) -> FormatError {
+        FormatError::BadField {
             path: path.to_path_buf(),
             field,
             value,
             why,
-        };
+        }
+    }
+
+    fn overflow(
+        &self,
+        path: &Path,
+        table: &'static str,
+        offset: u64,
+        len: u64,
+        why: &'static str,
+    ) -> FormatError {
+        FormatError::TableOverflow {
+            path: path.to_path_buf(),
+            table,
+            offset,
+            len,
+            file_len: self.file_len,
+            why,
+        }
+    }
+
+    /// Stride, payload, alignment, and the records inside `file_len`;
+    /// returns the end of the records.
+    fn validate_records(&self, path: &Path) -> Result<u64, FormatError> {
         let stride = self.record_stride_bytes;
         if stride == 0 || stride % ALIGN_BYTES != 0 {
             return Err(FormatError::UnalignedStride {
@@ -338,59 +366,61 @@ impl Header {
             });
         }
         if self.payload_bytes == 0 || self.payload_bytes > stride {
-            return Err(bad(
-                "payload_bytes",
-                self.payload_bytes,
-                "must be in 1..=record_stride_bytes",
-            ));
+            let why = "must be in 1..=record_stride_bytes";
+            return Err(Self::bad(path, "payload_bytes", self.payload_bytes, why));
         }
         if self.records_offset < HEADER_BYTES as u64 || self.records_offset % ALIGN_BYTES != 0 {
-            return Err(bad(
-                "records_offset",
-                self.records_offset,
-                "must be a multiple of 4096, at least 4096",
-            ));
+            let why = "must be a multiple of 4096, at least 4096";
+            return Err(Self::bad(path, "records_offset", self.records_offset, why));
         }
         if self.file_len % ALIGN_BYTES != 0 {
-            return Err(bad("file_len", self.file_len, "must be a multiple of 4096"));
+            return Err(Self::bad(
+                path,
+                "file_len",
+                self.file_len,
+                "must be a multiple of 4096",
+            ));
         }
         let records_end = self
             .record_count
             .checked_mul(stride)
             .and_then(|n| n.checked_add(self.records_offset))
             .ok_or_else(|| {
-                bad(
+                Self::bad(
+                    path,
                     "record_count",
                     self.record_count,
                     "records region overflows u64",
                 )
             })?;
-        let overflow = |table, offset, len, why| FormatError::TableOverflow {
-            path: path.to_path_buf(),
-            table,
-            offset,
-            len,
-            file_len: self.file_len,
-            why,
-        };
         if records_end > self.file_len {
-            return Err(overflow(
+            let len = records_end - self.records_offset;
+            return Err(self.overflow(
+                path,
                 "records",
                 self.records_offset,
-                records_end - self.records_offset,
+                len,
                 "records end past file_len",
             ));
         }
+        Ok(records_end)
+    }
+
+    /// The checksum table and the manifest after the records, inside `file_len`.
+    fn validate_tables(&self, path: &Path, records_end: u64) -> Result<(), FormatError> {
         if Some(self.checksum_table_len) != self.record_count.checked_mul(8) {
-            return Err(bad(
+            let why = "must be 8 * record_count";
+            return Err(Self::bad(
+                path,
                 "checksum_table_len",
                 self.checksum_table_len,
-                "must be 8 * record_count",
+                why,
             ));
         }
         let (ct_off, ct_len) = (self.checksum_table_offset, self.checksum_table_len);
         if ct_off < records_end {
-            return Err(overflow(
+            return Err(self.overflow(
+                path,
                 "checksum_table",
                 ct_off,
                 ct_len,
@@ -399,7 +429,8 @@ impl Header {
         }
         let ct_end = ct_off.checked_add(ct_len).filter(|&e| e <= self.file_len);
         let Some(ct_end) = ct_end else {
-            return Err(overflow(
+            return Err(self.overflow(
+                path,
                 "checksum_table",
                 ct_off,
                 ct_len,
@@ -407,23 +438,16 @@ impl Header {
             ));
         };
         if self.manifest_len == 0 || self.manifest_len > MAX_MANIFEST_BYTES {
-            return Err(bad(
-                "manifest_len",
-                self.manifest_len,
-                "must be in 1..=268435456",
-            ));
+            let why = "must be in 1..=268435456";
+            return Err(Self::bad(path, "manifest_len", self.manifest_len, why));
         }
         let (m_off, m_len) = (self.manifest_offset, self.manifest_len);
         if m_off < ct_end {
-            return Err(overflow(
-                "manifest",
-                m_off,
-                m_len,
-                "starts before the checksum table ends",
-            ));
+            let why = "starts before the checksum table ends";
+            return Err(self.overflow(path, "manifest", m_off, m_len, why));
         }
         if m_off.checked_add(m_len).is_none_or(|e| e > self.file_len) {
-            return Err(overflow("manifest", m_off, m_len, "ends past file_len"));
+            return Err(self.overflow(path, "manifest", m_off, m_len, "ends past file_len"));
         }
         Ok(())
     }
@@ -469,132 +493,4 @@ fn get_u64(b: &[u8], at: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(w)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn path() -> &'static Path {
-        Path::new("t.ftstore")
-    }
-
-    #[test]
-    fn plan_is_valid_and_round_trips() {
-        let h = Header::plan(StoreKind::Experts, 10, 5000, 321).expect("plan");
-        assert_eq!(h.record_stride_bytes, 8192);
-        assert_eq!(h.checksum_table_offset, 4096 + 10 * 8192);
-        assert_eq!(h.file_len % 4096, 0);
-        let back = Header::decode(path(), &h.encode()).expect("decode");
-        assert_eq!(back, h);
-        assert_eq!(h.record_offset(9), Some(4096 + 9 * 8192));
-        assert_eq!(h.record_offset(10), None);
-    }
-
-    #[test]
-    fn each_corruption_has_its_error() {
-        let good = Header::plan(StoreKind::Rows, 3, 4096, 10)
-            .expect("plan")
-            .encode();
-        let mut b = good;
-        b[0] = b'X';
-        assert!(matches!(
-            Header::decode(path(), &b),
-            Err(FormatError::BadMagic { .. })
-        ));
-        let mut b = good;
-        b[8] = 2;
-        assert!(matches!(
-            Header::decode(path(), &b),
-            Err(FormatError::UnknownVersion { found: 2, .. })
-        ));
-        let mut b = good;
-        b[30] ^= 1;
-        assert!(matches!(
-            Header::decode(path(), &b),
-            Err(FormatError::HeaderChecksum { .. })
-        ));
-        assert!(matches!(
-            Header::decode(path(), &good[..100]),
-            Err(FormatError::Truncated { .. })
-        ));
-    }
-
-    #[test]
-    fn unaligned_stride_is_refused() {
-        let mut h = Header::plan(StoreKind::Kv, 1, 100, 10).expect("plan");
-        h.record_stride_bytes = 4095;
-        assert!(matches!(
-            Header::decode(path(), &h.encode()),
-            Err(FormatError::UnalignedStride { stride: 4095, .. })
-        ));
-        h.record_stride_bytes = 0;
-        assert!(matches!(
-            Header::decode(path(), &h.encode()),
-            Err(FormatError::UnalignedStride { stride: 0, .. })
-        ));
-    }
-
-    #[test]
-    fn tables_past_the_file_are_refused() {
-        let mut h = Header::plan(StoreKind::Experts, 2, 4096, 50).expect("plan");
-        h.manifest_len = h.file_len;
-        assert!(matches!(
-            Header::decode(path(), &h.encode()),
-            Err(FormatError::TableOverflow {
-                table: "manifest",
-                ..
-            })
-        ));
-        let mut h = Header::plan(StoreKind::Experts, 2, 4096, 50).expect("plan");
-        h.record_count = u64::MAX / 2;
-        assert!(matches!(
-            Header::decode(path(), &h.encode()),
-            Err(FormatError::BadField {
-                field: "record_count",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn file_len_check_distinguishes_short_and_long() {
-        let h = Header::plan(StoreKind::Experts, 1, 4096, 50).expect("plan");
-        assert!(h.check_file_len(path(), h.file_len).is_ok());
-        assert!(matches!(
-            h.check_file_len(path(), h.file_len - 1),
-            Err(FormatError::Truncated { .. })
-        ));
-        assert!(matches!(
-            h.check_file_len(path(), h.file_len + 1),
-            Err(FormatError::TrailingBytes { .. })
-        ));
-    }
-
-    proptest! {
-        #[test]
-        fn planned_headers_round_trip(
-            kind in prop_oneof![Just(StoreKind::Experts), Just(StoreKind::Rows), Just(StoreKind::Kv)],
-            count in 0u64..1_000_000,
-            payload in 1u64..(64 << 20),
-            manifest_len in 1u64..(1 << 20),
-            ct_sum in any::<u64>(),
-            m_sum in any::<u64>(),
-        ) {
-            let mut h = Header::plan(kind, count, payload, manifest_len).expect("plan");
-            h.checksum_table_checksum = ct_sum;
-            h.manifest_checksum = m_sum;
-            let bytes = h.encode();
-            prop_assert_eq!(Header::decode(path(), &bytes).expect("decode"), h);
-        }
-
-        #[test]
-        fn any_single_byte_flip_is_caught(at in 0usize..HEADER_BYTES, bit in 0u8..8) {
-            let h = Header::plan(StoreKind::Experts, 7, 12345, 99).expect("plan");
-            let mut bytes = h.encode();
-            bytes[at] ^= 1 << bit;
-            prop_assert!(Header::decode(path(), &bytes).is_err());
-        }
-    }
 }

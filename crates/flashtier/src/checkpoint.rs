@@ -6,12 +6,18 @@
 //! most [`MAX_HEADER_BYTES`], every tensor's `data_offsets` inside the file,
 //! and its length equal to shape times element size for the dtypes whose
 //! size is known. Tensor bytes are then read with positional reads into the
-//! caller's buffer, so the reader holds no more than the headers in memory.
+//! caller's buffer, so the reader holds no more than the headers in memory:
+//! buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the page cache
+//! so packing a checkpoint larger than memory does not evict everything else
+//! ([`Checkpoint::read_tensor_direct`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 /// Largest safetensors header accepted (the JSON of a big checkpoint shard is
 /// a few MB).
@@ -33,6 +39,9 @@ pub enum CheckpointError {
         /// OS error.
         source: std::io::Error,
     },
+    /// Opening a file for direct reads failed.
+    #[error(transparent)]
+    Direct(#[from] flashtier_io::IoError),
     /// Neither `model.safetensors` nor `model.safetensors.index.json` exists.
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     NoWeights {
@@ -104,6 +113,21 @@ pub struct WeightFile {
     /// The raw header (8-byte length + JSON), for pairing checksums.
     pub header: Vec<u8>,
     file: File,
+    /// The same file opened for direct reads (O_DIRECT where allowed), on
+    /// first use, so buffered users never see an O_DIRECT warning.
+    direct: Mutex<Option<Arc<StoreFile>>>,
+}
+
+impl WeightFile {
+    fn direct_handle(&self) -> Result<Arc<StoreFile>, CheckpointError> {
+        let mut slot = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = StoreFile::open_read(&self.path, DirectMode::Prefer)?;
+        *slot = Some(f.clone());
+        Ok(f)
+    }
 }
 
 /// An opened checkpoint: config, files, and every tensor's place.
@@ -239,6 +263,58 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// Read tensor `name` into `dst` (exactly its length) with direct I/O,
+    /// bypassing the page cache: the 4096-aligned window around the tensor
+    /// lands in `staging` (grown to the window when smaller, so its size is
+    /// bounded by the largest tensor plus 8 KiB), then the tensor is copied
+    /// out. Falls back to [`Checkpoint::read_tensor`] where the file system
+    /// refuses O_DIRECT.
+    pub fn read_tensor_direct(
+        &self,
+        name: &str,
+        dst: &mut [u8],
+        staging: &mut AlignedBuf,
+    ) -> Result<(), CheckpointError> {
+        let t = self.tensor(name)?;
+        let wf = self
+            .files
+            .get(t.file)
+            .filter(|_| dst.len() as u64 == t.len_bytes);
+        let Some(wf) = wf else {
+            return self.read_tensor(name, dst);
+        };
+        let direct = wf.direct_handle()?;
+        if !direct.is_direct() {
+            return self.read_tensor(name, dst);
+        }
+        let align = (direct.offset_align() as u64).max(ALIGN as u64);
+        let start = t.offset / align * align;
+        let head = (t.offset - start) as usize;
+        let need = head + dst.len();
+        let window = need.next_multiple_of(align as usize);
+        if staging.capacity() < window {
+            *staging = AlignedBuf::zeroed(window);
+        }
+        let buf = &mut staging.as_full_mut()[..window];
+        let mut done = 0usize;
+        while done < need {
+            let got = direct.file().read_at(&mut buf[done..], start + done as u64);
+            match got {
+                Ok(0) => {
+                    let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                    return Err(io_err(&wf.path, t.offset, t.len_bytes)(eof));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&wf.path, t.offset, t.len_bytes)(e)),
+            }
+        }
+        dst.copy_from_slice(&buf[head..need]);
+        Ok(())
+    }
+}
+
 /// The safetensors files of `dir`: the index's files, or `model.safetensors`.
 fn weight_file_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     let index = dir.join("model.safetensors.index.json");
@@ -321,6 +397,7 @@ fn open_weight_file(
     }
     Ok((
         WeightFile {
+            direct: Mutex::new(None),
             name,
             path,
             len_bytes,

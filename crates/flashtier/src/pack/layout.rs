@@ -123,8 +123,8 @@ fn check_dtype(name: &str, info: &TensorInfo, suffix: &str) -> Result<Dtype, Pac
     })
 }
 
-/// Find the experts of `ckpt` and lay out one record.
-pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
+/// Expert suffixes by (layer, expert), and whether the naming is Mixtral's.
+fn scan_experts(ckpt: &Checkpoint) -> Result<(bool, ExpertSuffixes<'_>), PackError> {
     let mut by_key: BTreeMap<RecordKey, BTreeSet<&str>> = BTreeMap::new();
     let mut first: Option<(bool, &str)> = None;
     for name in ckpt.tensors().keys() {
@@ -151,6 +151,14 @@ pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
             dir: ckpt.dir().to_path_buf(),
         });
     };
+    Ok((mixtral, by_key))
+}
+
+type ExpertSuffixes<'a> = BTreeMap<RecordKey, BTreeSet<&'a str>>;
+
+/// Find the experts of `ckpt` and lay out one record.
+pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
+    let (mixtral, by_key) = scan_experts(ckpt)?;
     let model_type = ckpt
         .config()
         .get("model_type")

@@ -1,8 +1,9 @@
 //! The streaming writer: a bounded pipeline from checkpoint tensors to
 //! aligned store records.
 //!
-//! One reader thread fills record buffers (positional reads of each tensor
-//! into its offset, then the record's checksum); `writers` threads write each
+//! `readers` threads fill record buffers (positional reads of each tensor
+//! into its offset, direct through a per-reader staging buffer of at most the
+//! largest tensor plus 8 KiB, then the record's checksum); `writers` threads write each
 //! whole record (its full stride, 4096-aligned, O_DIRECT where the file
 //! system allows) at its offset. Bounds: exactly `depth` record buffers exist
 //! (allocated once, recycled through a channel), so memory is `depth *
@@ -16,7 +17,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_format::{RecordKey, StoreWriterPlan, TensorLayout, xxh3_64};
-use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
+use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
 use super::layout::source_name;
@@ -28,6 +29,8 @@ pub(crate) struct RecordSource<'a> {
     pub template: &'a str,
     pub tensors: &'a [TensorLayout],
     pub keys: &'a [RecordKey],
+    /// Read source tensors with direct I/O (bypassing the page cache).
+    pub direct: bool,
 }
 
 /// Pipeline shape.
@@ -35,6 +38,8 @@ pub(crate) struct RecordSource<'a> {
 pub(crate) struct PipelineShape {
     /// Record buffers in the pipeline (>= 2).
     pub depth: usize,
+    /// Reader threads (>= 1); reader r fills records r, r + readers, ...
+    pub readers: usize,
     /// Writer threads (>= 1).
     pub writers: usize,
 }
@@ -65,6 +70,25 @@ pub(crate) fn write_store(
         _ => {}
     }
     let file = StoreFile::open_rw(path, direct, true)?;
+    // Allocate the file up front: direct writes into allocated extents are
+    // overwrites, which file systems such as ext4 run in parallel (extending
+    // writes and writes into holes are serialised on the inode lock).
+    if !file.preallocate(plan.file_len())? {
+        tracing::info!(path = %path.display(), "file system cannot preallocate; writing a sparse file");
+    }
+    let sums = run_pipeline(src, plan, &file, shape, progress)?;
+    finish(plan, &file, &sums)?;
+    Ok(file.is_direct())
+}
+
+/// Run the readers and writers over every record; the record checksums.
+fn run_pipeline(
+    src: &RecordSource<'_>,
+    plan: &StoreWriterPlan,
+    file: &StoreFile,
+    shape: PipelineShape,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<u64>, PackError> {
     let stride = usize::try_from(plan.header().record_stride_bytes)
         .map_err(|_| PackError::Thread("record stride exceeds the address space".into()))?;
     let count = plan.header().record_count;
@@ -76,16 +100,35 @@ pub(crate) fn write_store(
         let _ = free_tx.send(AlignedBuf::zeroed(stride));
     }
     let filled_rx = Arc::new(Mutex::new(filled_rx));
+    let free_rx = Arc::new(Mutex::new(free_rx));
     let sums = Mutex::new(vec![0u64; usize::try_from(count).unwrap_or(0)]);
     let failed = AtomicBool::new(false);
     let results = std::thread::scope(|s| {
         let failed = &failed;
-        let reader = s.spawn(move || fill_records(src, count, &free_rx, &filled_tx, failed));
+        let n_readers = shape.readers.max(1) as u64;
+        let readers: Vec<_> = (0..n_readers)
+            .map(|r| {
+                let (free, filled) = (free_rx.clone(), filled_tx.clone());
+                let lane = Lane {
+                    first: r,
+                    step: n_readers,
+                    count,
+                };
+                s.spawn(move || {
+                    let res = fill_records(src, lane, &free, &filled, failed);
+                    if res.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    res
+                })
+            })
+            .collect();
+        drop(filled_tx);
         let writers: Vec<_> = (0..shape.writers.max(1))
             .map(|_| {
                 let rx = filled_rx.clone();
                 let tx = free_tx.clone();
-                let (file, sums) = (&file, &sums);
+                let sums = &sums;
                 s.spawn(move || {
                     let r = write_records(plan, file, &rx, &tx, sums, progress);
                     if r.is_err() {
@@ -96,16 +139,14 @@ pub(crate) fn write_store(
             })
             .collect();
         drop(free_tx);
-        let mut out = vec![join(reader)];
+        let mut out: Vec<_> = readers.into_iter().map(join).collect();
         out.extend(writers.into_iter().map(join));
         out
     });
     for r in results {
         r?;
     }
-    let sums = sums.into_inner().unwrap_or_else(PoisonError::into_inner);
-    finish(plan, &file, &sums)?;
-    Ok(file.is_direct())
+    Ok(sums.into_inner().unwrap_or_else(PoisonError::into_inner))
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, PackError>>) -> Result<T, PackError> {
@@ -113,21 +154,35 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, PackError>>) -> Result
         .unwrap_or_else(|_| Err(PackError::Thread("a packing thread panicked".into())))
 }
 
-/// Reader: fill each record's tensors and checksum, in index order.
+/// The records one reader fills: `first`, `first + step`, ... below `count`.
+#[derive(Clone, Copy)]
+struct Lane {
+    first: u64,
+    step: u64,
+    count: u64,
+}
+
+/// Reader: fill each record of its lane (tensors, then checksum), in order.
 fn fill_records(
     src: &RecordSource<'_>,
-    count: u64,
-    free: &Receiver<AlignedBuf>,
+    lane: Lane,
+    free: &Mutex<Receiver<AlignedBuf>>,
     filled: &SyncSender<Filled>,
     failed: &AtomicBool,
 ) -> Result<(), PackError> {
     let payload = src.tensors.last().map_or(0, |t| t.offset + t.len_bytes) as usize;
-    for (index, key) in (0..count).zip(src.keys) {
-        // A writer failed: stop; it reports its own error.
+    let mut staging = AlignedBuf::zeroed(ALIGN);
+    let indices = (lane.first..lane.count).step_by(usize::try_from(lane.step).unwrap_or(1));
+    for index in indices {
+        let Some(key) = usize::try_from(index).ok().and_then(|i| src.keys.get(i)) else {
+            return Err(PackError::Thread(format!("record {index} has no key")));
+        };
+        // Another thread failed: stop; it reports its own error.
         if failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let Ok(mut buf) = free.recv() else {
+        let next = free.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(mut buf) = next else {
             return Ok(());
         };
         for t in src.tensors {
@@ -139,7 +194,11 @@ fn fill_records(
                     tensor: name.clone(),
                     why: "tensor outside its record".into(),
                 })?;
-            src.ckpt.read_tensor(&name, dst)?;
+            if src.direct {
+                src.ckpt.read_tensor_direct(&name, dst, &mut staging)?;
+            } else {
+                src.ckpt.read_tensor(&name, dst)?;
+            }
         }
         let checksum = xxh3_64(buf.get(..payload).unwrap_or_default());
         if filled

@@ -22,10 +22,17 @@ pub struct Args {
     #[arg(long, default_value = "prefer")]
     pub direct: DirectMode,
     /// Record buffers in the read/write pipeline (memory = depth x record).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub depth: usize,
-    /// Writer threads.
+    /// Reader threads (copy tensors into records, checksum them).
     #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Read the checkpoint with O_DIRECT too (keeps a checkpoint larger than
+    /// memory out of the page cache; slower where read-ahead helps).
+    #[arg(long)]
+    pub direct_source: bool,
+    /// Writer threads (the queue depth of the store writes).
+    #[arg(long, default_value_t = 4)]
     pub writers: usize,
     /// Print the result as JSON on stdout.
     #[arg(long)]
@@ -104,6 +111,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut opts = PackOptions::new(&args.model, &args.out);
     opts.direct = args.direct;
     opts.depth = args.depth.clamp(2, 64);
+    opts.readers = args.readers.clamp(1, 16);
+    opts.direct_source = args.direct_source;
     opts.writers = args.writers.clamp(1, 16);
     let report = pack_with_progress(&opts, !args.json)?;
     if args.json {
