@@ -9,7 +9,8 @@
 //! owner and are reached by offset.
 
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
 
 use crate::buf::AlignedBuf;
 use crate::error::IoError;
@@ -219,6 +220,10 @@ pub struct Ticket {
 struct TicketState {
     inner: Mutex<TicketInner>,
     cv: Condvar,
+    /// When the backend started the first request (handed it to the kernel
+    /// or a worker), and when the last one completed.
+    started: OnceLock<Instant>,
+    finished: OnceLock<Instant>,
 }
 
 struct TicketInner {
@@ -226,6 +231,9 @@ struct TicketInner {
     landed: Vec<Option<Landed>>,
     first_err: Option<(usize, IoError)>,
     notify: Option<(Sender<u64>, u64)>,
+    /// Threads blocked in `wait` (the completer skips the wake-up syscall
+    /// when none).
+    waiters: usize,
 }
 
 /// The backend's half of a ticket: completes requests by index.
@@ -243,8 +251,11 @@ impl Ticket {
                 landed: (0..n).map(|_| None).collect(),
                 first_err: None,
                 notify: None,
+                waiters: 0,
             }),
             cv: Condvar::new(),
+            started: OnceLock::new(),
+            finished: OnceLock::new(),
         });
         (
             Self {
@@ -273,16 +284,31 @@ impl Ticket {
         }
     }
 
+    /// When the backend started the first request of this ticket (for a
+    /// queued backend, when it left the queue); `None` before that.
+    #[must_use]
+    pub fn started_at(&self) -> Option<Instant> {
+        self.state.started.get().copied()
+    }
+
+    /// When the last request completed; `None` before that.
+    #[must_use]
+    pub fn finished_at(&self) -> Option<Instant> {
+        self.state.finished.get().copied()
+    }
+
     /// Block until every request completes; the landed results in request
     /// order, or the first failure by request order.
     pub fn wait(self) -> Result<Vec<Landed>, IoError> {
         let mut g = self.state.lock();
         while g.remaining > 0 {
+            g.waiters += 1;
             g = self
                 .state
                 .cv
                 .wait(g)
                 .unwrap_or_else(PoisonError::into_inner);
+            g.waiters -= 1;
         }
         if let Some((_, e)) = g.first_err.take() {
             return Err(e);
@@ -298,6 +324,12 @@ impl TicketState {
 }
 
 impl Completer {
+    /// Note that the backend starts a request now (the first call counts):
+    /// service time is measured from here, not from `read_async`.
+    pub fn mark_started(&self) {
+        let _ = self.state.started.get_or_init(Instant::now);
+    }
+
     /// Record the outcome of request `idx`. Each index completes once.
     pub fn complete(&self, idx: usize, result: Result<Landed, IoError>) {
         let mut g = self.state.lock();
@@ -315,7 +347,10 @@ impl Completer {
         }
         g.remaining = g.remaining.saturating_sub(1);
         if g.remaining == 0 {
-            self.state.cv.notify_all();
+            let _ = self.state.finished.get_or_init(Instant::now);
+            if g.waiters > 0 {
+                self.state.cv.notify_all();
+            }
             if let Some((tx, token)) = g.notify.take() {
                 let _ = tx.send(token);
             }

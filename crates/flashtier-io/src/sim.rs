@@ -42,9 +42,8 @@
 
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -55,6 +54,7 @@ use crate::backend::{Completer, ReadReq, StorageBackend, Ticket, read_blocking_w
 use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::posix::MAX_QUEUE_DEPTH;
+use crate::queue::JobQueue;
 
 /// Environment variable that overrides the plan's seed (replay).
 pub const SEED_ENV: &str = "FLASHTIER_SIM_SEED";
@@ -366,7 +366,7 @@ struct Shared {
 /// The fault-injecting backend. See the module docs.
 pub struct SimBackend {
     shared: Arc<Shared>,
-    tx: Option<SyncSender<Job>>,
+    queue: Arc<JobQueue<Job>>,
     workers: Vec<JoinHandle<()>>,
     queue_depth: usize,
 }
@@ -394,15 +394,14 @@ impl SimBackend {
             },
             stats: Counters::default(),
         });
-        let (tx, rx) = sync_channel::<Job>(2 * queue_depth);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(JobQueue::new(2 * queue_depth));
         let mut workers = Vec::with_capacity(queue_depth);
         for i in 0..queue_depth {
-            let rx = rx.clone();
+            let q = queue.clone();
             let shared = shared.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("ft-sim-{i}"))
-                .spawn(move || worker(&rx, &shared))
+                .spawn(move || worker(&q, &shared))
                 .map_err(|e| IoError::Backend {
                     backend: "sim",
                     what: format!("spawn: {e}"),
@@ -411,7 +410,7 @@ impl SimBackend {
         }
         Ok(Self {
             shared,
-            tx: Some(tx),
+            queue,
             workers,
             queue_depth,
         })
@@ -451,13 +450,9 @@ fn seed_for(plan: &FaultPlan) -> Result<u64, IoError> {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>, shared: &Shared) {
-    loop {
-        let job = {
-            let guard = rx.lock().unwrap_or_else(PoisonError::into_inner);
-            guard.recv()
-        };
-        let Ok(job) = job else { return };
+fn worker(queue: &JobQueue<Job>, shared: &Shared) {
+    while let Some(job) = queue.pop() {
+        job.done.mark_started();
         let d = job.decision;
         shared.delay(d);
         let result = read_blocking_with(job.req, |file, dst, offset| {
@@ -603,12 +598,6 @@ impl StorageBackend for SimBackend {
     }
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
-        let Some(tx) = &self.tx else {
-            return Err(IoError::Backend {
-                backend: "sim",
-                what: "shut down".into(),
-            });
-        };
         let (ticket, done) = Ticket::new(reqs.len());
         for (idx, req) in reqs.into_iter().enumerate() {
             self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
@@ -619,8 +608,7 @@ impl StorageBackend for SimBackend {
                 decision,
                 done: done.clone(),
             };
-            if let Err(back) = tx.send(job) {
-                let job = back.0;
+            if let Err(job) = self.queue.push(job) {
                 let err = IoError::Backend {
                     backend: "sim",
                     what: "workers exited".into(),
@@ -638,7 +626,7 @@ impl StorageBackend for SimBackend {
 
 impl Drop for SimBackend {
     fn drop(&mut self) {
-        self.tx = None;
+        self.queue.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

@@ -180,6 +180,16 @@ impl SlotTable {
         LandedFlag(self.inflight.get(slot).cloned().flatten())
     }
 
+    /// When the slot's read completed, as the backend saw it (`None` while in
+    /// flight or when the slot has none).
+    #[must_use]
+    pub fn finished_at(&self, slot: usize) -> Option<std::time::Instant> {
+        self.inflight
+            .get(slot)
+            .and_then(Option::as_ref)
+            .and_then(Ticket::finished_at)
+    }
+
     /// Send `token` on `tx` when the slot's read completes (at once when none).
     pub fn notify_on_done(&self, slot: usize, tx: Sender<u64>, token: u64) {
         match self.inflight.get(slot).and_then(Option::as_ref) {

@@ -18,9 +18,10 @@
 //! - Every SQE's `user_data` is its in-flight slot, which records the ticket
 //!   and the request index, so every completion (and failure) names its
 //!   request.
-//! - No busy spinning: with nothing in flight the reaper sleeps in
-//!   `io_uring_enter` on an eventfd read that submitters poke only when it
-//!   sleeps; with reads in flight it sleeps until the next completion.
+//! - No busy spinning: the reaper always sleeps in `io_uring_enter`. With
+//!   fewer than `max(1, queue_depth / 4)` reads in flight it also waits on an
+//!   eventfd read that submitters poke (only when it sleeps so); with more in
+//!   flight, new batches are taken at the next completion, which is near.
 //!
 //! Bounds: at most `queue_depth` (1..=256) reads in flight; the channel holds
 //! at most `2 * queue_depth` batches (`read_async` blocks beyond it); the

@@ -85,6 +85,8 @@ pub(crate) struct Reaper {
     cqes: Vec<(u64, i32)>,
     wake_buf: Box<u64>,
     wake_armed: bool,
+    /// Below this many reads in flight the reaper sleeps wakeable.
+    wake_below: usize,
     closing: bool,
 }
 
@@ -152,6 +154,7 @@ impl Reaper {
             cqes: Vec::with_capacity(2 * queue_depth + 2),
             wake_buf: Box::new(0),
             wake_armed: false,
+            wake_below: (queue_depth / 4).max(1),
             closing: false,
         })
     }
@@ -169,9 +172,12 @@ impl Reaper {
             if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
                 break;
             }
-            if !self.closing && !self.slots.free.is_empty() {
-                // Tell submitters to poke the eventfd, then look once more
-                // so a batch sent just before the flag is not missed.
+            if !self.closing && self.in_flight() < self.wake_below {
+                // Few reads in flight: a completion may be far off, so ask
+                // submitters to poke the eventfd, then look once more so a
+                // batch sent just before the flag is not missed. With more in
+                // flight, new batches are picked up at the next completion,
+                // which saves a wake-up and a syscall per batch.
                 waker.sleeping.store(true, Ordering::SeqCst);
                 if self.fill(rx) > 0 {
                     waker.sleeping.store(false, Ordering::SeqCst);
@@ -316,6 +322,7 @@ impl Reaper {
             self.slots.table[slot] = Some(flight);
             return self.finish(slot, Ok(()));
         }
+        flight.done.mark_started();
         self.slots.table[slot] = Some(flight);
         self.submit_slot(slot);
     }

@@ -389,3 +389,39 @@ proptest! {
         run().map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 }
+
+#[test]
+fn loadgen_runs_on_every_backend() -> anyhow::Result<()> {
+    use flashtier_io::loadgen::{LoadSpec, Pattern, run_load};
+    let dir = tempfile::tempdir()?;
+    let (file, _) = make_file(dir.path(), "l.bin", 64 * UNIT)?;
+    for b in backends(4)? {
+        for (pattern, backlog) in [(Pattern::Random, 0), (Pattern::Sequential, 4)] {
+            let spec = LoadSpec {
+                file: file.clone(),
+                span_bytes: 64 * UNIT as u64,
+                block_bytes: 2 * UNIT,
+                pattern,
+                duration: std::time::Duration::from_millis(30),
+                seed: 9,
+                backlog,
+            };
+            let report = run_load(b.as_ref(), &spec, |_| {})?;
+            assert!(report.ops > 0, "{}", b.name());
+            assert_eq!(report.bytes, report.ops * 2 * UNIT as u64);
+            assert_eq!(report.latency_ns.len(), report.ops);
+            assert_eq!(report.backend, b.name());
+        }
+        let bad = LoadSpec {
+            file: file.clone(),
+            span_bytes: 64 * UNIT as u64,
+            block_bytes: UNIT,
+            pattern: Pattern::Random,
+            duration: std::time::Duration::from_millis(1),
+            seed: 1,
+            backlog: 5,
+        };
+        assert!(run_load(b.as_ref(), &bad, |_| {}).is_err());
+    }
+    Ok(())
+}

@@ -182,6 +182,10 @@ fn an_injected_read_failure_leaves_the_record_non_resident() {
             err.to_string().contains("e.ftstore"),
             "error names the file: {err}"
         );
+        assert!(
+            err.to_string().contains("layer=1"),
+            "error names the key: {err}"
+        );
         let ready: Vec<bool> = (0..3)
             .map(|e| p.is_ready(p.index_of(1, e).expect("key")))
             .collect();

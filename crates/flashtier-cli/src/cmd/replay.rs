@@ -1,10 +1,188 @@
-//! `flashtier replay`.
+//! `flashtier replay`: replay a routing trace against an expert store under a
+//! memory budget and compare the pool's hit rate with LRU and Belady's MIN.
+
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use flashtier::experts::replay::{ReplayConfig, ReplayReport, replay, synth_trace};
+use flashtier::experts::trace::RoutingTrace;
+use flashtier::experts::tracegen::TraceFamily;
+use flashtier::experts::{Backing, PolicyKind, StoreSet};
+use flashtier_io::{BackendKind, open_backend};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// Options of `flashtier replay`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Expert store to read.
+    #[arg(long)]
+    pub store: PathBuf,
+    /// Routing trace (JSON Lines, see docs), or `synth:<family>` with family
+    /// zipf | local | correlated | drift | decode, generated for the store's shape.
+    #[arg(long)]
+    pub trace: String,
+    /// Memory budget for resident records (bytes; K, M, G, Ki, Mi, Gi suffixes).
+    #[arg(long, value_parser = parse_bytes)]
+    pub budget: u64,
+    /// Eviction policy: layer-clock (default) | s3-fifo | sieve | lru.
+    #[arg(long, default_value = "default")]
+    pub policy: PolicyKind,
+    /// Backing: slots (direct reads into an arena) | mapped (mmap + page cache).
+    #[arg(long, default_value = "slots")]
+    pub backing: Backing,
+    /// I/O backend: uring (falls back to posix) | posix | sim.
+    #[arg(long, default_value = "uring")]
+    pub backend: BackendKind,
+    /// Reads kept in flight.
+    #[arg(long, default_value_t = 32)]
+    pub queue_depth: usize,
+    /// Prefetch each next layer's experts of the previous token.
+    #[arg(long)]
+    pub prefetch: bool,
+    /// Mapped backing: keep the store's cached pages (default: drop them first).
+    #[arg(long)]
+    pub warm: bool,
+    /// Tokens of a synthetic trace.
+    #[arg(long, default_value_t = 256)]
+    pub tokens: u32,
+    /// Seed of a synthetic trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parse `123`, `64K`, `1.5G`, `512Mi` into bytes (K = 1000, Ki = 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("bad byte count {s:?}"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().trim_end_matches('b') {
+        "" => 1.0,
+        "k" => 1e3,
+        "m" => 1e6,
+        "g" => 1e9,
+        "t" => 1e12,
+        "ki" => 1024.0,
+        "mi" => 1024.0 * 1024.0,
+        "gi" => 1024.0 * 1024.0 * 1024.0,
+        "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown byte unit {other:?} in {s:?}")),
+    };
+    let bytes = value * mult;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("byte count {s:?} out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+fn load_trace(args: &Args, stores: &StoreSet) -> anyhow::Result<RoutingTrace> {
+    if let Some(name) = args.trace.strip_prefix("synth:") {
+        let family: TraceFamily = name.parse().map_err(anyhow::Error::msg)?;
+        return Ok(synth_trace(stores, family, args.tokens, args.seed)?);
+    }
+    let file = std::fs::File::open(&args.trace)
+        .with_context(|| format!("opening trace {}", args.trace))?;
+    RoutingTrace::parse(BufReader::new(file))
+        .with_context(|| format!("parsing trace {}", args.trace))
+}
 
 /// Run `flashtier replay`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("flashtier replay is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let stores = StoreSet::open(&args.store, args.backing == Backing::Mapped)
+        .with_context(|| format!("opening store {}", args.store.display()))?;
+    let trace = load_trace(&args, &stores)?;
+    let backend: Arc<dyn flashtier_io::StorageBackend> =
+        open_backend(args.backend, args.queue_depth)?.into();
+    let config = ReplayConfig {
+        budget_bytes: args.budget,
+        policy: args.policy,
+        backing: args.backing,
+        prefetch: args.prefetch,
+        cold_start: !args.warm,
+    };
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(trace.steps.len() as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("replay {bar:40} {pos}/{len} tokens {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let report = replay(stores, backend, &trace, &config, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &ReplayReport) {
+    let mb = |b: f64| b / 1e6;
+    println!(
+        "replay: {} tokens, {} record uses, budget {:.1} MB = {} records of {} KiB ({} backing, policy {})",
+        r.tokens,
+        r.accesses,
+        mb(r.budget_bytes as f64),
+        r.capacity_records,
+        r.record_bytes / 1024,
+        match r.backing {
+            Backing::Mapped => "mapped",
+            Backing::Slots => "slots",
+        },
+        r.policy
+    );
+    println!(
+        "hit rate {:.1}%   LRU {:.1}%   Belady (MIN) {:.1}%",
+        100.0 * r.hit_rate,
+        100.0 * r.lru_hit_rate,
+        100.0 * r.belady_hit_rate
+    );
+    if r.page_cache_records > 0 {
+        println!(
+            "page cache supplied {} records without a read",
+            r.page_cache_records
+        );
+    }
+    println!(
+        "read {:.1} MB at {:.1} MB/s; stall {:.3} ms/token; miss latency p50 {:.2} ms p99 {:.2} ms p999 {:.2} ms",
+        mb(r.bytes_read as f64),
+        mb(r.bytes_per_sec),
+        r.stall_ms_per_token,
+        r.read_latency_ns_p50 as f64 / 1e6,
+        r.read_latency_ns_p99 as f64 / 1e6,
+        r.read_latency_ns_p999 as f64 / 1e6
+    );
+    if r.prefetch_bytes > 0 {
+        println!(
+            "prefetched {:.1} MB, of which {:.1} MB used",
+            mb(r.prefetch_bytes as f64),
+            mb(r.prefetch_used_bytes as f64)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64K"), Ok(64_000));
+        assert_eq!(parse_bytes("2Mi"), Ok(2 << 20));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert!(parse_bytes("12X").is_err() && parse_bytes("").is_err());
+    }
 }

@@ -69,17 +69,20 @@ impl LayerClock {
     /// Try to evict from queue `q`; `None` when every record there is pinned.
     fn evict_from(&mut self, q: usize, pinned: &dyn Fn(usize) -> bool) -> Option<usize> {
         let n = self.queues[q].len();
-        let mut skipped = 0;
+        // Pinned records passed since the last counter decrement: a whole
+        // lap of them means nothing here can go.
+        let mut pinned_run = 0;
         for _ in 0..(FREQ_MAX as usize + 2) * n + 1 {
             let t = self.queues[q].tail()?;
             let u = t as usize;
             if pinned(u) {
-                skipped += 1;
-                if skipped > n {
+                pinned_run += 1;
+                if pinned_run >= n {
                     return None;
                 }
                 self.links.move_to_front(&mut self.queues[q], t);
             } else if self.freq[u] > 0 {
+                pinned_run = 0;
                 self.freq[u] -= 1;
                 self.links.move_to_front(&mut self.queues[q], t);
             } else {
@@ -96,15 +99,18 @@ impl EvictionPolicy for LayerClock {
     fn kind(&self) -> PolicyKind {
         PolicyKind::LayerClock
     }
+    fn on_step(&mut self, records: &[usize]) {
+        if let Some(&r) = records.first() {
+            self.current = self.queue_of(r);
+        }
+    }
     fn on_hit(&mut self, rec: usize) {
-        self.current = self.queue_of(rec);
         if let Some(f) = self.freq.get_mut(rec) {
             *f = (*f + 1).min(FREQ_MAX);
         }
     }
     fn on_insert(&mut self, rec: usize) {
         let q = self.queue_of(rec);
-        self.current = q;
         self.links.push_front(&mut self.queues[q], rec as u32);
         self.freq[rec] = 0;
         self.len += 1;
@@ -138,7 +144,8 @@ mod tests {
         for r in [0, 1, 4, 5] {
             p.on_insert(r);
         }
-        p.on_hit(4); // layer 1 is current; record 4 has a use count
+        p.on_step(&[4]); // layer 1 is current
+        p.on_hit(4); // record 4 has a use count
         let none = |_: usize| false;
         assert_eq!(
             p.evict(&none),

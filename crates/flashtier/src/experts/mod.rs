@@ -43,6 +43,7 @@ pub mod arena;
 mod layered;
 mod list;
 pub mod lowbit;
+pub mod lowbit_pack;
 pub mod policy;
 pub mod pool;
 pub mod replay;

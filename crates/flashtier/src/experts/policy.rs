@@ -42,7 +42,7 @@ impl PolicyKind {
     /// Every policy, for sweeps.
     pub const ALL: [Self; 4] = [Self::Lru, Self::Sieve, Self::S3Fifo, Self::LayerClock];
 
-    /// Short name (`lru`, `sieve`, `s3-fifo`).
+    /// Short name (`lru`, `sieve`, `s3-fifo`, `layer-clock`).
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
@@ -79,8 +79,12 @@ impl std::str::FromStr for PolicyKind {
         match s.to_ascii_lowercase().as_str() {
             "lru" => Ok(Self::Lru),
             "sieve" => Ok(Self::Sieve),
-            "s3-fifo" | "s3fifo" | "default" => Ok(Self::S3Fifo),
-            other => Err(format!("unknown policy {other:?} (lru | sieve | s3-fifo)")),
+            "s3-fifo" | "s3fifo" => Ok(Self::S3Fifo),
+            "layer-clock" | "layerclock" => Ok(Self::LayerClock),
+            "default" => Ok(Self::default()),
+            other => Err(format!(
+                "unknown policy {other:?} (layer-clock = default | s3-fifo | sieve | lru)"
+            )),
         }
     }
 }
@@ -91,6 +95,10 @@ impl std::str::FromStr for PolicyKind {
 pub trait EvictionPolicy: Send {
     /// The policy's name.
     fn kind(&self) -> PolicyKind;
+    /// A step begins with these records (before their hits and inserts).
+    fn on_step(&mut self, records: &[usize]) {
+        let _ = records;
+    }
     /// A resident record was used.
     fn on_hit(&mut self, rec: usize);
     /// A record became resident (after a miss or a prefetch).
@@ -376,5 +384,36 @@ impl EvictionPolicy for S3Fifo {
     }
     fn len(&self) -> usize {
         self.small.len() + self.main.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_and_default_is_layer_clock() {
+        for k in PolicyKind::ALL {
+            assert_eq!(k.name().parse::<PolicyKind>(), Ok(k));
+        }
+        assert_eq!("default".parse::<PolicyKind>(), Ok(PolicyKind::LayerClock));
+        assert!("mru".parse::<PolicyKind>().is_err());
+    }
+
+    #[test]
+    fn every_policy_refuses_to_evict_pinned_records() {
+        let layers = vec![0u32; 6];
+        for k in PolicyKind::ALL {
+            let mut p = k.build(&layers, 4);
+            p.on_step(&[0, 1, 2, 3]);
+            for r in 0..4 {
+                p.on_insert(r);
+            }
+            p.on_hit(2);
+            assert_eq!(p.evict(&|_| true), None, "{k}: all pinned");
+            let v = p.evict(&|r| r != 1).expect("one unpinned");
+            assert_eq!(v, 1, "{k}");
+            assert_eq!(p.len(), 3);
+        }
     }
 }

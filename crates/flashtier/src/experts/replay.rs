@@ -41,6 +41,7 @@ use super::pool::{Backing, ExpertPool, PoolConfig};
 use super::sim::{SimError, belady, simulate};
 use super::store::StoreSet;
 use super::trace::RoutingTrace;
+use super::tracegen::{TraceFamily, generate};
 use super::tracking::ReadSource;
 
 /// Options of a replay.
@@ -131,6 +132,52 @@ pub enum ReplayError {
     /// The budget cannot hold one step.
     #[error(transparent)]
     Sim(#[from] SimError),
+}
+
+/// The routing shape of a store: MoE layers, experts per layer, experts per
+/// token (from the manifest's model facts, else `min(8, experts)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreShape {
+    /// Layers with experts.
+    pub layers: u32,
+    /// Experts per layer (the smallest layer's count).
+    pub experts: u32,
+    /// Experts chosen per token per layer.
+    pub top_k: u32,
+}
+
+/// The routing shape of `stores`.
+#[must_use]
+pub fn store_shape(stores: &StoreSet) -> StoreShape {
+    let manifest = stores.full().store.manifest();
+    let mut per_layer: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+    for k in &manifest.keys {
+        *per_layer.entry(k.layer).or_default() += 1;
+    }
+    let experts = per_layer.values().copied().min().unwrap_or(0);
+    let top_k = manifest
+        .model
+        .as_ref()
+        .and_then(|m| m.experts_per_token)
+        .unwrap_or(8)
+        .clamp(1, experts.max(1));
+    StoreShape {
+        layers: per_layer.len() as u32,
+        experts,
+        top_k,
+    }
+}
+
+/// A synthetic decode trace of `tokens` tokens shaped like `stores`.
+pub fn synth_trace(
+    stores: &StoreSet,
+    family: TraceFamily,
+    tokens: u32,
+    seed: u64,
+) -> Result<RoutingTrace, ReplayError> {
+    let s = store_shape(stores);
+    generate(&family.params(s.layers, s.experts, s.top_k, tokens, seed))
+        .map_err(|e| ReplayError::Mismatch(e.to_string()))
 }
 
 /// Store record index of every (trace layer, expert).

@@ -111,14 +111,17 @@ pub fn simulate(
         // Pin the whole step before its first record, as the pool does.
         if pinned_upto != step {
             pinned_upto = step;
-            for &(s, r) in all
+            let step_recs: Vec<usize> = all
                 .get(i..)
                 .unwrap_or_default()
                 .iter()
                 .take_while(|(s, _)| *s == step)
-            {
-                pinned_step[r] = s;
+                .map(|&(_, r)| r)
+                .collect();
+            for &r in &step_recs {
+                pinned_step[r] = step;
             }
+            p.on_step(&step_recs);
         }
         count.accesses += 1;
         if resident[rec] {
@@ -240,9 +243,19 @@ mod sweep {
     #[test]
     #[ignore = "prints a table for choosing the default policy"]
     fn policy_sweep() {
-        for (layers, experts, k) in [(24u32, 64u32, 8u32), (16, 128, 8), (32, 32, 4)] {
+        for (layers, experts, k) in [
+            (24u32, 64u32, 8u32),
+            (16, 128, 8),
+            (32, 32, 4),
+            (12, 16, 4),
+            (4, 64, 8),
+            (48, 128, 8),
+        ] {
             for frac in [0.1, 0.25, 0.5] {
                 let cap = ((layers * experts) as f64 * frac) as usize;
+                if cap < k as usize {
+                    continue;
+                }
                 for f in TraceFamily::ALL {
                     let t = generate(&f.params(layers, experts, k, 2000, 5)).expect("valid");
                     let opt = belady(&t, cap).expect("fits").rate();

@@ -136,6 +136,16 @@ impl StoreSet {
         Ok(self.full.store.index_of(RecordKey::new(layer, expert))? as usize)
     }
 
+    /// Key of record `index` as `layer=L expert=E` (for error messages).
+    #[must_use]
+    pub fn key_name(&self, index: usize) -> String {
+        let m = self.full.store.manifest();
+        self.full
+            .store
+            .key_of(index as u64)
+            .map_or_else(|_| format!("index {index}"), |k| m.key_name(k))
+    }
+
     /// Layer of record `index` (0 when out of range).
     #[must_use]
     pub fn layer_of(&self, index: usize) -> u32 {

@@ -1,5 +1,6 @@
 //! `flashtier bench`: measurements against the device's own limit.
 
+pub mod experts;
 pub mod gpu;
 pub mod io;
 pub mod kv;
@@ -19,6 +20,8 @@ pub enum Bench {
     Gpu(gpu::Args),
     /// Packing throughput against the drive's sequential write bandwidth.
     Pack(pack::Args),
+    /// Expert-pool miss streaming (slots backing) against fio.
+    Experts(experts::Args),
 }
 
 /// Run `flashtier bench`.
@@ -29,5 +32,6 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Kv(a) => kv::run(a),
         Bench::Gpu(a) => gpu::run(a),
         Bench::Pack(a) => pack::run(a),
+        Bench::Experts(a) => experts::run(a),
     }
 }

@@ -34,6 +34,13 @@ pub struct Args {
     /// Writer threads (the queue depth of the store writes).
     #[arg(long, default_value_t = 4)]
     pub writers: usize,
+    /// Also write group-quantized low-bit companions, e.g. `3,2` writes
+    /// OUT-stem.q3.ftstore and OUT-stem.q2.ftstore (docs/lowbit-format.md).
+    #[arg(long, value_delimiter = ',')]
+    pub lowbit: Vec<u32>,
+    /// Elements per quantization group of the low-bit companions.
+    #[arg(long, default_value_t = 64)]
+    pub lowbit_group: usize,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -115,10 +122,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.direct_source = args.direct_source;
     opts.writers = args.writers.clamp(1, 16);
     let report = pack_with_progress(&opts, !args.json)?;
+    let lowbit = write_lowbit(&args, &report)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report_json(&report))?);
+        let mut v = report_json(&report);
+        v["lowbit"] = serde_json::to_value(&lowbit)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("{}", report_line(&report));
+        for l in &lowbit {
+            println!(
+                "wrote {}-bit companion {} ({} bytes/record, relative RMSE {:.4} vs the source)",
+                l.spec.bits,
+                l.path.display(),
+                l.payload_bytes,
+                l.error.relative_rmse()
+            );
+        }
     }
     Ok(())
+}
+
+/// Write the `--lowbit` companions of a packed store.
+fn write_lowbit(
+    args: &Args,
+    report: &PackReport,
+) -> anyhow::Result<Vec<flashtier::experts::lowbit_pack::LowbitReport>> {
+    use flashtier::experts::lowbit::LowbitSpec;
+    use flashtier::experts::lowbit_pack::{companion_path, write_companion};
+    let mut out = Vec::new();
+    for &bits in &args.lowbit {
+        let spec = LowbitSpec::new(bits, args.lowbit_group)?;
+        let path = companion_path(&report.out, bits);
+        let bar = if args.json {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(report.records)
+        };
+        bar.set_message(format!("q{bits}"));
+        let r = write_companion(&report.out, &path, spec, &mut |done, _| {
+            bar.set_position(done)
+        })
+        .with_context(|| format!("writing {}", path.display()))?;
+        bar.finish_and_clear();
+        out.push(r);
+    }
+    Ok(out)
 }

@@ -162,9 +162,10 @@ impl ExpertPool {
             .ok_or(ExpertsError::NoStore(e.precision))?;
         let offset = store.offset(r)?;
         let len = store.read_bytes();
+        let key = self.stores.key_name(r);
         let read_err = |source| ExpertsError::Read {
             record: r,
-            key: format!("index {r}"),
+            key,
             source,
         };
         let ticket = match (&mut self.arena, self.backing) {
@@ -244,6 +245,16 @@ impl ExpertPool {
 
     /// Collect `r`'s landed read: verify, then Ready, or fail and report.
     fn complete_at(&mut self, r: usize, landed_at: Instant) -> Result<(), ExpertsError> {
+        let Some(inf) = self.inflight.get(&r) else {
+            return Ok(());
+        };
+        // The backend's completion time where it records one.
+        let finished = match (&self.arena, &inf.ticket) {
+            (Some(a), _) => a.table().finished_at(self.entries[r].slot as usize),
+            (None, Some(t)) => t.finished_at(),
+            (None, None) => None,
+        };
+        let landed_at = finished.unwrap_or(landed_at);
         let Some(inf) = self.inflight.remove(&r) else {
             return Ok(());
         };
@@ -282,9 +293,10 @@ impl ExpertPool {
             .stores
             .get(e.precision)
             .ok_or(ExpertsError::NoStore(e.precision))?;
+        let key = self.stores.key_name(r);
         let read_err = |source| ExpertsError::Read {
             record: r,
-            key: format!("index {r}"),
+            key,
             source,
         };
         let payload = store.payload_bytes();

@@ -26,7 +26,10 @@
 //! flight <= capacity; mapped reads hold one stride-sized scratch buffer each
 //! until collected. Per-record bookkeeping is O(records of the store).
 
+mod access;
+mod audit;
 mod io;
+mod prefetch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -331,6 +334,7 @@ impl ExpertPool {
         for &r in &distinct {
             self.entries[r].pinned_step = self.step;
         }
+        self.policy.on_step(&distinct);
         let mut need = Vec::new();
         for &r in &distinct {
             if let Err(e) = self.admit(r, &mut need) {
@@ -490,121 +494,6 @@ impl ExpertPool {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// The address of a ready record (collecting its read if it has landed).
-    pub fn addr(&mut self, r: usize) -> Result<RecordAddr, ExpertsError> {
-        self.ensure_ready(r, false)?;
-        let e = self.entries[r];
-        let store = self
-            .stores
-            .get(e.precision)
-            .ok_or(ExpertsError::NoStore(e.precision))?;
-        let len_bytes = store.payload_bytes();
-        let (host_addr, device_addr) = match (&self.arena, &store.map) {
-            (Some(a), _) => (
-                a.slot_host_addr(e.slot as usize),
-                a.slot_device_addr(e.slot as usize),
-            ),
-            (None, Some(m)) => (m.addr(store.offset(r)? as usize), None),
-            (None, None) => (None, None),
-        };
-        let host_addr = host_addr.ok_or(ExpertsError::NotResident { record: r })?;
-        Ok(RecordAddr {
-            record: r,
-            precision: e.precision,
-            host_addr,
-            device_addr,
-            len_bytes,
-        })
-    }
-
-    /// The payload bytes of a ready record, for CPU consumers and checks.
-    pub fn bytes(&mut self, r: usize) -> Result<&[u8], ExpertsError> {
-        self.ensure_ready(r, false)?;
-        let e = self.entries[r];
-        self.view(r, e)
-            .ok_or(ExpertsError::NotResident { record: r })
-    }
-
-    /// Wait until `r` is ready (its read landed and verified).
-    pub fn wait_ready(&mut self, r: usize) -> Result<(), ExpertsError> {
-        self.ensure_ready(r, true)
-    }
-
-    fn ensure_ready(&mut self, r: usize, block: bool) -> Result<(), ExpertsError> {
-        self.check_record(r)?;
-        match self.entries[r].residency {
-            Residency::Ready => Ok(()),
-            Residency::Loading if block || self.is_landed(r) => {
-                self.complete(r)?;
-                if self.entries[r].residency == Residency::Ready {
-                    Ok(())
-                } else {
-                    Err(ExpertsError::NotResident { record: r })
-                }
-            }
-            Residency::Loading => Err(ExpertsError::NotLanded { record: r }),
-            Residency::Absent | Residency::Reserved => Err(ExpertsError::NotResident { record: r }),
-        }
-    }
-
-    /// Whether `r` is resident and verified.
-    #[must_use]
-    pub fn is_ready(&self, r: usize) -> bool {
-        self.entries
-            .get(r)
-            .is_some_and(|e| e.residency == Residency::Ready)
-    }
-
-    /// Start reads for records predicted for `layer` (expert ids), without
-    /// evicting a record of the current step; stops quietly when no room is
-    /// left (it evicts neither pinned records nor its own prefetches). Returns
-    /// how many reads it started. Bound: at most `experts.len()`.
-    pub fn prefetch(&mut self, layer: u32, experts: &[u32]) -> Result<usize, ExpertsError> {
-        let mut started: Vec<usize> = Vec::new();
-        for &x in experts {
-            let r = self.index_of(layer, x)?;
-            if self.entries[r].residency != Residency::Absent {
-                continue;
-            }
-            if self.resident >= self.capacity {
-                let (entries, step, open) = (&self.entries, self.step, self.step_open);
-                // Neither the step's records nor this call's own prefetches.
-                let keep =
-                    |v: usize| Self::is_pinned(entries, step, open, v) || started.contains(&v);
-                let Some(victim) = self.policy.evict(&keep) else {
-                    break;
-                };
-                self.drain(victim);
-                self.release(victim);
-            }
-            self.insert(r, Precision::Full)?;
-            if let Err(e) = self.start_read(r, ReadSource::Prefetch) {
-                self.fail(r);
-                return Err(e);
-            }
-            self.entries[r].prefetched = true;
-            self.stats.prefetch_bytes += self.read_bytes(Precision::Full) as u64;
-            started.push(r);
-        }
-        Ok(started.len())
-    }
-
-    /// Cancel prefetches whose records have not been used: reads still in
-    /// flight are dropped when they land (their room comes back). Returns how
-    /// many were cancelled.
-    pub fn cancel_prefetch(&mut self) -> usize {
-        let mut n = 0;
-        let pending: Vec<usize> = self.inflight.keys().copied().collect();
-        for r in pending {
-            let e = &mut self.entries[r];
-            if e.prefetched && e.residency == Residency::Loading && !e.cancelled {
-                e.cancelled = true;
-                n += 1;
-            }
-        }
-        n
-    }
-
     /// Counters and per-(layer, precision, source) read rows.
     #[must_use]
     pub fn stats(&self) -> PoolStats {
@@ -619,52 +508,6 @@ impl ExpertPool {
     #[must_use]
     pub fn tracker(&self) -> &ReadTracker {
         &self.tracker
-    }
-
-    /// Check the pool's invariants (tests and debugging): every slot owned by
-    /// at most one record, free slots owned by none, the resident count equal
-    /// to the policy's, pinned records of an open step resident, slots with a
-    /// read in flight owned by a loading record. Returns what is violated.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut owner: HashMap<u32, usize> = HashMap::new();
-        let mut resident = 0;
-        for (r, e) in self.entries.iter().enumerate() {
-            if e.residency == Residency::Absent {
-                let pinned = Self::is_pinned(&self.entries, self.step, self.step_open, r);
-                if pinned && self.step_records.contains(&r) && !self.step_failed.contains(&r) {
-                    return Err(format!("record {r} of the open step is not resident"));
-                }
-                continue;
-            }
-            resident += 1;
-            if self.backing == Backing::Slots {
-                if let Some(prev) = owner.insert(e.slot, r) {
-                    return Err(format!("slot {} owned by records {prev} and {r}", e.slot));
-                }
-                if self.free_slots.contains(&e.slot) {
-                    return Err(format!("slot {} of record {r} is on the free list", e.slot));
-                }
-                let busy = self
-                    .arena
-                    .as_ref()
-                    .is_some_and(|a| a.table().is_busy(e.slot as usize));
-                if busy && e.residency != Residency::Loading {
-                    return Err(format!(
-                        "slot {} has a read in flight but record {r} is {:?}",
-                        e.slot, e.residency
-                    ));
-                }
-            }
-        }
-        if resident != self.resident || resident != self.policy.len() || resident > self.capacity {
-            return Err(format!(
-                "resident {resident}, counted {}, policy {}, capacity {}",
-                self.resident,
-                self.policy.len(),
-                self.capacity
-            ));
-        }
-        Ok(())
     }
 }
 

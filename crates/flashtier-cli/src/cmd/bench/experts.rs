@@ -1,0 +1,245 @@
+//! `flashtier bench experts`: expert-pool miss streaming (slots backing,
+//! every record a miss, read once) against fio reading the same number of
+//! fresh records of the same size at the same queue depth, interleaved and
+//! repeated; medians and the ratio.
+//!
+//! Each repetition writes two fresh files of the same size (O_DIRECT, so not
+//! in the page cache): an expert store for the pool and a plain file for fio.
+//! fio reads every block of its file once in random order (random map on,
+//! `io_size` = file); the pool reads every record of its store once in
+//! random order, `qd` records per step (acquire, plan, run, finish), with
+//! each record's checksum verified. Both files are deleted afterwards.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use flashtier::experts::testing::write_random_store;
+use flashtier::experts::{Backing, ExpertPool, PolicyKind, PoolConfig, StoreSet};
+use flashtier_io::{BackendKind, open_backend};
+use indicatif::ProgressBar;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+use crate::cmd::replay::parse_bytes;
+
+/// Options of `flashtier bench experts`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Folder for the fresh files (on the drive to measure).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Payload bytes per expert record (K, M, Ki, Mi suffixes).
+    #[arg(long, default_value = "2Mi", value_parser = parse_bytes)]
+    pub record: u64,
+    /// Records per file.
+    #[arg(long, default_value_t = 256)]
+    pub records: u32,
+    /// Reads in flight: the pool's records per step and fio's iodepth.
+    #[arg(long, default_value_t = 16)]
+    pub qd: usize,
+    /// I/O backend of the pool: uring (fio io_uring) | posix (fio psync with qd jobs).
+    #[arg(long, default_value = "uring")]
+    pub backend: BackendKind,
+    /// Repetitions (interleaved, fresh files each).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+struct Run {
+    bytes_per_sec: f64,
+    lat_us_p50: f64,
+    lat_us_p99: f64,
+    lat_us_p999: f64,
+}
+
+fn fio(file: &Path, size: u64, bs: u64, qd: usize, engine: &str) -> anyhow::Result<Run> {
+    let psync = engine == "psync";
+    let (depth, jobs) = if psync { (1, qd) } else { (qd, 1) };
+    let out = Command::new("fio")
+        .args([
+            "--name=flashtier-bench-experts",
+            "--rw=randread",
+            "--direct=1",
+            "--group_reporting",
+        ])
+        .arg(format!("--filename={}", file.display()))
+        .arg(format!("--size={size}"))
+        .arg(format!("--io_size={}", size / jobs as u64))
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--ioengine={engine}"))
+        .arg(format!("--iodepth={depth}"))
+        .arg(format!("--numjobs={jobs}"))
+        .arg("--output-format=json")
+        .output()
+        .context("running fio (apt-get install -y fio)")?;
+    if !out.status.success() {
+        bail!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text.find('{').map_or(&*text, |i| &text[i..]);
+    let v: serde_json::Value = serde_json::from_str(json).context("parsing fio JSON")?;
+    let read = &v["jobs"][0]["read"];
+    let pct = |k: &str| read["clat_ns"]["percentile"][k].as_f64().unwrap_or(0.0) / 1e3;
+    Ok(Run {
+        bytes_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0),
+        lat_us_p50: pct("50.000000"),
+        lat_us_p99: pct("99.000000"),
+        lat_us_p999: pct("99.900000"),
+    })
+}
+
+fn pool_run(args: &Args, store: &Path, seed: u64) -> anyhow::Result<Run> {
+    let stores = StoreSet::open(store, false)?;
+    let stride = stores.full().read_bytes() as u64;
+    let backend: Arc<dyn flashtier_io::StorageBackend> =
+        open_backend(args.backend, args.qd)?.into();
+    let config = PoolConfig {
+        backing: Backing::Slots,
+        budget_bytes: stride * args.qd as u64,
+        policy: PolicyKind::Lru,
+    };
+    let mut pool = ExpertPool::new(stores, backend, config)?;
+    let mut order: Vec<usize> = (0..args.records as usize).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(seed));
+    let started = Instant::now();
+    for step in order.chunks(args.qd) {
+        let need = pool.acquire(step)?;
+        let plan = pool.plan(&need)?;
+        pool.run(plan)?;
+        pool.finish()?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let s = pool.stats();
+    if s.hits != 0 || s.bytes_read != stride * u64::from(args.records) {
+        bail!(
+            "pool bench read {} bytes with {} hits: not a pure miss stream",
+            s.bytes_read,
+            s.hits
+        );
+    }
+    let q = |p| {
+        pool.tracker()
+            .latency_ns_quantile(flashtier::experts::ReadSource::Disk, p) as f64
+            / 1e3
+    };
+    Ok(Run {
+        bytes_per_sec: s.bytes_read as f64 / secs,
+        lat_us_p50: q(0.5),
+        lat_us_p99: q(0.99),
+        lat_us_p999: q(0.999),
+    })
+}
+
+fn write_plain(path: &Path, size: u64, seed: u64) -> anyhow::Result<()> {
+    // A store file is as good as any: fio only needs fresh, real blocks.
+    let records = u32::try_from(size / (1 << 20)).context("file size")?;
+    write_random_store(path, 1, records, 1 << 20, seed, &mut |_| {})?;
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn median_run(runs: &[Run]) -> Run {
+    let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+    Run {
+        bytes_per_sec: m(|r| r.bytes_per_sec),
+        lat_us_p50: m(|r| r.lat_us_p50),
+        lat_us_p99: m(|r| r.lat_us_p99),
+        lat_us_p999: m(|r| r.lat_us_p999),
+    }
+}
+
+/// Run `flashtier bench experts`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.qd == 0 || args.records as usize <= args.qd || args.reps == 0 {
+        bail!("need qd >= 1, records > qd and reps >= 1");
+    }
+    let engine = match args.backend {
+        BackendKind::Posix => "psync",
+        _ => "io_uring",
+    };
+    let stride = args.record.div_ceil(4096) * 4096;
+    let size = stride * u64::from(args.records);
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(args.reps as u64 * 2)
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for rep in 0..args.reps {
+        let seed = rand::random::<u64>();
+        let store = args
+            .dir
+            .join(format!("flashtier-bench-experts-{rep}.ftstore"));
+        let plain = args.dir.join(format!("flashtier-bench-experts-{rep}.fio"));
+        bar.set_message(format!("rep {} writing fresh files", rep + 1));
+        write_random_store(&store, 1, args.records, args.record, seed, &mut |_| {})?;
+        write_plain(&plain, size, seed ^ 0x5555)?;
+        // Alternate who goes first.
+        let order = if rep % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for pool_first in order {
+            if pool_first {
+                ours.push(pool_run(&args, &store, seed)?);
+            } else {
+                theirs.push(fio(&plain, size, stride, args.qd, engine)?);
+            }
+            bar.inc(1);
+        }
+        let _ = std::fs::remove_file(&store);
+        let _ = std::fs::remove_file(&plain);
+    }
+    bar.finish_and_clear();
+    let (o, f) = (median_run(&ours), median_run(&theirs));
+    let ratio = if f.bytes_per_sec > 0.0 {
+        o.bytes_per_sec / f.bytes_per_sec
+    } else {
+        0.0
+    };
+    if args.json {
+        let v = serde_json::json!({
+            "record_bytes": args.record, "stride_bytes": stride, "records": args.records, "qd": args.qd,
+            "backend": args.backend.as_str(), "fio_engine": engine, "reps": args.reps,
+            "pool": o, "fio": f, "ratio": ratio, "pool_runs": ours, "fio_runs": theirs,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let line = |who: &str, r: &Run| {
+            println!(
+                "{who:<6} {:>9.1} MiB/s  lat p50 {:>8.0} us  p99 {:>8.0} us  p999 {:>8.0} us",
+                r.bytes_per_sec / f64::from(1 << 20),
+                r.lat_us_p50,
+                r.lat_us_p99,
+                r.lat_us_p999
+            );
+        };
+        println!(
+            "expert miss streaming: {} records of {} bytes, qd {}, median of {} reps",
+            args.records, args.record, args.qd, args.reps
+        );
+        line("pool", &o);
+        line("fio", &f);
+        println!("ratio pool / fio: {:.2}", ratio);
+    }
+    Ok(())
+}

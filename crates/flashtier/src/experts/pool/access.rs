@@ -1,0 +1,72 @@
+//! Handing out ready records: addresses (with their precision) and bytes,
+//! only after the read landed and the checksum matched.
+
+use super::{ExpertPool, RecordAddr, Residency};
+use crate::experts::ExpertsError;
+
+impl ExpertPool {
+    /// The address of a ready record (collecting its read if it has landed).
+    pub fn addr(&mut self, r: usize) -> Result<RecordAddr, ExpertsError> {
+        self.ensure_ready(r, false)?;
+        let e = self.entries[r];
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
+        let len_bytes = store.payload_bytes();
+        let (host_addr, device_addr) = match (&self.arena, &store.map) {
+            (Some(a), _) => (
+                a.slot_host_addr(e.slot as usize),
+                a.slot_device_addr(e.slot as usize),
+            ),
+            (None, Some(m)) => (m.addr(store.offset(r)? as usize), None),
+            (None, None) => (None, None),
+        };
+        let host_addr = host_addr.ok_or(ExpertsError::NotResident { record: r })?;
+        Ok(RecordAddr {
+            record: r,
+            precision: e.precision,
+            host_addr,
+            device_addr,
+            len_bytes,
+        })
+    }
+
+    /// The payload bytes of a ready record, for CPU consumers and checks.
+    pub fn bytes(&mut self, r: usize) -> Result<&[u8], ExpertsError> {
+        self.ensure_ready(r, false)?;
+        let e = self.entries[r];
+        self.view(r, e)
+            .ok_or(ExpertsError::NotResident { record: r })
+    }
+
+    /// Wait until `r` is ready (its read landed and verified).
+    pub fn wait_ready(&mut self, r: usize) -> Result<(), ExpertsError> {
+        self.ensure_ready(r, true)
+    }
+
+    fn ensure_ready(&mut self, r: usize, block: bool) -> Result<(), ExpertsError> {
+        self.check_record(r)?;
+        match self.entries[r].residency {
+            Residency::Ready => Ok(()),
+            Residency::Loading if block || self.is_landed(r) => {
+                self.complete(r)?;
+                if self.entries[r].residency == Residency::Ready {
+                    Ok(())
+                } else {
+                    Err(ExpertsError::NotResident { record: r })
+                }
+            }
+            Residency::Loading => Err(ExpertsError::NotLanded { record: r }),
+            Residency::Absent | Residency::Reserved => Err(ExpertsError::NotResident { record: r }),
+        }
+    }
+
+    /// Whether `r` is resident and verified.
+    #[must_use]
+    pub fn is_ready(&self, r: usize) -> bool {
+        self.entries
+            .get(r)
+            .is_some_and(|e| e.residency == Residency::Ready)
+    }
+}
