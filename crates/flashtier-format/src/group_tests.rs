@@ -219,4 +219,22 @@ proptest! {
         let h = KvHeader { layout, model_hash, rank };
         prop_assert_eq!(KvHeader::decode(&h.encode()), Ok(h));
     }
+
+    #[test]
+    fn decode_never_panics_on_damaged_headers(layout in any_layout(), flips in prop::collection::vec((0usize..200, any::<u8>()), 0..6), cut in 0usize..200) {
+        let mut bytes = KvHeader { layout, model_hash: 1, rank: 0 }.encode();
+        for (at, x) in flips {
+            bytes[at] ^= x;
+        }
+        let damaged = &bytes[..cut.min(bytes.len())];
+        // Either a typed error or a header whose every field re-derives.
+        if let Ok(h) = KvHeader::decode(damaged) {
+            prop_assert_eq!(KvHeader::decode(&h.encode()), Ok(h));
+        }
+        let _ = KvHeader::decode(&flips_free_noise(cut));
+    }
+}
+
+fn flips_free_noise(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31)).collect()
 }

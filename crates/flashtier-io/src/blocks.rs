@@ -242,6 +242,46 @@ pub fn write_blocks_run<B: StorageBackend + ?Sized>(
     Ok(per_block * run_len as usize)
 }
 
+/// Write `count` blocks consecutive in FILE order from `first` (a run of one
+/// layer in the per-layer order; whole columns of every layer in the
+/// block-major order). Coalesced: ONE op; per-head: the fan-out of every
+/// block. Returns the ops issued.
+pub fn write_span<B: StorageBackend + ?Sized>(
+    backend: &B,
+    file: &StoreFile,
+    layout: &GroupLayout,
+    first: BlockId,
+    count: u32,
+    src: &[u8],
+    path: BlockPath,
+) -> Result<usize, IoError> {
+    let block_bytes = to_usize(layout.block_bytes())?;
+    let span = BlockSpan {
+        first,
+        count,
+        slot: 0,
+    };
+    let blocks = span_blocks(layout, &span)?;
+    if src.len() != block_bytes * blocks.len() {
+        return Err(IoError::Invalid(format!(
+            "write_span ({}, {}) x {count}: source holds {} bytes, the span is {}",
+            first.layer,
+            first.block,
+            src.len(),
+            block_bytes * blocks.len()
+        )));
+    }
+    if path == BlockPath::Coalesced {
+        let ext = layout.block_extent(first).map_err(|e| layout_err(&e))?;
+        backend.write(file, ext.offset, src)?;
+        return Ok(1);
+    }
+    for ((id, _), chunk) in blocks.iter().zip(src.chunks_exact(block_bytes)) {
+        write_block(backend, file, layout, *id, chunk, path)?;
+    }
+    Ok(blocks.len() * 2 * layout.geometry().num_kv_heads as usize)
+}
+
 /// Start reading `spans` into `region` at `block_bytes` pitch. The caller owns
 /// the region protocol (no view of a landing slot before the ticket lands);
 /// [`SlotPool`] wraps this with per-slot state.

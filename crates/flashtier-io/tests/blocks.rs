@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::{
     BlockPath, BlockSpan, SlotPool, SlotState, expand_block_to_groups, write_block,
-    write_blocks_run,
+    write_blocks_run, write_span,
 };
 use flashtier_io::{DirectMode, IoError, PosixBackend, ReadReq, StorageBackend, StoreFile, Ticket};
 use proptest::prelude::*;
@@ -223,6 +223,38 @@ fn runs_coalesce_only_where_contiguous() {
             .is_err()
         );
         assert!(write_blocks_run(&be, &fa, &l, first, 2, &src, BlockPath::Coalesced).is_err());
+    }
+}
+
+#[test]
+fn spans_write_one_op_and_match_the_per_head_image() {
+    for order in [BlockOrder::PerLayer, BlockOrder::BlockMajor] {
+        let l = layout(order, 3, 4, 2, 64);
+        let bb = l.block_bytes() as usize;
+        let dir = tempfile::tempdir().expect("dir");
+        let (fa, fb) = (store(&dir, "a", &l), store(&dir, "b", &l));
+        let be = Logged::new();
+        // Five blocks in file order from position 2.
+        let first = l.block_at(2).expect("in range");
+        let mut src = flashtier_io::AlignedBuf::zeroed(5 * bb);
+        for i in 0..5u64 {
+            let id = l.block_at(2 + i).expect("in range");
+            src[i as usize * bb..(i as usize + 1) * bb].copy_from_slice(&pattern(id, bb, 3));
+        }
+        assert_eq!(
+            write_span(&be, &fa, &l, first, 5, &src, BlockPath::Coalesced).expect("span"),
+            1
+        );
+        assert_eq!(be.take_writes().len(), 1);
+        assert_eq!(
+            write_span(&be, &fb, &l, first, 5, &src, BlockPath::PerHead).expect("span"),
+            20
+        );
+        assert_eq!(be.take_writes().len(), 20);
+        assert!(file_bytes(&fa) == file_bytes(&fb), "{order}");
+        let end = l.block_at(l.blocks_total() - 2).expect("in range");
+        assert!(write_span(&be, &fa, &l, end, 5, &src, BlockPath::Coalesced).is_err());
+        assert!(write_span(&be, &fa, &l, first, 4, &src, BlockPath::Coalesced).is_err());
     }
 }
 

@@ -151,6 +151,17 @@ fn offload_run_matches_block_by_block_offload() {
         let (r, seen) = restore(&mut swap, &[versions]);
         r.expect("restore");
         assert!(seen[0] == src[..]);
+        // A span in file order (block-major: whole columns) as one write.
+        let first = l.block_at(5).expect("in range");
+        let ids: Vec<BlockId> = (5..9).map(|i| l.block_at(i).expect("in range")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            src[i * bb..(i + 1) * bb].copy_from_slice(&block_image(&l, *id, 4));
+        }
+        let versions = swap.offload_span(first, 4, &src).expect("span");
+        assert_eq!(versions.iter().map(|v| v.id).collect::<Vec<_>>(), ids);
+        let (r, seen) = restore(&mut swap, &[versions]);
+        assert_eq!(r.expect("restore"), 1, "one read for a span in file order");
+        assert!(seen[0] == src[..]);
     }
 }
 

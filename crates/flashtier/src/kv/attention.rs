@@ -312,8 +312,8 @@ impl AttnState {
     }
 
     /// Fold one tile into the state. `q` is `[num_seqs, num_q_heads,
-    /// head_dim]` f32, already scaled or not: scores are `q . k *
-    /// softmax_scale`.
+    /// head_dim]` f32; scores are `q . k * softmax_scale()` (for another
+    /// scale `s`, pass `q * s / softmax_scale()`).
     pub fn step_tile(&mut self, q: &[f32], tile: &KvTile<'_>) -> Result<(), AttentionError> {
         let d = self.dims;
         let rows = self.num_seqs * d.num_q_heads;

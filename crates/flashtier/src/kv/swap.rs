@@ -13,7 +13,7 @@ use flashtier_format::group::{
     BlockEntry, BlockId, GroupLayout, KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError,
     KvHeader, block_checksum,
 };
-use flashtier_io::blocks::{BlockPath, SlotPool, write_block, write_blocks_run};
+use flashtier_io::blocks::{BlockPath, SlotPool, write_block, write_blocks_run, write_span};
 use flashtier_io::{AlignedBuf, DirectMode, IoError, Landing, ReadReq, StorageBackend, StoreFile};
 
 /// How a [`KvSwap`] is opened and how it restores.
@@ -377,6 +377,45 @@ impl KvSwap {
             &self.layout,
             first,
             run_len,
+            src,
+            self.opts.path,
+        )?;
+        let bb = to_usize(self.layout.block_bytes())?;
+        ids.iter()
+            .zip(src.chunks_exact(bb))
+            .map(|(&id, bytes)| self.seal(id, bytes))
+            .collect()
+    }
+
+    /// Offload `count` blocks consecutive in file order from `first` (see
+    /// [`GroupLayout::block_at`]) as one write; returns their versions in
+    /// file order.
+    pub fn offload_span(
+        &mut self,
+        first: BlockId,
+        count: u32,
+        src: &[u8],
+    ) -> Result<Vec<BlockVersion>, KvError> {
+        let start = self.table_index(first)? as u64;
+        let ids = (0..u64::from(count))
+            .map(|i| {
+                self.layout
+                    .block_at(start + i)
+                    .map_err(|source| KvError::Format {
+                        path: self.file.path().display().to_string(),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<BlockId>, KvError>>()?;
+        for &id in &ids {
+            self.set_entry(id, BlockEntry::default())?;
+        }
+        write_span(
+            self.backend.as_ref(),
+            &self.file,
+            &self.layout,
+            first,
+            count,
             src,
             self.opts.path,
         )?;
