@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use crate::buf::AlignedBuf;
+use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::region::LandingRegion;
@@ -25,6 +26,8 @@ pub trait DeviceSink: Send + Sync {
     fn stage(&self, len: usize) -> Result<(Arc<LandingRegion>, usize), String>;
     /// The staged bytes at `offset..offset+len` hold the read; move them to
     /// device address `dst` (for example, enqueue a host-to-device copy).
+    /// Runs on the backend's completion thread: it must not block on, or
+    /// submit to, the same backend.
     fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String>;
     /// Make every committed copy visible (synchronise the copy stream).
     fn flush(&self) -> Result<(), String>;
@@ -210,6 +213,23 @@ where
     sink.commit(off, req.len, dst).map_err(dev_err)
 }
 
+/// Where a finished ticket sends its token.
+enum Notify {
+    Channel(Sender<u64>),
+    Queue(Arc<DoneQueue>),
+}
+
+impl Notify {
+    fn send(self, token: u64) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.send(token);
+            }
+            Self::Queue(q) => q.push(token),
+        }
+    }
+}
+
 /// Completion of a batch started by `read_async`.
 #[must_use = "a ticket must be waited on before its landings are used"]
 #[derive(Clone)]
@@ -230,7 +250,7 @@ struct TicketInner {
     remaining: usize,
     landed: Vec<Option<Landed>>,
     first_err: Option<(usize, IoError)>,
-    notify: Option<(Sender<u64>, u64)>,
+    notify: Option<(Notify, u64)>,
     /// Threads blocked in `wait` (the completer skips the wake-up syscall
     /// when none).
     waiters: usize,
@@ -276,11 +296,23 @@ impl Ticket {
     /// (a load generator) wake on whichever finishes first. A later call
     /// replaces an earlier one.
     pub fn notify_on_done(&self, tx: Sender<u64>, token: u64) {
+        self.set_notify(Notify::Channel(tx), token);
+    }
+
+    /// Push `token` into `queue` once every request has completed (at once
+    /// when already done); the caller waits for batches with
+    /// [`DoneQueue::wait`]. A later call replaces an earlier one.
+    pub fn notify_on_done_to(&self, queue: &Arc<DoneQueue>, token: u64) {
+        self.set_notify(Notify::Queue(queue.clone()), token);
+    }
+
+    fn set_notify(&self, notify: Notify, token: u64) {
         let mut g = self.state.lock();
         if g.remaining == 0 {
-            let _ = tx.send(token);
+            drop(g);
+            notify.send(token);
         } else {
-            g.notify = Some((tx, token));
+            g.notify = Some((notify, token));
         }
     }
 
@@ -351,8 +383,9 @@ impl Completer {
             if g.waiters > 0 {
                 self.state.cv.notify_all();
             }
-            if let Some((tx, token)) = g.notify.take() {
-                let _ = tx.send(token);
+            if let Some((notify, token)) = g.notify.take() {
+                drop(g);
+                notify.send(token);
             }
         }
     }

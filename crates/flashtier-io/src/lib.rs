@@ -29,6 +29,7 @@ pub mod prealloc;
 pub mod backend;
 pub mod blocks;
 pub mod buf;
+pub mod done;
 pub mod error;
 pub mod file;
 pub mod loadgen;
@@ -38,15 +39,18 @@ pub mod posix;
 mod queue;
 pub mod region;
 pub mod sim;
+mod sim_plan;
 pub mod slots;
 pub mod uring;
 mod uring_ring;
+mod uring_tables;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
     read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
+pub use done::DoneQueue;
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
 pub use mapped::MappedFile;

@@ -6,6 +6,9 @@
 //! at the device, so the device sees the same queue depth as fio's
 //! `--iodepth`.
 //!
+//! The generator wakes for batches of completions ([`DoneQueue`]): half the
+//! backlog, so the device never runs short while it sleeps.
+//!
 //! Latency is service time, from the moment the backend starts a read
 //! ([`Ticket::started_at`]) to its completion ([`Ticket::finished_at`]), the
 //! analogue of fio's `clat`; turnaround (from `read_async`, queueing
@@ -16,12 +19,11 @@
 //! registered with the backend (io_uring fixed buffers), so the hot loop
 //! allocates no buffers.
 //!
-//! Bounds: `queue_depth + backlog` reads outstanding (backlog at most
-//! `queue_depth`), one landing region, one completion channel holding at most
-//! that many tokens.
+//! Bounds: `queue_depth + backlog` reads outstanding (each at most 256), one
+//! landing region of that many blocks, one [`DoneQueue`] holding at most that
+//! many tokens.
 
 use std::sync::Arc;
-use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -29,8 +31,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::{Landing, ReadReq, StorageBackend, Ticket};
+use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
+use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
 
 /// Offset pattern.
@@ -70,7 +74,7 @@ pub struct LoadSpec {
     pub duration: Duration,
     /// Seed of the offset generator (differ it per run to dodge caches).
     pub seed: u64,
-    /// Reads queued in the backend beyond its queue depth (0..=queue depth).
+    /// Reads queued in the backend beyond its queue depth (0..=256).
     pub backlog: usize,
 }
 
@@ -156,9 +160,9 @@ pub fn run_load(
     mut on_progress: impl FnMut(LoadProgress),
 ) -> Result<LoadReport, IoError> {
     let qd = backend.queue_depth();
-    if spec.backlog > qd {
+    if spec.backlog > MAX_QUEUE_DEPTH {
         return Err(IoError::Invalid(format!(
-            "backlog {} exceeds the queue depth {qd}",
+            "backlog {} exceeds {MAX_QUEUE_DEPTH}",
             spec.backlog
         )));
     }
@@ -187,7 +191,7 @@ pub fn run_load(
             .map_err(|e| IoError::Invalid(format!("histogram: {e}")))
     };
     let (mut latency_ns, mut turnaround_ns) = (new_hist()?, new_hist()?);
-    let (tx, rx) = channel::<u64>();
+    let done_q = Arc::new(DoneQueue::new());
     let mut slots: Vec<Option<(Ticket, Instant)>> = (0..outstanding).map(|_| None).collect();
     let (mut ops, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
@@ -206,36 +210,44 @@ pub fn run_load(
         };
         let t0 = Instant::now();
         let ticket = backend.read_async(vec![req])?;
-        ticket.notify_on_done(tx.clone(), slot as u64);
+        ticket.notify_on_done_to(&done_q, slot as u64);
         Ok((ticket, t0))
     };
     for (i, s) in slots.iter_mut().enumerate() {
         *s = Some(submit(i, &mut offsets)?);
     }
     let mut in_flight = outstanding;
+    let mut ready = Vec::with_capacity(outstanding);
     while in_flight > 0 {
-        let Ok(token) = rx.recv() else { break };
-        let slot = token as usize;
-        let Some((ticket, t0)) = slots.get_mut(slot).and_then(Option::take) else {
-            continue;
-        };
-        let started = ticket.started_at().unwrap_or(t0);
-        let finished = ticket.finished_at();
-        ticket.wait()?;
-        let now = Instant::now();
-        let finished = finished.unwrap_or(now);
-        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        latency_ns.saturating_record(ns(finished.saturating_duration_since(started)));
-        turnaround_ns.saturating_record(ns(finished.saturating_duration_since(t0)));
-        ops += 1;
-        bytes += bs as u64;
-        in_flight -= 1;
-        if now < deadline {
-            if let Some(s) = slots.get_mut(slot) {
-                *s = Some(submit(slot, &mut offsets)?);
-                in_flight += 1;
+        // Wake for a batch: half the backlog can complete before the device
+        // would run short of queued reads.
+        let min = (spec.backlog / 2).clamp(1, in_flight);
+        ready.clear();
+        done_q.wait(min, Duration::from_millis(100), &mut ready);
+        for &token in &ready {
+            let slot = token as usize;
+            let Some((ticket, t0)) = slots.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            let started = ticket.started_at().unwrap_or(t0);
+            let finished = ticket.finished_at();
+            ticket.wait()?;
+            let now = Instant::now();
+            let finished = finished.unwrap_or(now);
+            let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            latency_ns.saturating_record(ns(finished.saturating_duration_since(started)));
+            turnaround_ns.saturating_record(ns(finished.saturating_duration_since(t0)));
+            ops += 1;
+            bytes += bs as u64;
+            in_flight -= 1;
+            if now < deadline {
+                if let Some(s) = slots.get_mut(slot) {
+                    *s = Some(submit(slot, &mut offsets)?);
+                    in_flight += 1;
+                }
             }
         }
+        let now = Instant::now();
         if now - last_tick >= Duration::from_millis(100) {
             last_tick = now;
             on_progress(LoadProgress {

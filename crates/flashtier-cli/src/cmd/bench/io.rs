@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Reads queued in the backend beyond --qd so freed slots refill at once
-    /// (0..=qd; default qd). The device never sees more than --qd.
+    /// (0..=256; default max(qd, 8)). The device never sees more than --qd.
     #[arg(long)]
     pub backlog: Option<usize>,
     /// Repetitions (medians are reported).
@@ -224,12 +224,21 @@ fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Resul
         Pattern::Random => "randread",
         Pattern::Sequential => "read",
     };
+    // A fresh sequential start, as flashtier's: fio would otherwise start
+    // at offset 0 every time and read what the host cached last run.
+    let start = match pattern {
+        Pattern::Random => 0,
+        Pattern::Sequential => seed % (span / args.bs / 2).max(1) * args.bs,
+    };
+    // psync: `qd` jobs of one read each; `randrepeat=0` so the clones do not
+    // all read the same offsets.
     let psync = args.fio_engine == "psync";
     let (depth, jobs) = if psync { (1, args.qd) } else { (args.qd, 1) };
     let out = Command::new("fio")
         .arg("--name=flashtier-bench-io")
         .arg(format!("--filename={}", args.file.display()))
-        .arg(format!("--size={span}"))
+        .arg(format!("--offset={start}"))
+        .arg(format!("--size={}", span - start))
         .arg(format!("--rw={rw}"))
         .arg(format!("--bs={}", args.bs))
         .arg("--direct=1")
@@ -240,6 +249,11 @@ fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Resul
         .arg("--time_based")
         .arg(format!("--runtime={}ms", (args.seconds * 1000.0) as u64))
         .arg(format!("--randseed={seed}"))
+        .arg(if psync {
+            "--randrepeat=0"
+        } else {
+            "--randrepeat=1"
+        })
         .arg("--norandommap")
         .arg("--random_generator=tausworthe64")
         .arg("--output-format=json")
@@ -320,7 +334,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.file.display()
         );
     }
-    let backlog = args.backlog.unwrap_or(args.qd);
+    let backlog = args.backlog.unwrap_or(args.qd.max(8));
     let mut runs = Vec::new();
     let mut fio_runs = Vec::new();
     let mut backend_name = kind.as_str();
