@@ -173,6 +173,8 @@ fn report(args: &Args, out: &Generation) -> anyhow::Result<()> {
             "prefill_secs": out.prefill_secs,
             "budget_bytes": args.budget,
             "expert_bytes_read_total": out.total_experts.bytes_read,
+            "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
+            "expert_source": if args.store.is_some() { "store" } else { "checkpoint" },
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
