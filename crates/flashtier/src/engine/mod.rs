@@ -6,21 +6,34 @@
 //! - [`ModelConfig`]: `config.json` in transformers 4.x and 5.x spellings;
 //!   anything unsupported is an [`EngineError::Config`] naming the field.
 //! - [`Checkpoint`]: single or sharded safetensors, headers validated, tensors
-//!   read on demand.
+//!   read on demand (hub per-expert tensors and the transformers-5 fused
+//!   `experts.gate_up_proj` / `experts.down_proj` layout).
 //! - [`ModelWeights`]: the non-expert tensors, widened to f32 at load.
-//! - [`ExpertSource`]: gate/up/down of (layer, expert); [`CheckpointExperts`]
-//!   reads them from the safetensors under a byte budget.
+//! - [`ExpertSource`]: gate/up/down of (layer, expert), served one step at a
+//!   time. [`CheckpointExperts`] reads them from the safetensors under a byte
+//!   budget; [`PoolExperts`] serves them from a packed expert store through
+//!   the expert tier's pool (slots or mapped backing), resident records
+//!   first and the others as their reads land, prefetching the next layer's
+//!   predicted experts (pre-gating) behind the current misses.
+//! - [`KvCache`]: BF16 KV blocks in the KV tier's paged layout; attention
+//!   runs through the KV tier's tiled decode attention.
 //! - [`Model`]: the forward pass and greedy [`Model::generate`].
+//! - [`demo`]: the streamed-vs-I/O-bound demo on a synthetic Qwen3-MoE.
 //!
 //! Streaming never changes results: the kernels reduce in an order fixed by
-//! the shapes alone, and every source serves the checkpoint's exact bytes.
+//! the shapes alone, expert outputs are summed in ascending expert order
+//! whatever order they arrive in, and every source serves the checkpoint's
+//! exact bytes.
 //!
-//! ```no_run
+//! ```
 //! use flashtier::engine::Model;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let mut model = Model::load(std::path::Path::new("qwen3-moe-dir"), Some(64 << 20))?;
-//! let out = model.generate(&[1, 2, 3], 8, &[], false, |t| println!("{t}"))?;
-//! println!("{:?} at {:.1} tok/s", out.generated_ids, out.tokens_per_sec());
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/engine/mixtral");
+//! // Room for the two experts of one step: every other use is a read.
+//! let mut model = Model::load(std::path::Path::new(dir), Some(2 * 3 * 64 * 40 * 2))?;
+//! let out = model.generate(&[138, 33, 283, 311, 155, 290], 8, &[], false, |t| print!("{t} "))?;
+//! assert_eq!(out.generated_ids, [22, 63, 215, 26, 312, 119, 70, 15]);
+//! println!("{:.1} tok/s, hit rate {:.2}", out.tokens_per_sec(), out.decode_experts.hit_rate());
 //! # Ok(()) }
 //! ```
 
