@@ -117,14 +117,13 @@ fn load_model(args: &Args) -> anyhow::Result<Model> {
         }
     }
     let opened = Store::open(store).with_context(|| format!("opening {}", store.display()))?;
-    let source = flashtier::checkpoint::Checkpoint::open(&args.model)
+    let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
-    check_pairing(&opened, &source)?;
+    check_pairing(&opened, ckpt.source())?;
     let budget = args
         .budget
         .unwrap_or(opened.stride_bytes() * opened.record_count());
     let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    let ckpt = Checkpoint::open(&args.model)?;
     let opts = StreamOptions {
         backing: args.backing,
         budget_bytes: budget,

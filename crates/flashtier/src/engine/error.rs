@@ -31,8 +31,11 @@ pub enum EngineError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A safetensors file is malformed (header, offsets, dtype).
-    #[error("{path}: bad safetensors file: {reason}")]
+    /// The checkpoint (config.json, index, safetensors headers) could not be read.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A read outside a tensor, or a tensor too large for this machine.
+    #[error("{path}: {reason}")]
     Safetensors {
         /// File at fault.
         path: PathBuf,

@@ -50,7 +50,7 @@ mod pool_source;
 mod weights;
 
 pub use attention::{BLOCK_TOKENS, KvCache, KvPrecision, TILE_BLOCKS};
-pub use checkpoint::{Checkpoint, DType, ShardFile, TensorInfo, to_f32};
+pub use checkpoint::{Checkpoint, DType, to_f32};
 pub use config::{Arch, ModelConfig};
 pub use demo_replay::{RecordingBackend, replay};
 pub use error::EngineError;
