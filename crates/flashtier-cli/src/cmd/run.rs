@@ -129,7 +129,14 @@ fn load_model(args: &Args) -> anyhow::Result<Model> {
         budget_bytes: budget,
         queue_depth: args.queue_depth,
     };
-    let experts = open_pool(store, &cfg, opts)?;
+    let stride = opened.stride_bytes();
+    let experts = open_pool(store, &cfg, opts).with_context(|| {
+        format!(
+            "--budget {budget} bytes holds {} records of {stride} bytes; a step needs {} (top-k)",
+            budget / stride.max(1),
+            cfg.top_k
+        )
+    })?;
     Ok(Model::with_experts(&cfg, &ckpt, Box::new(experts))?)
 }
 

@@ -114,7 +114,7 @@ pub enum EngineError {
     #[error("attention: {0}")]
     Attention(String),
     /// The expert pool failed (read, checksum, budget, record lookup).
-    #[error("expert pool: {0}")]
+    #[error(transparent)]
     Pool(#[from] crate::experts::ExpertsError),
     /// A demo step (synthetic checkpoint, packing) failed.
     #[error("demo: {0}")]
