@@ -113,50 +113,8 @@ impl ModelConfig {
         };
         let hidden_size = c.positive("hidden_size")?;
         let num_layers = c.positive("num_hidden_layers")?;
-        let num_q_heads = c.positive("num_attention_heads")?;
-        let num_kv_heads = c
-            .opt_positive("num_key_value_heads")?
-            .unwrap_or(num_q_heads);
-        if num_q_heads % num_kv_heads != 0 {
-            return Err(EngineError::config(
-                "num_key_value_heads",
-                format!("{num_kv_heads} does not divide num_attention_heads {num_q_heads}"),
-            ));
-        }
-        let head_dim = match c.opt_positive("head_dim")? {
-            Some(d) => d,
-            None if hidden_size % num_q_heads == 0 => hidden_size / num_q_heads,
-            None => {
-                return Err(EngineError::config(
-                    "head_dim",
-                    "absent, and hidden_size is not a multiple of num_attention_heads",
-                ));
-            }
-        };
-        if head_dim % 2 != 0 {
-            return Err(EngineError::config(
-                "head_dim",
-                format!("{head_dim} is odd (RoPE)"),
-            ));
-        }
-        let num_experts = match (
-            c.opt_usize("num_experts")?,
-            c.opt_usize("num_local_experts")?,
-        ) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(EngineError::config(
-                    "num_experts",
-                    format!("{a} disagrees with num_local_experts {b}"),
-                ));
-            }
-            (Some(n), _) | (None, Some(n)) => n,
-            (None, None) => {
-                return Err(EngineError::config(
-                    "num_experts",
-                    "missing (neither num_experts nor num_local_experts)",
-                ));
-            }
-        };
+        let (num_q_heads, num_kv_heads, head_dim) = attention_heads(&c, hidden_size)?;
+        let num_experts = expert_count(&c)?;
         let top_k = c.positive("num_experts_per_tok")?;
         if num_experts > 0 && top_k > num_experts {
             return Err(EngineError::config(
@@ -210,6 +168,58 @@ impl ModelConfig {
     /// Layers that use experts.
     pub fn num_sparse_layers(&self) -> usize {
         self.sparse_layers.iter().filter(|s| **s).count()
+    }
+}
+
+/// Query heads, key/value heads and head width (present or derived).
+fn attention_heads(
+    c: &Fields<'_>,
+    hidden_size: usize,
+) -> Result<(usize, usize, usize), EngineError> {
+    let num_q_heads = c.positive("num_attention_heads")?;
+    let num_kv_heads = c
+        .opt_positive("num_key_value_heads")?
+        .unwrap_or(num_q_heads);
+    if num_q_heads % num_kv_heads != 0 {
+        return Err(EngineError::config(
+            "num_key_value_heads",
+            format!("{num_kv_heads} does not divide num_attention_heads {num_q_heads}"),
+        ));
+    }
+    let head_dim = match c.opt_positive("head_dim")? {
+        Some(d) => d,
+        None if hidden_size % num_q_heads == 0 => hidden_size / num_q_heads,
+        None => {
+            return Err(EngineError::config(
+                "head_dim",
+                "absent, and hidden_size is not a multiple of num_attention_heads",
+            ));
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(EngineError::config(
+            "head_dim",
+            format!("{head_dim} is odd (RoPE)"),
+        ));
+    }
+    Ok((num_q_heads, num_kv_heads, head_dim))
+}
+
+/// `num_experts` (Qwen, transformers 4.x) or `num_local_experts`.
+fn expert_count(c: &Fields<'_>) -> Result<usize, EngineError> {
+    match (
+        c.opt_usize("num_experts")?,
+        c.opt_usize("num_local_experts")?,
+    ) {
+        (Some(a), Some(b)) if a != b => Err(EngineError::config(
+            "num_experts",
+            format!("{a} disagrees with num_local_experts {b}"),
+        )),
+        (Some(n), _) | (None, Some(n)) => Ok(n),
+        (None, None) => Err(EngineError::config(
+            "num_experts",
+            "missing (neither num_experts nor num_local_experts)",
+        )),
     }
 }
 
