@@ -247,7 +247,7 @@ impl Model {
     /// Greedy decoding at batch 1: run `prompt`, then produce up to
     /// `max_new` tokens, calling `on_token` with each as it comes; stops
     /// early at a token in `stop_ids`. Keeps every prompt position's logits
-    /// when `keep_prompt_logits`.
+    /// when `keep_prompt_logits` (`max_new` 0 runs the prompt only).
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -257,7 +257,7 @@ impl Model {
         mut on_token: impl FnMut(u32),
     ) -> Result<Generation, EngineError> {
         let mut out = Generation::default();
-        if prompt.is_empty() || max_new == 0 {
+        if prompt.is_empty() {
             return Ok(out);
         }
         let start_stats = self.experts.stats();
@@ -273,7 +273,7 @@ impl Model {
         let decode_stats = self.experts.stats();
         let decode_started = Instant::now();
         let mut next = argmax(&last) as u32;
-        loop {
+        for _ in 0..max_new {
             out.generated_ids.push(next);
             on_token(next);
             if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
