@@ -1,0 +1,172 @@
+//! `flashtier run` end to end on the engine fixtures.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a broken fixture must fail the test loudly"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../flashtier/tests/fixtures/engine")
+        .join(name)
+}
+
+fn reference(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap())
+        .unwrap()
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flashtier"))
+        .arg("run")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn prompt_text_json_and_logits_match_the_reference() {
+    let r = reference("qwen3_moe");
+    let dir = tempfile::tempdir().unwrap();
+    let logits = dir.path().join("logits.json");
+    let out = run(&[
+        "--model",
+        fixture("qwen3_moe").to_str().unwrap(),
+        "--prompt",
+        r["prompt_text"].as_str().unwrap(),
+        "--max-new",
+        "8",
+        "--budget",
+        "20K",
+        "--json",
+        "--logits-out",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["generated_ids"], r["greedy_ids"]);
+    for key in [
+        "tokens_per_sec",
+        "expert_hit_rate",
+        "bytes_read_per_token",
+        "stall_fraction",
+    ] {
+        assert!(v[key].as_f64().is_some(), "{key} missing from {v}");
+    }
+    let l: Value = serde_json::from_str(&std::fs::read_to_string(&logits).unwrap()).unwrap();
+    let got = l["prompt_logits"].as_array().unwrap();
+    let want = r["prompt_logits"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        for (a, b) in g.as_array().unwrap().iter().zip(w.as_array().unwrap()) {
+            assert!((a.as_f64().unwrap() - b.as_f64().unwrap()).abs() <= 1e-3);
+        }
+    }
+}
+
+#[test]
+fn text_output_streams_tokens_then_a_summary() {
+    let r = reference("mixtral");
+    let ids: Vec<String> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let out = run(&[
+        "--model",
+        fixture("mixtral").to_str().unwrap(),
+        "--prompt-ids",
+        &ids.join(","),
+        "--max-new",
+        "8",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let want: Vec<String> = r["greedy_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert!(text.starts_with(&want.join(" ")), "{text}");
+    assert!(
+        text.contains("tok/s") && text.contains("expert hit rate"),
+        "{text}"
+    );
+}
+
+#[test]
+fn prompt_text_without_tokenizer_is_a_clear_error() {
+    let out = run(&[
+        "--model",
+        fixture("mixtral").to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
+}
+
+#[test]
+fn store_is_packed_on_first_use_then_reused_on_both_backings() {
+    let r = reference("mixtral");
+    let ids: Vec<String> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("experts.ftstore");
+    for backing in ["slots", "mapped", "slots"] {
+        let out = run(&[
+            "--model",
+            fixture("mixtral").to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--backing",
+            backing,
+            "--budget",
+            "48K",
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-new",
+            "8",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["generated_ids"], r["greedy_ids"], "{backing}");
+        assert!(store.exists());
+    }
+    // A store packed from another checkpoint is refused.
+    let other = run(&[
+        "--model",
+        fixture("qwen3_moe").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-new",
+        "1",
+    ]);
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("does not belong"));
+}

@@ -1,0 +1,166 @@
+use serde_json::json;
+
+use super::*;
+
+/// A Qwen3-MoE config in transformers 4.x spelling.
+fn qwen_v4() -> Value {
+    json!({
+        "model_type": "qwen3_moe", "vocab_size": 384, "hidden_size": 64,
+        "intermediate_size": 96, "moe_intermediate_size": 24, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8,
+        "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 2,
+        "mlp_only_layers": [3], "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "attention_bias": false, "use_sliding_window": false,
+        "tie_word_embeddings": false, "max_position_embeddings": 128
+    })
+}
+
+/// The same model in transformers 5.x spelling.
+fn qwen_v5() -> Value {
+    let mut v = qwen_v4();
+    let o = v.as_object_mut().unwrap();
+    let theta = o.remove("rope_theta").unwrap();
+    o.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": theta}),
+    );
+    let n = o.remove("num_experts").unwrap();
+    o.insert("num_local_experts".into(), n);
+    o.insert("head_dim".into(), json!(16));
+    v
+}
+
+fn field_of(err: EngineError) -> String {
+    match err {
+        EngineError::Config { field, .. } => field,
+        other => panic!("not a config error: {other}"),
+    }
+}
+
+fn with(mut v: Value, key: &str, val: Value) -> Value {
+    v.as_object_mut().unwrap().insert(key.into(), val);
+    v
+}
+
+#[test]
+fn v4_and_v5_spellings_agree() {
+    let a = ModelConfig::from_json(&qwen_v4()).unwrap();
+    let b = ModelConfig::from_json(&qwen_v5()).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        a.head_dim, 16,
+        "derived from hidden_size / num_attention_heads"
+    );
+    assert_eq!(a.num_experts, 8);
+    assert_eq!(a.rope_theta, 10000.0);
+    // decoder_sparse_step 2: layers 1 and 3; mlp_only_layers removes 3.
+    assert_eq!(a.sparse_layers, vec![false, true, false, false]);
+    assert!(a.qk_norm && a.norm_topk_prob && !a.tie_word_embeddings);
+}
+
+#[test]
+fn mixtral_defaults() {
+    let v = json!({
+        "model_type": "mixtral", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 40,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6, "head_dim": null, "sliding_window": null, "tie_word_embeddings": true
+    });
+    let c = ModelConfig::from_json(&v).unwrap();
+    assert_eq!(c.arch, Arch::Mixtral);
+    assert_eq!((c.head_dim, c.expert_intermediate), (16, 40));
+    assert!(c.norm_topk_prob && !c.qk_norm && c.tie_word_embeddings);
+    assert_eq!(c.sparse_layers, vec![true, true]);
+    assert_eq!(c.sliding_window, None);
+    let c = ModelConfig::from_json(&with(v, "sliding_window", json!(4096))).unwrap();
+    assert_eq!(c.sliding_window, Some(4096));
+}
+
+#[test]
+fn unsupported_values_name_their_field() {
+    let cases = [
+        (with(qwen_v4(), "model_type", json!("llama")), "model_type"),
+        (with(qwen_v4(), "hidden_act", json!("gelu")), "hidden_act"),
+        (
+            with(qwen_v4(), "attention_bias", json!(true)),
+            "attention_bias",
+        ),
+        (
+            with(qwen_v4(), "use_sliding_window", json!(true)),
+            "use_sliding_window",
+        ),
+        (
+            with(qwen_v4(), "decoder_sparse_step", json!(0)),
+            "decoder_sparse_step",
+        ),
+        (
+            with(qwen_v4(), "mlp_only_layers", json!([9])),
+            "mlp_only_layers",
+        ),
+        (
+            with(qwen_v4(), "num_key_value_heads", json!(3)),
+            "num_key_value_heads",
+        ),
+        (
+            with(qwen_v4(), "num_experts_per_tok", json!(9)),
+            "num_experts_per_tok",
+        ),
+        (
+            with(qwen_v4(), "num_local_experts", json!(4)),
+            "num_experts",
+        ),
+        (with(qwen_v4(), "hidden_size", json!("64")), "hidden_size"),
+        (
+            with(
+                qwen_v4(),
+                "rope_scaling",
+                json!({"rope_type": "yarn", "factor": 4.0}),
+            ),
+            "rope_scaling",
+        ),
+        (
+            with(
+                qwen_v5(),
+                "rope_parameters",
+                json!({"rope_type": "yarn", "rope_theta": 1.0}),
+            ),
+            "rope_parameters.rope_type",
+        ),
+        (with(qwen_v4(), "rope_theta", json!(-1.0)), "rope_theta"),
+        (
+            with(qwen_v4(), "shared_expert_intermediate_size", json!(128)),
+            "shared_expert_intermediate_size",
+        ),
+    ];
+    for (v, field) in cases {
+        assert_eq!(field_of(ModelConfig::from_json(&v).unwrap_err()), field);
+    }
+    let mut missing = qwen_v4();
+    missing
+        .as_object_mut()
+        .unwrap()
+        .remove("moe_intermediate_size");
+    assert_eq!(
+        field_of(ModelConfig::from_json(&missing).unwrap_err()),
+        "moe_intermediate_size"
+    );
+    let mut no_experts = qwen_v4();
+    no_experts.as_object_mut().unwrap().remove("num_experts");
+    assert_eq!(
+        field_of(ModelConfig::from_json(&no_experts).unwrap_err()),
+        "num_experts"
+    );
+}
+
+#[test]
+fn odd_derived_head_dim_is_rejected() {
+    let v = with(
+        with(qwen_v4(), "hidden_size", json!(60)),
+        "num_attention_heads",
+        json!(4),
+    );
+    assert_eq!(
+        field_of(ModelConfig::from_json(&v).unwrap_err()),
+        "head_dim"
+    );
+}

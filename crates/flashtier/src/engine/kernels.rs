@@ -1,0 +1,288 @@
+//! f32 kernels of the forward pass: matrix-vector products (rayon over rows,
+//! eight independent accumulators per row so the loop vectorises), RMSNorm,
+//! RoPE in transformers' `rotate_half` convention, SiLU and softmax.
+//!
+//! Every reduction runs in a fixed order that depends only on the shapes, so
+//! the same inputs give bit-identical outputs however the weights arrived
+//! (resident, streamed, mapped) and however many threads run.
+
+use rayon::prelude::*;
+
+use super::checkpoint::DType;
+
+/// Rows per rayon task: small enough to spread a 64-row matrix over two
+/// cores, large enough that task overhead stays under the arithmetic.
+const ROWS_PER_TASK: usize = 16;
+
+/// Lanes of the unrolled dot product.
+const LANES: usize = 8;
+
+/// A row-major weight matrix, borrowed, in its stored element type.
+#[derive(Clone, Copy, Debug)]
+pub enum MatRef<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// Little-endian bf16 or f16 (or f32) bytes straight from a checkpoint or store record.
+    Raw(&'a [u8], DType),
+}
+
+impl MatRef<'_> {
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            MatRef::F32(w) => w.len(),
+            MatRef::Raw(b, dt) => b.len() / dt.size_bytes(),
+        }
+    }
+
+    /// Does it hold no element?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `out = W x` for a `out.len() x x.len()` matrix `w`.
+///
+/// # Panics
+/// When `w` does not hold exactly `out.len() * x.len()` elements (a caller
+/// bug: shapes are validated when the weights are loaded).
+pub fn matvec(out: &mut [f32], w: MatRef<'_>, x: &[f32]) {
+    let cols = x.len();
+    assert_eq!(w.len(), out.len() * cols, "matvec shape mismatch");
+    out.par_chunks_mut(ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, chunk)| {
+            let row0 = task * ROWS_PER_TASK;
+            for (i, o) in chunk.iter_mut().enumerate() {
+                let r = row0 + i;
+                *o = match w {
+                    MatRef::F32(m) => dot_f32(&m[r * cols..(r + 1) * cols], x),
+                    MatRef::Raw(b, dt) => {
+                        let width = dt.size_bytes();
+                        dot_raw(&b[r * cols * width..(r + 1) * cols * width], dt, x)
+                    }
+                };
+            }
+        });
+}
+
+/// Dot product with eight lane accumulators, summed pairwise at the end.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (xa, xb) in (&mut ca).zip(&mut cb) {
+        for l in 0..LANES {
+            acc[l] += xa[l] * xb[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (xa, xb) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += xa * xb;
+    }
+    reduce_lanes(acc) + tail
+}
+
+fn dot_raw(row: &[u8], dtype: DType, x: &[f32]) -> f32 {
+    match dtype {
+        DType::Bf16 => dot_half(row, x, |b| f32::from_bits(u32::from(b) << 16)),
+        DType::F16 => dot_half(row, x, |b| half::f16::from_bits(b).to_f32()),
+        DType::F32 => {
+            let mut acc = [0f32; LANES];
+            let mut tail = 0f32;
+            let mut cr = row.chunks_exact(4 * LANES);
+            let mut cx = x.chunks_exact(LANES);
+            for (r, xs) in (&mut cr).zip(&mut cx) {
+                for l in 0..LANES {
+                    let w =
+                        f32::from_le_bytes([r[4 * l], r[4 * l + 1], r[4 * l + 2], r[4 * l + 3]]);
+                    acc[l] += w * xs[l];
+                }
+            }
+            for (r, xv) in cr.remainder().chunks_exact(4).zip(cx.remainder()) {
+                tail += f32::from_le_bytes([r[0], r[1], r[2], r[3]]) * xv;
+            }
+            reduce_lanes(acc) + tail
+        }
+    }
+}
+
+/// Lanes of the half-precision dot product: widen 16 weights into an f32
+/// block, then multiply-add it (measured 40% faster than widening inside
+/// the multiply-add loop on baseline x86-64).
+const HALF_LANES: usize = 16;
+
+#[inline(always)]
+fn dot_half(row: &[u8], x: &[f32], widen: impl Fn(u16) -> f32) -> f32 {
+    let mut acc = [0f32; HALF_LANES];
+    let mut tail = 0f32;
+    let mut cr = row.chunks_exact(2 * HALF_LANES);
+    let mut cx = x.chunks_exact(HALF_LANES);
+    for (r, xs) in (&mut cr).zip(&mut cx) {
+        let mut w = [0f32; HALF_LANES];
+        for l in 0..HALF_LANES {
+            w[l] = widen(u16::from_le_bytes([r[2 * l], r[2 * l + 1]]));
+        }
+        for l in 0..HALF_LANES {
+            acc[l] += w[l] * xs[l];
+        }
+    }
+    for (r, xv) in cr.remainder().chunks_exact(2).zip(cx.remainder()) {
+        tail += widen(u16::from_le_bytes([r[0], r[1]])) * xv;
+    }
+    let mut half = [0f32; LANES];
+    for l in 0..LANES {
+        half[l] = acc[l] + acc[l + LANES];
+    }
+    reduce_lanes(half) + tail
+}
+
+#[inline(always)]
+fn reduce_lanes(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// `out = x / rms(x) * weight`, as transformers' RMSNorm computes it in f32.
+pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    let mean_sq = dot_f32(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
+
+/// RMSNorm of each `weight.len()`-wide head of `x`, in place (Qwen3 qk-norm).
+pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut tmp = vec![0f32; weight.len()];
+    for head in x.chunks_exact_mut(weight.len()) {
+        rms_norm(&mut tmp, head, weight, eps);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// cos and sin tables for one position: `inv_freq[i] = theta^(-2i/d)` in f32
+/// as transformers computes it, angle = position x inv_freq.
+pub fn rope_table(position: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(half);
+    let mut sin = Vec::with_capacity(half);
+    for i in 0..half {
+        let exponent = (2 * i) as f32 / head_dim as f32;
+        let inv_freq = 1.0 / (theta as f32).powf(exponent);
+        let angle = position as f32 * inv_freq;
+        cos.push(angle.cos());
+        sin.push(angle.sin());
+    }
+    (cos, sin)
+}
+
+/// Rotate every head of `x` in place: first half `a`, second half `b`,
+/// `(a, b) -> (a cos - b sin, b cos + a sin)` (transformers' `rotate_half`).
+pub fn apply_rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half {
+            let (ai, bi) = (a[i], b[i]);
+            a[i] = ai * cos[i] - bi * sin[i];
+            b[i] = bi * cos[i] + ai * sin[i];
+        }
+    }
+}
+
+/// SiLU: `x * sigmoid(x)`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Softmax in place (max-subtracted).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// Index of the largest value; the lowest index wins a tie.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The `k` largest entries as (index, value), largest first; ties go to the
+/// lower index (as `torch.topk` does on CPU for distinct values).
+pub fn top_k(x: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+    idx.into_iter().take(k).map(|i| (i, x[i])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matvec_raw_matches_f32() {
+        let rows = 37;
+        let cols = 29;
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bytes: Vec<u8> = w
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let widened: Vec<f32> = bytes
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect();
+        let mut a = vec![0f32; rows];
+        let mut b = vec![0f32; rows];
+        matvec(&mut a, MatRef::F32(&widened), &x);
+        matvec(&mut b, MatRef::Raw(&bytes, DType::Bf16), &x);
+        // Same bits on every call and every thread count: the order is fixed by the shape.
+        let mut again = vec![0f32; rows];
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        one.install(|| matvec(&mut again, MatRef::Raw(&bytes, DType::Bf16), &x));
+        assert_eq!(again, b);
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() < 1e-5);
+        }
+        for r in 0..rows {
+            let naive: f64 = (0..cols)
+                .map(|c| f64::from(widened[r * cols + c]) * f64::from(x[c]))
+                .sum();
+            assert!((naive - f64::from(a[r])).abs() < 1e-4, "row {r}");
+        }
+    }
+
+    #[test]
+    fn rope_rotates_pairs_of_halves() {
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        let (cos, sin) = rope_table(1, 4, 10000.0);
+        apply_rope(&mut x, 4, &cos, &sin);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6);
+        assert!((x[2] - 1f32.sin()).abs() < 1e-6);
+        assert_eq!(x[1], 0.0);
+    }
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_low() {
+        let got = top_k(&[0.1, 0.5, 0.5, -1.0, 0.9], 3);
+        assert_eq!(got.iter().map(|p| p.0).collect::<Vec<_>>(), vec![4, 1, 2]);
+    }
+}

@@ -1,0 +1,45 @@
+//! The decode demo end to end on a tiny synthetic model (no timing asserted).
+#![allow(clippy::unwrap_used, reason = "test")]
+
+use flashtier::engine::demo::{DemoOptions, DemoPhase, run_decode_demo};
+use flashtier::synth::{SynthArch, SynthSpec};
+use flashtier_format::Dtype;
+
+#[test]
+fn tiny_demo_streams_and_maps_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = DemoOptions::new(dir.path());
+    opts.spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 3);
+    opts.spec.experts = 8;
+    opts.tokens = 6;
+    opts.probe_records = 4;
+    opts.reps = 2;
+    let phases = std::sync::Mutex::new(Vec::new());
+    let report = run_decode_demo(&opts, &|p| {
+        let mut seen = phases.lock().unwrap();
+        if seen.last() != Some(&p.phase) {
+            seen.push(p.phase);
+        }
+        assert!(p.done <= p.total, "{p:?}");
+    })
+    .unwrap();
+    assert!(report.same_tokens);
+    assert_eq!(report.streamed.generated_ids.len(), 6);
+    assert_eq!(report.streamed.steps, 5);
+    // 25% of 16 records: the budget holds 4, so the experts are 4x the budget.
+    assert!(report.budget_bytes * 4 <= report.expert_bytes + 4 * 4096 * 16);
+    assert!(report.streamed.miss_bytes_per_token > 0.0);
+    assert!(report.drive_bytes_per_sec > 0.0 && report.fraction_of_io_bound > 0.0);
+    assert_eq!(report.drive_probes_bytes_per_sec.len(), 3);
+    assert_eq!(report.fractions_of_io_bound.len(), 2);
+    assert!(report.replay_bytes_per_sec > 0.0);
+    let seen = phases.into_inner().unwrap();
+    for phase in [
+        DemoPhase::Generate,
+        DemoPhase::Pack,
+        DemoPhase::Streamed,
+        DemoPhase::Mapped,
+    ] {
+        assert!(seen.contains(&phase), "{phase:?} missing from {seen:?}");
+    }
+}

@@ -1,0 +1,158 @@
+//! Bad models and bad requests give typed errors naming what is at fault,
+//! never a panic and never wrong output.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a broken fixture must fail the test loudly"
+)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use flashtier::engine::{Checkpoint, CheckpointExperts, EngineError, Model, ModelConfig};
+use safetensors::tensor::{Dtype, TensorView};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/engine")
+        .join(name)
+}
+
+/// A copy of the mixtral fixture whose tensors `edit` may change or drop.
+fn edited_mixtral(
+    mut edit: impl FnMut(&str, &mut Dtype, &mut Vec<usize>, &mut Vec<u8>) -> bool,
+) -> tempfile::TempDir {
+    let src = fixture("mixtral");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned = Vec::new();
+    for (name, view) in st.iter() {
+        let (mut dt, mut shape, mut data) =
+            (view.dtype(), view.shape().to_vec(), view.data().to_vec());
+        if edit(name, &mut dt, &mut shape, &mut data) {
+            owned.push((name.to_string(), dt, shape, data));
+        }
+    }
+    let views: Vec<(String, TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, dt, s, d)| (n.clone(), TensorView::new(*dt, s.clone(), d).unwrap()))
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), out).unwrap();
+    dir
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let dir = edited_mixtral(|n, _, _, _| n != "model.layers.1.self_attn.k_proj.weight");
+    match Model::load(dir.path(), None).unwrap_err() {
+        EngineError::MissingTensor { name } => {
+            assert_eq!(name, "model.layers.1.self_attn.k_proj.weight")
+        }
+        other => panic!("{other}"),
+    }
+    let dir =
+        edited_mixtral(|n, _, _, _| n != "model.layers.2.block_sparse_moe.experts.5.w2.weight");
+    match Model::load(dir.path(), None).unwrap_err() {
+        EngineError::MissingTensor { name } => assert!(name.ends_with("experts.5.w2.weight")),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn wrong_shape_and_dtype_are_named() {
+    let dir = edited_mixtral(|n, _, shape, _| {
+        if n == "model.norm.weight" {
+            *shape = vec![32, 2];
+        }
+        true
+    });
+    match Model::load(dir.path(), None).unwrap_err() {
+        EngineError::TensorShape { name, got, want } => {
+            assert_eq!(
+                (name.as_str(), got, want),
+                ("model.norm.weight", vec![32, 2], vec![64])
+            );
+        }
+        other => panic!("{other}"),
+    }
+    let dir = edited_mixtral(|n, dt, shape, data| {
+        if n == "model.norm.weight" {
+            *dt = Dtype::I16;
+            *shape = vec![64];
+            data.truncate(128);
+        }
+        true
+    });
+    match Model::load(dir.path(), None).unwrap_err() {
+        EngineError::TensorDtype { name, dtype } => {
+            assert_eq!(
+                (name.as_str(), dtype.as_str()),
+                ("model.norm.weight", "I16")
+            );
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn truncated_or_garbled_files_are_errors() {
+    let src = fixture("mixtral");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let path = dir.path().join("model.safetensors");
+    for cut in [4, 100, bytes.len() - 1] {
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        let err = Model::load(dir.path(), None).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Checkpoint(_)),
+            "cut {cut}: {err}"
+        );
+        assert!(err.to_string().contains("model.safetensors"), "{err}");
+    }
+    let mut garbled = bytes.clone();
+    garbled[8] = b'[';
+    std::fs::write(&path, &garbled).unwrap();
+    let err = Model::load(dir.path(), None).unwrap_err();
+    assert!(matches!(err, EngineError::Checkpoint(_)), "{err}");
+    std::fs::remove_file(&path).unwrap();
+    let err = Model::load(dir.path(), None).unwrap_err();
+    assert!(matches!(err, EngineError::Checkpoint(_)), "{err}");
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let dir = fixture("mixtral");
+    let mut model = Model::load(&dir, None).unwrap();
+    match model.forward(320).unwrap_err() {
+        EngineError::TokenOutOfRange { id, vocab } => assert_eq!((id, vocab), (320, 320)),
+        other => panic!("{other}"),
+    }
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let ckpt = Arc::new(Checkpoint::open(&dir).unwrap());
+    let record = (cfg.expert_weight_count() * 2) as u64;
+    let experts = CheckpointExperts::new(ckpt.clone(), &cfg, 2 * record - 1).unwrap();
+    let mut m = Model::with_experts(&cfg, &ckpt, Box::new(experts)).unwrap();
+    match m.forward(5).unwrap_err() {
+        EngineError::BudgetTooSmall {
+            need_bytes, top_k, ..
+        } => assert_eq!((need_bytes, top_k), (2 * record, 2)),
+        other => panic!("{other}"),
+    }
+    let mut small = cfg.clone();
+    small.max_positions = 3;
+    let mut m = Model::with_experts(
+        &small,
+        &ckpt,
+        Box::new(CheckpointExperts::new(ckpt.clone(), &small, u64::MAX).unwrap()),
+    )
+    .unwrap();
+    let err = m.generate(&[1, 2, 3], 4, &[], false, |_| {}).unwrap_err();
+    assert!(
+        matches!(err, EngineError::ContextFull { len: 4, max: 3 }),
+        "{err}"
+    );
+}

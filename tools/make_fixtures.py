@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""Make the decode engine's reference fixtures with HF transformers.
+
+Writes small random-weight Qwen3-MoE and Mixtral checkpoints (bf16
+safetensors + config.json) and, for each, the reference prompt logits and
+greedy tokens computed by transformers itself in f32 from the bf16 weights.
+flashtier's engine tests (crates/flashtier/tests/engine_fixtures.rs) must
+reproduce them.
+
+Usage (needs torch, transformers, safetensors; CPU is enough):
+
+    python3 tools/make_fixtures.py --out crates/flashtier/tests/fixtures/engine
+
+Each model folder gets:
+  config.json            the config as transformers writes it
+  model*.safetensors     bf16 weights (hub layout: one tensor per expert
+                         matrix, or the fused transformers-5 layout, see
+                         FIXTURES below), sharded with an index where asked
+  reference.json         prompt_ids, prompt_logits [pos][vocab] (f32),
+                         greedy_ids (new tokens), margins, versions
+  tokenizer.json         (one model only) a tiny word-level tokenizer
+
+Seeds are searched until the greedy choices and the router's top-k choices
+have margins far above f32 rounding, so an exact implementation must
+reproduce the tokens and the routing.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+PROMPT_LEN = 6
+NEW_TOKENS = 8
+MIN_TOKEN_MARGIN = 2e-3
+MIN_ROUTER_MARGIN = 2e-4
+
+FIXTURES = [
+    {
+        "name": "qwen3_moe",
+        "arch": "qwen3_moe",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": True,
+        "config": dict(
+            vocab_size=384,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+        ),
+    },
+    {
+        "name": "qwen3_moe_tied",
+        "arch": "qwen3_moe",
+        "layout": "fused",
+        "shards": 2,
+        "tokenizer": False,
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=80,
+            moe_intermediate_size=40,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            mlp_only_layers=[],
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=1000000.0,
+        ),
+    },
+    {
+        "name": "mixtral",
+        "arch": "mixtral",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": False,
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=40,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            rope_theta=1000000.0,
+            sliding_window=None,
+        ),
+    },
+]
+
+WORDS = (
+    "the a of to and in is it that was for on are with as his they be at one "
+    "have this from or had by hot word but what some we can out other were all "
+    "there when up use your how said an each she which do their time if will way "
+    "about many then them write would like so these her long make thing see him "
+    "two has look more day could go come did number sound no most people my over "
+    "know water than call first who may down side been now find flash tier expert "
+    "stream drive memory page cache token model fast slow quick brown fox jumps "
+    "lazy dog"
+).split()
+
+
+def make_config(spec):
+    cfg = dict(spec["config"])
+    if spec["arch"] == "qwen3_moe":
+        cls = transformers.Qwen3MoeConfig
+    else:
+        cls = transformers.MixtralConfig
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        # transformers 5 spells rope_theta inside rope_parameters.
+        theta = cfg.pop("rope_theta")
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    config = cls(**cfg)
+    config._attn_implementation = "eager"
+    print(f"  config rope: {getattr(config, 'rope_parameters', None)} "
+          f"{getattr(config, 'rope_theta', None)}", flush=True)
+    return config
+
+
+def make_model(spec, seed):
+    config = make_config(spec)
+    torch.manual_seed(seed)
+    if spec["arch"] == "qwen3_moe":
+        model = transformers.Qwen3MoeForCausalLM(config)
+    else:
+        model = transformers.MixtralForCausalLM(config)
+    model = model.float().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                # RMSNorm weights: near one, but not one.
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif "lm_head" in name:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / math.sqrt(fan_in)))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+        # The weights the engine sees are bf16: make the reference use the same.
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    return model
+
+
+def moe_block(layer):
+    for attr in ("block_sparse_moe", "mlp"):
+        block = getattr(layer, attr, None)
+        if block is not None and hasattr(block, "experts"):
+            return attr, block
+    return None, None
+
+
+def expert_matrices(experts, e, inter):
+    """(gate [I,H], up [I,H], down [H,I]) of expert e, whatever the layout."""
+    if hasattr(experts, "gate_up_proj"):
+        gu = experts.gate_up_proj[e]
+        down = experts.down_proj[e]
+        if down.shape[-1] == inter:
+            # transformers 5: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+            return gu[:inter], gu[inter:], down
+        # the transposed spelling: gate_up_proj [E, H, 2I], down_proj [E, I, H].
+        return gu[:, :inter].T, gu[:, inter:].T, down.T
+    ex = experts[e]
+    if hasattr(ex, "w1"):
+        return ex.w1.weight, ex.w3.weight, ex.w2.weight
+    return ex.gate_proj.weight, ex.up_proj.weight, ex.down_proj.weight
+
+
+def export_state(model, spec):
+    """The checkpoint's tensors, named as on the hub (or fused, if asked)."""
+    state = {}
+    moe_prefixes = []
+    for i, layer in enumerate(model.model.layers):
+        attr, block = moe_block(layer)
+        if block is None:
+            continue
+        live = f"model.layers.{i}.{attr}."
+        moe_prefixes.append(live)
+        hub = f"model.layers.{i}.{'block_sparse_moe' if spec['arch'] == 'mixtral' else 'mlp'}."
+        state[hub + "gate.weight"] = block.gate.weight.detach()
+        inter = spec["config"].get("moe_intermediate_size", spec["config"]["intermediate_size"])
+        mats = [expert_matrices(block.experts, e, inter) for e in range(spec_experts(spec))]
+        if spec["layout"] == "fused":
+            state[hub + "experts.gate_up_proj"] = torch.stack(
+                [torch.cat([g, u], dim=0) for g, u, _ in mats]
+            ).detach()
+            state[hub + "experts.down_proj"] = torch.stack([d for _, _, d in mats]).detach()
+        else:
+            names = ("w1", "w3", "w2") if spec["arch"] == "mixtral" else (
+                "gate_proj", "up_proj", "down_proj")
+            for e, trio in enumerate(mats):
+                for n, m in zip(names, trio):
+                    state[f"{hub}experts.{e}.{n}.weight"] = m.detach()
+    for k, v in model.state_dict().items():
+        if any(k.startswith(p) for p in moe_prefixes):
+            continue
+        if k == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        state[k] = v
+    return {k: v.to(torch.bfloat16).contiguous().clone() for k, v in state.items()}
+
+
+def spec_experts(spec):
+    c = spec["config"]
+    return c.get("num_experts", c.get("num_local_experts"))
+
+
+def save_shards(state, out_dir, shards):
+    keys = sorted(state)
+    if shards == 1:
+        save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        return
+    per = math.ceil(len(keys) / shards)
+    weight_map = {}
+    total = 0
+    for s in range(shards):
+        part = keys[s * per:(s + 1) * per]
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({k: state[k] for k in part}, os.path.join(out_dir, fname),
+                  metadata={"format": "pt"})
+        for k in part:
+            weight_map[k] = fname
+            total += state[k].numel() * 2
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+
+
+def router_margin(model, ids, k):
+    """Smallest gap between the k-th and (k+1)-th router logit, all layers."""
+    gaps = []
+    hooks = []
+
+    def hook(module, inputs, _output):
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        logits = x @ module.weight.T
+        top = torch.topk(logits, k + 1, dim=-1).values
+        gaps.append((top[:, k - 1] - top[:, k]).min().item())
+
+    for layer in model.model.layers:
+        _, block = moe_block(layer)
+        if block is not None:
+            hooks.append(block.gate.register_forward_hook(hook))
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    return min(gaps) if gaps else float("inf")
+
+
+def greedy(model, prompt):
+    ids = prompt.clone()
+    new, margins = [], []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(ids).logits[0, -1].float()
+            top = torch.topk(logits, 2).values
+            margins.append((top[0] - top[1]).item())
+            nxt = int(torch.argmax(logits))
+            new.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return new, margins, ids
+
+
+def make_tokenizer(vocab_size, out_dir):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0}
+    for w in WORDS:
+        if w not in vocab and len(vocab) < vocab_size:
+            vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    text = "the quick brown fox jumps over the lazy dog"
+    return text, tok.encode(text).ids
+
+
+def build(spec, out_root):
+    out_dir = os.path.join(out_root, spec["name"])
+    os.makedirs(out_dir, exist_ok=True)
+    k = spec["config"]["num_experts_per_tok"]
+    vocab = spec["config"]["vocab_size"]
+    for seed in range(40):
+        model = make_model(spec, seed)
+        gen = torch.Generator().manual_seed(1000 + seed)
+        prompt = torch.randint(1, vocab, (1, PROMPT_LEN), generator=gen)
+        text, text_ids = None, None
+        if spec["tokenizer"]:
+            text, text_ids = make_tokenizer(vocab, out_dir)
+            prompt = torch.tensor([text_ids])
+        new, margins, full = greedy(model, prompt)
+        rmargin = router_margin(model, full, k)
+        print(f"{spec['name']} seed {seed}: token margin {min(margins):.4g}, "
+              f"router margin {rmargin:.4g}", flush=True)
+        if min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN:
+            break
+    else:
+        sys.exit(f"{spec['name']}: no seed with clear margins")
+    with torch.no_grad():
+        prompt_logits = model(prompt).logits[0].float()
+    state = export_state(model, spec)
+    save_shards(state, out_dir, spec["shards"])
+    model.config.save_pretrained(out_dir)
+    sparse = [i for i, layer in enumerate(model.model.layers) if moe_block(layer)[1] is not None]
+    ref = {
+        "arch": spec["arch"],
+        "layout": spec["layout"],
+        "seed": seed,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "compute": "f32 from bf16 weights, eager attention, CPU",
+        "sparse_layers": sparse,
+        "prompt_ids": prompt[0].tolist(),
+        "greedy_ids": new,
+        "token_margins": margins,
+        "router_margin": rmargin,
+        "prompt_logits": prompt_logits.tolist(),
+        "tensor_names": sorted(state),
+    }
+    ref["reload_max_abs_diff"] = reload_check(out_dir, prompt, prompt_logits)
+    if text is not None:
+        ref["prompt_text"] = text
+        ref["prompt_text_ids"] = text_ids
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(ref, f)
+    print(f"{spec['name']}: sparse layers {sparse}, prompt {ref['prompt_ids']}, "
+          f"greedy {new}, {len(state)} tensors", flush=True)
+
+
+def reload_check(out_dir, prompt, prompt_logits):
+    """Load the written checkpoint back with transformers: same logits?"""
+    try:
+        try:
+            m = transformers.AutoModelForCausalLM.from_pretrained(
+                out_dir, dtype=torch.float32, attn_implementation="eager")
+        except TypeError:
+            m = transformers.AutoModelForCausalLM.from_pretrained(
+                out_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            got = m(prompt).logits[0].float()
+        diff = (got - prompt_logits).abs().max().item()
+    except Exception as exc:  # report, keep the fixture: the engine test decides
+        print(f"  reload check failed: {exc!r}", flush=True)
+        return None
+    print(f"  reload check: max abs diff {diff:.3g}", flush=True)
+    return diff
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
+    torch.set_num_threads(4)
+    for spec in FIXTURES:
+        build(spec, args.out)
+
+
+if __name__ == "__main__":
+    main()
