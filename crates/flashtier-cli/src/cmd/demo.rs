@@ -1,18 +1,28 @@
 //! `flashtier demo`: the main job on a built-in synthetic model, no download.
 //!
-//! Today: generate a synthetic Qwen3-MoE checkpoint in the HF safetensors
-//! layout (about 1 GiB by default), pack its experts into a store, verify
-//! every record, and say what was done and where. Each step is a function
-//! ([`generate`], [`pack`], [`verify`]) on a [`Workspace`] so later issues
-//! add steps (replay, decode) after these.
+//! 1. generate a synthetic Qwen3-MoE checkpoint in the HF safetensors layout
+//!    (about 1 GiB by default, `--size`), shaped so its experts are several
+//!    times the expert budget;
+//! 2. pack its experts into a store; 3. verify every record and the pairing;
+//! 4. replay a synthetic decode routing trace against the store under 25% of
+//!    the expert bytes, against LRU and Belady's optimum on the same trace;
+//! 5. decode tokens with the experts streamed from the store under the same
+//!    budget, against the I/O bound measured on the drive in the same run and
+//!    against the same decode on the mapped (page-cache) backing.
+//!
+//! Each step is a function on a [`Workspace`].
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use flashtier::engine::demo::{DemoOptions, DemoPhase, DemoReport, run_decode_demo};
+use flashtier::experts::replay::{ReplayConfig, ReplayReport, budget_fraction, replay, synth_trace};
+use flashtier::experts::tracegen::TraceFamily;
+use flashtier::experts::StoreSet;
 use flashtier::pack::{PackOptions, PackReport};
 use flashtier::synth::{SynthArch, SynthReport, SynthSpec, write_checkpoint};
 use flashtier_format::Dtype;
-use flashtier_io::DirectMode;
+use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
 
 use super::pack::experts::{bytes_bar, pack_with_progress, report_json, report_line};
 use super::verify::{VerifyReport, verify_store};
@@ -38,6 +48,15 @@ pub struct Args {
     /// Seed of the synthetic weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Tokens of the synthetic routing trace replayed against the store.
+    #[arg(long, default_value_t = 64)]
+    pub replay_tokens: u32,
+    /// Tokens decoded per streamed run (0 skips the decode).
+    #[arg(long, default_value_t = 24)]
+    pub tokens: usize,
+    /// Expert budget as a percentage of the expert bytes (replay and decode).
+    #[arg(long, default_value_t = 25)]
+    pub budget_percent: u64,
     /// Print a JSON report on stdout instead of the human one.
     #[arg(long)]
     pub json: bool,
@@ -160,69 +179,213 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
     Ok(report)
 }
 
-fn human(
-    spec: &SynthSpec,
-    ws: &Workspace,
-    synth: &SynthReport,
-    packed: &PackReport,
-    checked: &VerifyReport,
-) {
+/// The demo's model: the decode engine's demo shape (experts dominate, the
+/// dense part stays small so two cores decode it quickly) with as many
+/// experts per layer as fill `size_bytes`, at least 32 so that 25% of the
+/// experts holds several tokens' worth of records.
+pub fn demo_spec(root: &Path, args: &Args) -> SynthSpec {
+    let mut spec = DemoOptions::new(root).spec;
+    spec.arch = args.arch;
+    spec.dtype = args.dtype;
+    spec.seed = args.seed;
+    spec.experts = 1;
+    let dense = spec.total_bytes().saturating_sub(spec.expert_bytes() * u64::from(spec.layers));
+    let per_expert = (spec.expert_bytes() * u64::from(spec.layers)).max(1);
+    let experts = args.size.saturating_sub(dense) / per_expert;
+    spec.experts = u32::try_from(experts).unwrap_or(u32::MAX).clamp(32, 4096);
+    spec
+}
+
+/// Whether the decode engine runs this model family and dtype.
+fn decodable(spec: &SynthSpec) -> Result<(), String> {
+    if !matches!(spec.arch, SynthArch::Qwen3Moe | SynthArch::Mixtral) {
+        return Err(format!("the engine decodes qwen3_moe and mixtral, not {}", spec.arch.model_type()));
+    }
+    if !matches!(spec.dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32) {
+        return Err(format!("the engine decodes BF16/F16/F32 checkpoints, not {}", spec.dtype));
+    }
+    Ok(())
+}
+
+/// Step 4: replay a synthetic decode routing trace under the budget.
+pub fn replay_trace(ws: &Workspace, args: &Args, show: bool) -> anyhow::Result<ReplayReport> {
+    let stores = StoreSet::open(&ws.store, false)?;
+    let trace = synth_trace(&stores, TraceFamily::Decode, args.replay_tokens, args.seed)?;
+    let config = ReplayConfig {
+        budget_bytes: budget_fraction(&stores, args.budget_percent),
+        ..ReplayConfig::default()
+    };
+    let backend: std::sync::Arc<dyn StorageBackend> = open_backend(BackendKind::Uring, 32)?.into();
+    let bar = if show {
+        count_bar(u64::from(args.replay_tokens), "replaying trace")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let report = replay(stores, backend, &trace, &config, &mut |done, _| {
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+/// Step 5: decode with the experts streamed from the store, then on the
+/// mapped backing, against the drive measured in the same run.
+pub fn decode(ws: &Workspace, spec: &SynthSpec, args: &Args, show: bool) -> anyhow::Result<DemoReport> {
+    let mut opts = DemoOptions::new(&ws.root);
+    opts.spec = spec.clone();
+    opts.tokens = args.tokens;
+    opts.budget_fraction = args.budget_percent as f64 / 100.0;
+    let bar = if show { count_bar(1, "decoding") } else { indicatif::ProgressBar::hidden() };
+    let report = run_decode_demo(&opts, &|p| {
+        let what = match p.phase {
+            DemoPhase::Generate => "generating",
+            DemoPhase::Pack => "packing",
+            DemoPhase::Drive => "measuring the drive",
+            DemoPhase::Streamed => "decoding, experts streamed",
+            DemoPhase::Mapped => "decoding, mapped backing",
+            _ => "working",
+        };
+        bar.set_message(what);
+        bar.set_length(p.total.max(1));
+        bar.set_position(p.done);
+    })?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+fn count_bar(total: u64, what: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what);
+    bar
+}
+
+struct Done {
+    synth: SynthReport,
+    packed: PackReport,
+    checked: VerifyReport,
+    replayed: ReplayReport,
+    decoded: Result<DemoReport, String>,
+}
+
+fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!(
-        "1. generated a synthetic {} checkpoint: {} layers x {} experts, hidden {}, expert intermediate {}, {} ({:.1} MiB in {} files)\n   {}",
+        "1. generated a synthetic {} checkpoint: {} layers x {} experts (top-{}), hidden {}, expert intermediate {}, {} ({:.1} MiB in {} files)\n   {}",
         spec.arch.model_type(),
         spec.layers,
         spec.experts,
+        spec.experts_per_token,
         spec.hidden,
         spec.intermediate,
         spec.dtype,
-        mib(synth.bytes),
-        synth.files.len(),
+        mib(d.synth.bytes),
+        d.synth.files.len(),
         ws.model.display()
     );
-    println!("2. {}", report_line(packed));
+    println!("2. {}", report_line(&d.packed));
     println!(
         "3. verified all {} records ({:.1} MiB, checksums and padding) and the pairing with the checkpoint",
-        checked.records,
-        mib(checked.bytes)
+        d.checked.records,
+        mib(d.checked.bytes)
     );
-    if ws.kept() {
-        println!(
-            "kept: {}  (try `flashtier inspect {}`)",
-            ws.root.display(),
-            ws.store.display()
-        );
-    } else {
-        println!(
-            "removed the temporary folder {} (use --keep or --dir to keep it)",
-            ws.root.display()
-        );
+    let r = &d.replayed;
+    println!(
+        "4. replayed {} tokens of a synthetic decode trace under a {:.0} MiB budget ({} records, {}):\n   hit rate {:.1}%  (LRU {:.1}%, Belady optimum {:.1}%), read {:.1} MiB at {:.0} MiB/s",
+        r.tokens,
+        mib(r.budget_bytes),
+        r.capacity_records,
+        r.policy,
+        100.0 * r.hit_rate,
+        100.0 * r.lru_hit_rate,
+        100.0 * r.belady_hit_rate,
+        mib(r.bytes_read),
+        r.bytes_per_sec / f64::from(1 << 20)
+    );
+    match &d.decoded {
+        Ok(x) => human_decode(x),
+        Err(why) => println!("5. decode skipped: {why}"),
     }
+    if ws.kept() {
+        println!("kept: {}  (try `flashtier inspect {}`)", ws.root.display(), ws.store.display());
+    } else {
+        println!("removed the temporary folder {} (use --keep or --dir to keep it)", ws.root.display());
+    }
+}
+
+fn human_decode(x: &DemoReport) {
+    let mib = |b: f64| b / f64::from(1 << 20);
+    let s = &x.streamed;
+    println!(
+        "5. decoded {} tokens with experts streamed under a {:.0} MiB budget ({:.0} MiB of experts):\n   {:.1} tok/s, expert hit rate {:.1}%, {:.1} MiB read per token, stall {:.0}%",
+        s.steps,
+        mib(x.budget_bytes as f64),
+        mib(x.expert_bytes as f64),
+        s.tokens_per_sec,
+        100.0 * s.expert_hit_rate,
+        mib(s.miss_bytes_per_token),
+        100.0 * s.stall_fraction
+    );
+    println!(
+        "   I/O bound {:.1} tok/s (the drive read the same records at {:.0} MiB/s in this run; fresh records {:.0} MiB/s): {:.0}% of the bound",
+        x.io_bound_tokens_per_sec,
+        mib(x.replay_bytes_per_sec),
+        mib(x.drive_bytes_per_sec),
+        100.0 * x.fraction_of_io_bound
+    );
+    println!(
+        "   mapped (page-cache) backing: {:.1} tok/s, hit rate {:.1}%; same tokens: {}",
+        x.mapped.tokens_per_sec,
+        100.0 * x.mapped.expert_hit_rate,
+        if x.same_tokens { "yes" } else { "NO" }
+    );
 }
 
 /// Run the demo.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let spec = SynthSpec::for_target_bytes(args.arch, args.dtype, args.size, args.seed);
     let ws = Workspace::new(args.dir.as_deref(), args.keep)?;
+    let spec = demo_spec(&ws.root, &args);
     let show = !args.json;
     let synth = generate(&spec, &ws, show)?;
     let packed = pack(&ws, show)?;
     let checked = verify(&ws, show)?;
+    let replayed = replay_trace(&ws, &args, show)?;
+    let decoded = match decodable(&spec) {
+        Err(why) => Err(why),
+        Ok(()) if args.tokens == 0 => Err("--tokens 0".to_owned()),
+        Ok(()) => Ok(decode(&ws, &spec, &args, show)?),
+    };
+    if let Ok(x) = &decoded {
+        anyhow::ensure!(x.same_tokens, "streamed and mapped decodes produced different tokens");
+    }
+    let done = Done { synth, packed, checked, replayed, decoded };
     if args.json {
-        let out = serde_json::json!({
-            "dir": ws.root,
-            "kept": ws.kept(),
-            "checkpoint": { "path": ws.model, "arch": spec.arch.model_type(), "dtype": spec.dtype.name(), "layers": spec.layers,
-                "experts": spec.experts, "hidden": spec.hidden, "expert_intermediate": spec.intermediate,
-                "bytes": synth.bytes, "files": synth.files.len(), "seed": spec.seed },
-            "pack": report_json(&packed),
-            "verify": checked.to_json(),
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&to_json(&spec, &ws, &done))?);
     } else {
-        human(&spec, &ws, &synth, &packed, &checked);
+        human(&spec, &ws, &done);
     }
     Ok(())
+}
+
+fn to_json(spec: &SynthSpec, ws: &Workspace, d: &Done) -> serde_json::Value {
+    serde_json::json!({
+        "dir": ws.root,
+        "kept": ws.kept(),
+        "checkpoint": { "path": ws.model, "arch": spec.arch.model_type(), "dtype": spec.dtype.name(), "layers": spec.layers,
+            "experts": spec.experts, "experts_per_token": spec.experts_per_token, "hidden": spec.hidden,
+            "expert_intermediate": spec.intermediate, "bytes": d.synth.bytes, "files": d.synth.files.len(), "seed": spec.seed },
+        "pack": report_json(&d.packed),
+        "verify": d.checked.to_json(),
+        "replay": d.replayed,
+        "decode": match &d.decoded {
+            Ok(x) => serde_json::to_value(x).unwrap_or(serde_json::Value::Null),
+            Err(why) => serde_json::json!({ "skipped": why }),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -242,8 +405,8 @@ mod tests {
 
     #[test]
     fn a_small_demo_runs_end_to_end() -> anyhow::Result<()> {
-        let spec = SynthSpec::for_target_bytes(SynthArch::Qwen3Moe, Dtype::Bf16, 4 << 20, 5);
         let ws = Workspace::new(None, false)?;
+        let spec = SynthSpec::for_target_bytes(SynthArch::Qwen3Moe, Dtype::Bf16, 4 << 20, 5);
         let synth = generate(&spec, &ws, false)?;
         let packed = pack(&ws, false)?;
         let checked = verify(&ws, false)?;
