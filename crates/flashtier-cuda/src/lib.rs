@@ -1,3 +1,41 @@
-//! flashtier's CUDA path (pinned arena, disk to pinned to HBM landing, NVRTC
-//! kernels), loaded dynamically through cudarc so that the crate builds,
-//! lints and tests on machines with no GPU.
+//! flashtier's CUDA path, loaded dynamically through cudarc so that the crate
+//! builds, lints and tests on machines with no GPU:
+//!
+//! - [`context`]: the driver check ([`driver_present`]) and the device handle
+//!   ([`Gpu`]); with no driver every entry point returns [`CudaError::NoDriver`].
+//! - [`pinned`]: pinned, device-mapped host memory for landing regions and
+//!   the expert arena, with the device-address check.
+//! - [`sink`]: [`HbmSink`], the disk -> pinned -> HBM device sink of the
+//!   `flashtier-io` backends (double-buffered staging, a copy stream).
+//! - [`nvrtc`], [`attention`], [`plan`], [`dequant`]: kernels compiled at run
+//!   time for the device's own architecture (CUBIN for `sm_90` on Hopper):
+//!   tiled split-KV decode attention (flash-decoding, log-sum-exp merge) and
+//!   the FP8 -> BF16 row dequant.
+//! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
+//!
+//! ```no_run
+//! use flashtier_cuda::{CudaError, Gpu};
+//! match Gpu::open(0) {
+//!     Ok(gpu) => println!("{} ({})", gpu.info().name, gpu.info().arch()),
+//!     Err(CudaError::NoDriver) => println!("no GPU here"),
+//!     Err(e) => eprintln!("{e}"),
+//! }
+//! ```
+
+pub mod attention;
+pub mod context;
+pub mod dequant;
+pub mod error;
+pub mod measure;
+pub mod nvrtc;
+pub mod pinned;
+pub mod plan;
+pub mod sink;
+
+pub use attention::{AttnDims, DecodeAttention, KvLayout, TileTable};
+pub use context::{DeviceInfo, Gpu, driver_present, nvrtc_present};
+pub use cudarc;
+pub use dequant::{Fp8Rows, UtilKernels};
+pub use error::CudaError;
+pub use pinned::{DeviceAddressing, PinnedMemory};
+pub use sink::HbmSink;

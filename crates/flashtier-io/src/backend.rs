@@ -27,6 +27,11 @@ pub trait DeviceSink: Send + Sync {
     fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String>;
     /// Make every committed copy visible (synchronise the copy stream).
     fn flush(&self) -> Result<(), String>;
+    /// The read into `offset..offset+len` of a staged slot failed and will
+    /// never be committed: give the slot back. The default does nothing.
+    fn abort(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
 
 /// Where the bytes of one read land.
@@ -196,16 +201,20 @@ where
         what,
     };
     let (region, off) = sink.stage(req.len).map_err(dev_err)?;
-    let ptr = region.ptr_at(off, req.len).ok_or_else(|| {
-        dev_err(format!(
+    let Some(ptr) = region.ptr_at(off, req.len) else {
+        sink.abort(off, req.len);
+        return Err(dev_err(format!(
             "staging slice {off}+{} outside its region",
             req.len
-        ))
-    })?;
+        )));
+    };
     // SAFETY: the sink reserved `off..off+len` of its staging region for this
     // read alone until `commit`; the pointer is in bounds (checked above).
     let slice = unsafe { std::slice::from_raw_parts_mut(ptr, req.len) };
-    read_exact(&req.file, slice, req.offset)?;
+    if let Err(e) = read_exact(&req.file, slice, req.offset) {
+        sink.abort(off, req.len);
+        return Err(e);
+    }
     sink.commit(off, req.len, dst).map_err(dev_err)
 }
 

@@ -23,7 +23,11 @@
 //! # Ok(()) }
 //! ```
 
+// Kept apart from the list below so parallel branches that extend it merge cleanly.
+pub mod prealloc;
+
 pub mod backend;
+pub mod blocks;
 pub mod buf;
 pub mod error;
 pub mod file;

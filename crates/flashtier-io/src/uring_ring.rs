@@ -444,6 +444,12 @@ impl Reaper {
             staged,
             ..
         } = f;
+        if let (Err(_), Landing::Device { sink, .. }, Some((_, off))) =
+            (&outcome, &req.landing, &staged)
+        {
+            // The read failed: its staging slot will never be committed.
+            sink.abort(*off, req.len);
+        }
         let result = outcome.and_then(|()| {
             if let (Landing::Device { sink, dst }, Some((_, off))) = (&req.landing, &staged) {
                 sink.commit(*off, req.len, *dst)

@@ -5,7 +5,10 @@
 //! a `flashtier_io::StorageBackend`, and this crate makes no raw syscalls.
 #![deny(unsafe_code)]
 
+pub mod checkpoint;
 pub mod engine;
 pub mod experts;
 pub mod kv;
+pub mod pack;
 pub mod rows;
+pub mod synth;

@@ -1,0 +1,355 @@
+//! The measured work of `flashtier bench kv`: synthetic KV, fresh stores,
+//! the attention consumer, and one side-by-side sample.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
+use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_io::blocks::BlockPath;
+use flashtier_io::{AlignedBuf, StorageBackend};
+use half::bf16;
+use indicatif::ProgressBar;
+use rayon::prelude::*;
+
+use super::Args;
+use super::fio;
+
+/// Blocks written per offload op (a 4 MiB span at 64 KiB blocks).
+const SPAN_BLOCKS: u64 = 64;
+
+/// One side-by-side sample.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub restore_s: f64,
+    pub restore_bps: f64,
+    pub fio_bps: f64,
+    pub pipelined_s: f64,
+    pub attention_s: f64,
+    pub verify_s: f64,
+}
+
+/// Everything fixed for one block order.
+pub struct Bench {
+    args: Args,
+    order: BlockOrder,
+    layout: GroupLayout,
+    backend: Arc<dyn StorageBackend>,
+    dims: AttentionDims,
+    pub op_bytes: u64,
+    pub ops_in_flight: usize,
+    pub data_bytes: u64,
+    num_tiles: u32,
+    tile_slots: usize,
+    bank: AlignedBuf,
+    queries: Vec<Vec<f32>>,
+    /// Per layer: the slots (within a tile) of that layer's blocks, in block order.
+    tables: Vec<Vec<u32>>,
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl Bench {
+    pub fn new(args: &Args, order: BlockOrder, backend: Arc<dyn StorageBackend>) -> Result<Self> {
+        let l = args.layers;
+        let tb = args.tile_blocks.max(1);
+        let probe = KvGeometry {
+            num_layers: l,
+            num_blocks: 1,
+            num_kv_heads: args.kv_heads,
+            block_tokens: args.block_tokens,
+            head_dim: args.head_dim,
+            dtype_bytes: 2,
+        };
+        let bb = GroupLayout::new(probe, order)?.block_bytes();
+        let want = (args.gib * f64::from(1u32 << 30)) as u64 / (u64::from(l) * bb);
+        let num_blocks = u32::try_from(want / u64::from(tb) * u64::from(tb))?.max(tb);
+        let layout = GroupLayout::new(
+            KvGeometry {
+                num_blocks,
+                ..probe
+            },
+            order,
+        )?;
+        let dims = AttentionDims::new(
+            1,
+            args.q_heads as usize,
+            args.kv_heads as usize,
+            args.head_dim as usize,
+            args.block_tokens as usize,
+        );
+        AttnState::new(dims).context("attention dimensions")?;
+        let tile_slots = (tb * l) as usize;
+        let (op_bytes, ops_per_tile) = match order {
+            BlockOrder::PerLayer => (u64::from(tb) * bb, l as usize),
+            BlockOrder::BlockMajor => (u64::from(tb) * u64::from(l) * bb, 1),
+        };
+        let ops_in_flight = args
+            .qd
+            .min(args.ring.saturating_sub(1).max(1) * ops_per_tile);
+        let bank_len = usize::try_from(SPAN_BLOCKS * bb)?;
+        let mut bank = AlignedBuf::zeroed(bank_len);
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for pair in bank.chunks_exact_mut(2) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = bf16::from_f32(((x % 4001) as f32 - 2000.0) / 1000.0);
+            pair.copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+        let queries = (0..l)
+            .map(|ly| {
+                (0..dims.num_q_heads * dims.head_dim)
+                    .map(|i| (((i as u32 ^ ly) * 2_654_435_761 % 2001) as f32 - 1000.0) / 1000.0)
+                    .collect()
+            })
+            .collect();
+        let mut bench = Self {
+            args: args.clone(),
+            order,
+            layout,
+            backend,
+            dims,
+            op_bytes,
+            ops_in_flight,
+            data_bytes: layout.data_extent().len_bytes,
+            num_tiles: num_blocks / tb,
+            tile_slots,
+            bank,
+            queries,
+            tables: Vec::new(),
+        };
+        bench.tables = bench.slot_tables()?;
+        Ok(bench)
+    }
+
+    /// Blocks of tile `t`, in file order (so the restore coalesces them).
+    fn tile_ids(&self, t: u32) -> Result<Vec<BlockId>> {
+        let tb = self.args.tile_blocks.max(1);
+        let mut ids: Vec<(u64, BlockId)> = (0..self.args.layers)
+            .flat_map(|ly| (t * tb..(t + 1) * tb).map(move |b| BlockId::new(ly, b)))
+            .map(|id| Ok((self.layout.file_index(id)?, id)))
+            .collect::<Result<_>>()?;
+        ids.sort_unstable();
+        Ok(ids.into_iter().map(|(_, id)| id).collect())
+    }
+
+    fn slot_tables(&self) -> Result<Vec<Vec<u32>>> {
+        let ids = self.tile_ids(0)?;
+        Ok((0..self.args.layers)
+            .map(|ly| {
+                let mut slots: Vec<(u32, u32)> = ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, id)| id.layer == ly)
+                    .map(|(j, id)| (id.block, j as u32))
+                    .collect();
+                slots.sort_unstable();
+                slots.into_iter().map(|(_, j)| j).collect()
+            })
+            .collect())
+    }
+
+    fn store_path(&self, rep: usize, what: &str) -> PathBuf {
+        self.args.dir.join(format!(
+            "flashtier-kv-bench-{}-{}-{rep}-{what}.store",
+            std::process::id(),
+            self.order
+        ))
+    }
+
+    /// A freshly written store holding every block, and its restore tiles.
+    fn fresh_store(&self, path: &Path) -> Result<(KvSwap, Vec<Vec<BlockVersion>>)> {
+        let opts = SwapOptions {
+            direct: self.args.direct,
+            path: BlockPath::Coalesced,
+            tile_slots: self.tile_slots,
+            ring_tiles: self.args.ring.max(1),
+            model_hash: 0,
+            rank: 0,
+        };
+        let mut swap = KvSwap::create(self.backend.clone(), path, self.layout, opts)?;
+        let bb = self.layout.block_bytes() as usize;
+        let total = self.layout.blocks_total();
+        let mut versions = Vec::with_capacity(usize::try_from(total)?);
+        let mut src = AlignedBuf::zeroed(self.bank.len());
+        src.copy_from_slice(&self.bank);
+        let mut idx = 0u64;
+        while idx < total {
+            let count = SPAN_BLOCKS.min(total - idx);
+            for j in 0..count {
+                // Stamp each block so no two blocks hold the same bytes.
+                let v = bf16::from_f32(((idx + j) % 1024) as f32 / 1024.0);
+                let at = j as usize * bb;
+                src[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+            let first = self.layout.block_at(idx)?;
+            let part = &src[..count as usize * bb];
+            versions.extend(swap.offload_span(first, u32::try_from(count)?, part)?);
+            idx += count;
+        }
+        let tiles = (0..self.num_tiles)
+            .map(|t| {
+                self.tile_ids(t)?
+                    .into_iter()
+                    .map(|id| Ok(versions[usize::try_from(self.layout.file_index(id)?)?]))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
+        Ok((swap, tiles))
+    }
+
+    fn last_tokens(&self, tile: usize) -> usize {
+        let bt = self.dims.block_tokens;
+        if tile + 1 == self.num_tiles as usize {
+            bt.saturating_sub(3).max(1)
+        } else {
+            bt
+        }
+    }
+
+    fn new_states(&self) -> Result<Vec<AttnState>> {
+        (0..self.args.layers)
+            .map(|_| {
+                let mut s = AttnState::new(self.dims)?;
+                s.begin_step(1)?;
+                Ok(s)
+            })
+            .collect()
+    }
+
+    fn finish(states: &[AttnState]) -> Result<f32> {
+        let mut sum = 0.0f32;
+        for s in states {
+            let d = s.dims();
+            let mut out = vec![bf16::ZERO; d.num_q_heads * d.head_dim];
+            s.finalize(&mut out)?;
+            sum += out.iter().map(|x| x.to_f32()).sum::<f32>();
+        }
+        Ok(sum)
+    }
+
+    pub fn sample(&self, rep: usize, pb: &ProgressBar) -> Result<Sample> {
+        let order = self.order;
+        pb.set_message(format!("{order} rep {rep}: fio"));
+        let fio_path = self.store_path(rep, "fio");
+        let fio_bps = fio::seq_read_bytes_per_sec(
+            &fio_path,
+            self.data_bytes,
+            self.op_bytes,
+            self.ops_in_flight,
+        );
+        let _ = std::fs::remove_file(&fio_path);
+        let fio_bps = fio_bps?;
+        pb.inc(1);
+
+        pb.set_message(format!("{order} rep {rep}: restore alone"));
+        let path = self.store_path(rep, "alone");
+        let (mut swap, tiles) = self.fresh_store(&path)?;
+        let stats = swap.restore_tiles(&tiles, |_, t| {
+            black_box(t.bytes().first());
+            Ok(())
+        });
+        drop(swap);
+        let _ = std::fs::remove_file(&path);
+        let stats = stats?;
+        pb.inc(1);
+
+        pb.set_message(format!("{order} rep {rep}: pipelined"));
+        let path = self.store_path(rep, "piped");
+        let (mut swap, tiles) = self.fresh_store(&path)?;
+        let mut states = self.new_states()?;
+        let v_off = self.layout.slot_strides().v_offset_bytes;
+        let piped = swap.restore_tiles(&tiles, |i, landed| {
+            let k = landed.bytes();
+            self.fold(&mut states, i, k, k.get(v_off..).unwrap_or_default())
+        });
+        drop(swap);
+        let _ = std::fs::remove_file(&path);
+        let piped = piped?;
+        black_box(Self::finish(&states)?);
+        pb.inc(1);
+
+        pb.set_message(format!("{order} rep {rep}: attention alone"));
+        let attention_s = self.attention_alone()?;
+        pb.inc(1);
+        if stats.bytes != self.data_bytes {
+            bail!("restored {} bytes of {}", stats.bytes, self.data_bytes);
+        }
+        let restore_s = secs(stats.total_ns);
+        Ok(Sample {
+            restore_s,
+            restore_bps: self.data_bytes as f64 / restore_s,
+            fio_bps,
+            pipelined_s: secs(piped.total_ns),
+            attention_s,
+            verify_s: secs(stats.verify_ns),
+        })
+    }
+
+    /// Fold tile `i` into every layer's state, layers in parallel; `k` and
+    /// `v` are the tile's slots (`v` starts at the first slot's V half).
+    fn fold(&self, states: &mut [AttnState], i: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
+        let last = self.last_tokens(i);
+        let s = self.layout.slot_strides();
+        let strides = KvStrides {
+            block: s.block,
+            token: s.token,
+            kv_head: s.kv_head,
+        };
+        let seqs: Vec<[TileSeq<'_>; 1]> = self
+            .tables
+            .iter()
+            .map(|t| {
+                [TileSeq {
+                    blocks: t,
+                    last_block_tokens: last,
+                }]
+            })
+            .collect();
+        states
+            .par_iter_mut()
+            .zip(seqs.par_iter())
+            .zip(self.queries.par_iter())
+            .try_for_each(|((st, seqs), q)| {
+                st.step_tile(
+                    q,
+                    &KvTile {
+                        k,
+                        v,
+                        strides,
+                        seqs,
+                    },
+                )
+            })
+            .map_err(|e| KvError::Consumer {
+                tile: i,
+                what: e.to_string(),
+            })
+    }
+
+    /// The same attention over the same tiles, from memory.
+    fn attention_alone(&self) -> Result<f64> {
+        let bb = self.layout.block_bytes() as usize;
+        let mut buf = AlignedBuf::zeroed(self.tile_slots * bb);
+        for chunk in buf.chunks_mut(self.bank.len()) {
+            let n = chunk.len();
+            chunk.copy_from_slice(&self.bank[..n]);
+        }
+        let v_off = self.layout.slot_strides().v_offset_bytes;
+        let mut states = self.new_states()?;
+        let start = Instant::now();
+        for i in 0..self.num_tiles as usize {
+            self.fold(&mut states, i, &buf, buf.get(v_off..).unwrap_or_default())?;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        black_box(Self::finish(&states)?);
+        Ok(elapsed)
+    }
+}

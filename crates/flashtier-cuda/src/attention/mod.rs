@@ -1,0 +1,506 @@
+//! Tiled decode attention on the GPU, with the CPU reference's contract
+//! (`flashtier::kv`): `begin_step` resets the running (m, l, o) state of every
+//! (sequence, query head), `step_tile` folds one tile of KV blocks into it
+//! with the online softmax, `finalize` writes `o / l` as BF16.
+//!
+//! - GQA: `num_q_heads` is a multiple of `num_kv_heads`; the query heads of
+//!   one KV head are computed together (the KV bytes are read once per group).
+//! - Layouts: any stride triple (block, token, kv head), in elements, e.g. the
+//!   paged `[block, token, kv_head, dim]` ([`KvLayout::paged`]) and the slot
+//!   `[slot, K|V, kv_head, token, dim]` ([`KvLayout::slot`]) layouts.
+//! - The last block of a sequence may be partly filled.
+//! - Split-KV (flash-decoding): each tile is cut into splits so that the whole
+//!   GPU streams it; partial (m, l, o) are merged with a log-sum-exp.
+//!
+//! Kernel limits, checked with a typed error: `head_dim` a multiple of 16 and
+//! at most 256; strides multiples of 8 elements (16-byte vector loads).
+//!
+//! Bounds: the state is sized once for `max_seqs` and reused every step; the
+//! split partials for at most [`MAX_SPLITS`] splits per (sequence, head).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum as FnAttr;
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use crate::context::Gpu;
+use crate::error::CudaError;
+use crate::nvrtc::{ATTENTION_SRC, load_module};
+use crate::plan::{WARPS, plan_splits};
+
+pub use crate::plan::MAX_SPLITS;
+use shape::tile_tokens;
+pub use shape::{AttnDims, KvLayout, MAX_HEAD_DIM, MAX_SEQS, TileTable};
+
+mod merge;
+mod shape;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SplitArgs {
+    num_q_heads: i32,
+    group: i32,
+    block_size: i32,
+    tile_capacity: i32,
+    blk_stride: i64,
+    tok_stride: i64,
+    kvh_stride: i64,
+    tokens_per_split: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: plain-old-data with the same C layout as `SplitArgs` in attention.cu.
+unsafe impl DeviceRepr for SplitArgs {}
+
+/// The GPU decode attention of one shape.
+pub struct DecodeAttention {
+    gpu: Gpu,
+    dims: AttnDims,
+    _module: Arc<CudaModule>,
+    f_split: CudaFunction,
+    f_merge: CudaFunction,
+    f_finalize: CudaFunction,
+    split_smem_bytes: u32,
+    stages: usize,
+    ctas_per_sm: u32,
+    st_m: CudaSlice<f32>,
+    st_l: CudaSlice<f32>,
+    st_o: CudaSlice<f32>,
+    part_m: CudaSlice<f32>,
+    part_l: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    scale: f32,
+    step_seqs: Option<usize>,
+    fresh: bool,
+    pdl: bool,
+    ptxas_log: String,
+}
+
+impl std::fmt::Debug for DecodeAttention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeAttention")
+            .field("dims", &self.dims)
+            .field("ctas_per_sm", &self.ctas_per_sm)
+            .finish()
+    }
+}
+
+/// Most cp.async stages per warp.
+const MAX_STAGES: usize = 6;
+
+/// Whether K is loaded straight into registers (`KREG` in attention.cu):
+/// opt-in with `FLASHTIER_ATTN_KREG=1`, for head dims that are multiples of
+/// 32 up to 128 (at 256 the fragments would spill). Correct (the GPU tests
+/// pass with it) but measured 10% slower on the H200 than staging K in
+/// shared memory, so off by default.
+pub(crate) fn use_kreg(head_dim: usize) -> bool {
+    head_dim % 32 == 0
+        && head_dim <= 128
+        && std::env::var("FLASHTIER_ATTN_KREG").is_ok_and(|v| v == "1")
+}
+/// Shared memory of one pipeline stage of one warp: K and V rows, or V
+/// alone with `kreg`.
+fn stage_bytes(head_dim: usize, kreg: bool) -> usize {
+    (if kreg { 1 } else { 2 }) * 16 * (head_dim * 2 + 16)
+}
+
+/// Pipeline depth for `head_dim`: as deep as fits while two split CTAs
+/// (8 warps) stay resident per SM, 2..=6. Measured on the H200: warps per
+/// SM matter more than depth (4 warps at 6 stages ran 25% slower than 8
+/// warps at 3).
+pub(crate) fn split_stages(
+    head_dim: usize,
+    kreg: bool,
+    smem_per_sm: usize,
+    smem_optin: usize,
+) -> usize {
+    let per_stage = WARPS * stage_bytes(head_dim, kreg);
+    let budget = (smem_per_sm / 2).saturating_sub(1024).min(smem_optin);
+    (budget / per_stage.max(1)).clamp(2, MAX_STAGES)
+}
+
+fn split_smem_bytes(head_dim: usize, kreg: bool, stages: usize) -> usize {
+    let staging = WARPS * stages * stage_bytes(head_dim, kreg);
+    let merge = 4 * (2 * WARPS * 16 + WARPS * 16 * head_dim);
+    staging.max(merge)
+}
+
+impl DecodeAttention {
+    /// Compile the kernels for `dims.head_dim` and allocate the state. The
+    /// softmax scale is `1 / sqrt(head_dim)`.
+    pub fn new(gpu: &Gpu, dims: AttnDims) -> Result<Self, CudaError> {
+        dims.validate()?;
+        let kreg = use_kreg(dims.head_dim);
+        // FLASHTIER_ATTN_STAGES overrides the depth (tuning runs only).
+        let stages = std::env::var("FLASHTIER_ATTN_STAGES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or_else(
+                || {
+                    let info = gpu.info();
+                    split_stages(
+                        dims.head_dim,
+                        kreg,
+                        info.smem_per_sm_bytes,
+                        info.max_smem_per_block_optin_bytes,
+                    )
+                },
+                |v| v.clamp(2, MAX_STAGES),
+            );
+        let (module, cubin) = load_module(
+            gpu,
+            &format!("attention_d{}", dims.head_dim),
+            ATTENTION_SRC,
+            &[
+                ("HEAD_DIM", dims.head_dim.to_string()),
+                ("STAGES", stages.to_string()),
+                ("KREG", u8::from(kreg).to_string()),
+            ],
+        )?;
+        let func = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(CudaError::driver(format!("load kernel {name}")))
+        };
+        let f_split = func("attn_split")?;
+        let f_merge = func("attn_merge")?;
+        let f_finalize = func("attn_finalize")?;
+        let smem = split_smem_bytes(dims.head_dim, kreg, stages);
+        if smem > gpu.info().max_smem_per_block_optin_bytes {
+            return Err(CudaError::invalid(
+                "attention dims",
+                format!(
+                    "head_dim {} needs {smem} bytes of shared memory; the device allows {}",
+                    dims.head_dim,
+                    gpu.info().max_smem_per_block_optin_bytes
+                ),
+            ));
+        }
+        let smem_i32 = i32::try_from(smem).unwrap_or(i32::MAX);
+        f_split
+            .set_attribute(
+                FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_i32,
+            )
+            .map_err(CudaError::driver("raise dynamic shared memory limit"))?;
+        let ctas_per_sm = f_split
+            .occupancy_max_active_blocks_per_multiprocessor((WARPS * 32) as u32, smem, None)
+            .map_err(CudaError::driver("occupancy"))?
+            .max(1);
+        let n_state = dims.max_seqs * dims.num_q_heads;
+        let alloc = |n: usize| {
+            gpu.stream()
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(CudaError::driver(format!(
+                    "allocate {n} floats of attention state"
+                )))
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            dims,
+            _module: module,
+            f_split,
+            f_merge,
+            f_finalize,
+            split_smem_bytes: u32::try_from(smem).unwrap_or(u32::MAX),
+            stages,
+            ctas_per_sm,
+            st_m: alloc(n_state)?,
+            st_l: alloc(n_state)?,
+            st_o: alloc(n_state * dims.head_dim)?,
+            part_m: alloc(n_state * MAX_SPLITS)?,
+            part_l: alloc(n_state * MAX_SPLITS)?,
+            part_o: alloc(n_state * MAX_SPLITS * dims.head_dim)?,
+            scale: 1.0 / (dims.head_dim as f32).sqrt(),
+            step_seqs: None,
+            fresh: true,
+            pdl: true,
+            ptxas_log: cubin.log,
+        })
+    }
+
+    /// The shape.
+    #[must_use]
+    pub fn dims(&self) -> &AttnDims {
+        &self.dims
+    }
+
+    /// Resident split CTAs per multiprocessor (occupancy).
+    #[must_use]
+    pub fn ctas_per_sm(&self) -> u32 {
+        self.ctas_per_sm
+    }
+
+    /// cp.async pipeline depth per warp.
+    #[must_use]
+    pub fn stages(&self) -> usize {
+        self.stages
+    }
+
+    /// ptxas's register / shared-memory / spill report for this module.
+    #[must_use]
+    pub fn ptxas_log(&self) -> &str {
+        &self.ptxas_log
+    }
+
+    /// Upload and validate one tile: `blocks[s]` are the pool block ids of
+    /// sequence `s` in this tile (at most `tile_capacity`), and
+    /// `last_valid_slots[s]` the filled tokens of its last block (`1..=block_size`).
+    pub fn tile_table(
+        &self,
+        blocks: &[&[u32]],
+        last_valid_slots: &[usize],
+    ) -> Result<TileTable, CudaError> {
+        let d = &self.dims;
+        let n = blocks.len();
+        if n == 0 || n > d.max_seqs || last_valid_slots.len() != n {
+            return Err(CudaError::invalid(
+                "tile",
+                format!(
+                    "{n} sequences with {} last-block counts (max_seqs {})",
+                    last_valid_slots.len(),
+                    d.max_seqs
+                ),
+            ));
+        }
+        let mut flat = vec![0i32; n * d.tile_capacity];
+        let mut tokens = Vec::with_capacity(n);
+        let mut max_block = 0usize;
+        for (s, (seq_blocks, &last)) in blocks.iter().zip(last_valid_slots).enumerate() {
+            let t = tile_tokens(d, s, seq_blocks.len(), last)?;
+            for (j, &b) in seq_blocks.iter().enumerate() {
+                let b_i32 = i32::try_from(b).map_err(|_| {
+                    CudaError::invalid("tile", format!("block id {b} of sequence {s} too large"))
+                })?;
+                if let Some(slot) = flat.get_mut(s * d.tile_capacity + j) {
+                    *slot = b_i32;
+                }
+                max_block = max_block.max(b as usize);
+            }
+            tokens.push(i32::try_from(t).unwrap_or(i32::MAX));
+        }
+        let max_tokens = tokens.iter().copied().max().unwrap_or(0).max(0) as usize;
+        let stream = self.gpu.stream();
+        Ok(TileTable {
+            blocks: stream
+                .clone_htod(&flat)
+                .map_err(CudaError::driver("upload tile blocks"))?,
+            tokens: stream
+                .clone_htod(&tokens)
+                .map_err(CudaError::driver("upload tile tokens"))?,
+            num_seqs: n,
+            max_tokens,
+            max_block,
+        })
+    }
+
+    /// Reset the running state of `num_seqs` sequences for a new decode step.
+    pub fn begin_step(&mut self, num_seqs: usize) -> Result<(), CudaError> {
+        if num_seqs == 0 || num_seqs > self.dims.max_seqs {
+            return Err(CudaError::invalid(
+                "begin_step",
+                format!("num_seqs {num_seqs} outside 1..={}", self.dims.max_seqs),
+            ));
+        }
+        // The reset is folded into the next merge (`fresh`), saving a launch.
+        self.step_seqs = Some(num_seqs);
+        self.fresh = true;
+        Ok(())
+    }
+}
+
+impl DecodeAttention {
+    /// Fold one tile into the running state: `q` is `[num_seqs, num_q_heads,
+    /// head_dim]` BF16 (as raw `u16`), `k_pool` / `v_pool` the KV pools in
+    /// `layout`. Two launches on the compute stream, no host sync.
+    pub fn step_tile(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+    ) -> Result<(), CudaError> {
+        self.step_impl(q, k_pool, v_pool, layout, tile, None)
+    }
+
+    /// The step's last tile and [`finalize`](Self::finalize) in one: the merge
+    /// also writes `o / l` to `out`, saving a launch.
+    pub fn step_tile_final(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        self.check_out(out)?;
+        self.step_impl(q, k_pool, v_pool, layout, tile, Some(out))?;
+        self.step_seqs = None;
+        Ok(())
+    }
+
+    fn step_impl(
+        &mut self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+        out: Option<&mut CudaSlice<u16>>,
+    ) -> Result<(), CudaError> {
+        let num_seqs = self.check_step(q, k_pool, v_pool, layout, tile)?;
+        let d = self.dims;
+        let qgroups = d.group().div_ceil(16);
+        let pairs = num_seqs * d.num_kv_heads * qgroups;
+        let slots = self.gpu.info().sm_count as usize * self.ctas_per_sm as usize;
+        let plan = plan_splits(tile.max_tokens, pairs, slots);
+        let args = SplitArgs {
+            num_q_heads: as_i32(d.num_q_heads),
+            group: as_i32(d.group()),
+            block_size: as_i32(d.block_size),
+            tile_capacity: as_i32(d.tile_capacity),
+            blk_stride: layout.block_stride as i64,
+            tok_stride: layout.token_stride as i64,
+            kvh_stride: layout.kv_head_stride as i64,
+            tokens_per_split: as_i32(plan.tokens_per_split),
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+        };
+        let stream = self.gpu.stream().clone();
+        let cfg = LaunchConfig {
+            grid_dim: (
+                plan.splits as u32,
+                (d.num_kv_heads * qgroups) as u32,
+                num_seqs as u32,
+            ),
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: self.split_smem_bytes,
+        };
+        let mut launch = stream.launch_builder(&self.f_split);
+        launch
+            .arg(q)
+            .arg(k_pool)
+            .arg(v_pool)
+            .arg(&tile.blocks)
+            .arg(&tile.tokens)
+            .arg(&mut self.part_m)
+            .arg(&mut self.part_l)
+            .arg(&mut self.part_o)
+            .arg(&args);
+        // SAFETY: the argument list matches `attn_split`; `check_step` proved
+        // every address the kernel forms (q rows, pool blocks, tile entries,
+        // partials for `plan.splits <= MAX_SPLITS`) lies inside its buffer.
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_split"))?;
+
+        let splits = as_i32(plan.splits);
+        let fresh = i32::from(self.fresh);
+        let cfg = LaunchConfig {
+            grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let out_ptr = out.map_or(0u64, |o| o.device_ptr(&stream).0);
+        let dev = |b: &CudaSlice<f32>| b.device_ptr(&stream).0;
+        let ptrs = [
+            dev(&self.st_m),
+            dev(&self.st_l),
+            dev(&self.st_o),
+            dev(&self.part_m),
+            dev(&self.part_l),
+            dev(&self.part_o),
+        ];
+        self.launch_merge(&stream, cfg, ptrs, splits, fresh, out_ptr)?;
+        self.fresh = false;
+        Ok(())
+    }
+
+    /// Write `o / l` of the step's sequences to `out` (`[num_seqs,
+    /// num_q_heads, head_dim]` BF16); a head that saw no token gets zeros.
+    pub fn finalize(&mut self, out: &mut CudaSlice<u16>) -> Result<(), CudaError> {
+        let d = self.dims;
+        let num_seqs = self.check_out(out)?;
+        let empty = i32::from(self.fresh);
+        let cfg = LaunchConfig {
+            grid_dim: (d.num_q_heads as u32, num_seqs as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&self.f_finalize);
+        launch.arg(&self.st_l).arg(&self.st_o).arg(out).arg(&empty);
+        // SAFETY: matches `attn_finalize`; `out` holds `need` elements (checked).
+        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_finalize"))?;
+        self.step_seqs = None;
+        Ok(())
+    }
+
+    fn check_out(&self, out: &CudaSlice<u16>) -> Result<usize, CudaError> {
+        let d = &self.dims;
+        let num_seqs = self.step_seqs.ok_or_else(|| {
+            CudaError::invalid("finalize", "no begin_step since the last finalize")
+        })?;
+        let need = num_seqs * d.num_q_heads * d.head_dim;
+        if out.len() < need {
+            return Err(CudaError::invalid(
+                "finalize",
+                format!("output holds {} elements, needs {need}", out.len()),
+            ));
+        }
+        Ok(num_seqs)
+    }
+
+    fn check_step(
+        &self,
+        q: &CudaSlice<u16>,
+        k_pool: &CudaSlice<u16>,
+        v_pool: &CudaSlice<u16>,
+        layout: KvLayout,
+        tile: &TileTable,
+    ) -> Result<usize, CudaError> {
+        let d = &self.dims;
+        let bad = |why: String| Err(CudaError::invalid("step_tile", why));
+        let Some(num_seqs) = self.step_seqs else {
+            return bad("step_tile before begin_step".into());
+        };
+        if tile.num_seqs != num_seqs {
+            return bad(format!(
+                "tile has {} sequences, the step {num_seqs}",
+                tile.num_seqs
+            ));
+        }
+        let q_need = num_seqs * d.num_q_heads * d.head_dim;
+        if q.len() < q_need {
+            return bad(format!("q holds {} elements, needs {q_need}", q.len()));
+        }
+        let strides = [
+            layout.block_stride,
+            layout.token_stride,
+            layout.kv_head_stride,
+        ];
+        if strides.iter().any(|s| s % 8 != 0 || *s > i64::MAX as usize) {
+            return bad(format!(
+                "strides {strides:?} are not multiples of 8 elements"
+            ));
+        }
+        if tile.max_tokens > 0 {
+            let need = layout.required_len(d, tile.max_block).unwrap_or(usize::MAX);
+            for (name, pool) in [("k_pool", k_pool), ("v_pool", v_pool)] {
+                if pool.len() < need {
+                    return bad(format!(
+                        "{name} holds {} elements; block {} needs {need}",
+                        pool.len(),
+                        tile.max_block
+                    ));
+                }
+            }
+        }
+        Ok(num_seqs)
+    }
+}
+
+fn as_i32(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}

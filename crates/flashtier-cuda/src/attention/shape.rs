@@ -1,0 +1,174 @@
+//! The attention problem's shape, the KV layouts (stride triples) and the
+//! validated device tile table.
+
+use cudarc::driver::CudaSlice;
+
+use crate::error::CudaError;
+
+/// Largest head dimension.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest number of sequences in one step (a grid dimension).
+pub const MAX_SEQS: usize = 65_535;
+
+/// Shape of the attention problem, fixed for the life of a [`DecodeAttention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AttnDims {
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Query heads.
+    pub num_q_heads: usize,
+    /// KV heads (divides `num_q_heads`).
+    pub num_kv_heads: usize,
+    /// Head dimension (multiple of 16, at most 256).
+    pub head_dim: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most blocks per sequence in one tile.
+    pub tile_capacity: usize,
+}
+
+impl AttnDims {
+    /// Check every dimension; a clear error instead of a wrong answer.
+    pub fn validate(&self) -> Result<(), CudaError> {
+        let bad = |why: String| Err(CudaError::invalid("attention dims", why));
+        if self.max_seqs == 0 || self.max_seqs > MAX_SEQS {
+            return bad(format!("max_seqs {} outside 1..={MAX_SEQS}", self.max_seqs));
+        }
+        if self.num_kv_heads == 0 || self.num_q_heads == 0 {
+            return bad("zero heads".into());
+        }
+        if self.num_q_heads % self.num_kv_heads != 0 {
+            return bad(format!(
+                "num_q_heads {} is not a multiple of num_kv_heads {}",
+                self.num_q_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM || self.head_dim % 16 != 0 {
+            return bad(format!(
+                "head_dim {} (the GPU kernel takes multiples of 16 up to {MAX_HEAD_DIM})",
+                self.head_dim
+            ));
+        }
+        if self.block_size == 0 || self.tile_capacity == 0 {
+            return bad("zero block_size or tile_capacity".into());
+        }
+        let tokens = self.block_size.checked_mul(self.tile_capacity);
+        if tokens.is_none_or(|t| t > i32::MAX as usize / 2) {
+            return bad("block_size * tile_capacity overflows".into());
+        }
+        let kv_groups = self.num_kv_heads * self.group().div_ceil(16);
+        if kv_groups > 65_535 {
+            return bad(format!(
+                "{kv_groups} kv-head groups exceed a grid dimension"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    #[must_use]
+    pub fn group(&self) -> usize {
+        self.num_q_heads / self.num_kv_heads.max(1)
+    }
+}
+
+/// Where token `t` of block `b`, KV head `h` starts: `b * block + t * token +
+/// h * kv_head` elements from the pool base; its `head_dim` elements follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KvLayout {
+    /// Elements between blocks.
+    pub block_stride: usize,
+    /// Elements between tokens of a block.
+    pub token_stride: usize,
+    /// Elements between KV heads.
+    pub kv_head_stride: usize,
+}
+
+impl KvLayout {
+    /// Paged `[block, token, kv_head, dim]`.
+    #[must_use]
+    pub fn paged(d: &AttnDims) -> Self {
+        Self {
+            block_stride: d.block_size * d.num_kv_heads * d.head_dim,
+            token_stride: d.num_kv_heads * d.head_dim,
+            kv_head_stride: d.head_dim,
+        }
+    }
+
+    /// Scratch-pool slot `[slot, K|V, kv_head, token, dim]`: K and V pools are
+    /// the same allocation, V offset by `num_kv_heads * block_size * head_dim`.
+    #[must_use]
+    pub fn slot(d: &AttnDims) -> Self {
+        let stripe = d.num_kv_heads * d.block_size * d.head_dim;
+        Self {
+            block_stride: 2 * stripe,
+            token_stride: d.head_dim,
+            kv_head_stride: d.block_size * d.head_dim,
+        }
+    }
+
+    /// Elements a pool must hold for blocks `0..=max_block`.
+    #[must_use]
+    pub fn required_len(&self, d: &AttnDims, max_block: usize) -> Option<usize> {
+        let last_tok = d.block_size.checked_sub(1)?;
+        let last_head = d.num_kv_heads.checked_sub(1)?;
+        max_block
+            .checked_mul(self.block_stride)?
+            .checked_add(last_tok.checked_mul(self.token_stride)?)?
+            .checked_add(last_head.checked_mul(self.kv_head_stride)?)?
+            .checked_add(d.head_dim)
+    }
+}
+
+/// One tile of KV blocks per sequence, on the device and validated.
+#[derive(Debug)]
+pub struct TileTable {
+    pub(super) blocks: CudaSlice<i32>,
+    pub(super) tokens: CudaSlice<i32>,
+    pub(super) num_seqs: usize,
+    pub(super) max_tokens: usize,
+    pub(super) max_block: usize,
+}
+
+impl TileTable {
+    /// Sequences in this tile.
+    #[must_use]
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+    /// Most tokens of one sequence in this tile.
+    #[must_use]
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}
+
+pub(super) fn tile_tokens(
+    d: &AttnDims,
+    seq: usize,
+    count: usize,
+    last: usize,
+) -> Result<usize, CudaError> {
+    if count > d.tile_capacity {
+        return Err(CudaError::invalid(
+            "tile",
+            format!(
+                "sequence {seq}: {count} blocks exceed tile_capacity {}",
+                d.tile_capacity
+            ),
+        ));
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    if last == 0 || last > d.block_size {
+        return Err(CudaError::invalid(
+            "tile",
+            format!(
+                "sequence {seq}: last_block_valid_slots {last} outside 1..={}",
+                d.block_size
+            ),
+        ));
+    }
+    Ok((count - 1) * d.block_size + last)
+}

@@ -1,0 +1,212 @@
+//! The driver check and the device handle every entry point goes through.
+//!
+//! cudarc loads `libcuda` lazily and panics when it is missing, so nothing in
+//! this crate touches the driver before [`driver_present`] said yes: [`Gpu::open`]
+//! returns [`CudaError::NoDriver`] on a machine without an NVIDIA driver (CI),
+//! and every other entry point needs a [`Gpu`].
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::error::CudaError;
+
+/// Whether the CUDA driver library can be loaded on this machine.
+#[must_use]
+pub fn driver_present() -> bool {
+    // SAFETY: probing only tries to dlopen libcuda by name and drops the handle;
+    // it runs no code of the library beyond its initialisers.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether the NVRTC library can be loaded on this machine.
+#[must_use]
+pub fn nvrtc_present() -> bool {
+    // SAFETY: as for `driver_present`, a dlopen probe of libnvrtc.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// What the kernels and the benchmarks need to know about the device.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Ordinal.
+    pub ordinal: usize,
+    /// Marketing name (`NVIDIA H200`).
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Largest dynamic shared memory a block may opt in to, bytes.
+    pub max_smem_per_block_optin_bytes: usize,
+    /// Shared memory of one multiprocessor, bytes.
+    pub smem_per_sm_bytes: usize,
+    /// L2 cache, bytes.
+    pub l2_bytes: usize,
+    /// Device memory, bytes.
+    pub total_mem_bytes: usize,
+    /// Whether host and device share one virtual address space (UVA).
+    pub unified_addressing: bool,
+    /// Whether the GPU is integrated with the host memory (UMA: Jetson, GB10).
+    pub integrated: bool,
+    /// Driver version as reported by `cuDriverGetVersion` (13000 = 13.0).
+    pub driver_version: i32,
+}
+
+impl DeviceInfo {
+    /// NVRTC target for this device, e.g. `sm_90`.
+    #[must_use]
+    pub fn arch(&self) -> String {
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+}
+
+/// One device: its context, a compute stream and what it is.
+///
+/// cudarc's automatic cross-stream event tracking is off: work on other
+/// streams is ordered explicitly (see [`HbmSink`](crate::HbmSink)).
+#[derive(Clone)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+impl Gpu {
+    /// Open device `ordinal`: [`CudaError::NoDriver`] where there is no driver,
+    /// [`CudaError::NoDevice`] where it reports no such device.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        cudarc::driver::result::init().map_err(CudaError::driver("cuInit"))?;
+        let count = CudaContext::device_count().map_err(CudaError::driver("cuDeviceGetCount"))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver("create context"))?;
+        // SAFETY: nothing is allocated in this context yet. This crate orders
+        // its streams itself: kernels and their buffers live on the compute
+        // stream in issue order, and the one other stream it writes from
+        // (HbmSink's copy stream) writes raw device addresses, which cudarc
+        // never tracked, and is ordered with `order_after` / `order_before` /
+        // `flush`. cudarc's per-buffer events would otherwise add a stream
+        // wait and an event record per kernel argument to every launch.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(CudaError::driver("create stream"))?;
+        let info = read_info(&ctx, ordinal)?;
+        Ok(Self { ctx, stream, info })
+    }
+
+    /// The cudarc context.
+    #[must_use]
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The compute stream kernels of this crate launch on.
+    #[must_use]
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// What the device is.
+    #[must_use]
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// A new stream on this device (copy streams, benchmarks).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        self.ctx
+            .new_stream()
+            .map_err(CudaError::driver("create stream"))
+    }
+
+    /// Block until the compute stream has finished everything queued on it.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(CudaError::driver("synchronize compute stream"))
+    }
+}
+
+fn read_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    let attr = |a: Attr| {
+        ctx.attribute(a)
+            .map_err(CudaError::driver(format!("device attribute {a:?}")))
+    };
+    let as_usize = |v: i32| usize::try_from(v).unwrap_or(0);
+    let mut driver_version = 0i32;
+    // SAFETY: cuDriverGetVersion writes one int through a valid pointer.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&raw mut driver_version) }
+        .result()
+        .map_err(CudaError::driver("cuDriverGetVersion"))?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name().map_err(CudaError::driver("device name"))?,
+        compute_capability: ctx
+            .compute_capability()
+            .map_err(CudaError::driver("compute capability"))?,
+        sm_count: u32::try_from(attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?).unwrap_or(1),
+        max_smem_per_block_optin_bytes: as_usize(attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?),
+        smem_per_sm_bytes: as_usize(attr(
+            Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?),
+        l2_bytes: as_usize(attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?),
+        total_mem_bytes: ctx.total_mem().map_err(CudaError::driver("total memory"))?,
+        unified_addressing: attr(Attr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
+        integrated: attr(Attr::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0,
+        driver_version,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_driver_is_a_typed_error() {
+        if driver_present() {
+            eprintln!("skipped: a CUDA driver is present; this test covers machines without one");
+            return;
+        }
+        match Gpu::open(0) {
+            Err(CudaError::NoDriver) => {}
+            other => panic!("expected NoDriver, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn arch_string() {
+        let info = DeviceInfo {
+            ordinal: 0,
+            name: "x".into(),
+            compute_capability: (9, 0),
+            sm_count: 132,
+            max_smem_per_block_optin_bytes: 232_448,
+            smem_per_sm_bytes: 233_472,
+            l2_bytes: 0,
+            total_mem_bytes: 0,
+            unified_addressing: true,
+            integrated: false,
+            driver_version: 13000,
+        };
+        assert_eq!(info.arch(), "sm_90");
+    }
+}

@@ -1,0 +1,66 @@
+//! The error type of the CUDA path. Every variant says what was asked for, so
+//! a failure on the GPU machine is never anonymous.
+
+/// A failure of the CUDA path.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// `libcuda` could not be loaded: there is no NVIDIA driver on this machine.
+    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA driver on this machine)")]
+    NoDriver,
+    /// `libnvrtc` could not be loaded, so kernels cannot be compiled.
+    #[error("no NVRTC: libnvrtc could not be loaded (install the CUDA runtime compiler library)")]
+    NoNvrtc,
+    /// The driver is present but reports no device with this ordinal.
+    #[error("no CUDA device {ordinal} (the driver reports {count})")]
+    NoDevice {
+        /// Requested ordinal.
+        ordinal: usize,
+        /// Devices the driver reports.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {what}: {source:?}")]
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's status.
+        source: cudarc::driver::DriverError,
+    },
+    /// NVRTC failed to compile a kernel module.
+    #[error("NVRTC compile of {module} for {arch} failed: {log}")]
+    Compile {
+        /// Kernel module name.
+        module: String,
+        /// Target architecture.
+        arch: String,
+        /// The compiler's log.
+        log: String,
+    },
+    /// A shape, geometry or argument the kernels do not accept.
+    #[error("invalid {what}: {why}")]
+    Invalid {
+        /// Which argument.
+        what: &'static str,
+        /// Why it is rejected.
+        why: String,
+    },
+}
+
+impl CudaError {
+    /// A closure mapping a driver error to [`CudaError::Driver`] with context.
+    pub(crate) fn driver(
+        what: impl Into<String>,
+    ) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+        let what = what.into();
+        move |source| Self::Driver { what, source }
+    }
+
+    /// Shorthand for [`CudaError::Invalid`].
+    pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
+        Self::Invalid {
+            what,
+            why: why.into(),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Run-time compilation of the kernel sources with NVRTC, straight to machine
+//! code (CUBIN) for the device's own architecture: `sm_90` on Hopper. No PTX
+//! of an older target is left for the driver to JIT, so Hopper code paths
+//! (and their register allocation) are what runs.
+
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+use cudarc::driver::CudaModule;
+use cudarc::nvrtc::sys::{self as nv, nvrtcProgram};
+
+use crate::context::{Gpu, nvrtc_present};
+use crate::error::CudaError;
+
+/// Source of the attention kernels: the split kernel, then the merge and
+/// finalize kernels that share its definitions.
+pub const ATTENTION_SRC: &str = concat!(
+    include_str!("kernels/attention.cu"),
+    "\n",
+    include_str!("kernels/attention_merge.cu")
+);
+/// Source of the dequant and fill kernels.
+pub const UTIL_SRC: &str = include_str!("kernels/util.cu");
+
+/// A compiled module: its machine code and the compiler's log (register and
+/// spill report from ptxas).
+#[derive(Clone, Debug)]
+pub struct Cubin {
+    /// The CUBIN image.
+    pub image: Vec<u8>,
+    /// NVRTC's log, including `ptxas -v` output.
+    pub log: String,
+}
+
+/// Compile `src` for `arch` (`sm_90`) with `-D` `defines`. Needs only NVRTC,
+/// not a driver or a GPU.
+pub fn compile_cubin(
+    module: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, String)],
+) -> Result<Cubin, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let compile_err = |log: String| CudaError::Compile {
+        module: module.to_string(),
+        arch: arch.to_string(),
+        log,
+    };
+    let c_src = CString::new(src).map_err(|_| compile_err("source holds a NUL byte".into()))?;
+    let c_name =
+        CString::new(format!("{module}.cu")).map_err(|_| compile_err("bad module name".into()))?;
+    let prog = cudarc::nvrtc::result::create_program(&c_src, Some(&c_name))
+        .map_err(|e| compile_err(format!("create program: {e:?}")))?;
+    let prog = ProgramGuard(prog);
+    let mut opts = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+        "--fmad=true".to_string(),
+    ];
+    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    // SAFETY: `prog` is a live program created above; options are C strings.
+    let compiled = unsafe { cudarc::nvrtc::result::compile_program(prog.0, &opts) };
+    let log = program_log(prog.0);
+    if let Err(e) = compiled {
+        return Err(compile_err(format!("{e:?}\n{log}")));
+    }
+    let mut size = 0usize;
+    // SAFETY: a successfully compiled program; `size` is a valid out-pointer.
+    unsafe { nv::nvrtcGetCUBINSize(prog.0, &raw mut size) }
+        .result()
+        .map_err(|e| compile_err(format!("CUBIN size: {e:?}")))?;
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds exactly the `size` bytes NVRTC reported.
+    unsafe { nv::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast()) }
+        .result()
+        .map_err(|e| compile_err(format!("CUBIN: {e:?}")))?;
+    Ok(Cubin { image, log })
+}
+
+/// Compile `src` for the device of `gpu` and load it. With
+/// `FLASHTIER_DUMP_CUBIN=<dir>` the machine code is also written there (for
+/// `cuobjdump --dump-sass`).
+pub fn load_module(
+    gpu: &Gpu,
+    module: &str,
+    src: &str,
+    defines: &[(&str, String)],
+) -> Result<(Arc<CudaModule>, Cubin), CudaError> {
+    let arch = gpu.info().arch();
+    let cubin = compile_cubin(module, src, &arch, defines)?;
+    if let Some(dir) = std::env::var_os("FLASHTIER_DUMP_CUBIN") {
+        let path = std::path::Path::new(&dir).join(format!("{module}.{arch}.cubin"));
+        if let Err(e) = std::fs::write(&path, &cubin.image) {
+            tracing::warn!(path = %path.display(), "could not dump cubin: {e}");
+        }
+    }
+    let loaded = gpu
+        .context()
+        .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.image.clone()))
+        .map_err(CudaError::driver(format!("load module {module} ({arch})")))?;
+    tracing::debug!(module, arch, log = %cubin.log, "compiled kernel module");
+    Ok((loaded, cubin))
+}
+
+struct ProgramGuard(nvrtcProgram);
+
+impl Drop for ProgramGuard {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `create_program` and is destroyed once.
+        let _ = unsafe { cudarc::nvrtc::result::destroy_program(self.0) };
+    }
+}
+
+fn program_log(prog: nvrtcProgram) -> String {
+    // SAFETY: `prog` is a live program; the log is NUL-terminated by NVRTC.
+    match unsafe { cudarc::nvrtc::result::get_program_log(prog) } {
+        Ok(raw) => {
+            let bytes: Vec<u8> = raw.iter().map(|&c| c.to_le_bytes()[0]).collect();
+            CStr::from_bytes_until_nul(&bytes)
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+        }
+        Err(e) => format!("(no log: {e:?})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels compile for Hopper with every head dimension the host
+    /// accepts. Needs NVRTC only (no GPU); skips where it is absent.
+    #[test]
+    fn kernels_compile_for_sm90() {
+        if !nvrtc_present() {
+            eprintln!("skipped: libnvrtc not found (no CUDA runtime compiler on this machine)");
+            return;
+        }
+        for d in [16, 64, 80, 128, 256] {
+            // The depth the H200's shared memory gives.
+            for kreg in [false, d % 32 == 0 && d <= 128] {
+                let stages = crate::attention::split_stages(d, kreg, 233_472, 232_448);
+                let defines = [
+                    ("HEAD_DIM", d.to_string()),
+                    ("STAGES", stages.to_string()),
+                    ("KREG", u8::from(kreg).to_string()),
+                ];
+                let c = compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
+                    .unwrap_or_else(|e| panic!("head_dim {d}: {e}"));
+                assert!(!c.image.is_empty());
+                eprintln!("head_dim {d}:\n{}", c.log);
+            }
+        }
+        let c = compile_cubin("util", UTIL_SRC, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.image.is_empty());
+    }
+}

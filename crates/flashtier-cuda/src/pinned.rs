@@ -1,0 +1,190 @@
+//! Pinned (page-locked) host memory that the device can read in place, and
+//! the SPEC's device-address check for the expert arena.
+//!
+//! Memory comes from `cuMemHostAlloc` with `DEVICEMAP` and without
+//! `WRITECOMBINED` (write-combined memory is very slow for the CPU to read),
+//! is zeroed before it is handed out, and is asserted page-aligned so it can
+//! be an O_DIRECT / io_uring read target with no bounce buffer.
+//!
+//! Device addressing: where the device address of the allocation equals its
+//! host address (unified addressing, and on UMA machines the very same
+//! memory), a record read into a slot is used by the device with no copy and
+//! no translation. Where it differs, the mapped device pointer from
+//! `cuMemHostGetDevicePointer` is used instead, and that is said once per
+//! process (a warning), never silently.
+//!
+//! Bound: one allocation per [`PinnedMemory`], of exactly the requested size
+//! rounded up to 4096 bytes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::CudaContext;
+use flashtier_io::{ALIGN, LandingRegion, RegionMemory, round_up};
+
+use crate::context::Gpu;
+use crate::error::CudaError;
+
+/// How the device reaches pinned host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum DeviceAddressing {
+    /// Device VA == host VA: zero-copy with the host pointer itself.
+    SameAddress,
+    /// The device reads through a different, mapped device pointer.
+    Mapped {
+        /// Device address of the first byte.
+        device_ptr: u64,
+    },
+}
+
+static SAID_MAPPED: AtomicBool = AtomicBool::new(false);
+
+/// Page-locked, device-mapped, zeroed host memory.
+pub struct PinnedMemory {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+    len_bytes: usize,
+    device_ptr: u64,
+    addressing: DeviceAddressing,
+}
+
+// SAFETY: the allocation is owned exclusively by this value and freed once in
+// Drop; shared access goes through raw pointers whose use is governed by the
+// LandingRegion protocol.
+unsafe impl Send for PinnedMemory {}
+// SAFETY: see Send; `&self` methods only read immutable fields.
+unsafe impl Sync for PinnedMemory {}
+
+impl PinnedMemory {
+    /// Allocate `len` bytes (rounded up to 4096, at least 4096), zeroed.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<Self, CudaError> {
+        let len_bytes = round_up(len.max(1));
+        let ctx = gpu.context().clone();
+        ctx.bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: cuMemHostAlloc returns page-locked memory of `len_bytes`
+        // bytes or an error; it is zeroed below before any use.
+        let raw = unsafe { cudarc::driver::result::malloc_host(len_bytes, flags) }.map_err(
+            CudaError::driver(format!("pin {len_bytes} bytes of host memory")),
+        )?;
+        let ptr = raw.cast::<u8>();
+        if ptr.is_null() || ptr as usize % ALIGN != 0 {
+            // SAFETY: `raw` came from malloc_host and is freed once here.
+            let _ = unsafe { cudarc::driver::result::free_host(raw) };
+            return Err(CudaError::invalid(
+                "pinned allocation",
+                format!("cuMemHostAlloc returned {ptr:p}, not {ALIGN}-byte aligned"),
+            ));
+        }
+        // SAFETY: `ptr` is valid for `len_bytes` writable bytes (just allocated).
+        unsafe { std::ptr::write_bytes(ptr, 0, len_bytes) };
+        let mut device_ptr = 0u64;
+        // SAFETY: `ptr` is a live cuMemHostAlloc allocation with DEVICEMAP; the
+        // driver writes one device pointer.
+        let got = unsafe {
+            cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&raw mut device_ptr, raw, 0)
+        }
+        .result();
+        if let Err(e) = got {
+            // SAFETY: freed once, nothing else refers to it yet.
+            let _ = unsafe { cudarc::driver::result::free_host(raw) };
+            return Err(CudaError::driver("cuMemHostGetDevicePointer")(e));
+        }
+        let addressing = classify(ptr as u64, device_ptr);
+        if let DeviceAddressing::Mapped { device_ptr } = addressing {
+            if !SAID_MAPPED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    host = format_args!("{ptr:p}"),
+                    device = format_args!("{device_ptr:#x}"),
+                    "pinned memory: device address differs from host address; \
+                     kernels use the mapped device pointer (no UVA zero-copy identity)"
+                );
+            }
+        }
+        Ok(Self {
+            ctx,
+            ptr,
+            len_bytes,
+            device_ptr,
+            addressing,
+        })
+    }
+
+    /// A landing region over new pinned memory of `len` bytes.
+    pub fn region(gpu: &Gpu, len: usize) -> Result<Arc<LandingRegion>, CudaError> {
+        Ok(LandingRegion::from_memory(Box::new(Self::new(gpu, len)?)))
+    }
+
+    /// How the device reaches this memory.
+    #[must_use]
+    pub fn addressing(&self) -> DeviceAddressing {
+        self.addressing
+    }
+
+    /// Device address of the first byte (equal to the host address under
+    /// [`DeviceAddressing::SameAddress`]).
+    #[must_use]
+    pub fn device_address(&self) -> u64 {
+        self.device_ptr
+    }
+}
+
+/// The SPEC's device-address check.
+#[must_use]
+pub fn classify(host_ptr: u64, device_ptr: u64) -> DeviceAddressing {
+    if host_ptr == device_ptr {
+        DeviceAddressing::SameAddress
+    } else {
+        DeviceAddressing::Mapped { device_ptr }
+    }
+}
+
+// SAFETY: `ptr` is 4096-aligned (checked in `new`), valid for `len_bytes`
+// zeroed bytes, and neither moves nor is freed until Drop.
+unsafe impl RegionMemory for PinnedMemory {
+    fn base_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.device_ptr)
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_host in `new`, freed exactly once here.
+        // Owners keep the memory alive (Arc<LandingRegion>) until every copy
+        // or kernel that reads it has been waited for.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
+}
+
+impl std::fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedMemory")
+            .field("len_bytes", &self.len_bytes)
+            .field("addressing", &self.addressing)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_check() {
+        assert_eq!(classify(0x1000, 0x1000), DeviceAddressing::SameAddress);
+        assert_eq!(
+            classify(0x1000, 0x7000_0000),
+            DeviceAddressing::Mapped {
+                device_ptr: 0x7000_0000
+            }
+        );
+    }
+}

@@ -1,0 +1,468 @@
+//! Reading Hugging Face checkpoints: `config.json` plus `model.safetensors`
+//! or shards listed by `model.safetensors.index.json`.
+//!
+//! Each safetensors header (an 8-byte little-endian length, then that many
+//! bytes of JSON) is parsed here, without mapping the file: header length at
+//! most [`MAX_HEADER_BYTES`], every tensor's `data_offsets` inside the file,
+//! and its length equal to shape times element size for the dtypes whose
+//! size is known. Tensor bytes are then read with positional reads into the
+//! caller's buffer, so the reader holds no more than the headers in memory:
+//! buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the page cache
+//! so packing a checkpoint larger than memory does not evict everything else
+//! ([`Checkpoint::read_tensor_direct`]).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
+
+/// Largest safetensors header accepted (the JSON of a big checkpoint shard is
+/// a few MB).
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+
+/// Why a checkpoint could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// A file could not be opened or read.
+    #[error("read {path} at offset {offset} length {len}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Byte offset.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Opening a file for direct reads failed.
+    #[error(transparent)]
+    Direct(#[from] flashtier_io::IoError),
+    /// Neither `model.safetensors` nor `model.safetensors.index.json` exists.
+    #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
+    NoWeights {
+        /// Checkpoint folder.
+        dir: PathBuf,
+    },
+    /// A JSON file (config, index, safetensors header) is malformed.
+    #[error("{path}: {what}")]
+    Json {
+        /// File.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A safetensors header breaks the format.
+    #[error("{path}: tensor {tensor}: {why}")]
+    BadTensor {
+        /// File.
+        path: PathBuf,
+        /// Tensor name.
+        tensor: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A tensor the index lists (or the caller asks for) is not there.
+    #[error("tensor {tensor} not found in the checkpoint ({where_})")]
+    MissingTensor {
+        /// Tensor name.
+        tensor: String,
+        /// Where it was expected.
+        where_: String,
+    },
+    /// A destination buffer of the wrong size for a tensor.
+    #[error("tensor {tensor}: buffer of {got} bytes for {len_bytes} bytes")]
+    BufferSize {
+        /// Tensor name.
+        tensor: String,
+        /// Tensor length.
+        len_bytes: u64,
+        /// Buffer length.
+        got: u64,
+    },
+}
+
+/// One tensor of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Index of its file in [`Checkpoint::files`].
+    pub file: usize,
+    /// safetensors dtype name (`BF16`, `F8_E4M3`, `I64`...).
+    pub dtype: String,
+    /// Shape, outermost first.
+    pub shape: Vec<u64>,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len_bytes: u64,
+}
+
+/// One safetensors file of a checkpoint.
+#[derive(Debug)]
+pub struct WeightFile {
+    /// File name relative to the checkpoint folder.
+    pub name: String,
+    /// Full path.
+    pub path: PathBuf,
+    /// File length in bytes.
+    pub len_bytes: u64,
+    /// The raw header (8-byte length + JSON), for pairing checksums.
+    pub header: Vec<u8>,
+    file: File,
+    /// The same file opened for direct reads (O_DIRECT where allowed), on
+    /// first use, so buffered users never see an O_DIRECT warning.
+    direct: Mutex<Option<Arc<StoreFile>>>,
+}
+
+impl WeightFile {
+    fn direct_handle(&self) -> Result<Arc<StoreFile>, CheckpointError> {
+        let mut slot = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = StoreFile::open_read(&self.path, DirectMode::Prefer)?;
+        *slot = Some(f.clone());
+        Ok(f)
+    }
+}
+
+/// An opened checkpoint: config, files, and every tensor's place.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: serde_json::Value,
+    config_bytes: Vec<u8>,
+    files: Vec<WeightFile>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+/// Bytes per element of a safetensors dtype, when fixed-size.
+#[must_use]
+pub fn dtype_size_bytes(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => 1,
+        "BF16" | "F16" | "I16" | "U16" => 2,
+        "F32" | "I32" | "U32" => 4,
+        "F64" | "I64" | "U64" => 8,
+        _ => return None,
+    })
+}
+
+fn io_err(path: &Path, offset: u64, len: u64) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let path = path.to_path_buf();
+    move |source| CheckpointError::Io {
+        path,
+        offset,
+        len,
+        source,
+    }
+}
+
+fn read_json(path: &Path) -> Result<(serde_json::Value, Vec<u8>), CheckpointError> {
+    let bytes = std::fs::read(path).map_err(io_err(path, 0, 0))?;
+    let v = serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Json {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    })?;
+    Ok((v, bytes))
+}
+
+impl Checkpoint {
+    /// Open the checkpoint in `dir`, parsing every safetensors header.
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        let (config, config_bytes) = read_json(&dir.join("config.json"))?;
+        let names = weight_file_names(dir)?;
+        let mut files = Vec::with_capacity(names.len());
+        let mut tensors = BTreeMap::new();
+        for (i, name) in names.into_iter().enumerate() {
+            let (wf, entries) = open_weight_file(dir, name, i)?;
+            for (tname, info) in entries {
+                if tensors.insert(tname.clone(), info).is_some() {
+                    return Err(CheckpointError::BadTensor {
+                        path: wf.path.clone(),
+                        tensor: tname,
+                        why: "appears in more than one file".into(),
+                    });
+                }
+            }
+            files.push(wf);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            config_bytes,
+            files,
+            tensors,
+        })
+    }
+
+    /// The checkpoint folder.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Parsed `config.json`.
+    #[must_use]
+    pub fn config(&self) -> &serde_json::Value {
+        &self.config
+    }
+
+    /// Raw bytes of `config.json`.
+    #[must_use]
+    pub fn config_bytes(&self) -> &[u8] {
+        &self.config_bytes
+    }
+
+    /// The safetensors files, sorted by name.
+    #[must_use]
+    pub fn files(&self) -> &[WeightFile] {
+        &self.files
+    }
+
+    /// Every tensor, by name.
+    #[must_use]
+    pub fn tensors(&self) -> &BTreeMap<String, TensorInfo> {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Result<&TensorInfo, CheckpointError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                tensor: name.to_string(),
+                where_: self.dir.display().to_string(),
+            })
+    }
+
+    /// Read tensor `name`'s bytes into `dst` (exactly its length).
+    pub fn read_tensor(&self, name: &str, dst: &mut [u8]) -> Result<(), CheckpointError> {
+        let t = self.tensor(name)?;
+        if dst.len() as u64 != t.len_bytes {
+            return Err(CheckpointError::BufferSize {
+                tensor: name.to_string(),
+                len_bytes: t.len_bytes,
+                got: dst.len() as u64,
+            });
+        }
+        let wf = self
+            .files
+            .get(t.file)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                tensor: name.to_string(),
+                where_: format!("file #{}", t.file),
+            })?;
+        wf.file
+            .read_exact_at(dst, t.offset)
+            .map_err(io_err(&wf.path, t.offset, t.len_bytes))
+    }
+}
+
+impl Checkpoint {
+    /// Read tensor `name` into `dst` (exactly its length) with direct I/O,
+    /// bypassing the page cache: the 4096-aligned window around the tensor
+    /// lands in `staging` (grown to the window when smaller, so its size is
+    /// bounded by the largest tensor plus 8 KiB), then the tensor is copied
+    /// out. Falls back to [`Checkpoint::read_tensor`] where the file system
+    /// refuses O_DIRECT.
+    pub fn read_tensor_direct(
+        &self,
+        name: &str,
+        dst: &mut [u8],
+        staging: &mut AlignedBuf,
+    ) -> Result<(), CheckpointError> {
+        let t = self.tensor(name)?;
+        let wf = self
+            .files
+            .get(t.file)
+            .filter(|_| dst.len() as u64 == t.len_bytes);
+        let Some(wf) = wf else {
+            return self.read_tensor(name, dst);
+        };
+        let direct = wf.direct_handle()?;
+        if !direct.is_direct() {
+            return self.read_tensor(name, dst);
+        }
+        let align = (direct.offset_align() as u64).max(ALIGN as u64);
+        let start = t.offset / align * align;
+        let head = (t.offset - start) as usize;
+        let need = head + dst.len();
+        let window = need.next_multiple_of(align as usize);
+        if staging.capacity() < window {
+            *staging = AlignedBuf::zeroed(window);
+        }
+        let buf = &mut staging.as_full_mut()[..window];
+        let mut done = 0usize;
+        while done < need {
+            let got = direct.file().read_at(&mut buf[done..], start + done as u64);
+            match got {
+                Ok(0) => {
+                    let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                    return Err(io_err(&wf.path, t.offset, t.len_bytes)(eof));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&wf.path, t.offset, t.len_bytes)(e)),
+            }
+        }
+        dst.copy_from_slice(&buf[head..need]);
+        Ok(())
+    }
+}
+
+/// The safetensors files of `dir`: the index's files, or `model.safetensors`.
+fn weight_file_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let (v, _) = read_json(&index)?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| CheckpointError::Json {
+                path: index.clone(),
+                what: "no \"weight_map\" object".into(),
+            })?;
+        let mut names = Vec::new();
+        for (tensor, file) in map {
+            let file = file.as_str().filter(|f| !f.contains('/') && !f.is_empty());
+            let Some(file) = file else {
+                return Err(CheckpointError::Json {
+                    path: index.clone(),
+                    what: format!("weight_map[{tensor:?}] is not a plain file name"),
+                });
+            };
+            names.push(file.to_string());
+        }
+        names.sort();
+        names.dedup();
+        return Ok(names);
+    }
+    if dir.join("model.safetensors").exists() {
+        return Ok(vec!["model.safetensors".into()]);
+    }
+    Err(CheckpointError::NoWeights {
+        dir: dir.to_path_buf(),
+    })
+}
+
+type Entries = Vec<(String, TensorInfo)>;
+
+fn open_weight_file(
+    dir: &Path,
+    name: String,
+    index: usize,
+) -> Result<(WeightFile, Entries), CheckpointError> {
+    let path = dir.join(&name);
+    let file = File::open(&path).map_err(io_err(&path, 0, 0))?;
+    let len_bytes = file.metadata().map_err(io_err(&path, 0, 0))?.len();
+    let mut len_word = [0u8; 8];
+    file.read_exact_at(&mut len_word, 0)
+        .map_err(io_err(&path, 0, 8))?;
+    let header_len = u64::from_le_bytes(len_word);
+    let bad = |why: String| CheckpointError::BadTensor {
+        path: path.clone(),
+        tensor: "<header>".into(),
+        why,
+    };
+    if header_len > MAX_HEADER_BYTES || header_len.saturating_add(8) > len_bytes {
+        return Err(bad(format!(
+            "header length {header_len} exceeds the file ({len_bytes} bytes) or {MAX_HEADER_BYTES}"
+        )));
+    }
+    // Bounded by MAX_HEADER_BYTES just above.
+    let mut header = vec![0u8; 8 + header_len as usize];
+    file.read_exact_at(&mut header, 0)
+        .map_err(io_err(&path, 0, 8 + header_len))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&header[8..]).map_err(|e| CheckpointError::Json {
+            path: path.clone(),
+            what: format!("safetensors header: {e}"),
+        })?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let data_start = 8 + header_len;
+    let mut entries = Vec::with_capacity(obj.len());
+    for (tname, v) in obj {
+        if tname == "__metadata__" {
+            continue;
+        }
+        let info = parse_entry(&path, tname, v, index, data_start, len_bytes)?;
+        entries.push((tname.clone(), info));
+    }
+    Ok((
+        WeightFile {
+            direct: Mutex::new(None),
+            name,
+            path,
+            len_bytes,
+            header,
+            file,
+        },
+        entries,
+    ))
+}
+
+fn parse_entry(
+    path: &Path,
+    tname: &str,
+    v: &serde_json::Value,
+    file: usize,
+    data_start: u64,
+    file_len: u64,
+) -> Result<TensorInfo, CheckpointError> {
+    let bad = |why: String| CheckpointError::BadTensor {
+        path: path.to_path_buf(),
+        tensor: tname.to_string(),
+        why,
+    };
+    let dtype = v
+        .get("dtype")
+        .and_then(|d| d.as_str())
+        .ok_or_else(|| bad("no dtype".into()))?;
+    let shape: Vec<u64> = v
+        .get("shape")
+        .and_then(|s| s.as_array())
+        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
+        .ok_or_else(|| bad("shape is not a list of integers".into()))?;
+    let offs: Vec<u64> = v
+        .get("data_offsets")
+        .and_then(|s| s.as_array())
+        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
+        .ok_or_else(|| bad("data_offsets is not a list of integers".into()))?;
+    let [begin, end] = offs[..] else {
+        return Err(bad(format!(
+            "data_offsets has {} entries, not 2",
+            offs.len()
+        )));
+    };
+    let abs_end = data_start
+        .checked_add(end)
+        .filter(|&e| e <= file_len && begin <= end);
+    if abs_end.is_none() {
+        return Err(bad(format!(
+            "data_offsets [{begin}, {end}] outside the file ({file_len} bytes, data from {data_start})"
+        )));
+    }
+    let len_bytes = end - begin;
+    if let Some(size) = dtype_size_bytes(dtype) {
+        let want = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
+        if want != Some(len_bytes) {
+            return Err(bad(format!(
+                "{len_bytes} bytes, but shape {shape:?} of {dtype} needs {want:?}"
+            )));
+        }
+    }
+    Ok(TensorInfo {
+        file,
+        dtype: dtype.to_string(),
+        shape,
+        offset: data_start + begin,
+        len_bytes,
+    })
+}

@@ -1,0 +1,494 @@
+//! `KvSwap`: one KV store file, its block table, and the scratch pool that
+//! restores land in. See the durability policy in the [`crate::kv`] docs.
+//!
+//! Bounds: the block table holds `num_layers * num_blocks` entries of 16
+//! bytes; the scratch pool holds `ring_tiles * tile_slots` slots of
+//! `block_bytes` (at most [`flashtier_io::blocks::MAX_POOL_BYTES`]); at most
+//! `ring_tiles` tiles are in flight at once.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flashtier_format::group::{
+    BlockEntry, BlockId, GroupLayout, KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError,
+    KvHeader, block_checksum,
+};
+use flashtier_io::blocks::{BlockPath, SlotPool, write_block, write_blocks_run, write_span};
+use flashtier_io::{AlignedBuf, DirectMode, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+
+/// How a [`KvSwap`] is opened and how it restores.
+#[derive(Clone, Copy, Debug)]
+pub struct SwapOptions {
+    /// O_DIRECT policy for the store file.
+    pub direct: DirectMode,
+    /// Coalesced block ops (default) or the per-head fan-out.
+    pub path: BlockPath,
+    /// Slots per restore tile (the most blocks one tile may hold).
+    pub tile_slots: usize,
+    /// Tiles in the restore ring: while one is consumed, up to
+    /// `ring_tiles - 1` more are landing (>= 2 for any overlap).
+    pub ring_tiles: usize,
+    /// Identity of the model, checked on open.
+    pub model_hash: u64,
+    /// Tensor-parallel rank, checked on open.
+    pub rank: u32,
+}
+
+impl Default for SwapOptions {
+    fn default() -> Self {
+        Self {
+            direct: DirectMode::Prefer,
+            path: BlockPath::Coalesced,
+            tile_slots: 64,
+            ring_tiles: 3,
+            model_hash: 0,
+            rank: 0,
+        }
+    }
+}
+
+/// A block as the caller offloaded it: restore checks the store still holds
+/// exactly this generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockVersion {
+    /// The block.
+    pub id: BlockId,
+    /// The generation its offload was sealed with.
+    pub generation: u64,
+}
+
+/// Failures of the KV tier. A restore error means "recompute this KV".
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The backend failed (names file, offset and length).
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The store's header or a block address is invalid.
+    #[error("KV store {path}: {source}")]
+    Format {
+        /// Store file.
+        path: String,
+        /// What is wrong.
+        source: KvFormatError,
+    },
+    /// The store belongs to another model or rank.
+    #[error(
+        "KV store {path} is for model {found_model:#x} rank {found_rank}, not {model:#x} rank {rank}"
+    )]
+    WrongOwner {
+        /// Store file.
+        path: String,
+        /// Model hash in the file.
+        found_model: u64,
+        /// Rank in the file.
+        found_rank: u32,
+        /// Model hash expected.
+        model: u64,
+        /// Rank expected.
+        rank: u32,
+    },
+    /// The block holds no completed offload.
+    #[error("block (layer {}, block {}) is not resident", .id.layer, .id.block)]
+    NotResident {
+        /// The block.
+        id: BlockId,
+    },
+    /// The store holds another generation of the block than the caller's.
+    #[error("block (layer {}, block {}) is stale: store holds generation {found}, caller expects {expected}", .id.layer, .id.block)]
+    Stale {
+        /// The block.
+        id: BlockId,
+        /// Generation the caller offloaded.
+        expected: u64,
+        /// Generation the store holds.
+        found: u64,
+    },
+    /// The landed bytes fail the block's checksum (torn or misdirected write).
+    #[error("block (layer {}, block {}) generation {generation} at offset {offset} of {path} fails its checksum", .id.layer, .id.block)]
+    Corrupt {
+        /// The block.
+        id: BlockId,
+        /// Its generation.
+        generation: u64,
+        /// Store file.
+        path: String,
+        /// Byte offset of the block.
+        offset: u64,
+    },
+    /// Restoring a tile failed; nothing of it was consumed.
+    #[error("restore of tile {tile} failed: {source}")]
+    Restore {
+        /// Tile index.
+        tile: usize,
+        /// Why.
+        source: Box<KvError>,
+    },
+    /// The consumer of a tile failed.
+    #[error("consumer of tile {tile} failed: {what}")]
+    Consumer {
+        /// Tile index.
+        tile: usize,
+        /// The consumer's message.
+        what: String,
+    },
+    /// Invalid arguments (tile larger than the ring slot, wrong sizes...).
+    #[error("invalid KV request: {0}")]
+    Invalid(String),
+}
+
+/// One KV store file with its table and scratch pool.
+pub struct KvSwap {
+    pub(super) backend: Arc<dyn StorageBackend>,
+    pub(super) file: Arc<StoreFile>,
+    pub(super) layout: GroupLayout,
+    pub(super) table: Vec<BlockEntry>,
+    pub(super) next_generation: u64,
+    pub(super) opts: SwapOptions,
+    pub(super) pool: SlotPool,
+    header: KvHeader,
+}
+
+impl std::fmt::Debug for KvSwap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvSwap")
+            .field("path", &self.file.path())
+            .field("layout", &self.layout)
+            .field("backend", &self.backend.name())
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pool_for(layout: &GroupLayout, opts: &SwapOptions) -> Result<SlotPool, KvError> {
+    if opts.tile_slots == 0 || opts.ring_tiles == 0 {
+        return Err(KvError::Invalid(
+            "tile_slots and ring_tiles must be >= 1".into(),
+        ));
+    }
+    let slots = opts
+        .tile_slots
+        .checked_mul(opts.ring_tiles)
+        .ok_or_else(|| KvError::Invalid("scratch pool size overflows".into()))?;
+    let slot_bytes = usize::try_from(layout.block_bytes())
+        .map_err(|_| KvError::Invalid("block larger than memory".into()))?;
+    Ok(SlotPool::new(slot_bytes, slots)?)
+}
+
+impl KvSwap {
+    /// Create (or truncate) a store at `path` for `layout`.
+    pub fn create(
+        backend: Arc<dyn StorageBackend>,
+        path: &Path,
+        layout: GroupLayout,
+        opts: SwapOptions,
+    ) -> Result<Self, KvError> {
+        let pool = pool_for(&layout, &opts)?;
+        let file = StoreFile::open_rw(path, opts.direct, true)?;
+        file.set_len(0)?;
+        file.set_len(layout.file_len_bytes())?;
+        let header = KvHeader {
+            layout,
+            model_hash: opts.model_hash,
+            rank: opts.rank,
+        };
+        let mut page = AlignedBuf::zeroed(KV_HEADER_BYTES);
+        page.copy_from_slice(&header.encode());
+        backend.write(&file, 0, &page)?;
+        pool.register_with(backend.as_ref())?;
+        Ok(Self {
+            table: vec![BlockEntry::default(); table_len(&layout)?],
+            backend,
+            file,
+            layout,
+            next_generation: 1,
+            opts,
+            pool,
+            header,
+        })
+    }
+
+    /// Open an existing store, checking its header, owner and table.
+    pub fn open(
+        backend: Arc<dyn StorageBackend>,
+        path: &Path,
+        opts: SwapOptions,
+    ) -> Result<Self, KvError> {
+        let file = StoreFile::open_rw(path, opts.direct, false)?;
+        let page = read_host(backend.as_ref(), &file, 0, KV_HEADER_BYTES)?;
+        let fmt_err = |source| KvError::Format {
+            path: path.display().to_string(),
+            source,
+        };
+        let header = KvHeader::decode(&page).map_err(fmt_err)?;
+        if (header.model_hash, header.rank) != (opts.model_hash, opts.rank) {
+            return Err(KvError::WrongOwner {
+                path: path.display().to_string(),
+                found_model: header.model_hash,
+                found_rank: header.rank,
+                model: opts.model_hash,
+                rank: opts.rank,
+            });
+        }
+        let layout = header.layout;
+        let have = file.len_bytes()?;
+        if have < layout.file_len_bytes() {
+            return Err(fmt_err(KvFormatError::Truncated {
+                got: usize::try_from(have).unwrap_or(usize::MAX),
+                need: usize::try_from(layout.file_len_bytes()).unwrap_or(usize::MAX),
+            }));
+        }
+        let ext = layout.table_extent();
+        let raw = read_host(
+            backend.as_ref(),
+            &file,
+            ext.offset,
+            to_usize(ext.len_bytes)?,
+        )?;
+        let table: Vec<BlockEntry> = raw
+            .chunks_exact(KV_TABLE_ENTRY_BYTES)
+            .take(table_len(&layout)?)
+            .map(BlockEntry::decode)
+            .collect();
+        let next_generation = table.iter().map(|e| e.generation).max().unwrap_or(0) + 1;
+        let pool = pool_for(&layout, &opts)?;
+        pool.register_with(backend.as_ref())?;
+        Ok(Self {
+            backend,
+            file,
+            layout,
+            table,
+            next_generation,
+            opts,
+            pool,
+            header,
+        })
+    }
+
+    /// The store's layout.
+    #[must_use]
+    pub fn layout(&self) -> &GroupLayout {
+        &self.layout
+    }
+
+    /// The store's header.
+    #[must_use]
+    pub fn header(&self) -> &KvHeader {
+        &self.header
+    }
+
+    /// The options in force.
+    #[must_use]
+    pub fn options(&self) -> &SwapOptions {
+        &self.opts
+    }
+
+    /// The backend's name.
+    #[must_use]
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The table entry of `id`, if resident.
+    pub fn resident(&self, id: BlockId) -> Result<Option<BlockVersion>, KvError> {
+        let e = self.entry(id)?;
+        Ok((e.generation != 0).then_some(BlockVersion {
+            id,
+            generation: e.generation,
+        }))
+    }
+
+    pub(super) fn table_index(&self, id: BlockId) -> Result<usize, KvError> {
+        let i = self
+            .layout
+            .file_index(id)
+            .map_err(|source| KvError::Format {
+                path: self.file.path().display().to_string(),
+                source,
+            })?;
+        to_usize(i)
+    }
+
+    pub(super) fn entry(&self, id: BlockId) -> Result<BlockEntry, KvError> {
+        let i = self.table_index(id)?;
+        self.table
+            .get(i)
+            .copied()
+            .ok_or_else(|| KvError::Invalid(format!("table index {i} out of range")))
+    }
+
+    fn set_entry(&mut self, id: BlockId, e: BlockEntry) -> Result<(), KvError> {
+        let i = self.table_index(id)?;
+        match self.table.get_mut(i) {
+            Some(slot) => {
+                *slot = e;
+                Ok(())
+            }
+            None => Err(KvError::Invalid(format!("table index {i} out of range"))),
+        }
+    }
+
+    fn seal(&mut self, id: BlockId, bytes: &[u8]) -> Result<BlockVersion, KvError> {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let checksum = block_checksum(id, generation, bytes);
+        self.set_entry(
+            id,
+            BlockEntry {
+                generation,
+                checksum,
+            },
+        )?;
+        Ok(BlockVersion { id, generation })
+    }
+
+    /// Offload one block image (`block_bytes`, 4096-aligned memory for
+    /// O_DIRECT). Returns the version a restore must ask for.
+    pub fn offload_block(&mut self, id: BlockId, src: &[u8]) -> Result<BlockVersion, KvError> {
+        self.set_entry(id, BlockEntry::default())?;
+        write_block(
+            self.backend.as_ref(),
+            &self.file,
+            &self.layout,
+            id,
+            src,
+            self.opts.path,
+        )?;
+        self.seal(id, src)
+    }
+
+    /// Offload `run_len` consecutive blocks of one layer from `first` with
+    /// `write_blocks_run` (one op where the layout makes the run contiguous).
+    pub fn offload_run(
+        &mut self,
+        first: BlockId,
+        run_len: u32,
+        src: &[u8],
+    ) -> Result<Vec<BlockVersion>, KvError> {
+        let ids: Vec<BlockId> = (0..run_len)
+            .map(|i| BlockId::new(first.layer, first.block.saturating_add(i)))
+            .collect();
+        for &id in &ids {
+            self.set_entry(id, BlockEntry::default())?;
+        }
+        write_blocks_run(
+            self.backend.as_ref(),
+            &self.file,
+            &self.layout,
+            first,
+            run_len,
+            src,
+            self.opts.path,
+        )?;
+        let bb = to_usize(self.layout.block_bytes())?;
+        ids.iter()
+            .zip(src.chunks_exact(bb))
+            .map(|(&id, bytes)| self.seal(id, bytes))
+            .collect()
+    }
+
+    /// Offload `count` blocks consecutive in file order from `first` (see
+    /// [`GroupLayout::block_at`]) as one write; returns their versions in
+    /// file order.
+    pub fn offload_span(
+        &mut self,
+        first: BlockId,
+        count: u32,
+        src: &[u8],
+    ) -> Result<Vec<BlockVersion>, KvError> {
+        let start = self.table_index(first)? as u64;
+        let ids = (0..u64::from(count))
+            .map(|i| {
+                self.layout
+                    .block_at(start + i)
+                    .map_err(|source| KvError::Format {
+                        path: self.file.path().display().to_string(),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<BlockId>, KvError>>()?;
+        for &id in &ids {
+            self.set_entry(id, BlockEntry::default())?;
+        }
+        write_span(
+            self.backend.as_ref(),
+            &self.file,
+            &self.layout,
+            first,
+            count,
+            src,
+            self.opts.path,
+        )?;
+        let bb = to_usize(self.layout.block_bytes())?;
+        ids.iter()
+            .zip(src.chunks_exact(bb))
+            .map(|(&id, bytes)| self.seal(id, bytes))
+            .collect()
+    }
+
+    /// Make the store durable: sync the data, then write and sync the table.
+    pub fn persist(&mut self) -> Result<(), KvError> {
+        self.file.sync_data()?;
+        let ext = self.layout.table_extent();
+        let mut buf = AlignedBuf::zeroed(to_usize(ext.len_bytes)?);
+        for (dst, e) in buf.chunks_exact_mut(KV_TABLE_ENTRY_BYTES).zip(&self.table) {
+            dst.copy_from_slice(&e.encode());
+        }
+        self.backend.write(&self.file, ext.offset, &buf)?;
+        self.file.sync_data()?;
+        Ok(())
+    }
+
+    /// Check a landed block against the table; `bytes` are its slot.
+    pub(super) fn verify(&self, want: BlockVersion, bytes: &[u8]) -> Result<(), KvError> {
+        let e = self.entry(want.id)?;
+        if e.generation == 0 {
+            return Err(KvError::NotResident { id: want.id });
+        }
+        if e.generation != want.generation {
+            return Err(KvError::Stale {
+                id: want.id,
+                expected: want.generation,
+                found: e.generation,
+            });
+        }
+        if block_checksum(want.id, e.generation, bytes) != e.checksum {
+            let offset = self.layout.block_extent(want.id).map_or(0, |x| x.offset);
+            return Err(KvError::Corrupt {
+                id: want.id,
+                generation: e.generation,
+                path: self.file.path().display().to_string(),
+                offset,
+            });
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn to_usize(x: u64) -> Result<usize, KvError> {
+    usize::try_from(x).map_err(|_| KvError::Invalid(format!("{x} does not fit in memory")))
+}
+
+fn table_len(layout: &GroupLayout) -> Result<usize, KvError> {
+    to_usize(layout.blocks_total())
+}
+
+fn read_host(
+    backend: &dyn StorageBackend,
+    file: &Arc<StoreFile>,
+    offset: u64,
+    len: usize,
+) -> Result<AlignedBuf, KvError> {
+    let req = ReadReq {
+        file: file.clone(),
+        offset,
+        len,
+        landing: Landing::Host(AlignedBuf::zeroed(len)),
+        tag: 0,
+    };
+    let mut landed = backend.read(vec![req])?;
+    landed
+        .pop()
+        .and_then(|l| l.buf)
+        .ok_or_else(|| KvError::Invalid("backend returned no buffer".into()))
+}

@@ -1,0 +1,89 @@
+//! The error of packing a checkpoint into a store.
+
+use std::path::PathBuf;
+
+use crate::checkpoint::CheckpointError;
+
+/// Why packing (or pairing a store with its checkpoint) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PackError {
+    /// Reading the checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Writing the store failed.
+    #[error(transparent)]
+    Io(#[from] flashtier_io::IoError),
+    /// The store format refused the plan (or the store, when pairing).
+    #[error(transparent)]
+    Format(#[from] flashtier_format::FormatError),
+    /// `config.json` lacks a field or disagrees with the tensors.
+    #[error("{path}: field {field}: {why}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// Field name.
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// No tensor matches a known expert layout.
+    #[error(
+        "{dir}: no expert tensors found (expected model.layers.L.mlp.experts.E.* or model.layers.L.block_sparse_moe.experts.E.*)"
+    )]
+    NoExperts {
+        /// Checkpoint folder.
+        dir: PathBuf,
+    },
+    /// Expert tensors of two layouts in one checkpoint.
+    #[error("expert tensors of two layouts in one checkpoint: {first} and {second}")]
+    MixedLayouts {
+        /// A tensor of the first layout.
+        first: String,
+        /// A tensor of the other layout.
+        second: String,
+    },
+    /// An expert tensor of a dtype the store does not hold.
+    #[error(
+        "tensor {tensor}: dtype {dtype} is not supported for expert {role}s (supported: {supported})"
+    )]
+    UnsupportedDtype {
+        /// Tensor name.
+        tensor: String,
+        /// Its dtype.
+        dtype: String,
+        /// `matrix` or `scale`.
+        role: &'static str,
+        /// The dtypes that are.
+        supported: &'static str,
+    },
+    /// An FP8 matrix without its scales.
+    #[error(
+        "tensor {tensor}: F8_E4M3 weights need a scale tensor ({tensor}_scale_inv or {tensor}_scale)"
+    )]
+    MissingScale {
+        /// The FP8 matrix.
+        tensor: String,
+    },
+    /// Experts whose tensors differ in name, dtype or shape.
+    #[error("tensor {tensor}: {why}")]
+    Inconsistent {
+        /// The tensor at fault (or the one missing).
+        tensor: String,
+        /// What differs.
+        why: String,
+    },
+    /// A store paired with a checkpoint it was not packed from.
+    #[error("store {store} does not belong to checkpoint {dir}: {why}")]
+    SourceMismatch {
+        /// The store file.
+        store: PathBuf,
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// What differs.
+        why: String,
+    },
+    /// A packing thread failed outside I/O (it panicked).
+    #[error("packing thread failed: {0}")]
+    Thread(String),
+}

@@ -1,0 +1,365 @@
+//! Synthetic MoE checkpoints in the Hugging Face safetensors layout, for the
+//! demo, benchmarks and tests: no download, deterministic from a seed.
+//!
+//! [`SynthSpec`] describes the model (family, layers, experts, dimensions,
+//! dtype, shards, seed); [`SynthSpec::for_target_bytes`] picks dimensions for
+//! a size; [`write_checkpoint`] writes `config.json`, the safetensors files
+//! and, when sharded, `model.safetensors.index.json`. Every tensor's bytes
+//! depend only on the seed and the tensor's name ([`SynthSpec::tensor_bytes`]
+//! regenerates one). Values are small uniform weights (scaled by
+//! 1/sqrt(fan-in)), norms near 1; FP8 matrices come with 128x128 block
+//! scales (`weight_scale_inv`, F32) as DeepSeek-V3 / Qwen3 FP8 checkpoints
+//! ship them. DeepSeek-style models here keep plain q/k/v/o attention (not
+//! MLA): the expert layout, dense first layer and shared experts are the
+//! parts the store cares about.
+//!
+//! Memory: tensors are generated and written in chunks of at most
+//! [`CHUNK_BYTES`], so writing needs a bounded buffer whatever the size.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use flashtier_format::Dtype;
+use serde_json::json;
+
+/// Largest piece of a tensor generated at once.
+pub const CHUNK_BYTES: usize = 4 << 20;
+
+/// Model family of a synthetic checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SynthArch {
+    /// Qwen3-MoE (`mlp.experts.E.{gate,up,down}_proj`, q/k norms).
+    Qwen3Moe,
+    /// Qwen2-MoE (same experts, plus one shared expert with a gate).
+    Qwen2Moe,
+    /// Mixtral (`block_sparse_moe.experts.E.{w1,w2,w3}`).
+    Mixtral,
+    /// DeepSeek-V3 style (dense first layer, shared experts left dense).
+    DeepSeek,
+}
+
+impl SynthArch {
+    /// Every family.
+    pub const ALL: [Self; 4] = [
+        Self::Qwen3Moe,
+        Self::Qwen2Moe,
+        Self::Mixtral,
+        Self::DeepSeek,
+    ];
+
+    /// `model_type` as config.json spells it.
+    #[must_use]
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Qwen3Moe => "qwen3_moe",
+            Self::Qwen2Moe => "qwen2_moe",
+            Self::Mixtral => "mixtral",
+            Self::DeepSeek => "deepseek_v3",
+        }
+    }
+}
+
+impl std::str::FromStr for SynthArch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qwen3_moe" | "qwen3" => Ok(Self::Qwen3Moe),
+            "qwen2_moe" | "qwen2" => Ok(Self::Qwen2Moe),
+            "mixtral" => Ok(Self::Mixtral),
+            "deepseek" | "deepseek_v3" => Ok(Self::DeepSeek),
+            other => Err(format!(
+                "unknown arch {other:?} (qwen3_moe | qwen2_moe | mixtral | deepseek)"
+            )),
+        }
+    }
+}
+
+/// A synthetic model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynthSpec {
+    /// Family (decides tensor names and config fields).
+    pub arch: SynthArch,
+    /// Decoder layers.
+    pub layers: u32,
+    /// Routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts chosen per token.
+    pub experts_per_token: u32,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Intermediate size of one routed expert.
+    pub intermediate: u64,
+    /// Intermediate size of dense layers and shared experts.
+    pub dense_intermediate: u64,
+    /// Attention heads.
+    pub heads: u32,
+    /// KV heads (divides `heads`).
+    pub kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u64,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// Element type of the matrices (BF16, F16, F32 or F8_E4M3 + scales).
+    pub dtype: Dtype,
+    /// Number of safetensors files (1 = `model.safetensors`).
+    pub shards: u32,
+    /// Seed of every tensor's values.
+    pub seed: u64,
+}
+
+/// Why a synthetic checkpoint could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SynthError {
+    /// The spec is not a model.
+    #[error("invalid synthetic model: {0}")]
+    Invalid(String),
+    /// Writing failed.
+    #[error("write {path}: {source}")]
+    Io {
+        /// File written.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Uniform in (-scale, scale).
+    Uniform(f32),
+    /// 1 + uniform noise of this size (norm weights).
+    NearOne(f32),
+    /// Positive FP8 block scales around this value.
+    Scale(f32),
+}
+
+/// One tensor of a synthetic checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthTensor {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Value distribution.
+    pub init: Init,
+}
+
+impl SynthTensor {
+    /// Length in bytes.
+    #[must_use]
+    pub fn len_bytes(&self) -> u64 {
+        self.shape.iter().product::<u64>() * self.dtype.size_bytes()
+    }
+}
+
+impl SynthSpec {
+    /// A tiny model for tests (a few hundred KB).
+    #[must_use]
+    pub fn tiny(arch: SynthArch, dtype: Dtype, seed: u64) -> Self {
+        Self {
+            arch,
+            layers: 2,
+            experts: 4,
+            experts_per_token: 2,
+            hidden: 64,
+            intermediate: 32,
+            dense_intermediate: 64,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 32,
+            vocab: 128,
+            dtype,
+            shards: 2,
+            seed,
+        }
+    }
+
+    /// A model of about `target_bytes` on disk: expert records of a few MB
+    /// (hidden 1024, expert intermediate 768, 32 experts) for targets of a few
+    /// hundred MB and more, smaller dimensions for small targets; the layer
+    /// count fills the target.
+    #[must_use]
+    pub fn for_target_bytes(arch: SynthArch, dtype: Dtype, target_bytes: u64, seed: u64) -> Self {
+        let mut s = Self {
+            arch,
+            layers: 1,
+            experts: 32,
+            experts_per_token: 4,
+            hidden: 1024,
+            intermediate: 768,
+            dense_intermediate: 2048,
+            heads: 16,
+            kv_heads: 4,
+            head_dim: 64,
+            vocab: 8192,
+            dtype,
+            shards: 1,
+            seed,
+        };
+        while s.hidden > 64 && s.layer_bytes().saturating_mul(2) + s.fixed_bytes() > target_bytes {
+            s.hidden /= 2;
+            s.intermediate /= 2;
+            s.dense_intermediate /= 2;
+            s.vocab = (s.vocab / 2).max(256);
+            s.experts = (s.experts / 2).max(4);
+            s.heads = (s.hidden / s.head_dim).max(1) as u32;
+            s.kv_heads = (s.heads / 4).max(1);
+        }
+        let room = target_bytes.saturating_sub(s.fixed_bytes());
+        s.layers = (room / s.layer_bytes().max(1)).clamp(1, 4096) as u32;
+        s.shards = s.total_bytes().div_ceil(400 << 20).clamp(1, 64) as u32;
+        s
+    }
+
+    fn layer_bytes(&self) -> u64 {
+        let l = u32::from(self.arch == SynthArch::DeepSeek);
+        self.layer_tensors(l)
+            .iter()
+            .map(SynthTensor::len_bytes)
+            .sum()
+    }
+
+    fn fixed_bytes(&self) -> u64 {
+        2 * self.vocab * self.hidden * self.dtype.size_bytes().max(2)
+    }
+
+    /// Bytes of one expert record's tensors (before 4096 alignment).
+    #[must_use]
+    pub fn expert_bytes(&self) -> u64 {
+        let layer = u32::from(self.arch == SynthArch::DeepSeek && self.layers > 1);
+        let marker = match self.arch {
+            SynthArch::Mixtral => ".block_sparse_moe.experts.0.",
+            _ => ".mlp.experts.0.",
+        };
+        self.layer_tensors(layer)
+            .iter()
+            .filter(|t| t.name.contains(marker))
+            .map(SynthTensor::len_bytes)
+            .sum()
+    }
+
+    /// Bytes of every tensor.
+    #[must_use]
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors().iter().map(SynthTensor::len_bytes).sum()
+    }
+
+    fn check(&self) -> Result<(), SynthError> {
+        let dims = [
+            self.hidden,
+            self.intermediate,
+            self.dense_intermediate,
+            self.head_dim,
+            self.vocab,
+        ];
+        let counts = [
+            self.layers,
+            self.experts,
+            self.heads,
+            self.kv_heads,
+            self.shards,
+            self.experts_per_token,
+        ];
+        if dims.contains(&0) || counts.contains(&0) {
+            return Err(SynthError::Invalid(format!("zero dimension in {self:?}")));
+        }
+        if self.heads % self.kv_heads != 0 || self.experts_per_token > self.experts {
+            return Err(SynthError::Invalid(
+                "kv_heads must divide heads, experts_per_token <= experts".into(),
+            ));
+        }
+        if !matches!(
+            self.dtype,
+            Dtype::Bf16 | Dtype::F16 | Dtype::F32 | Dtype::F8E4M3
+        ) {
+            return Err(SynthError::Invalid(format!(
+                "dtype {} (use BF16, F16, F32, F8_E4M3)",
+                self.dtype
+            )));
+        }
+        Ok(())
+    }
+}
+
+mod plan;
+pub use plan::config_json;
+mod values;
+pub use values::fill_tensor;
+
+impl SynthSpec {
+    /// Regenerate the bytes of tensor `name` (`None` if the model has none).
+    #[must_use]
+    pub fn tensor_bytes(&self, name: &str) -> Option<Vec<u8>> {
+        let t = self.tensors().into_iter().find(|t| t.name == name)?;
+        let mut out = vec![0u8; usize::try_from(t.len_bytes()).ok()?];
+        fill_tensor(self.seed, &t, 0, &mut out);
+        Some(out)
+    }
+}
+
+/// What [`write_checkpoint`] wrote.
+#[derive(Clone, Debug)]
+pub struct SynthReport {
+    /// The checkpoint folder.
+    pub dir: PathBuf,
+    /// The safetensors files.
+    pub files: Vec<PathBuf>,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensor bytes written.
+    pub bytes: u64,
+}
+
+/// Write the checkpoint of `spec` into `dir` (created if missing).
+/// `progress` is called with the tensor bytes written since the last call.
+pub fn write_checkpoint(
+    spec: &SynthSpec,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SynthReport, SynthError> {
+    spec.check()?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SynthError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let config_path = dir.join("config.json");
+    let config = serde_json::to_vec_pretty(&config_json(spec)).unwrap_or_default();
+    std::fs::write(&config_path, config).map_err(io(&config_path))?;
+    let tensors = spec.tensors();
+    let shards = plan::split_shards(&tensors, spec.shards);
+    let n = shards.len();
+    let mut files = Vec::with_capacity(n);
+    let mut weight_map = serde_json::Map::new();
+    let mut bytes = 0u64;
+    for (i, shard) in shards.iter().enumerate() {
+        let name = if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        };
+        let path = dir.join(&name);
+        bytes += values::write_safetensors(spec.seed, shard, &path, progress).map_err(io(&path))?;
+        for t in shard {
+            weight_map.insert(t.name.clone(), json!(name));
+        }
+        files.push(path);
+    }
+    if n > 1 {
+        let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });
+        let path = dir.join("model.safetensors.index.json");
+        let mut f = std::fs::File::create(&path).map_err(io(&path))?;
+        f.write_all(&serde_json::to_vec_pretty(&index).unwrap_or_default())
+            .map_err(io(&path))?;
+    }
+    Ok(SynthReport {
+        dir: dir.to_path_buf(),
+        files,
+        tensors: tensors.len(),
+        bytes,
+    })
+}

@@ -1,0 +1,299 @@
+//! The tensor list and config.json of a synthetic model, per family.
+
+use flashtier_format::Dtype;
+use serde_json::json;
+
+use super::{Init, SynthArch, SynthSpec, SynthTensor};
+
+/// Block size of FP8 weight scales (rows and columns).
+const FP8_BLOCK: u64 = 128;
+
+impl SynthSpec {
+    fn matrix(&self, out: &mut Vec<SynthTensor>, name: String, rows: u64, cols: u64) {
+        let scale = 1.0 / (cols as f32).sqrt();
+        out.push(SynthTensor {
+            name: name.clone(),
+            dtype: self.dtype,
+            shape: vec![rows, cols],
+            init: Init::Uniform(scale),
+        });
+        if self.dtype == Dtype::F8E4M3 {
+            out.push(SynthTensor {
+                name: format!("{name}_scale_inv"),
+                dtype: Dtype::F32,
+                shape: vec![rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK)],
+                init: Init::Scale(scale),
+            });
+        }
+    }
+
+    /// Norms, embeddings and routers: the matrix dtype, or BF16 under FP8.
+    fn plain_dtype(&self) -> Dtype {
+        if self.dtype == Dtype::F8E4M3 {
+            Dtype::Bf16
+        } else {
+            self.dtype
+        }
+    }
+
+    fn vector(&self, out: &mut Vec<SynthTensor>, name: String, len: u64, init: Init) {
+        out.push(SynthTensor {
+            name,
+            dtype: self.plain_dtype(),
+            shape: vec![len],
+            init,
+        });
+    }
+
+    fn mlp(&self, out: &mut Vec<SynthTensor>, prefix: &str, inter: u64, mixtral: bool) {
+        let (g, u, d) = if mixtral {
+            ("w1", "w3", "w2")
+        } else {
+            ("gate_proj", "up_proj", "down_proj")
+        };
+        self.matrix(out, format!("{prefix}{g}.weight"), inter, self.hidden);
+        self.matrix(out, format!("{prefix}{u}.weight"), inter, self.hidden);
+        self.matrix(out, format!("{prefix}{d}.weight"), self.hidden, inter);
+    }
+
+    fn attention(&self, out: &mut Vec<SynthTensor>, p: &str) {
+        let q = u64::from(self.heads) * self.head_dim;
+        let kv = u64::from(self.kv_heads) * self.head_dim;
+        self.matrix(out, format!("{p}self_attn.q_proj.weight"), q, self.hidden);
+        self.matrix(out, format!("{p}self_attn.k_proj.weight"), kv, self.hidden);
+        self.matrix(out, format!("{p}self_attn.v_proj.weight"), kv, self.hidden);
+        self.matrix(out, format!("{p}self_attn.o_proj.weight"), self.hidden, q);
+        match self.arch {
+            SynthArch::Qwen3Moe => {
+                self.vector(
+                    out,
+                    format!("{p}self_attn.q_norm.weight"),
+                    self.head_dim,
+                    Init::NearOne(0.05),
+                );
+                self.vector(
+                    out,
+                    format!("{p}self_attn.k_norm.weight"),
+                    self.head_dim,
+                    Init::NearOne(0.05),
+                );
+            }
+            SynthArch::Qwen2Moe => {
+                for (n, len) in [("q", q), ("k", kv), ("v", kv)] {
+                    self.vector(
+                        out,
+                        format!("{p}self_attn.{n}_proj.bias"),
+                        len,
+                        Init::Uniform(0.02),
+                    );
+                }
+            }
+            SynthArch::Mixtral | SynthArch::DeepSeek => {}
+        }
+    }
+
+    fn router(&self, out: &mut Vec<SynthTensor>, name: String, rows: u64) {
+        let scale = 1.0 / (self.hidden as f32).sqrt();
+        out.push(SynthTensor {
+            name,
+            dtype: self.plain_dtype(),
+            shape: vec![rows, self.hidden],
+            init: Init::Uniform(scale),
+        });
+    }
+
+    /// The tensors of decoder layer `layer`, in file order.
+    pub(super) fn layer_tensors(&self, layer: u32) -> Vec<SynthTensor> {
+        let p = format!("model.layers.{layer}.");
+        let mut out = Vec::new();
+        self.vector(
+            &mut out,
+            format!("{p}input_layernorm.weight"),
+            self.hidden,
+            Init::NearOne(0.05),
+        );
+        self.attention(&mut out, &p);
+        self.vector(
+            &mut out,
+            format!("{p}post_attention_layernorm.weight"),
+            self.hidden,
+            Init::NearOne(0.05),
+        );
+        let experts = u64::from(self.experts);
+        match self.arch {
+            SynthArch::Mixtral => {
+                self.router(
+                    &mut out,
+                    format!("{p}block_sparse_moe.gate.weight"),
+                    experts,
+                );
+                for e in 0..self.experts {
+                    self.mlp(
+                        &mut out,
+                        &format!("{p}block_sparse_moe.experts.{e}."),
+                        self.intermediate,
+                        true,
+                    );
+                }
+            }
+            SynthArch::DeepSeek if layer == 0 && self.layers > 1 => {
+                self.mlp(
+                    &mut out,
+                    &format!("{p}mlp."),
+                    self.dense_intermediate,
+                    false,
+                );
+            }
+            _ => {
+                self.router(&mut out, format!("{p}mlp.gate.weight"), experts);
+                if self.arch == SynthArch::DeepSeek {
+                    let name = format!("{p}mlp.gate.e_score_correction_bias");
+                    out.push(SynthTensor {
+                        name,
+                        dtype: Dtype::F32,
+                        shape: vec![experts],
+                        init: Init::Uniform(0.01),
+                    });
+                }
+                for e in 0..self.experts {
+                    self.mlp(
+                        &mut out,
+                        &format!("{p}mlp.experts.{e}."),
+                        self.intermediate,
+                        false,
+                    );
+                }
+                if self.arch == SynthArch::Qwen2Moe {
+                    self.mlp(
+                        &mut out,
+                        &format!("{p}mlp.shared_expert."),
+                        self.dense_intermediate,
+                        false,
+                    );
+                    self.router(&mut out, format!("{p}mlp.shared_expert_gate.weight"), 1);
+                }
+                if self.arch == SynthArch::DeepSeek {
+                    self.mlp(
+                        &mut out,
+                        &format!("{p}mlp.shared_experts."),
+                        self.intermediate,
+                        false,
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Every tensor of the model, in file order.
+    #[must_use]
+    pub fn tensors(&self) -> Vec<SynthTensor> {
+        let mut out = Vec::new();
+        let embed_init = Init::Uniform(0.05);
+        out.push(SynthTensor {
+            name: "model.embed_tokens.weight".into(),
+            dtype: self.plain_dtype(),
+            shape: vec![self.vocab, self.hidden],
+            init: embed_init,
+        });
+        for l in 0..self.layers {
+            out.extend(self.layer_tensors(l));
+        }
+        self.vector(
+            &mut out,
+            "model.norm.weight".into(),
+            self.hidden,
+            Init::NearOne(0.05),
+        );
+        self.router(&mut out, "lm_head.weight".into(), self.vocab);
+        out
+    }
+}
+
+/// The config.json of `spec`, with the fields the family's HF config reads.
+#[must_use]
+pub fn config_json(spec: &SynthSpec) -> serde_json::Value {
+    let torch_dtype = match spec.dtype {
+        Dtype::F16 => "float16",
+        Dtype::F32 => "float32",
+        _ => "bfloat16",
+    };
+    let mut c = json!({
+        "model_type": spec.arch.model_type(),
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab,
+        "num_experts_per_tok": spec.experts_per_token,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1_000_000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": false,
+        "torch_dtype": torch_dtype,
+        "initializer_range": 0.02,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "flashtier_synthetic": { "seed": spec.seed, "note": "synthetic weights generated by flashtier; not a trained model" },
+    });
+    let extra = match spec.arch {
+        SynthArch::Qwen3Moe => json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "num_experts": spec.experts,
+            "moe_intermediate_size": spec.intermediate, "intermediate_size": spec.dense_intermediate,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6,
+            "attention_bias": false, "use_sliding_window": false, "sliding_window": null,
+            "max_window_layers": spec.layers, "router_aux_loss_coef": 0.001, "output_router_logits": false,
+        }),
+        SynthArch::Qwen2Moe => json!({
+            "architectures": ["Qwen2MoeForCausalLM"], "num_experts": spec.experts,
+            "moe_intermediate_size": spec.intermediate, "intermediate_size": spec.dense_intermediate,
+            "shared_expert_intermediate_size": spec.dense_intermediate, "norm_topk_prob": false,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6, "use_sliding_window": false,
+            "sliding_window": null, "max_window_layers": spec.layers, "router_aux_loss_coef": 0.001,
+        }),
+        SynthArch::Mixtral => json!({
+            "architectures": ["MixtralForCausalLM"], "num_local_experts": spec.experts,
+            "intermediate_size": spec.intermediate, "rms_norm_eps": 1e-5, "sliding_window": null,
+            "router_aux_loss_coef": 0.02, "output_router_logits": false,
+        }),
+        SynthArch::DeepSeek => json!({
+            "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": spec.experts, "n_shared_experts": 1,
+            "moe_intermediate_size": spec.intermediate, "intermediate_size": spec.dense_intermediate,
+            "first_k_dense_replace": u32::from(spec.layers > 1), "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+            "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "norm_topk_prob": true, "rms_norm_eps": 1e-6,
+        }),
+    };
+    if let (Some(c), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+        if spec.dtype == Dtype::F8E4M3 {
+            c.insert(
+                "quantization_config".into(),
+                json!({ "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [FP8_BLOCK, FP8_BLOCK] }),
+            );
+        }
+    }
+    c
+}
+
+/// Split `tensors` (in order) into at most `shards` runs of about equal bytes.
+pub(super) fn split_shards(tensors: &[SynthTensor], shards: u32) -> Vec<Vec<SynthTensor>> {
+    let total: u64 = tensors.iter().map(SynthTensor::len_bytes).sum();
+    let per = total.div_ceil(u64::from(shards.max(1))).max(1);
+    let mut out: Vec<Vec<SynthTensor>> = vec![Vec::new()];
+    let mut in_shard = 0u64;
+    for t in tensors {
+        let full = in_shard >= per && out.len() < shards as usize;
+        if full {
+            out.push(Vec::new());
+            in_shard = 0;
+        }
+        in_shard += t.len_bytes();
+        if let Some(last) = out.last_mut() {
+            last.push(t.clone());
+        }
+    }
+    out
+}

@@ -1,0 +1,411 @@
+//! KvSwap: offload and pipelined restore, the coalesced and per-head paths
+//! agree, failed restores are reported and never consumed, torn and stale
+//! blocks are never restored as valid (fault injection through the sim
+//! backend).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
+use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_io::blocks::BlockPath;
+use flashtier_io::sim::{Fault, FaultPlan, OpKind, SimBackend};
+use flashtier_io::{AlignedBuf, PosixBackend, StorageBackend};
+
+fn layout(order: BlockOrder) -> GroupLayout {
+    let g = KvGeometry {
+        num_layers: 3,
+        num_blocks: 6,
+        num_kv_heads: 2,
+        block_tokens: 16,
+        head_dim: 64,
+        dtype_bytes: 2,
+    };
+    GroupLayout::new(g, order).expect("layout")
+}
+
+/// A block image of finite BF16 values that depend on (id, salt).
+fn block_image(l: &GroupLayout, id: BlockId, salt: u32) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(l.block_bytes() as usize);
+    let mut x = id.layer.wrapping_mul(7919)
+        ^ id.block.wrapping_mul(104_729)
+        ^ salt.wrapping_mul(15_485_863)
+        | 1;
+    for pair in b.chunks_exact_mut(2) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let v = half::bf16::from_f32(((x % 2001) as f32 - 1000.0) / 500.0);
+        pair.copy_from_slice(&v.to_bits().to_le_bytes());
+    }
+    b
+}
+
+fn opts(path: BlockPath) -> SwapOptions {
+    SwapOptions {
+        path,
+        tile_slots: 6,
+        ring_tiles: 2,
+        ..SwapOptions::default()
+    }
+}
+
+fn offload_all(swap: &mut KvSwap, salt: u32) -> Vec<BlockVersion> {
+    let l = *swap.layout();
+    let mut out = Vec::new();
+    for layer in 0..3 {
+        for block in 0..6 {
+            let id = BlockId::new(layer, block);
+            out.push(
+                swap.offload_block(id, &block_image(&l, id, salt))
+                    .expect("offload"),
+            );
+        }
+    }
+    out
+}
+
+/// Restore `tiles`, returning every consumed tile's bytes.
+fn restore(swap: &mut KvSwap, tiles: &[Vec<BlockVersion>]) -> (Result<u64, KvError>, Vec<Vec<u8>>) {
+    let mut seen = Vec::new();
+    let r = swap.restore_tiles(tiles, |_, t| {
+        seen.push(t.bytes().to_vec());
+        Ok(())
+    });
+    (r.map(|s| s.read_ops), seen)
+}
+
+fn posix() -> Arc<dyn StorageBackend> {
+    Arc::new(PosixBackend::new(4).expect("backend"))
+}
+
+fn new_swap(
+    dir: &Path,
+    order: BlockOrder,
+    path: BlockPath,
+    backend: Arc<dyn StorageBackend>,
+) -> KvSwap {
+    KvSwap::create(backend, &dir.join("kv.store"), layout(order), opts(path)).expect("create")
+}
+
+#[test]
+fn restore_lands_exact_bytes_on_every_path() {
+    for order in [BlockOrder::PerLayer, BlockOrder::BlockMajor] {
+        let mut images = Vec::new();
+        for path in [BlockPath::Coalesced, BlockPath::PerHead] {
+            let dir = tempfile::tempdir().expect("dir");
+            let mut swap = new_swap(dir.path(), order, path, posix());
+            let v = offload_all(&mut swap, 1);
+            // Tiles: one block of every layer (block-major: one op), then a
+            // run of one layer (per-layer: one op).
+            let col: Vec<BlockVersion> = (0..3).map(|ly| v[ly * 6 + 4]).collect();
+            let run: Vec<BlockVersion> = v[6..12].to_vec();
+            let (ops, seen) = restore(&mut swap, &[col.clone(), run.clone(), vec![v[0]]]);
+            let ops = ops.expect("restore");
+            let want_ops = match (path, order) {
+                (BlockPath::Coalesced, BlockOrder::PerLayer) => 3 + 1 + 1,
+                (BlockPath::Coalesced, BlockOrder::BlockMajor) => 1 + 6 + 1,
+                (BlockPath::PerHead, _) => (3 + 6 + 1) * 4, // 2 * nkv group ops per block
+            };
+            assert_eq!(ops, want_ops, "{order} {path:?}");
+            let l = *swap.layout();
+            let expect: Vec<u8> = col
+                .iter()
+                .flat_map(|x| block_image(&l, x.id, 1).to_vec())
+                .collect();
+            assert!(seen[0] == expect, "{order} {path:?}: column tile bytes");
+            let expect: Vec<u8> = run
+                .iter()
+                .flat_map(|x| block_image(&l, x.id, 1).to_vec())
+                .collect();
+            assert!(seen[1] == expect, "{order} {path:?}: run tile bytes");
+            images.push((
+                std::fs::read(dir.path().join("kv.store")).expect("image"),
+                seen,
+            ));
+        }
+        assert!(
+            images[0] == images[1],
+            "{order}: coalesced and per-head differ on disk or in memory"
+        );
+    }
+}
+
+#[test]
+fn offload_run_matches_block_by_block_offload() {
+    for order in [BlockOrder::PerLayer, BlockOrder::BlockMajor] {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut swap = new_swap(dir.path(), order, BlockPath::Coalesced, posix());
+        let l = *swap.layout();
+        let bb = l.block_bytes() as usize;
+        let mut src = AlignedBuf::zeroed(4 * bb);
+        for i in 0..4u32 {
+            src[i as usize * bb..(i as usize + 1) * bb].copy_from_slice(&block_image(
+                &l,
+                BlockId::new(2, 1 + i),
+                3,
+            ));
+        }
+        let versions = swap.offload_run(BlockId::new(2, 1), 4, &src).expect("run");
+        let (r, seen) = restore(&mut swap, &[versions]);
+        r.expect("restore");
+        assert!(seen[0] == src[..]);
+        // A span in file order (block-major: whole columns) as one write.
+        let first = l.block_at(5).expect("in range");
+        let ids: Vec<BlockId> = (5..9).map(|i| l.block_at(i).expect("in range")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            src[i * bb..(i + 1) * bb].copy_from_slice(&block_image(&l, *id, 4));
+        }
+        let versions = swap.offload_span(first, 4, &src).expect("span");
+        assert_eq!(versions.iter().map(|v| v.id).collect::<Vec<_>>(), ids);
+        let (r, seen) = restore(&mut swap, &[versions]);
+        assert_eq!(r.expect("restore"), 1, "one read for a span in file order");
+        assert!(seen[0] == src[..]);
+    }
+}
+
+#[test]
+fn failed_restore_is_reported_and_never_consumed() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Reads: tile 0 is one op (block-major column), tile 1 one op; fail the 2nd read.
+    let sim = SimBackend::new(
+        FaultPlan::seeded(42).fail_nth(OpKind::Read, 2, Fault::Eio),
+        2,
+    )
+    .expect("sim");
+    let mut swap = new_swap(
+        dir.path(),
+        BlockOrder::BlockMajor,
+        BlockPath::Coalesced,
+        Arc::new(sim),
+    );
+    let v = offload_all(&mut swap, 2);
+    let tiles: Vec<Vec<BlockVersion>> = (0..4)
+        .map(|b| (0..3).map(|ly| v[ly * 6 + b]).collect())
+        .collect();
+    let (r, seen) = restore(&mut swap, &tiles);
+    match r {
+        Err(KvError::Restore { tile: 1, source }) => {
+            assert!(matches!(*source, KvError::Io(_)), "{source}")
+        }
+        other => panic!("expected tile 1 to fail, got {other:?}"),
+    }
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the tile before the failure is consumed"
+    );
+    // The pipeline drained: the swap restores again (tile 0 only, no fault now).
+    let (r, seen) = restore(&mut swap, &tiles[..1]);
+    r.expect("second restore");
+    assert_eq!(seen.len(), 1);
+}
+
+#[test]
+fn failed_read_on_the_per_head_path_is_reported() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sim = SimBackend::new(
+        FaultPlan::seeded(7).fail_nth(OpKind::Read, 3, Fault::Eio),
+        2,
+    )
+    .expect("sim");
+    let mut swap = new_swap(
+        dir.path(),
+        BlockOrder::PerLayer,
+        BlockPath::PerHead,
+        Arc::new(sim),
+    );
+    let v = offload_all(&mut swap, 2);
+    let (r, seen) = restore(&mut swap, &[vec![v[0]], vec![v[1]]]);
+    assert!(matches!(r, Err(KvError::Restore { tile: 0, .. })), "{r:?}");
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn torn_write_is_never_restored_as_valid() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut swap = new_swap(
+        dir.path(),
+        BlockOrder::PerLayer,
+        BlockPath::Coalesced,
+        posix(),
+    );
+    let id = BlockId::new(1, 3);
+    let l = *swap.layout();
+    let v1 = swap
+        .offload_block(id, &block_image(&l, id, 1))
+        .expect("offload");
+    swap.persist().expect("persist");
+    drop(swap);
+    // A second process tears its rewrite of the block (header write is op 1).
+    let sim = SimBackend::new(
+        FaultPlan::seeded(9).fail_nth(OpKind::Write, 1, Fault::Torn),
+        1,
+    )
+    .expect("sim");
+    let mut torn = KvSwap::open(
+        Arc::new(sim),
+        &dir.path().join("kv.store"),
+        opts(BlockPath::Coalesced),
+    )
+    .expect("open");
+    let err = torn
+        .offload_block(id, &block_image(&l, id, 2))
+        .expect_err("torn");
+    assert!(matches!(err, KvError::Io(_)));
+    // In that process the block is no longer resident.
+    assert_eq!(torn.resident(id).expect("in range"), None);
+    assert!(matches!(
+        restore(&mut torn, &[vec![v1]]).0,
+        Err(KvError::Restore { .. })
+    ));
+    drop(torn);
+    // After a crash, the persisted table still claims v1, but the bytes are torn.
+    let mut reopened = KvSwap::open(
+        posix(),
+        &dir.path().join("kv.store"),
+        opts(BlockPath::Coalesced),
+    )
+    .expect("open");
+    assert_eq!(reopened.resident(id).expect("in range"), Some(v1));
+    let (r, seen) = restore(&mut reopened, &[vec![v1]]);
+    match r {
+        Err(KvError::Restore { source, .. }) => {
+            assert!(matches!(*source, KvError::Corrupt { .. }), "{source}")
+        }
+        other => panic!("expected a checksum failure, got {other:?}"),
+    }
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn stale_and_missing_blocks_are_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut swap = new_swap(
+        dir.path(),
+        BlockOrder::BlockMajor,
+        BlockPath::Coalesced,
+        posix(),
+    );
+    let l = *swap.layout();
+    let id = BlockId::new(0, 0);
+    let old = swap
+        .offload_block(id, &block_image(&l, id, 1))
+        .expect("offload");
+    let new = swap
+        .offload_block(id, &block_image(&l, id, 2))
+        .expect("offload");
+    let r = restore(&mut swap, &[vec![old]]).0;
+    assert!(
+        matches!(r, Err(KvError::Restore { ref source, .. }) if matches!(**source, KvError::Stale { .. })),
+        "{r:?}"
+    );
+    restore(&mut swap, &[vec![new]])
+        .0
+        .expect("current generation restores");
+    let never = BlockVersion {
+        id: BlockId::new(2, 5),
+        generation: 1,
+    };
+    let r = restore(&mut swap, &[vec![never]]).0;
+    assert!(
+        matches!(r, Err(KvError::Restore { ref source, .. }) if matches!(**source, KvError::NotResident { .. })),
+        "{r:?}"
+    );
+    let outside = BlockVersion {
+        id: BlockId::new(3, 0),
+        generation: 1,
+    };
+    assert!(restore(&mut swap, &[vec![outside]]).0.is_err());
+    let too_big = vec![new; 7];
+    assert!(matches!(
+        restore(&mut swap, &[too_big]).0,
+        Err(KvError::Invalid(_))
+    ));
+}
+
+#[test]
+fn reopen_checks_owner_and_header() {
+    let dir = tempfile::tempdir().expect("dir");
+    let p = dir.path().join("kv.store");
+    let o = SwapOptions {
+        model_hash: 77,
+        rank: 1,
+        ..opts(BlockPath::Coalesced)
+    };
+    KvSwap::create(posix(), &p, layout(BlockOrder::PerLayer), o).expect("create");
+    assert!(KvSwap::open(posix(), &p, o).is_ok());
+    let other = SwapOptions { rank: 2, ..o };
+    assert!(matches!(
+        KvSwap::open(posix(), &p, other),
+        Err(KvError::WrongOwner { .. })
+    ));
+    let mut bytes = std::fs::read(&p).expect("read");
+    bytes[17] ^= 1;
+    std::fs::write(&p, &bytes).expect("write");
+    assert!(matches!(
+        KvSwap::open(posix(), &p, o),
+        Err(KvError::Format { .. })
+    ));
+}
+
+#[test]
+fn attention_over_landed_slots_equals_attention_in_memory() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut swap = new_swap(
+        dir.path(),
+        BlockOrder::PerLayer,
+        BlockPath::Coalesced,
+        posix(),
+    );
+    let v = offload_all(&mut swap, 5);
+    let l = *swap.layout();
+    let dims = AttentionDims::new(1, 4, 2, 64, 16);
+    let q: Vec<f32> = (0..4 * 64)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let seqs = [TileSeq {
+        blocks: &[0, 1, 2],
+        last_block_tokens: 9,
+    }];
+    let mut from_disk = AttnState::new(dims).expect("dims");
+    from_disk.begin_step(1).expect("step");
+    swap.restore_tiles(&[v[6..9].to_vec()], |_, t| {
+        from_disk
+            .step_tile(&q, &t.kv_tile(&seqs))
+            .map_err(|e| KvError::Consumer {
+                tile: 0,
+                what: e.to_string(),
+            })
+    })
+    .expect("restore");
+    // The same blocks straight from memory, slot layout with padded groups.
+    let mem: Vec<u8> = v[6..9]
+        .iter()
+        .flat_map(|x| block_image(&l, x.id, 5).to_vec())
+        .collect();
+    let s = l.slot_strides();
+    let strides = KvStrides {
+        block: s.block,
+        token: s.token,
+        kv_head: s.kv_head,
+    };
+    let mut in_mem = AttnState::new(dims).expect("dims");
+    in_mem.begin_step(1).expect("step");
+    in_mem
+        .step_tile(
+            &q,
+            &KvTile {
+                k: &mem,
+                v: &mem[s.v_offset_bytes..],
+                strides,
+                seqs: &seqs,
+            },
+        )
+        .expect("tile");
+    let (mut a, mut b) = (vec![0.0f32; 256], vec![0.0f32; 256]);
+    from_disk.finalize_f32(&mut a).expect("fin");
+    in_mem.finalize_f32(&mut b).expect("fin");
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
