@@ -70,6 +70,18 @@ fn configs() -> Vec<(&'static str, RowStoreConfig)> {
             },
         ),
         (
+            "io_uring (or posix) submit mode, direct",
+            RowStoreConfig {
+                backend: Some(std::sync::Arc::from(
+                    flashtier_io::open_backend(flashtier_io::BackendKind::Uring, 16)
+                        .expect("backend"),
+                )),
+                direct: DirectMode::Prefer,
+                cache_bytes: 64 << 10,
+                ..base.clone()
+            },
+        ),
+        (
             "always pooled",
             RowStoreConfig {
                 inline_below: 0,

@@ -30,7 +30,7 @@ use crate::rows::shard::read_bytes;
 use crate::rows::store::{Inner, ServePlan};
 
 /// Units per submission in the submit mode.
-pub const SUBMIT_WINDOW: usize = 128;
+pub const SUBMIT_WINDOW: usize = 256;
 
 struct ReadUnit {
     file: Arc<StoreFile>,
