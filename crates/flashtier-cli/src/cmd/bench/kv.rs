@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub tile_blocks: u32,
     /// Tiles in the restore ring (in flight while one is consumed, plus one).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub ring: usize,
     /// Backend queue depth.
     #[arg(long, default_value_t = 16)]
@@ -91,6 +91,7 @@ struct OrderReport {
     overlap_of_hideable: f64,
     verify_s: f64,
     reps: usize,
+    samples: Vec<Sample>,
 }
 
 #[derive(Serialize, Debug)]
@@ -137,6 +138,7 @@ fn summarise(order: BlockOrder, bench: &Bench, samples: &[Sample]) -> OrderRepor
         overlap_of_hideable: (hidden / restore_s.min(attention_s)).min(1.0),
         verify_s: m(|s| s.verify_s),
         reps: samples.len(),
+        samples: samples.to_vec(),
     }
 }
 
@@ -152,6 +154,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.reps == 0 || args.gib <= 0.0 {
         bail!("--reps and --gib must be positive");
     }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
     let fio_version = fio::version()?;
     let backend: Arc<dyn StorageBackend> =
         Arc::from(open_backend(args.backend, args.qd).context("opening the backend")?);

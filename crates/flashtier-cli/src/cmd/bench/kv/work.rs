@@ -23,7 +23,7 @@ use super::fio;
 const SPAN_BLOCKS: u64 = 64;
 
 /// One side-by-side sample.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
     pub restore_s: f64,
     pub restore_bps: f64,
