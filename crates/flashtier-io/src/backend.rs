@@ -9,9 +9,11 @@
 //! owner and are reached by offset.
 
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
 
 use crate::buf::AlignedBuf;
+use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::region::LandingRegion;
@@ -24,6 +26,8 @@ pub trait DeviceSink: Send + Sync {
     fn stage(&self, len: usize) -> Result<(Arc<LandingRegion>, usize), String>;
     /// The staged bytes at `offset..offset+len` hold the read; move them to
     /// device address `dst` (for example, enqueue a host-to-device copy).
+    /// Runs on the backend's completion thread: it must not block on, or
+    /// submit to, the same backend.
     fn commit(&self, offset: usize, len: usize, dst: u64) -> Result<(), String>;
     /// Make every committed copy visible (synchronise the copy stream).
     fn flush(&self) -> Result<(), String>;
@@ -209,6 +213,23 @@ where
     sink.commit(off, req.len, dst).map_err(dev_err)
 }
 
+/// Where a finished ticket sends its token.
+enum Notify {
+    Channel(Sender<u64>),
+    Queue(Arc<DoneQueue>),
+}
+
+impl Notify {
+    fn send(self, token: u64) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.send(token);
+            }
+            Self::Queue(q) => q.push(token),
+        }
+    }
+}
+
 /// Completion of a batch started by `read_async`.
 #[must_use = "a ticket must be waited on before its landings are used"]
 #[derive(Clone)]
@@ -219,13 +240,20 @@ pub struct Ticket {
 struct TicketState {
     inner: Mutex<TicketInner>,
     cv: Condvar,
+    /// When the backend started the first request (handed it to the kernel
+    /// or a worker), and when the last one completed.
+    started: OnceLock<Instant>,
+    finished: OnceLock<Instant>,
 }
 
 struct TicketInner {
     remaining: usize,
     landed: Vec<Option<Landed>>,
     first_err: Option<(usize, IoError)>,
-    notify: Option<(Sender<u64>, u64)>,
+    notify: Option<(Notify, u64)>,
+    /// Threads blocked in `wait` (the completer skips the wake-up syscall
+    /// when none).
+    waiters: usize,
 }
 
 /// The backend's half of a ticket: completes requests by index.
@@ -243,8 +271,11 @@ impl Ticket {
                 landed: (0..n).map(|_| None).collect(),
                 first_err: None,
                 notify: None,
+                waiters: 0,
             }),
             cv: Condvar::new(),
+            started: OnceLock::new(),
+            finished: OnceLock::new(),
         });
         (
             Self {
@@ -265,12 +296,37 @@ impl Ticket {
     /// (a load generator) wake on whichever finishes first. A later call
     /// replaces an earlier one.
     pub fn notify_on_done(&self, tx: Sender<u64>, token: u64) {
+        self.set_notify(Notify::Channel(tx), token);
+    }
+
+    /// Push `token` into `queue` once every request has completed (at once
+    /// when already done); the caller waits for batches with
+    /// [`DoneQueue::wait`]. A later call replaces an earlier one.
+    pub fn notify_on_done_to(&self, queue: &Arc<DoneQueue>, token: u64) {
+        self.set_notify(Notify::Queue(queue.clone()), token);
+    }
+
+    fn set_notify(&self, notify: Notify, token: u64) {
         let mut g = self.state.lock();
         if g.remaining == 0 {
-            let _ = tx.send(token);
+            drop(g);
+            notify.send(token);
         } else {
-            g.notify = Some((tx, token));
+            g.notify = Some((notify, token));
         }
+    }
+
+    /// When the backend started the first request of this ticket (for a
+    /// queued backend, when it left the queue); `None` before that.
+    #[must_use]
+    pub fn started_at(&self) -> Option<Instant> {
+        self.state.started.get().copied()
+    }
+
+    /// When the last request completed; `None` before that.
+    #[must_use]
+    pub fn finished_at(&self) -> Option<Instant> {
+        self.state.finished.get().copied()
     }
 
     /// Block until every request completes; the landed results in request
@@ -278,11 +334,13 @@ impl Ticket {
     pub fn wait(self) -> Result<Vec<Landed>, IoError> {
         let mut g = self.state.lock();
         while g.remaining > 0 {
+            g.waiters += 1;
             g = self
                 .state
                 .cv
                 .wait(g)
                 .unwrap_or_else(PoisonError::into_inner);
+            g.waiters -= 1;
         }
         if let Some((_, e)) = g.first_err.take() {
             return Err(e);
@@ -298,6 +356,12 @@ impl TicketState {
 }
 
 impl Completer {
+    /// Note that the backend starts a request now (the first call counts):
+    /// service time is measured from here, not from `read_async`.
+    pub fn mark_started(&self) {
+        let _ = self.state.started.get_or_init(Instant::now);
+    }
+
     /// Record the outcome of request `idx`. Each index completes once.
     pub fn complete(&self, idx: usize, result: Result<Landed, IoError>) {
         let mut g = self.state.lock();
@@ -315,9 +379,13 @@ impl Completer {
         }
         g.remaining = g.remaining.saturating_sub(1);
         if g.remaining == 0 {
-            self.state.cv.notify_all();
-            if let Some((tx, token)) = g.notify.take() {
-                let _ = tx.send(token);
+            let _ = self.state.finished.get_or_init(Instant::now);
+            if g.waiters > 0 {
+                self.state.cv.notify_all();
+            }
+            if let Some((notify, token)) = g.notify.take() {
+                drop(g);
+                notify.send(token);
             }
         }
     }

@@ -26,20 +26,26 @@
 pub mod backend;
 pub mod blocks;
 pub mod buf;
+pub mod done;
 pub mod error;
 pub mod file;
+pub mod loadgen;
 pub mod open;
 pub mod posix;
+mod queue;
 pub mod region;
 pub mod sim;
+mod sim_plan;
 pub mod uring;
 mod uring_ring;
+mod uring_tables;
 
 pub use backend::{
     Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
     read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
+pub use done::DoneQueue;
 pub use error::IoError;
 pub use file::{DirectMode, StoreFile};
 pub use open::{BackendKind, open_backend};

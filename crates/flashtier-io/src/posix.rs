@@ -3,15 +3,16 @@
 //!
 //! Bounds: `queue_depth` workers (1..=256), each with one request in flight;
 //! the job queue holds at most `2 * queue_depth` requests, so `read_async`
-//! blocks (back-pressure) rather than growing memory without limit.
+//! blocks (back-pressure) rather than growing memory without limit. A queued
+//! job wakes exactly one idle worker (see [`crate::queue`]).
 
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::backend::{Completer, ReadReq, StorageBackend, Ticket, read_blocking};
 use crate::error::IoError;
 use crate::file::StoreFile;
+use crate::queue::JobQueue;
 
 /// Largest supported queue depth.
 pub const MAX_QUEUE_DEPTH: usize = 256;
@@ -24,7 +25,7 @@ struct Job {
 
 /// pread/pwrite on worker threads.
 pub struct PosixBackend {
-    tx: Option<SyncSender<Job>>,
+    queue: Arc<JobQueue<Job>>,
     workers: Vec<JoinHandle<()>>,
     queue_depth: usize,
 }
@@ -37,14 +38,13 @@ impl PosixBackend {
                 "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
             )));
         }
-        let (tx, rx) = sync_channel::<Job>(2 * queue_depth);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(JobQueue::new(2 * queue_depth));
         let mut workers = Vec::with_capacity(queue_depth);
         for i in 0..queue_depth {
-            let rx = rx.clone();
+            let q = queue.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("ft-posix-{i}"))
-                .spawn(move || worker(&rx))
+                .spawn(move || worker(&q))
                 .map_err(|e| IoError::Backend {
                     backend: "posix",
                     what: format!("spawn: {e}"),
@@ -52,20 +52,16 @@ impl PosixBackend {
             workers.push(handle);
         }
         Ok(Self {
-            tx: Some(tx),
+            queue,
             workers,
             queue_depth,
         })
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>) {
-    loop {
-        let job = {
-            let guard = rx.lock().unwrap_or_else(PoisonError::into_inner);
-            guard.recv()
-        };
-        let Ok(job) = job else { return };
+fn worker(queue: &JobQueue<Job>) {
+    while let Some(job) = queue.pop() {
+        job.done.mark_started();
         job.done.complete(job.idx, read_blocking(job.req));
     }
 }
@@ -81,20 +77,13 @@ impl StorageBackend for PosixBackend {
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
         let (ticket, done) = Ticket::new(reqs.len());
-        let Some(tx) = &self.tx else {
-            return Err(IoError::Backend {
-                backend: "posix",
-                what: "shut down".into(),
-            });
-        };
         for (idx, req) in reqs.into_iter().enumerate() {
             let job = Job {
                 req,
                 idx,
                 done: done.clone(),
             };
-            if let Err(back) = tx.send(job) {
-                let job = back.0;
+            if let Err(job) = self.queue.push(job) {
                 let err = IoError::Backend {
                     backend: "posix",
                     what: "workers exited".into(),
@@ -112,7 +101,7 @@ impl StorageBackend for PosixBackend {
 
 impl Drop for PosixBackend {
     fn drop(&mut self) {
-        self.tx = None;
+        self.queue.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

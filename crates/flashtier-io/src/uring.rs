@@ -11,16 +11,18 @@
 //! - Registered files: a sparse table of [`FILE_SLOTS`] slots keyed by
 //!   [`StoreFile::id`]; a file with no free slot is read by plain descriptor.
 //! - Fixed buffers: regions passed to `register_landing_region` go into a
-//!   sparse table of [`BUFFER_SLOTS`]; a read whose landing lies inside one
-//!   uses `READ_FIXED`, every other read plain `READ`.
+//!   sparse table of [`BUFFER_SLOTS`] (a slot whose region was dropped by its
+//!   owner is reused); a read whose landing lies inside one uses
+//!   `READ_FIXED`, every other read plain `READ`.
 //! - Short reads are resubmitted for the remainder until exact; EOF is
 //!   [`IoError::ShortRead`] naming the file.
 //! - Every SQE's `user_data` is its in-flight slot, which records the ticket
 //!   and the request index, so every completion (and failure) names its
 //!   request.
-//! - No busy spinning: with nothing in flight the reaper sleeps in
-//!   `io_uring_enter` on an eventfd read that submitters poke only when it
-//!   sleeps; with reads in flight it sleeps until the next completion.
+//! - No busy spinning: the reaper always sleeps in `io_uring_enter`. With
+//!   fewer than `max(1, queue_depth / 4)` reads in flight it also waits on an
+//!   eventfd read that submitters poke (only when it sleeps so); with more in
+//!   flight, new batches are taken at the next completion, which is near.
 //!
 //! Bounds: at most `queue_depth` (1..=256) reads in flight; the channel holds
 //! at most `2 * queue_depth` batches (`read_async` blocks beyond it); the
@@ -38,7 +40,7 @@ use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
-use crate::uring_ring::Reaper;
+use crate::uring_ring::{MAX_SQE_BYTES, Reaper};
 
 /// Registered-file slots per ring.
 pub const FILE_SLOTS: u32 = 64;
@@ -114,9 +116,22 @@ impl UringBackend {
     /// Open a ring with `queue_depth` (1..=256) reads in flight, probing
     /// io_uring first; fails where the kernel refuses it.
     pub fn new(queue_depth: usize) -> Result<Self, IoError> {
+        Self::with_max_op_bytes(queue_depth, MAX_SQE_BYTES)
+    }
+
+    /// [`UringBackend::new`], splitting every read into kernel ops of at most
+    /// `max_op_bytes` (a multiple of 4096, at most 1 GiB); the rest of a read
+    /// is resubmitted exactly as after a short read. Tests use it to drive the
+    /// resubmission path through the real kernel.
+    pub fn with_max_op_bytes(queue_depth: usize, max_op_bytes: usize) -> Result<Self, IoError> {
         if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
             return Err(IoError::Invalid(format!(
                 "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
+            )));
+        }
+        if max_op_bytes == 0 || max_op_bytes % crate::ALIGN != 0 || max_op_bytes > MAX_SQE_BYTES {
+            return Err(IoError::Invalid(format!(
+                "max op bytes {max_op_bytes} must be a positive multiple of 4096 up to 1 GiB"
             )));
         }
         let waker = Arc::new(Waker::new()?);
@@ -125,7 +140,7 @@ impl UringBackend {
         let w = waker.clone();
         let reaper = std::thread::Builder::new()
             .name("ft-uring".into())
-            .spawn(move || reaper_main(queue_depth, &rx, &w, &ready_tx))
+            .spawn(move || reaper_main(queue_depth, max_op_bytes, &rx, &w, &ready_tx))
             .map_err(|e| IoError::Backend {
                 backend: "uring",
                 what: format!("spawn: {e}"),
@@ -158,11 +173,12 @@ impl UringBackend {
 
 fn reaper_main(
     queue_depth: usize,
+    max_op_bytes: usize,
     rx: &Receiver<Msg>,
     waker: &Waker,
     ready: &SyncSender<Result<(), String>>,
 ) {
-    match Reaper::open(queue_depth) {
+    match Reaper::open(queue_depth, max_op_bytes) {
         Ok(mut reaper) => {
             let _ = ready.send(Ok(()));
             reaper.run(rx, waker);

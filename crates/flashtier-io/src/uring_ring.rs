@@ -10,28 +10,27 @@
 //! kernel operation. If this thread ever unwinds with reads in flight, the
 //! slot table leaks those entries instead of freeing memory under the kernel.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Weak};
 
 use io_uring::{IoUring, Probe, opcode, types};
 
 use crate::backend::{Completer, Landed, Landing, ReadReq, landing_ptr};
 use crate::error::IoError;
-use crate::file::StoreFile;
 use crate::region::LandingRegion;
 use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
+use crate::uring_tables::{BufTable, FileTable};
 
 /// `user_data` of the eventfd read that wakes the reaper.
 const WAKE_TAG: u64 = u64::MAX;
 /// `user_data` of the probe NOP.
 const NOP_TAG: u64 = u64::MAX - 1;
-/// Largest single SQE length; longer requests continue as "short" reads.
-const MAX_SQE_BYTES: usize = 1 << 30;
-/// Largest fixed buffer the kernel accepts.
-const MAX_FIXED_BYTES: usize = 1 << 30;
+/// Largest single SQE length by default; longer requests continue as
+/// "short" reads.
+pub(crate) const MAX_SQE_BYTES: usize = 1 << 30;
 
 /// One read in flight.
 struct InFlight {
@@ -62,18 +61,6 @@ impl Drop for Slots {
     }
 }
 
-struct FileTable {
-    enabled: bool,
-    slots: Vec<Option<(u64, Weak<StoreFile>)>>,
-    by_id: HashMap<u64, u32>,
-}
-
-struct BufTable {
-    enabled: bool,
-    regions: Vec<Arc<LandingRegion>>,
-    by_id: HashMap<u64, u16>,
-}
-
 /// The ring and everything tied to it.
 pub(crate) struct Reaper {
     // Declared first so the ring closes before the tables drop.
@@ -83,8 +70,15 @@ pub(crate) struct Reaper {
     files: FileTable,
     bufs: BufTable,
     cqes: Vec<(u64, i32)>,
+    /// Reads finished in this pass, completed by `deliver` (at most the
+    /// queue depth).
+    landed: Vec<(InFlight, Result<(), IoError>)>,
     wake_buf: Box<u64>,
     wake_armed: bool,
+    /// Below this many reads in flight the reaper sleeps wakeable.
+    wake_below: usize,
+    /// Largest kernel op; a longer read continues like a short read.
+    max_op_bytes: usize,
     closing: bool,
 }
 
@@ -94,7 +88,7 @@ fn errno_of(e: &std::io::Error) -> i32 {
 
 impl Reaper {
     /// Create and probe a ring for `queue_depth` reads in flight.
-    pub(crate) fn open(queue_depth: usize) -> Result<Self, String> {
+    pub(crate) fn open(queue_depth: usize, max_op_bytes: usize) -> Result<Self, String> {
         let entries = u32::try_from((queue_depth + 1).next_power_of_two())
             .map_err(|_| format!("queue depth {queue_depth} too large"))?;
         let mut ring = IoUring::builder()
@@ -139,19 +133,14 @@ impl Reaper {
                 free: (0..queue_depth).rev().collect(),
             },
             pending: VecDeque::new(),
-            files: FileTable {
-                enabled: files_ok,
-                slots: (0..FILE_SLOTS).map(|_| None).collect(),
-                by_id: HashMap::new(),
-            },
-            bufs: BufTable {
-                enabled: bufs_ok,
-                regions: Vec::new(),
-                by_id: HashMap::new(),
-            },
+            files: FileTable::new(files_ok),
+            bufs: BufTable::new(bufs_ok),
             cqes: Vec::with_capacity(2 * queue_depth + 2),
+            landed: Vec::with_capacity(queue_depth),
             wake_buf: Box::new(0),
             wake_armed: false,
+            wake_below: (queue_depth / 4).max(1),
+            max_op_bytes,
             closing: false,
         })
     }
@@ -166,12 +155,16 @@ impl Reaper {
         self.arm_wake(waker);
         loop {
             self.fill(rx);
+            self.deliver();
             if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
                 break;
             }
-            if !self.closing && !self.slots.free.is_empty() {
-                // Tell submitters to poke the eventfd, then look once more
-                // so a batch sent just before the flag is not missed.
+            if !self.closing && self.in_flight() < self.wake_below {
+                // Few reads in flight: a completion may be far off, so ask
+                // submitters to poke the eventfd, then look once more so a
+                // batch sent just before the flag is not missed. With more in
+                // flight, new batches are picked up at the next completion,
+                // which saves a wake-up and a syscall per batch.
                 waker.sleeping.store(true, Ordering::SeqCst);
                 if self.fill(rx) > 0 {
                     waker.sleeping.store(false, Ordering::SeqCst);
@@ -180,6 +173,12 @@ impl Reaper {
             self.submit_and_wait();
             waker.sleeping.store(false, Ordering::SeqCst);
             self.reap(waker);
+            // Refill freed slots and get them to the device before spending
+            // time on completions.
+            if self.fill(rx) > 0 {
+                let _ = self.ring.submit();
+            }
+            self.deliver();
         }
         // The wake read points at `wake_buf`: complete it before returning.
         while self.wake_armed {
@@ -187,10 +186,14 @@ impl Reaper {
             self.submit_and_wait();
             self.reap(waker);
         }
+        self.deliver();
     }
 
+    /// Submit queued SQEs and sleep until at least one completion arrives
+    /// (with `DEFER_TASKRUN` the kernel batches what is ready by then).
     fn submit_and_wait(&mut self) {
-        match self.ring.submit_and_wait(1) {
+        let res = self.ring.submit_and_wait(1);
+        match res {
             Ok(_) => {}
             Err(e) if matches!(errno_of(&e), libc::EINTR | libc::EAGAIN | libc::EBUSY) => {}
             Err(e) => {
@@ -235,7 +238,7 @@ impl Reaper {
                 match rx.try_recv() {
                     Ok(Msg::Read(batch)) => self.pending.push_back(batch),
                     Ok(Msg::Register(region, reply)) => {
-                        let _ = reply.send(self.register_region(&region));
+                        let _ = reply.send(self.bufs.register(&self.ring.submitter(), &region));
                         continue;
                     }
                     Err(TryRecvError::Empty) => break,
@@ -297,10 +300,19 @@ impl Reaper {
             (Landing::Region { region, .. }, _) | (_, Some((region, _))) => Some(region.id()),
             _ => None,
         };
-        let fixed_buf = fixed_region.and_then(|id| self.bufs.by_id.get(&id).copied());
-        let file_slot = self.file_slot(&req.file);
+        let fixed_buf = fixed_region.and_then(|id| self.bufs.index_of(id));
+        let file_slot = self.files.slot_for(&self.ring.submitter(), &req.file);
         let Some(slot) = self.slots.free.pop() else {
-            return;
+            // `fill` starts requests only while a slot is free.
+            let err = IoError::Backend {
+                backend: "uring",
+                what: format!(
+                    "no free slot for {} at {}",
+                    req.file.path().display(),
+                    req.offset
+                ),
+            };
+            return done.complete(idx, Err(err));
         };
         let flight = InFlight {
             req,
@@ -316,6 +328,7 @@ impl Reaper {
             self.slots.table[slot] = Some(flight);
             return self.finish(slot, Ok(()));
         }
+        flight.done.mark_started();
         self.slots.table[slot] = Some(flight);
         self.submit_slot(slot);
     }
@@ -325,7 +338,7 @@ impl Reaper {
         let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) else {
             return;
         };
-        let rest = (f.req.len - f.got).min(MAX_SQE_BYTES);
+        let rest = (f.req.len - f.got).min(self.max_op_bytes);
         let offset = f.req.offset + f.got as u64;
         // SAFETY: `dst` is valid for `req.len` bytes and `got < req.len`.
         let buf = unsafe { f.dst.add(f.got) };
@@ -431,12 +444,27 @@ impl Reaper {
         }
     }
 
-    /// Free the slot and complete its request.
+    /// Free the slot (the kernel is done with it) and queue its outcome for
+    /// [`Reaper::deliver`].
     fn finish(&mut self, slot: usize, outcome: Result<(), IoError>) {
         let Some(f) = self.slots.table.get_mut(slot).and_then(Option::take) else {
             return;
         };
         self.slots.free.push(slot);
+        self.landed.push((f, outcome));
+    }
+
+    /// Complete the tickets of finished reads. Runs after freed slots have
+    /// been refilled and submitted, so the device is busy meanwhile.
+    fn deliver(&mut self) {
+        let mut landed = std::mem::take(&mut self.landed);
+        for (f, outcome) in landed.drain(..) {
+            Self::complete(f, outcome);
+        }
+        self.landed = landed;
+    }
+
+    fn complete(f: InFlight, outcome: Result<(), IoError>) {
         let InFlight {
             req,
             idx,
@@ -468,77 +496,5 @@ impl Reaper {
             })
         });
         done.complete(idx, result);
-    }
-
-    /// The registered-file slot of `file`, registering it on first use.
-    fn file_slot(&mut self, file: &Arc<StoreFile>) -> Option<u32> {
-        if !self.files.enabled {
-            return None;
-        }
-        if let Some(&s) = self.files.by_id.get(&file.id()) {
-            return Some(s);
-        }
-        // A free slot, or one whose file has been dropped (no request of it
-        // can be in flight: requests hold their file).
-        let s = self
-            .files
-            .slots
-            .iter()
-            .position(|e| e.as_ref().is_none_or(|(_, w)| w.strong_count() == 0))?;
-        let s32 = u32::try_from(s).ok()?;
-        let fd = file.file().as_raw_fd();
-        if self
-            .ring
-            .submitter()
-            .register_files_update(s32, &[fd])
-            .is_err()
-        {
-            return None;
-        }
-        if let Some(Some((old, _))) = self.files.slots.get(s) {
-            self.files.by_id.remove(old);
-        }
-        if let Some(e) = self.files.slots.get_mut(s) {
-            *e = Some((file.id(), Arc::downgrade(file)));
-        }
-        self.files.by_id.insert(file.id(), s32);
-        Some(s32)
-    }
-
-    /// Register `region` as a fixed buffer (kept for the ring's lifetime).
-    fn register_region(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
-        if self.bufs.by_id.contains_key(&region.id()) {
-            return Ok(());
-        }
-        if !self.bufs.enabled {
-            return Err("the kernel refused a fixed-buffer table".into());
-        }
-        let idx = self.bufs.regions.len();
-        let idx16 = u16::try_from(idx)
-            .ok()
-            .filter(|&i| u32::from(i) < BUFFER_SLOTS)
-            .ok_or_else(|| format!("all {BUFFER_SLOTS} fixed-buffer slots are in use"))?;
-        if region.len_bytes() > MAX_FIXED_BYTES {
-            return Err(format!(
-                "region of {} bytes exceeds the {MAX_FIXED_BYTES}-byte fixed-buffer limit",
-                region.len_bytes()
-            ));
-        }
-        let iov = libc::iovec {
-            iov_base: region.base_ptr().cast(),
-            iov_len: region.len_bytes(),
-        };
-        // SAFETY: the region's memory is valid for `len_bytes()` and never
-        // moves while the `Arc` lives (RegionMemory contract); the table keeps
-        // the `Arc` until the reaper drops, after the ring is closed.
-        unsafe {
-            self.ring
-                .submitter()
-                .register_buffers_update(u32::from(idx16), &[iov], None)
-        }
-        .map_err(|e| format!("register buffer: {e}"))?;
-        self.bufs.regions.push(region.clone());
-        self.bufs.by_id.insert(region.id(), idx16);
-        Ok(())
     }
 }

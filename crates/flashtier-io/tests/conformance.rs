@@ -389,3 +389,108 @@ proptest! {
         run().map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 }
+
+#[test]
+fn loadgen_runs_on_every_backend() -> anyhow::Result<()> {
+    use flashtier_io::loadgen::{LoadSpec, Pattern, run_load};
+    let dir = tempfile::tempdir()?;
+    let (file, _) = make_file(dir.path(), "l.bin", 64 * UNIT)?;
+    for b in backends(4)? {
+        for (pattern, backlog) in [(Pattern::Random, 0), (Pattern::Sequential, 4)] {
+            let spec = LoadSpec {
+                file: file.clone(),
+                span_bytes: 64 * UNIT as u64,
+                block_bytes: 2 * UNIT,
+                pattern,
+                duration: std::time::Duration::from_millis(30),
+                seed: 9,
+                backlog,
+            };
+            let report = run_load(b.as_ref(), &spec, |_| {})?;
+            assert!(report.ops > 0, "{}", b.name());
+            assert_eq!(report.bytes, report.ops * 2 * UNIT as u64);
+            assert_eq!(report.latency_ns.len(), report.ops);
+            assert_eq!(report.backend, b.name());
+        }
+        let bad = LoadSpec {
+            file: file.clone(),
+            span_bytes: 64 * UNIT as u64,
+            block_bytes: UNIT,
+            pattern: Pattern::Random,
+            duration: std::time::Duration::from_millis(1),
+            seed: 1,
+            backlog: 257,
+        };
+        assert!(run_load(b.as_ref(), &bad, |_| {}).is_err());
+    }
+    Ok(())
+}
+
+#[test]
+fn many_registered_regions_over_time() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "g.bin", 8 * UNIT)?;
+    for b in backends(2)? {
+        // More regions than fixed-buffer slots, each dropped after use: slots
+        // are reused and every read stays exact.
+        for k in 0..40usize {
+            let region = LandingRegion::host(2 * UNIT);
+            b.register_landing_region(&region)?;
+            let blk = k % 7;
+            b.read(vec![ReadReq {
+                file: file.clone(),
+                offset: (blk * UNIT) as u64,
+                len: UNIT,
+                landing: Landing::Region {
+                    region: region.clone(),
+                    offset: UNIT,
+                },
+                tag: k as u64,
+            }])?;
+            // SAFETY: the read completed; nothing is in flight into the region.
+            let got = unsafe { region.slice(UNIT, UNIT) };
+            assert_eq!(
+                got,
+                &data[blk * UNIT..(blk + 1) * UNIT],
+                "{} k {k}",
+                b.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn uring_split_ops_resubmit_until_exact() -> anyhow::Result<()> {
+    let backend = match UringBackend::with_max_op_bytes(4, UNIT) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIP uring resubmission: io_uring unavailable here: {e}");
+            return Ok(());
+        }
+    };
+    assert!(UringBackend::with_max_op_bytes(4, 100).is_err());
+    let dir = tempfile::tempdir()?;
+    let (file, data) = make_file(dir.path(), "s.bin", 64 * UNIT + 100)?;
+    // Every read takes several kernel ops, each continuing where the last
+    // stopped, as after a short read.
+    let extents = [(0, 16), (3, 5), (40, 24), (63, 1)];
+    let reqs = extents
+        .iter()
+        .enumerate()
+        .map(|(i, &(b, n))| host_req(&file, b * UNIT, n * UNIT, i as u64))
+        .collect();
+    for (l, &(b, n)) in backend.read(reqs)?.iter().zip(&extents) {
+        assert_eq!(l.buf.as_deref(), data.get(b * UNIT..(b + n) * UNIT));
+    }
+    // The file ends inside the third op of this read.
+    let err = expect_err(
+        backend.read(vec![host_req(&file, 62 * UNIT, 4 * UNIT, 0)]),
+        "eof",
+    )?;
+    assert!(
+        matches!(err, IoError::ShortRead { got, .. } if got == 2 * UNIT + 100),
+        "{err}"
+    );
+    Ok(())
+}

@@ -1,10 +1,474 @@
-//! `flashtier bench io`.
+//! `flashtier bench io`: raw backend reads (IOPS, bytes/s, latency
+//! p50/p99/p999) on a direct-I/O file, optionally side by side with fio on
+//! the same file, same pattern, in the same run.
+//!
+//! The host may cache the disk: every repetition draws fresh random offsets
+//! (and a fresh sequential start), fio gets its own fresh `--randseed`, and
+//! with `--fio` the two alternate, repetition by repetition, so both see the
+//! same cache and the same neighbours; medians are reported.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use flashtier_io::loadgen::{LoadReport, LoadSpec, Pattern, run_load};
+use flashtier_io::{AlignedBuf, BackendKind, DirectMode, StoreFile, open_backend};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 
 /// Options of `flashtier bench io`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// File to read; created with real (non-sparse) data when missing.
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Bytes of the file to range over (and to create): 4G, 512M, 64k...
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub size: u64,
+    /// Bytes per read: 4k, 64k, 1m...
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    pub bs: u64,
+    /// Reads kept in flight (1..=256).
+    #[arg(long, default_value_t = 32)]
+    pub qd: usize,
+    /// Backend: uring | posix | sim.
+    #[arg(long, default_value = "uring")]
+    pub backend: String,
+    /// Offset pattern: rand | seq.
+    #[arg(long, default_value = "rand")]
+    pub pattern: String,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Reads queued in the backend beyond --qd so freed slots refill at once
+    /// (0..=256; default max(qd, 8)). The device never sees more than --qd.
+    #[arg(long)]
+    pub backlog: Option<usize>,
+    /// Repetitions (medians are reported).
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
+    /// Also run fio with the same pattern on the same file, interleaved.
+    #[arg(long)]
+    pub fio: bool,
+    /// fio's engine for --fio: io_uring | libaio | psync (psync runs `qd` jobs).
+    #[arg(long, default_value = "io_uring")]
+    pub fio_engine: String,
+    /// O_DIRECT policy: prefer | require | off.
+    #[arg(long, default_value = "prefer")]
+    pub direct: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One measurement, of flashtier or fio.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Measure {
+    /// Reads per second.
+    pub iops: f64,
+    /// Bytes per second.
+    pub bytes_per_sec: f64,
+    /// Median latency, microseconds.
+    pub lat_us_p50: f64,
+    /// 99th percentile latency, microseconds.
+    pub lat_us_p99: f64,
+    /// 99.9th percentile latency, microseconds.
+    pub lat_us_p999: f64,
+    /// 99th percentile turnaround (queueing in the backend included),
+    /// microseconds; flashtier only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turnaround_us_p99: Option<f64>,
+}
+
+impl From<&LoadReport> for Measure {
+    fn from(r: &LoadReport) -> Self {
+        Self {
+            iops: r.iops(),
+            bytes_per_sec: r.bytes_per_sec(),
+            lat_us_p50: r.latency_us(0.50),
+            lat_us_p99: r.latency_us(0.99),
+            lat_us_p999: r.latency_us(0.999),
+            turnaround_us_p99: Some(r.turnaround_ns.value_at_quantile(0.99) as f64 / 1000.0),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Output {
+    backend: &'static str,
+    file: String,
+    span_bytes: u64,
+    bs_bytes: u64,
+    qd: usize,
+    backlog: usize,
+    pattern: String,
+    seconds: f64,
+    reps: usize,
+    direct: bool,
+    iops: f64,
+    bytes_per_sec: f64,
+    lat_us_p50: f64,
+    lat_us_p99: f64,
+    lat_us_p999: f64,
+    runs: Vec<Measure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fio: Option<FioOutput>,
+}
+
+#[derive(Serialize)]
+struct FioOutput {
+    engine: String,
+    median: Measure,
+    runs: Vec<Measure>,
+    ratio_iops: f64,
+    ratio_bytes_per_sec: f64,
+}
+
+/// Parse a byte size: a number with an optional k/m/g/t suffix (powers of
+/// 1024; `b`, `ib` and `iB` accepted after it).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.trim_end_matches("ib").trim_end_matches('b');
+    let (num, shift) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 10),
+        Some('m') => (&t[..t.len() - 1], 20),
+        Some('g') => (&t[..t.len() - 1], 30),
+        Some('t') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad size {s:?}: {e}"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+fn bar(len: u64, template: &str, hidden: bool) -> ProgressBar {
+    if hidden || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Create (or extend) `path` to `size` bytes of pseudo-random data, written
+/// directly so the file is real (not sparse) and not left in the page cache.
+fn create_file(path: &Path, size: u64, mode: DirectMode, quiet: bool) -> anyhow::Result<()> {
+    const CHUNK: usize = 1 << 20;
+    let file = StoreFile::open_rw(path, mode, true)?;
+    let have = file.len_bytes()? / CHUNK as u64 * CHUNK as u64;
+    let size = size.div_ceil(CHUNK as u64) * CHUNK as u64;
+    if have >= size {
+        return Ok(());
+    }
+    let pb = bar(
+        size - have,
+        "writing {msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+        quiet,
+    );
+    pb.set_message(path.display().to_string());
+    let mut buf = AlignedBuf::zeroed(CHUNK);
+    let mut state = rand::random::<u64>() | 1;
+    let mut offset = have;
+    while offset < size {
+        for word in buf.chunks_exact_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        file.write_all_at(&buf, offset)?;
+        offset += CHUNK as u64;
+        pb.inc(CHUNK as u64);
+    }
+    file.sync_data()?;
+    pb.finish_and_clear();
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn median_of(runs: &[Measure]) -> Measure {
+    let m = |f: fn(&Measure) -> f64| median(runs.iter().map(f).collect());
+    Measure {
+        iops: m(|r| r.iops),
+        bytes_per_sec: m(|r| r.bytes_per_sec),
+        lat_us_p50: m(|r| r.lat_us_p50),
+        lat_us_p99: m(|r| r.lat_us_p99),
+        lat_us_p999: m(|r| r.lat_us_p999),
+        turnaround_us_p99: runs
+            .iter()
+            .map(|r| r.turnaround_us_p99)
+            .collect::<Option<Vec<f64>>>()
+            .map(median),
+    }
+}
+
+/// Run fio once with the same pattern over the same span; parse its JSON.
+fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Result<Measure> {
+    let rw = match pattern {
+        Pattern::Random => "randread",
+        Pattern::Sequential => "read",
+    };
+    // A fresh sequential start, as flashtier's: fio would otherwise start
+    // at offset 0 every time and read what the host cached last run.
+    let start = match pattern {
+        Pattern::Random => 0,
+        Pattern::Sequential => seed % (span / args.bs / 2).max(1) * args.bs,
+    };
+    // psync: `qd` jobs of one read each; `randrepeat=0` so the clones do not
+    // all read the same offsets.
+    let psync = args.fio_engine == "psync";
+    let (depth, jobs) = if psync { (1, args.qd) } else { (args.qd, 1) };
+    let out = Command::new("fio")
+        .arg("--name=flashtier-bench-io")
+        .arg(format!("--filename={}", args.file.display()))
+        .arg(format!("--offset={start}"))
+        .arg(format!("--size={}", span - start))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={}", args.bs))
+        .arg("--direct=1")
+        .arg(format!("--ioengine={}", args.fio_engine))
+        .arg(format!("--iodepth={depth}"))
+        .arg(format!("--numjobs={jobs}"))
+        .arg("--group_reporting")
+        .arg("--time_based")
+        .arg(format!("--runtime={}ms", (args.seconds * 1000.0) as u64))
+        .arg(format!("--randseed={seed}"))
+        .arg(if psync {
+            "--randrepeat=0"
+        } else {
+            "--randrepeat=1"
+        })
+        .arg("--norandommap")
+        .arg("--random_generator=tausworthe64")
+        .arg("--output-format=json")
+        .output()
+        .context("running fio (apt-get install -y fio)")?;
+    if !out.status.success() {
+        bail!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // fio may print notices before the JSON object.
+    let json = text.find('{').map_or(&*text, |i| &text[i..]);
+    let v: serde_json::Value = serde_json::from_str(json).context("parsing fio JSON")?;
+    let read = &v["jobs"][0]["read"];
+    let pct = |k: &str| read["clat_ns"]["percentile"][k].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(Measure {
+        iops: read["iops"].as_f64().unwrap_or(0.0),
+        bytes_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0),
+        lat_us_p50: pct("50.000000"),
+        lat_us_p99: pct("99.000000"),
+        lat_us_p999: pct("99.900000"),
+        turnaround_us_p99: None,
+    })
+}
+
+fn run_flashtier(
+    args: &Args,
+    kind: BackendKind,
+    spec: &LoadSpec,
+    rep: usize,
+) -> anyhow::Result<(LoadReport, &'static str)> {
+    let backend = open_backend(kind, args.qd)?;
+    let ticks = (args.seconds * 10.0).ceil() as u64;
+    let pb = bar(ticks, "{msg} {wide_bar} {elapsed}", args.json);
+    let name = backend.name();
+    let report = run_load(backend.as_ref(), spec, |p| {
+        let iops = p.ops as f64 / p.elapsed.as_secs_f64().max(1e-9);
+        pb.set_position((p.elapsed.as_millis() / 100) as u64);
+        pb.set_message(format!("{name} rep {} {:.0} IOPS", rep + 1, iops));
+    })?;
+    pb.finish_and_clear();
+    Ok((report, name))
+}
+
+fn print_line(who: &str, m: &Measure) {
+    println!(
+        "{who:<14} IOPS {:>10.0}  {:>9.1} MiB/s  lat p50 {:>8.1} us  p99 {:>8.1} us  p999 {:>8.1} us",
+        m.iops,
+        m.bytes_per_sec / (1 << 20) as f64,
+        m.lat_us_p50,
+        m.lat_us_p99,
+        m.lat_us_p999
+    );
+}
 
 /// Run `flashtier bench io`.
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("flashtier bench io is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let kind: BackendKind = args.backend.parse()?;
+    let pattern: Pattern = args.pattern.parse()?;
+    let mode: DirectMode = args.direct.parse().map_err(anyhow::Error::msg)?;
+    let bs = usize::try_from(args.bs).context("--bs too large")?;
+    if bs == 0 || bs % 512 != 0 {
+        bail!("--bs {bs} must be a positive multiple of 512");
+    }
+    if !args.seconds.is_finite() || args.seconds <= 0.0 || args.reps == 0 {
+        bail!("--seconds must be > 0 and --reps >= 1");
+    }
+    if !args.file.exists() {
+        create_file(&args.file, args.size, mode, args.json)?;
+    }
+    let file: Arc<StoreFile> = StoreFile::open_read(&args.file, mode)?;
+    let span = args.size.min(file.len_bytes()?) / args.bs * args.bs;
+    if span < args.size && !args.json {
+        eprintln!(
+            "flashtier: {} holds {span} bytes, less than --size; using {span}",
+            args.file.display()
+        );
+    }
+    let backlog = args.backlog.unwrap_or(args.qd.max(8));
+    let mut runs = Vec::new();
+    let mut fio_runs = Vec::new();
+    let mut backend_name = kind.as_str();
+    for rep in 0..args.reps {
+        // Alternate who goes first so neither always inherits the other's cache.
+        let fio_first = args.fio && rep % 2 == 1;
+        if fio_first {
+            fio_runs.push(run_fio(&args, span, pattern, rand::random::<u32>().into())?);
+        }
+        let spec = LoadSpec {
+            file: file.clone(),
+            span_bytes: span,
+            block_bytes: bs,
+            pattern,
+            duration: Duration::from_secs_f64(args.seconds),
+            seed: rand::random(),
+            backlog,
+        };
+        let (report, name) = run_flashtier(&args, kind, &spec, rep)?;
+        backend_name = name;
+        let m = Measure::from(&report);
+        if !args.json {
+            print_line(&format!("{name} rep {}", rep + 1), &m);
+        }
+        runs.push(m);
+        if args.fio && !fio_first {
+            fio_runs.push(run_fio(&args, span, pattern, rand::random::<u32>().into())?);
+        }
+        if let (false, Some(f)) = (args.json, fio_runs.last()) {
+            print_line(&format!("fio rep {}", rep + 1), f);
+        }
+    }
+    let med = median_of(&runs);
+    let fio = args.fio.then(|| {
+        let fm = median_of(&fio_runs);
+        FioOutput {
+            engine: args.fio_engine.clone(),
+            median: fm,
+            runs: fio_runs.clone(),
+            ratio_iops: med.iops / fm.iops.max(1e-9),
+            ratio_bytes_per_sec: med.bytes_per_sec / fm.bytes_per_sec.max(1e-9),
+        }
+    });
+    let out = Output {
+        backend: backend_name,
+        file: args.file.display().to_string(),
+        span_bytes: span,
+        bs_bytes: args.bs,
+        qd: args.qd,
+        backlog,
+        pattern: args.pattern.clone(),
+        seconds: args.seconds,
+        reps: args.reps,
+        direct: file.is_direct(),
+        iops: med.iops,
+        bytes_per_sec: med.bytes_per_sec,
+        lat_us_p50: med.lat_us_p50,
+        lat_us_p99: med.lat_us_p99,
+        lat_us_p999: med.lat_us_p999,
+        runs,
+        fio,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{} {} bs={} qd={} backlog={} span={} direct={} median of {}:",
+        out.backend,
+        out.pattern,
+        out.bs_bytes,
+        out.qd,
+        out.backlog,
+        out.span_bytes,
+        out.direct,
+        out.reps
+    );
+    print_line(out.backend, &med);
+    if let Some(f) = &out.fio {
+        print_line(&format!("fio {}", f.engine), &f.median);
+        println!(
+            "ratio flashtier/fio: IOPS {:.3}  bytes/s {:.3}",
+            f.ratio_iops, f.ratio_bytes_per_sec
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("4G"), Ok(4 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999t").is_err());
+    }
+
+    #[test]
+    fn creates_the_file_and_measures() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("bench.bin");
+        for backend in ["posix", "sim", "uring"] {
+            run(Args {
+                file: file.clone(),
+                size: 4 << 20,
+                bs: 4096,
+                qd: 4,
+                backend: backend.into(),
+                pattern: "rand".into(),
+                seconds: 0.05,
+                backlog: None,
+                reps: 1,
+                fio: false,
+                fio_engine: "io_uring".into(),
+                direct: "prefer".into(),
+                json: true,
+            })?;
+        }
+        assert_eq!(std::fs::metadata(&file)?.len(), 4 << 20);
+        let bytes = std::fs::read(&file)?;
+        assert!(bytes.iter().any(|&b| b != 0), "created file must hold data");
+        Ok(())
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
 }
