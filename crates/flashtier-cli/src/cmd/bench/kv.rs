@@ -6,8 +6,10 @@
 //! restore's op size and queue depth; a freshly written store is restored
 //! with no consumer ("restore alone"); another fresh store is restored while
 //! attention runs over every tile ("pipelined"); attention runs over the same
-//! tiles from memory ("attention alone"). Nothing is read twice, so the host's
-//! cache of the virtio disk never serves a read. Medians are reported.
+//! tiles from memory ("attention alone"); fio and the restore alone swap
+//! places on odd repetitions. Nothing is read twice, so the host's cache of
+//! the virtio disk never serves a re-read. Medians are reported, and every
+//! repetition's sample is in `--json`.
 
 mod fio;
 mod work;
