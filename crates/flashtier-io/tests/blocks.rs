@@ -358,3 +358,58 @@ proptest! {
         prop_assert!(mem_c == mem_h);
     }
 }
+
+#[test]
+fn owner_fills_slots_only_when_no_read_targets_them() {
+    let l = layout(BlockOrder::PerLayer, 1, 2, 2, 64);
+    let bb = l.block_bytes() as usize;
+    let dir = tempfile::tempdir().expect("dir");
+    let f = store(&dir, "kv", &l);
+    let be = flashtier_io::SimBackend::new(
+        flashtier_io::FaultPlan::seeded(5).latency(1.0, std::time::Duration::from_millis(5)),
+        2,
+    )
+    .expect("sim");
+    let mut pool = SlotPool::new(bb, 2).expect("pool");
+    // Offload straight from a slot the owner filled.
+    let id = BlockId::new(0, 1);
+    pool.fill(0, 1)
+        .expect("idle slot")
+        .copy_from_slice(&pattern(id, bb, 8));
+    write_block(
+        &be,
+        &f,
+        &l,
+        id,
+        pool.fill(0, 1).expect("idle slot"),
+        BlockPath::Coalesced,
+    )
+    .expect("write");
+    assert_eq!(
+        pool.state(0).expect("state"),
+        SlotState::Empty,
+        "filled bytes are not a landed read"
+    );
+    assert!(pool.landed(0, 1).is_err());
+    // While its read is in flight, a slot can be neither viewed nor filled.
+    let span = BlockSpan {
+        first: id,
+        count: 1,
+        slot: 1,
+    };
+    let batch = pool
+        .submit(&be, &f, &l, &[span], BlockPath::PerHead)
+        .expect("submit");
+    assert!(pool.landed(1, 1).is_err());
+    assert!(pool.fill(1, 1).is_err());
+    assert!(pool.invalidate(1).is_err());
+    assert!(
+        pool.submit(&be, &f, &l, &[span], BlockPath::Coalesced)
+            .is_err(),
+        "busy slot"
+    );
+    pool.wait(batch).expect("landed");
+    assert!(pool.landed(1, 1).expect("landed") == &pattern(id, bb, 8)[..]);
+    pool.invalidate(1).expect("idle");
+    assert!(pool.landed(1, 1).is_err());
+}

@@ -6,8 +6,10 @@
 //! restore's op size and queue depth; a freshly written store is restored
 //! with no consumer ("restore alone"); another fresh store is restored while
 //! attention runs over every tile ("pipelined"); attention runs over the same
-//! tiles from memory ("attention alone"). Nothing is read twice, so the host's
-//! cache of the virtio disk never serves a read. Medians are reported.
+//! tiles from memory ("attention alone"); fio and the restore alone swap
+//! places on odd repetitions. Nothing is read twice, so the host's cache of
+//! the virtio disk never serves a re-read. Medians are reported, and every
+//! repetition's sample is in `--json`.
 
 mod fio;
 mod work;
@@ -51,7 +53,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub tile_blocks: u32,
     /// Tiles in the restore ring (in flight while one is consumed, plus one).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub ring: usize,
     /// Backend queue depth.
     #[arg(long, default_value_t = 16)]
@@ -91,6 +93,7 @@ struct OrderReport {
     overlap_of_hideable: f64,
     verify_s: f64,
     reps: usize,
+    samples: Vec<Sample>,
 }
 
 #[derive(Serialize, Debug)]
@@ -137,6 +140,7 @@ fn summarise(order: BlockOrder, bench: &Bench, samples: &[Sample]) -> OrderRepor
         overlap_of_hideable: (hidden / restore_s.min(attention_s)).min(1.0),
         verify_s: m(|s| s.verify_s),
         reps: samples.len(),
+        samples: samples.to_vec(),
     }
 }
 
@@ -152,6 +156,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.reps == 0 || args.gib <= 0.0 {
         bail!("--reps and --gib must be positive");
     }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
     let fio_version = fio::version()?;
     let backend: Arc<dyn StorageBackend> =
         Arc::from(open_backend(args.backend, args.qd).context("opening the backend")?);

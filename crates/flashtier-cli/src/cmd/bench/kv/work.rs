@@ -23,7 +23,7 @@ use super::fio;
 const SPAN_BLOCKS: u64 = 64;
 
 /// One side-by-side sample.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
     pub restore_s: f64,
     pub restore_bps: f64,
@@ -235,21 +235,26 @@ impl Bench {
         Ok(sum)
     }
 
-    pub fn sample(&self, rep: usize, pb: &ProgressBar) -> Result<Sample> {
-        let order = self.order;
-        pb.set_message(format!("{order} rep {rep}: fio"));
+    fn fio_sample(&self, rep: usize, pb: &ProgressBar) -> Result<f64> {
+        pb.set_message(format!("{} rep {rep}: fio", self.order));
         let fio_path = self.store_path(rep, "fio");
-        let fio_bps = fio::seq_read_bytes_per_sec(
+        let bps = fio::seq_read_bytes_per_sec(
             &fio_path,
             self.data_bytes,
             self.op_bytes,
             self.ops_in_flight,
         );
         let _ = std::fs::remove_file(&fio_path);
-        let fio_bps = fio_bps?;
         pb.inc(1);
+        bps
+    }
 
-        pb.set_message(format!("{order} rep {rep}: restore alone"));
+    fn restore_alone(
+        &self,
+        rep: usize,
+        pb: &ProgressBar,
+    ) -> Result<flashtier::kv::restore::RestoreStats> {
+        pb.set_message(format!("{} rep {rep}: restore alone", self.order));
         let path = self.store_path(rep, "alone");
         let (mut swap, tiles) = self.fresh_store(&path)?;
         let stats = swap.restore_tiles(&tiles, |_, t| {
@@ -258,8 +263,22 @@ impl Bench {
         });
         drop(swap);
         let _ = std::fs::remove_file(&path);
-        let stats = stats?;
         pb.inc(1);
+        Ok(stats?)
+    }
+
+    /// One repetition. fio and the restore alone swap places on odd
+    /// repetitions, so neither always runs first after the previous
+    /// repetition's writes.
+    pub fn sample(&self, rep: usize, pb: &ProgressBar) -> Result<Sample> {
+        let order = self.order;
+        let (fio_bps, stats) = if rep % 2 == 0 {
+            let f = self.fio_sample(rep, pb)?;
+            (f, self.restore_alone(rep, pb)?)
+        } else {
+            let r = self.restore_alone(rep, pb)?;
+            (self.fio_sample(rep, pb)?, r)
+        };
 
         pb.set_message(format!("{order} rep {rep}: pipelined"));
         let path = self.store_path(rep, "piped");
