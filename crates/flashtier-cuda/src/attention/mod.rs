@@ -47,7 +47,7 @@ struct SplitArgs {
     blk_stride: i64,
     tok_stride: i64,
     kvh_stride: i64,
-    tokens_per_split: i32,
+    sub_total: i32,
     scale_log2: f32,
 }
 
@@ -75,6 +75,8 @@ pub struct DecodeAttention {
     step_seqs: Option<usize>,
     fresh: bool,
     pdl: bool,
+    pdl_split: bool,
+    splits_override: Option<usize>,
     ptxas_log: String,
 }
 
@@ -157,6 +159,8 @@ impl DecodeAttention {
                 ("HEAD_DIM", dims.head_dim.to_string()),
                 ("STAGES", stages.to_string()),
                 ("KREG", u8::from(kreg).to_string()),
+                ("L2_PF", env_flag("FLASHTIER_ATTN_L2PF")),
+                ("EVICT_FIRST", env_flag("FLASHTIER_ATTN_EVICT_FIRST")),
             ],
         )?;
         let func = |name: &str| {
@@ -217,6 +221,12 @@ impl DecodeAttention {
             step_seqs: None,
             fresh: true,
             pdl: true,
+            // FLASHTIER_ATTN_PDL_SPLIT=0 launches the split kernel plainly,
+            // FLASHTIER_ATTN_SPLITS=<n> fixes the splits (tuning runs only).
+            pdl_split: std::env::var("FLASHTIER_ATTN_PDL_SPLIT").map_or(true, |v| v != "0"),
+            splits_override: std::env::var("FLASHTIER_ATTN_SPLITS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             ptxas_log: cubin.log,
         })
     }
@@ -357,7 +367,7 @@ impl DecodeAttention {
         let qgroups = d.group().div_ceil(16);
         let pairs = num_seqs * d.num_kv_heads * qgroups;
         let slots = self.gpu.info().sm_count as usize * self.ctas_per_sm as usize;
-        let plan = plan_splits(tile.max_tokens, pairs, slots);
+        let plan = plan_splits(tile.max_tokens, pairs, slots, self.splits_override);
         let args = SplitArgs {
             num_q_heads: as_i32(d.num_q_heads),
             group: as_i32(d.group()),
@@ -366,7 +376,7 @@ impl DecodeAttention {
             blk_stride: layout.block_stride as i64,
             tok_stride: layout.token_stride as i64,
             kvh_stride: layout.kv_head_stride as i64,
-            tokens_per_split: as_i32(plan.tokens_per_split),
+            sub_total: as_i32(plan.sub_total),
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         };
         let stream = self.gpu.stream().clone();
@@ -379,21 +389,42 @@ impl DecodeAttention {
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: self.split_smem_bytes,
         };
-        let mut launch = stream.launch_builder(&self.f_split);
-        launch
-            .arg(q)
-            .arg(k_pool)
-            .arg(v_pool)
-            .arg(&tile.blocks)
-            .arg(&tile.tokens)
-            .arg(&mut self.part_m)
-            .arg(&mut self.part_l)
-            .arg(&mut self.part_o)
-            .arg(&args);
-        // SAFETY: the argument list matches `attn_split`; `check_step` proved
-        // every address the kernel forms (q rows, pool blocks, tile entries,
-        // partials for `plan.splits <= MAX_SPLITS`) lies inside its buffer.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_split"))?;
+        let mut args = args;
+        let dev16 = |b: &CudaSlice<u16>| b.device_ptr(&stream).0;
+        let dev32 = |b: &CudaSlice<i32>| b.device_ptr(&stream).0;
+        let devf = |b: &CudaSlice<f32>| b.device_ptr(&stream).0;
+        let mut split_ptrs = [
+            dev16(q),
+            dev16(k_pool),
+            dev16(v_pool),
+            dev32(&tile.blocks),
+            dev32(&tile.tokens),
+            devf(&self.part_m),
+            devf(&self.part_l),
+            devf(&self.part_o),
+        ];
+        let mut params: Vec<*mut std::ffi::c_void> = split_ptrs
+            .iter_mut()
+            .map(|p| (&raw mut *p).cast())
+            .collect();
+        params.push((&raw mut args).cast());
+        let f = self.f_split.clone();
+        let pdl_split = self.pdl_split;
+        // SAFETY: `params` point at live locals in `attn_split`'s parameter
+        // order and types (eight device pointers, then `SplitArgs` by value);
+        // `check_step` proved every address the kernel forms (q rows, pool
+        // blocks, tile entries, partials for `plan.splits <= MAX_SPLITS`)
+        // lies inside its buffer.
+        unsafe {
+            self.launch_pdl(
+                &stream,
+                &f,
+                cfg,
+                &mut params,
+                pdl_split,
+                "launch attn_split",
+            )
+        }?;
 
         let splits = as_i32(plan.splits);
         let fresh = i32::from(self.fresh);
@@ -499,6 +530,17 @@ impl DecodeAttention {
         }
         Ok(num_seqs)
     }
+}
+
+/// A small integer tuning switch from the environment (0 when unset or
+/// not a number 0..=2); tuning runs only.
+fn env_flag(name: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<u8>().ok())
+        .filter(|v| *v <= 2)
+        .unwrap_or(0)
+        .to_string()
 }
 
 fn as_i32(v: usize) -> i32 {

@@ -6,90 +6,91 @@
 // one CTA of 256 threads per (head, seq). `fresh` != 0: the state was reset by
 // begin_step and holds nothing yet. `out` != null: also write bf16(o / l)
 // (the step's last tile, finalize fused).
+//
+// One pass: thread (column of 4 dims, split group) folds its splits with an
+// online log-sum-exp (m, l and o of a split are loaded together, so every
+// load of the CTA is in flight after one wait), then the split groups and
+// the old state are merged in shared memory.
 extern "C" __global__ void __launch_bounds__(256)
 attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict__ st_o,
            const float* __restrict__ part_m, const float* __restrict__ part_l,
            const float* __restrict__ part_o, int num_splits, int fresh, u16* __restrict__ out) {
-    __shared__ float w[MAX_SPLITS];
-    __shared__ float red[16];
     __shared__ float4 acc_sh[256];
-    __shared__ float mm_sh, l_sh, wold_sh;
+    __shared__ float m_sh[256];
+    __shared__ float l_sh[256];
     // Programmatic dependent launch: resident early, read only after the
-    // split grid has completed (a no-op when launched normally).
+    // split grid has completed (a no-op when launched normally); the next
+    // step's split grid may in turn get resident now (it waits for this
+    // grid's completion before touching memory).
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int tid = threadIdx.x;
     const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;  // seq * nq + head
     const float* pm = part_m + i * num_splits;
     const float* pl = part_l + i * num_splits;
+    // The old state, read by every thread before the barrier below (thread 0
+    // overwrites it after).
     const float m_old = fresh ? NEG_INF : st_m[i];
-
-    // Max over the splits and the old state (warp shuffles, then 8 warps).
-    const int lane = tid & 31, wid = tid >> 5;
-    const float ms = tid < num_splits ? pm[tid] : NEG_INF;
-    float v = ms;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) red[wid] = v;
-    __syncthreads();
-    if (tid == 0) {
-        float mm = m_old;
-        for (int k = 0; k < 8; ++k) mm = fmaxf(mm, red[k]);
-        mm_sh = mm;
-    }
-    __syncthreads();
-    const float mm = mm_sh;
-    const float ws = (mm == NEG_INF || ms == NEG_INF) ? 0.f : __expf(ms - mm);
-    if (tid < num_splits) w[tid] = ws;
-    float ls = tid < num_splits ? pl[tid] * ws : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-    if (lane == 0) red[8 + wid] = ls;
-    __syncthreads();
-    if (tid == 0) {
-        float lsum = 0.f;
-        for (int k = 0; k < 8; ++k) lsum += red[8 + k];
-        const float wold = (mm == NEG_INF || m_old == NEG_INF) ? 0.f : __expf(m_old - mm);
-        const float l = lsum + (fresh ? 0.f : st_l[i] * wold);
-        wold_sh = wold;
-        l_sh = l;
-        st_l[i] = l;
-        st_m[i] = mm;
-    }
-    __syncthreads();
-
-    // o: thread (column of 4 dims, split group) sums its splits, then the
-    // groups are added in shared memory.
+    const float l_old = fresh ? 0.f : st_l[i];
     const int cols = HEAD_DIM / 4;
     const int groups = 256 / cols;
     const int c = tid % cols;
     const int sg = tid / cols;
+
+    float mloc = NEG_INF, lloc = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (sg < groups) {
         const float4* po = (const float4*)(part_o + i * num_splits * HEAD_DIM) + c;
-#pragma unroll 4
+#pragma unroll 8
         for (int s = sg; s < num_splits; s += groups) {
+            const float ms = pm[s];
+            const float ls = pl[s];
             const float4 v = po[(long long)s * cols];
-            const float f = w[s];
-            acc.x += v.x * f; acc.y += v.y * f; acc.z += v.z * f; acc.w += v.w * f;
+            if (ms != NEG_INF) {
+                const float mn = fmaxf(mloc, ms);
+                const float fa = mloc == NEG_INF ? 0.f : __expf(mloc - mn);
+                const float fb = __expf(ms - mn);
+                acc.x = acc.x * fa + v.x * fb;
+                acc.y = acc.y * fa + v.y * fb;
+                acc.z = acc.z * fa + v.z * fb;
+                acc.w = acc.w * fa + v.w * fb;
+                lloc = lloc * fa + ls * fb;
+                mloc = mn;
+            }
         }
     }
     acc_sh[tid] = acc;
+    m_sh[tid] = mloc;
+    l_sh[tid] = lloc;
     __syncthreads();
     if (tid < cols) {
-        float4 t = acc_sh[tid];
-        for (int g = 1; g < groups; ++g) {
-            const float4 u = acc_sh[g * cols + tid];
-            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+        float mm = m_old;
+        for (int g = 0; g < groups; ++g) mm = fmaxf(mm, m_sh[g * cols + tid]);
+        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+        float l = 0.f;
+        if (mm != NEG_INF) {
+            for (int g = 0; g < groups; ++g) {
+                const float mg = m_sh[g * cols + tid];
+                const float f = mg == NEG_INF ? 0.f : __expf(mg - mm);
+                const float4 u = acc_sh[g * cols + tid];
+                t.x += u.x * f; t.y += u.y * f; t.z += u.z * f; t.w += u.w * f;
+                l += l_sh[g * cols + tid] * f;
+            }
         }
         float4* so = (float4*)(st_o + i * HEAD_DIM) + tid;
         if (!fresh) {
-            const float wold = wold_sh;
+            const float wold = (mm == NEG_INF || m_old == NEG_INF) ? 0.f : __expf(m_old - mm);
             const float4 u = *so;
             t.x += u.x * wold; t.y += u.y * wold; t.z += u.z * wold; t.w += u.w * wold;
+            l += l_old * wold;
         }
         *so = t;
+        // Every column thread computed the same (mm, l); one writes them.
+        if (tid == 0) {
+            st_m[i] = mm;
+            st_l[i] = l;
+        }
         if (out != 0) {
-            const float l = l_sh;
             const float inv = l > 0.f ? 1.f / l : 0.f;
             u16* dst = out + i * HEAD_DIM + tid * 4;
             dst[0] = f32_to_bf16(t.x * inv);
