@@ -161,6 +161,8 @@ impl DecodeAttention {
                 ("KREG", u8::from(kreg).to_string()),
                 ("L2_PF", env_flag("FLASHTIER_ATTN_L2PF")),
                 ("EVICT_FIRST", env_flag("FLASHTIER_ATTN_EVICT_FIRST")),
+                ("PRO_SPEC", env_flag_or("FLASHTIER_ATTN_PRO_SPEC", 1)),
+                ("MERGE1", env_flag_or("FLASHTIER_ATTN_MERGE1", 1)),
             ],
         )?;
         let func = |name: &str| {
@@ -535,11 +537,15 @@ impl DecodeAttention {
 /// A small integer tuning switch from the environment (0 when unset or
 /// not a number 0..=2); tuning runs only.
 fn env_flag(name: &str) -> String {
+    env_flag_or(name, 0)
+}
+
+fn env_flag_or(name: &str, default: u8) -> String {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse::<u8>().ok())
         .filter(|v| *v <= 2)
-        .unwrap_or(0)
+        .unwrap_or(default)
         .to_string()
 }
 

@@ -256,6 +256,34 @@ static __device__ __forceinline__ void load_k_regs(uint4 (&kr)[2][KCH], const u1
 }
 #endif
 
+// PRO_SPEC: the prologue loads the first block ids together with the token
+// count (the index clamped into the table), so the first copies issue after
+// one round trip; 0: the older chain (token count, then one block id per
+// stage, each after the previous stage's copies were issued).
+#ifndef PRO_SPEC
+#define PRO_SPEC 1
+#endif
+
+// Q as mma A fragments (rows = query heads; rows past `rows` are zero).
+static __device__ __forceinline__ void load_q(u32 (&qf)[KSTEPS][4], const u16* __restrict__ q, const SplitArgs& a,
+                                              int seq, int head0, int rows, int g, int t) {
+    const u16* qs = q + ((long long)seq * a.num_q_heads + head0) * HEAD_DIM;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#if KREG
+        const int c0 = (ks >> 1) * 32 + 8 * t + 4 * (ks & 1);
+        const int c2 = c0 + 2;
+#else
+        const int c0 = ks * 16 + 2 * t;
+        const int c2 = c0 + 8;
+#endif
+        qf[ks][0] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0) : 0u;
+        qf[ks][1] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0) : 0u;
+        qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c2) : 0u;
+        qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c2) : 0u;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
            const int* __restrict__ tile_blocks, const int* __restrict__ tile_tokens,
@@ -294,13 +322,19 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     // The block ids of the first STAGES sub-tiles, loaded together with the
     // token count (the index is clamped into the table, so no load waits for
     // another): the prologue's copies then issue after one round trip.
+    u32 qf[KSTEPS][4];
+#if PRO_SPEC
     int blk_pro[STAGES];
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
         blk_pro[st] = one_block ? blocks[min(SUB_TOK0(st) / a.block_size, a.tile_capacity - 1)] : 0;
     }
+#endif
     const int n_tok = tile_tokens[seq];
     const int t_end = min(n_tok, sub_hi * SUB);
+#if !PRO_SPEC
+    load_q(qf, q, a, seq, head0, rows, g, t);
+#endif
 
     float o[NTILES][4];
 #pragma unroll
@@ -315,37 +349,26 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
 
     // Block id of this warp's sub-tile `i` (fast path), 0 past the end.
 #define BLOCK_OF(i) ((one_block && (i) < my_n) ? blocks[SUB_TOK0(i) / a.block_size] : 0)
+#if PRO_SPEC
+#define PRO_BLK(st) blk_pro[st]
+#else
+#define PRO_BLK(st) BLOCK_OF(st)
+#endif
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
         if (st < my_n) {
             unsigned char* ks_ = wbase + st * STAGE_BYTES;
             load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(st), t_end, ks_, ks_ + (KREG ? 0 : SUB * PITCH),
-                         lane, one_block, blk_pro[st]);
+                         lane, one_block, PRO_BLK(st));
         }
         cp_async_commit();
     }
-    int blk_next = blk_pro[STAGES - 1];
+    int blk_next = PRO_BLK(STAGES - 1);
 
-    // Q as mma A fragments (rows = query heads; rows past `rows` are zero),
-    // loaded while the first KV copies are in flight.
-    u32 qf[KSTEPS][4];
-    {
-        const u16* qs = q + ((long long)seq * a.num_q_heads + head0) * HEAD_DIM;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-#if KREG
-            const int c0 = (ks >> 1) * 32 + 8 * t + 4 * (ks & 1);
-            const int c2 = c0 + 2;
-#else
-            const int c0 = ks * 16 + 2 * t;
-            const int c2 = c0 + 8;
+#if PRO_SPEC
+    // Q, loaded while the first KV copies are in flight.
+    load_q(qf, q, a, seq, head0, rows, g, t);
 #endif
-            qf[ks][0] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0) : 0u;
-            qf[ks][1] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0) : 0u;
-            qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c2) : 0u;
-            qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c2) : 0u;
-        }
-    }
 
 #if KREG
     uint4 kc[2][KCH];
@@ -484,6 +507,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
 #endif
     }
 #undef BLOCK_OF
+#undef PRO_BLK
 #undef SUB_TOK0
     cp_async_wait<0>();
 
