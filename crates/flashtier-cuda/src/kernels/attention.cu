@@ -64,10 +64,10 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
 // L2_PF: L2 prefetch size hint of the KV copies (0 none, 1 128 B, 2 256 B).
 // EVICT_FIRST: the KV copies carry an L2 evict-first policy (read once).
 #ifndef L2_PF
-#define L2_PF 0
+#define L2_PF 1
 #endif
 #ifndef EVICT_FIRST
-#define EVICT_FIRST 0
+#define EVICT_FIRST 1
 #endif
 #if L2_PF == 1
 #define CP_PF ".L2::128B"
@@ -256,14 +256,6 @@ static __device__ __forceinline__ void load_k_regs(uint4 (&kr)[2][KCH], const u1
 }
 #endif
 
-// PRO_SPEC: the prologue loads the first block ids together with the token
-// count (the index clamped into the table), so the first copies issue after
-// one round trip; 0: the older chain (token count, then one block id per
-// stage, each after the previous stage's copies were issued).
-#ifndef PRO_SPEC
-#define PRO_SPEC 1
-#endif
-
 // Q as mma A fragments (rows = query heads; rows past `rows` are zero).
 static __device__ __forceinline__ void load_q(u32 (&qf)[KSTEPS][4], const u16* __restrict__ q, const SplitArgs& a,
                                               int seq, int head0, int rows, int g, int t) {
@@ -319,22 +311,10 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     const int* blocks = tile_blocks + (long long)seq * a.tile_capacity;
     const bool one_block = (a.block_size % SUB) == 0;
 #define SUB_TOK0(i) (t_begin + (warp + (i) * WARPS) * SUB)
-    // The block ids of the first STAGES sub-tiles, loaded together with the
-    // token count (the index is clamped into the table, so no load waits for
-    // another): the prologue's copies then issue after one round trip.
     u32 qf[KSTEPS][4];
-#if PRO_SPEC
-    int blk_pro[STAGES];
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st) {
-        blk_pro[st] = one_block ? blocks[min(SUB_TOK0(st) / a.block_size, a.tile_capacity - 1)] : 0;
-    }
-#endif
     const int n_tok = tile_tokens[seq];
     const int t_end = min(n_tok, sub_hi * SUB);
-#if !PRO_SPEC
     load_q(qf, q, a, seq, head0, rows, g, t);
-#endif
 
     float o[NTILES][4];
 #pragma unroll
@@ -349,26 +329,16 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
 
     // Block id of this warp's sub-tile `i` (fast path), 0 past the end.
 #define BLOCK_OF(i) ((one_block && (i) < my_n) ? blocks[SUB_TOK0(i) / a.block_size] : 0)
-#if PRO_SPEC
-#define PRO_BLK(st) blk_pro[st]
-#else
-#define PRO_BLK(st) BLOCK_OF(st)
-#endif
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
         if (st < my_n) {
             unsigned char* ks_ = wbase + st * STAGE_BYTES;
             load_subtile(k_pool, v_pool, blocks, a, kvh, SUB_TOK0(st), t_end, ks_, ks_ + (KREG ? 0 : SUB * PITCH),
-                         lane, one_block, PRO_BLK(st));
+                         lane, one_block, BLOCK_OF(st));
         }
         cp_async_commit();
     }
-    int blk_next = PRO_BLK(STAGES - 1);
-
-#if PRO_SPEC
-    // Q, loaded while the first KV copies are in flight.
-    load_q(qf, q, a, seq, head0, rows, g, t);
-#endif
+    int blk_next = BLOCK_OF(STAGES - 1);
 
 #if KREG
     uint4 kc[2][KCH];
@@ -507,7 +477,6 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
 #endif
     }
 #undef BLOCK_OF
-#undef PRO_BLK
 #undef SUB_TOK0
     cp_async_wait<0>();
 

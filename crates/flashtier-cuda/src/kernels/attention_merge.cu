@@ -2,113 +2,6 @@
 // this file appended to attention.cu (nvrtc::ATTENTION_SRC), whose
 // definitions (u16, NEG_INF, MAX_SPLITS, HEAD_DIM, f32_to_bf16) it uses.
 
-// MERGE1: the one-pass merge below; 0: the two-pass merge (max and weights
-// first, then o), kept for comparison runs.
-#ifndef MERGE1
-#define MERGE1 1
-#endif
-
-#if MERGE1
-// Fold `num_splits` partials into the running state of every (seq, q head);
-// one CTA of 256 threads per (head, seq). `fresh` != 0: the state was reset by
-// begin_step and holds nothing yet. `out` != null: also write bf16(o / l)
-// (the step's last tile, finalize fused).
-//
-// One pass: thread (column of 4 dims, split group) folds its splits with an
-// online log-sum-exp (m, l and o of a split are loaded together, so every
-// load of the CTA is in flight after one wait), then the split groups and
-// the old state are merged in shared memory.
-extern "C" __global__ void __launch_bounds__(256)
-attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict__ st_o,
-           const float* __restrict__ part_m, const float* __restrict__ part_l,
-           const float* __restrict__ part_o, int num_splits, int fresh, u16* __restrict__ out) {
-    __shared__ float4 acc_sh[256];
-    __shared__ float m_sh[256];
-    __shared__ float l_sh[256];
-    // Programmatic dependent launch: resident early, read only after the
-    // split grid has completed (a no-op when launched normally); the next
-    // step's split grid may in turn get resident now (it waits for this
-    // grid's completion before touching memory).
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    const int tid = threadIdx.x;
-    const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;  // seq * nq + head
-    const float* pm = part_m + i * num_splits;
-    const float* pl = part_l + i * num_splits;
-    // The old state, read by every thread before the barrier below (thread 0
-    // overwrites it after).
-    const float m_old = fresh ? NEG_INF : st_m[i];
-    const float l_old = fresh ? 0.f : st_l[i];
-    const int cols = HEAD_DIM / 4;
-    const int groups = 256 / cols;
-    const int c = tid % cols;
-    const int sg = tid / cols;
-
-    float mloc = NEG_INF, lloc = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (sg < groups) {
-        const float4* po = (const float4*)(part_o + i * num_splits * HEAD_DIM) + c;
-#pragma unroll 8
-        for (int s = sg; s < num_splits; s += groups) {
-            const float ms = pm[s];
-            const float ls = pl[s];
-            const float4 v = po[(long long)s * cols];
-            if (ms != NEG_INF) {
-                const float mn = fmaxf(mloc, ms);
-                const float fa = mloc == NEG_INF ? 0.f : __expf(mloc - mn);
-                const float fb = __expf(ms - mn);
-                acc.x = acc.x * fa + v.x * fb;
-                acc.y = acc.y * fa + v.y * fb;
-                acc.z = acc.z * fa + v.z * fb;
-                acc.w = acc.w * fa + v.w * fb;
-                lloc = lloc * fa + ls * fb;
-                mloc = mn;
-            }
-        }
-    }
-    acc_sh[tid] = acc;
-    m_sh[tid] = mloc;
-    l_sh[tid] = lloc;
-    __syncthreads();
-    if (tid < cols) {
-        float mm = m_old;
-        for (int g = 0; g < groups; ++g) mm = fmaxf(mm, m_sh[g * cols + tid]);
-        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
-        float l = 0.f;
-        if (mm != NEG_INF) {
-            for (int g = 0; g < groups; ++g) {
-                const float mg = m_sh[g * cols + tid];
-                const float f = mg == NEG_INF ? 0.f : __expf(mg - mm);
-                const float4 u = acc_sh[g * cols + tid];
-                t.x += u.x * f; t.y += u.y * f; t.z += u.z * f; t.w += u.w * f;
-                l += l_sh[g * cols + tid] * f;
-            }
-        }
-        float4* so = (float4*)(st_o + i * HEAD_DIM) + tid;
-        if (!fresh) {
-            const float wold = (mm == NEG_INF || m_old == NEG_INF) ? 0.f : __expf(m_old - mm);
-            const float4 u = *so;
-            t.x += u.x * wold; t.y += u.y * wold; t.z += u.z * wold; t.w += u.w * wold;
-            l += l_old * wold;
-        }
-        *so = t;
-        // Every column thread computed the same (mm, l); one writes them.
-        if (tid == 0) {
-            st_m[i] = mm;
-            st_l[i] = l;
-        }
-        if (out != 0) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            u16* dst = out + i * HEAD_DIM + tid * 4;
-            dst[0] = f32_to_bf16(t.x * inv);
-            dst[1] = f32_to_bf16(t.y * inv);
-            dst[2] = f32_to_bf16(t.z * inv);
-            dst[3] = f32_to_bf16(t.w * inv);
-        }
-    }
-}
-
-#else
 // Fold `num_splits` partials into the running state of every (seq, q head);
 // one CTA of 256 threads per (head, seq). `fresh` != 0: the state was reset by
 // begin_step and holds nothing yet. `out` != null: also write bf16(o / l)
@@ -122,7 +15,9 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
     __shared__ float4 acc_sh[256];
     __shared__ float mm_sh, l_sh, wold_sh;
     // Programmatic dependent launch: resident early, read only after the
-    // split grid has completed (a no-op when launched normally).
+    // split grid has completed (a no-op when launched normally); the next
+    // step's split grid may in turn get resident now (it waits for this
+    // grid's completion before touching memory).
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int tid = threadIdx.x;
@@ -208,7 +103,6 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
     }
 }
 
-#endif
 
 // out = bf16(o / l); a head that saw no token (l == 0) or `empty` writes 0.
 extern "C" __global__ void __launch_bounds__(128)
