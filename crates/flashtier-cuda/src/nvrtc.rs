@@ -154,6 +154,17 @@ mod tests {
                 eprintln!("head_dim {d}:\n{}", c.log);
             }
         }
+        // The tuning switches (L2 prefetch hint, evict-first policy).
+        for (pf, ef) in [(0, 0), (2, 1)] {
+            let defines = [
+                ("HEAD_DIM", "128".to_string()),
+                ("STAGES", "3".to_string()),
+                ("L2_PF", format!("{pf}")),
+                ("EVICT_FIRST", format!("{ef}")),
+            ];
+            compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
+                .unwrap_or_else(|e| panic!("L2_PF {pf} EVICT_FIRST {ef}: {e}"));
+        }
         let c = compile_cubin("util", UTIL_SRC, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.image.is_empty());
     }

@@ -34,8 +34,12 @@ pub use crate::plan::MAX_SPLITS;
 use shape::tile_tokens;
 pub use shape::{AttnDims, KvLayout, MAX_HEAD_DIM, MAX_SEQS, TileTable};
 
+mod config;
 mod merge;
 mod shape;
+
+use config::{MAX_STAGES, env_flag_or, split_smem_bytes};
+pub(crate) use config::{split_stages, use_kreg};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +51,7 @@ struct SplitArgs {
     blk_stride: i64,
     tok_stride: i64,
     kvh_stride: i64,
-    tokens_per_split: i32,
+    sub_total: i32,
     scale_log2: f32,
 }
 
@@ -75,6 +79,8 @@ pub struct DecodeAttention {
     step_seqs: Option<usize>,
     fresh: bool,
     pdl: bool,
+    pdl_split: bool,
+    splits_override: Option<usize>,
     ptxas_log: String,
 }
 
@@ -85,46 +91,6 @@ impl std::fmt::Debug for DecodeAttention {
             .field("ctas_per_sm", &self.ctas_per_sm)
             .finish()
     }
-}
-
-/// Most cp.async stages per warp.
-const MAX_STAGES: usize = 6;
-
-/// Whether K is loaded straight into registers (`KREG` in attention.cu):
-/// opt-in with `FLASHTIER_ATTN_KREG=1`, for head dims that are multiples of
-/// 32 up to 128 (at 256 the fragments would spill). Correct (the GPU tests
-/// pass with it) but measured 10% slower on the H200 than staging K in
-/// shared memory, so off by default.
-pub(crate) fn use_kreg(head_dim: usize) -> bool {
-    head_dim % 32 == 0
-        && head_dim <= 128
-        && std::env::var("FLASHTIER_ATTN_KREG").is_ok_and(|v| v == "1")
-}
-/// Shared memory of one pipeline stage of one warp: K and V rows, or V
-/// alone with `kreg`.
-fn stage_bytes(head_dim: usize, kreg: bool) -> usize {
-    (if kreg { 1 } else { 2 }) * 16 * (head_dim * 2 + 16)
-}
-
-/// Pipeline depth for `head_dim`: as deep as fits while two split CTAs
-/// (8 warps) stay resident per SM, 2..=6. Measured on the H200: warps per
-/// SM matter more than depth (4 warps at 6 stages ran 25% slower than 8
-/// warps at 3).
-pub(crate) fn split_stages(
-    head_dim: usize,
-    kreg: bool,
-    smem_per_sm: usize,
-    smem_optin: usize,
-) -> usize {
-    let per_stage = WARPS * stage_bytes(head_dim, kreg);
-    let budget = (smem_per_sm / 2).saturating_sub(1024).min(smem_optin);
-    (budget / per_stage.max(1)).clamp(2, MAX_STAGES)
-}
-
-fn split_smem_bytes(head_dim: usize, kreg: bool, stages: usize) -> usize {
-    let staging = WARPS * stages * stage_bytes(head_dim, kreg);
-    let merge = 4 * (2 * WARPS * 16 + WARPS * 16 * head_dim);
-    staging.max(merge)
 }
 
 impl DecodeAttention {
@@ -157,6 +123,12 @@ impl DecodeAttention {
                 ("HEAD_DIM", dims.head_dim.to_string()),
                 ("STAGES", stages.to_string()),
                 ("KREG", u8::from(kreg).to_string()),
+                // KV copies: L2 128-byte prefetch hint and evict-first policy
+                // (measured on the H200: 43.4 -> 40.3 µs at batch 1 / 64K,
+                // 517 -> 506 µs at batch 16 / 64K); FLASHTIER_ATTN_L2PF=0|1|2
+                // and FLASHTIER_ATTN_EVICT_FIRST=0|1 override (tuning runs).
+                ("L2_PF", env_flag_or("FLASHTIER_ATTN_L2PF", 1)),
+                ("EVICT_FIRST", env_flag_or("FLASHTIER_ATTN_EVICT_FIRST", 1)),
             ],
         )?;
         let func = |name: &str| {
@@ -217,6 +189,12 @@ impl DecodeAttention {
             step_seqs: None,
             fresh: true,
             pdl: true,
+            // FLASHTIER_ATTN_PDL_SPLIT=0 launches the split kernel plainly,
+            // FLASHTIER_ATTN_SPLITS=<n> fixes the splits (tuning runs only).
+            pdl_split: std::env::var("FLASHTIER_ATTN_PDL_SPLIT").map_or(true, |v| v != "0"),
+            splits_override: std::env::var("FLASHTIER_ATTN_SPLITS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             ptxas_log: cubin.log,
         })
     }
@@ -357,7 +335,7 @@ impl DecodeAttention {
         let qgroups = d.group().div_ceil(16);
         let pairs = num_seqs * d.num_kv_heads * qgroups;
         let slots = self.gpu.info().sm_count as usize * self.ctas_per_sm as usize;
-        let plan = plan_splits(tile.max_tokens, pairs, slots);
+        let plan = plan_splits(tile.max_tokens, pairs, slots, self.splits_override);
         let args = SplitArgs {
             num_q_heads: as_i32(d.num_q_heads),
             group: as_i32(d.group()),
@@ -366,7 +344,7 @@ impl DecodeAttention {
             blk_stride: layout.block_stride as i64,
             tok_stride: layout.token_stride as i64,
             kvh_stride: layout.kv_head_stride as i64,
-            tokens_per_split: as_i32(plan.tokens_per_split),
+            sub_total: as_i32(plan.sub_total),
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         };
         let stream = self.gpu.stream().clone();
@@ -379,21 +357,42 @@ impl DecodeAttention {
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: self.split_smem_bytes,
         };
-        let mut launch = stream.launch_builder(&self.f_split);
-        launch
-            .arg(q)
-            .arg(k_pool)
-            .arg(v_pool)
-            .arg(&tile.blocks)
-            .arg(&tile.tokens)
-            .arg(&mut self.part_m)
-            .arg(&mut self.part_l)
-            .arg(&mut self.part_o)
-            .arg(&args);
-        // SAFETY: the argument list matches `attn_split`; `check_step` proved
-        // every address the kernel forms (q rows, pool blocks, tile entries,
-        // partials for `plan.splits <= MAX_SPLITS`) lies inside its buffer.
-        unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_split"))?;
+        let mut args = args;
+        let dev16 = |b: &CudaSlice<u16>| b.device_ptr(&stream).0;
+        let dev32 = |b: &CudaSlice<i32>| b.device_ptr(&stream).0;
+        let devf = |b: &CudaSlice<f32>| b.device_ptr(&stream).0;
+        let mut split_ptrs = [
+            dev16(q),
+            dev16(k_pool),
+            dev16(v_pool),
+            dev32(&tile.blocks),
+            dev32(&tile.tokens),
+            devf(&self.part_m),
+            devf(&self.part_l),
+            devf(&self.part_o),
+        ];
+        let mut params: Vec<*mut std::ffi::c_void> = split_ptrs
+            .iter_mut()
+            .map(|p| (&raw mut *p).cast())
+            .collect();
+        params.push((&raw mut args).cast());
+        let f = self.f_split.clone();
+        let pdl_split = self.pdl_split;
+        // SAFETY: `params` point at live locals in `attn_split`'s parameter
+        // order and types (eight device pointers, then `SplitArgs` by value);
+        // `check_step` proved every address the kernel forms (q rows, pool
+        // blocks, tile entries, partials for `plan.splits <= MAX_SPLITS`)
+        // lies inside its buffer.
+        unsafe {
+            self.launch_pdl(
+                &stream,
+                &f,
+                cfg,
+                &mut params,
+                pdl_split,
+                "launch attn_split",
+            )
+        }?;
 
         let splits = as_i32(plan.splits);
         let fresh = i32::from(self.fresh);

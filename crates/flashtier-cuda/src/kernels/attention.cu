@@ -61,8 +61,41 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
     return r;
 }
 
-static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+// L2_PF: L2 prefetch size hint of the KV copies (0 none, 1 128 B, 2 256 B).
+// EVICT_FIRST: the KV copies carry an L2 evict-first policy (read once).
+#ifndef L2_PF
+#define L2_PF 1
+#endif
+#ifndef EVICT_FIRST
+#define EVICT_FIRST 1
+#endif
+#if L2_PF == 1
+#define CP_PF ".L2::128B"
+#elif L2_PF == 2
+#define CP_PF ".L2::256B"
+#else
+#define CP_PF ""
+#endif
+
+static __device__ __forceinline__ unsigned long long kv_policy() {
+    unsigned long long p = 0;
+#if EVICT_FIRST
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes,
+                                                  unsigned long long pol = 0) {
+#if EVICT_FIRST
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint" CP_PF " [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(pol)
+                 : "memory");
+#else
+    (void)pol;
+    asm volatile("cp.async.cg.shared.global" CP_PF " [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+#endif
 }
 
 static __device__ __forceinline__ void cp_async_commit() {
@@ -123,8 +156,9 @@ struct SplitArgs {
     long long blk_stride;  // elements
     long long tok_stride;
     long long kvh_stride;
-    int tokens_per_split;  // multiple of SUB * WARPS
-    float scale_log2;      // softmax scale * log2(e)
+    int sub_total;     // SUB-token sub-tiles of the longest sequence; split s
+                       // covers sub-tiles [s * sub_total / splits, (s + 1) * sub_total / splits)
+    float scale_log2;  // softmax scale * log2(e)
 };
 
 // Issue the cp.async copies of one 16-token sub-tile (K and V) into a stage.
@@ -150,12 +184,13 @@ static __device__ __forceinline__ void load_subtile(
         const long long step = (long long)rps * a.tok_stride;
         const u32 sk = smem_addr(k_stage + r0 * PITCH + part * 16);
         const u32 sv = smem_addr(v_stage + r0 * PITCH + part * 16);
+        const unsigned long long pol = kv_policy();
 #pragma unroll
         for (int i = 0; i < CHUNKS_PER_LANE; ++i) {
             const bool valid = tok0 + r0 + i * rps < t_end;
             const int bytes = valid ? 16 : 0;
-            if (!KREG) cp_async16(sk + i * rps * PITCH, valid ? (const void*)(kp + i * step) : (const void*)k_pool, bytes);
-            cp_async16(sv + i * rps * PITCH, valid ? (const void*)(vp + i * step) : (const void*)v_pool, bytes);
+            if (!KREG) cp_async16(sk + i * rps * PITCH, valid ? (const void*)(kp + i * step) : (const void*)k_pool, bytes, pol);
+            cp_async16(sv + i * rps * PITCH, valid ? (const void*)(vp + i * step) : (const void*)v_pool, bytes, pol);
         }
         return;
     }
@@ -221,12 +256,37 @@ static __device__ __forceinline__ void load_k_regs(uint4 (&kr)[2][KCH], const u1
 }
 #endif
 
+// Q as mma A fragments (rows = query heads; rows past `rows` are zero).
+static __device__ __forceinline__ void load_q(u32 (&qf)[KSTEPS][4], const u16* __restrict__ q, const SplitArgs& a,
+                                              int seq, int head0, int rows, int g, int t) {
+    const u16* qs = q + ((long long)seq * a.num_q_heads + head0) * HEAD_DIM;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#if KREG
+        const int c0 = (ks >> 1) * 32 + 8 * t + 4 * (ks & 1);
+        const int c2 = c0 + 2;
+#else
+        const int c0 = ks * 16 + 2 * t;
+        const int c2 = c0 + 8;
+#endif
+        qf[ks][0] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0) : 0u;
+        qf[ks][1] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0) : 0u;
+        qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c2) : 0u;
+        qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c2) : 0u;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16* __restrict__ v_pool,
            const int* __restrict__ tile_blocks, const int* __restrict__ tile_tokens,
            float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
            const SplitArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
+    // Programmatic dependent launch: this grid may be resident before the
+    // previous kernel on the stream (the last step's merge) has finished;
+    // nothing is read or written before that kernel completes. A no-op when
+    // launched normally.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     // Let the merge kernel (launched with programmatic dependent launch) get
     // resident now; it waits for this grid's completion before reading.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -242,30 +302,19 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     const int rows = min(16, a.group - qg * 16);
     const int head0 = kvh * a.group + qg * 16;
 
-    const int n_tok = tile_tokens[seq];
-    const int t_begin = split * a.tokens_per_split;
-    const int t_end = min(n_tok, t_begin + a.tokens_per_split);
+    // Balanced splits: every split gets floor or ceil of sub_total / splits
+    // sub-tiles, so every CTA of a full wave streams the same bytes.
+    const int splits = gridDim.x;
+    const int sub_lo = (int)((long long)split * a.sub_total / splits);
+    const int sub_hi = (int)((long long)(split + 1) * a.sub_total / splits);
+    const int t_begin = sub_lo * SUB;
     const int* blocks = tile_blocks + (long long)seq * a.tile_capacity;
-
-    // Q as mma A fragments (rows = query heads; rows past `rows` are zero).
+    const bool one_block = (a.block_size % SUB) == 0;
+#define SUB_TOK0(i) (t_begin + (warp + (i) * WARPS) * SUB)
     u32 qf[KSTEPS][4];
-    {
-        const u16* qs = q + ((long long)seq * a.num_q_heads + head0) * HEAD_DIM;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-#if KREG
-            const int c0 = (ks >> 1) * 32 + 8 * t + 4 * (ks & 1);
-            const int c2 = c0 + 2;
-#else
-            const int c0 = ks * 16 + 2 * t;
-            const int c2 = c0 + 8;
-#endif
-            qf[ks][0] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c0) : 0u;
-            qf[ks][1] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c0) : 0u;
-            qf[ks][2] = g < rows ? *(const u32*)(qs + g * HEAD_DIM + c2) : 0u;
-            qf[ks][3] = g + 8 < rows ? *(const u32*)(qs + (g + 8) * HEAD_DIM + c2) : 0u;
-        }
-    }
+    const int n_tok = tile_tokens[seq];
+    const int t_end = min(n_tok, sub_hi * SUB);
+    load_q(qf, q, a, seq, head0, rows, g, t);
 
     float o[NTILES][4];
 #pragma unroll
@@ -278,9 +327,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
     const int n_sub = t_end > t_begin ? (t_end - t_begin + SUB - 1) / SUB : 0;
     const int my_n = n_sub > warp ? (n_sub - warp + WARPS - 1) / WARPS : 0;
 
-    const bool one_block = (a.block_size % SUB) == 0;
     // Block id of this warp's sub-tile `i` (fast path), 0 past the end.
-#define SUB_TOK0(i) (t_begin + (warp + (i) * WARPS) * SUB)
 #define BLOCK_OF(i) ((one_block && (i) < my_n) ? blocks[SUB_TOK0(i) / a.block_size] : 0)
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
@@ -292,6 +339,7 @@ attn_split(const u16* __restrict__ q, const u16* __restrict__ k_pool, const u16*
         cp_async_commit();
     }
     int blk_next = BLOCK_OF(STAGES - 1);
+
 #if KREG
     uint4 kc[2][KCH];
     uint4 kn[2][KCH];

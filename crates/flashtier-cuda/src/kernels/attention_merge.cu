@@ -15,8 +15,11 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
     __shared__ float4 acc_sh[256];
     __shared__ float mm_sh, l_sh, wold_sh;
     // Programmatic dependent launch: resident early, read only after the
-    // split grid has completed (a no-op when launched normally).
+    // split grid has completed (a no-op when launched normally); the next
+    // step's split grid may in turn get resident now (it waits for this
+    // grid's completion before touching memory).
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int tid = threadIdx.x;
     const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;  // seq * nq + head
     const float* pm = part_m + i * num_splits;
@@ -99,6 +102,7 @@ attn_merge(float* __restrict__ st_m, float* __restrict__ st_l, float* __restrict
         }
     }
 }
+
 
 // out = bf16(o / l); a head that saw no token (l == 0) or `empty` writes 0.
 extern "C" __global__ void __launch_bounds__(128)
