@@ -8,13 +8,18 @@ use std::process::Command;
 use flashtier::rows::RowGeometry;
 use flashtier::rows::pack::{pack_shard, write_synthetic_table};
 
+/// The folder holding the cdylib: `cargo build` uplifts it to
+/// `target/<profile>/`, while `cargo test` on a clean tree leaves it in
+/// `target/<profile>/deps/` (where this test binary also lives).
 fn lib_dir() -> PathBuf {
-    // target/<profile>/deps/c_program-<hash> -> target/<profile>
+    // target/<profile>/deps/c_program-<hash>
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    let profile = deps.parent().expect("target dir").to_path_buf();
+    [deps, profile.clone()]
+        .into_iter()
+        .find(|d| d.join("libflashtier_capi.so").exists())
+        .unwrap_or(profile)
 }
 
 #[test]
