@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use flashtier::engine::demo::{DemoOptions, DemoPhase, DemoReport, run_decode_demo};
-use flashtier::experts::replay::{ReplayConfig, ReplayReport, budget_fraction, replay, synth_trace};
-use flashtier::experts::tracegen::TraceFamily;
 use flashtier::experts::StoreSet;
+use flashtier::experts::replay::{
+    ReplayConfig, ReplayReport, budget_fraction, replay, synth_trace,
+};
+use flashtier::experts::tracegen::TraceFamily;
 use flashtier::pack::{PackOptions, PackReport};
 use flashtier::synth::{SynthArch, SynthReport, SynthSpec, write_checkpoint};
 use flashtier_format::Dtype;
@@ -189,7 +191,9 @@ pub fn demo_spec(root: &Path, args: &Args) -> SynthSpec {
     spec.dtype = args.dtype;
     spec.seed = args.seed;
     spec.experts = 1;
-    let dense = spec.total_bytes().saturating_sub(spec.expert_bytes() * u64::from(spec.layers));
+    let dense = spec
+        .total_bytes()
+        .saturating_sub(spec.expert_bytes() * u64::from(spec.layers));
     let per_expert = (spec.expert_bytes() * u64::from(spec.layers)).max(1);
     let experts = args.size.saturating_sub(dense) / per_expert;
     spec.experts = u32::try_from(experts).unwrap_or(u32::MAX).clamp(32, 4096);
@@ -199,10 +203,16 @@ pub fn demo_spec(root: &Path, args: &Args) -> SynthSpec {
 /// Whether the decode engine runs this model family and dtype.
 fn decodable(spec: &SynthSpec) -> Result<(), String> {
     if !matches!(spec.arch, SynthArch::Qwen3Moe | SynthArch::Mixtral) {
-        return Err(format!("the engine decodes qwen3_moe and mixtral, not {}", spec.arch.model_type()));
+        return Err(format!(
+            "the engine decodes qwen3_moe and mixtral, not {}",
+            spec.arch.model_type()
+        ));
     }
     if !matches!(spec.dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32) {
-        return Err(format!("the engine decodes BF16/F16/F32 checkpoints, not {}", spec.dtype));
+        return Err(format!(
+            "the engine decodes BF16/F16/F32 checkpoints, not {}",
+            spec.dtype
+        ));
     }
     Ok(())
 }
@@ -230,12 +240,21 @@ pub fn replay_trace(ws: &Workspace, args: &Args, show: bool) -> anyhow::Result<R
 
 /// Step 5: decode with the experts streamed from the store, then on the
 /// mapped backing, against the drive measured in the same run.
-pub fn decode(ws: &Workspace, spec: &SynthSpec, args: &Args, show: bool) -> anyhow::Result<DemoReport> {
+pub fn decode(
+    ws: &Workspace,
+    spec: &SynthSpec,
+    args: &Args,
+    show: bool,
+) -> anyhow::Result<DemoReport> {
     let mut opts = DemoOptions::new(&ws.root);
     opts.spec = spec.clone();
     opts.tokens = args.tokens;
     opts.budget_fraction = args.budget_percent as f64 / 100.0;
-    let bar = if show { count_bar(1, "decoding") } else { indicatif::ProgressBar::hidden() };
+    let bar = if show {
+        count_bar(1, "decoding")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let report = run_decode_demo(&opts, &|p| {
         let what = match p.phase {
             DemoPhase::Generate => "generating",
@@ -311,9 +330,16 @@ fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
         Err(why) => println!("5. decode skipped: {why}"),
     }
     if ws.kept() {
-        println!("kept: {}  (try `flashtier inspect {}`)", ws.root.display(), ws.store.display());
+        println!(
+            "kept: {}  (try `flashtier inspect {}`)",
+            ws.root.display(),
+            ws.store.display()
+        );
     } else {
-        println!("removed the temporary folder {} (use --keep or --dir to keep it)", ws.root.display());
+        println!(
+            "removed the temporary folder {} (use --keep or --dir to keep it)",
+            ws.root.display()
+        );
     }
 }
 
@@ -360,11 +386,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok(()) => Ok(decode(&ws, &spec, &args, show)?),
     };
     if let Ok(x) = &decoded {
-        anyhow::ensure!(x.same_tokens, "streamed and mapped decodes produced different tokens");
+        anyhow::ensure!(
+            x.same_tokens,
+            "streamed and mapped decodes produced different tokens"
+        );
     }
-    let done = Done { synth, packed, checked, replayed, decoded };
+    let done = Done {
+        synth,
+        packed,
+        checked,
+        replayed,
+        decoded,
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&spec, &ws, &done))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&spec, &ws, &done))?
+        );
     } else {
         human(&spec, &ws, &done);
     }
