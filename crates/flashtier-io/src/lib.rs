@@ -25,6 +25,7 @@
 
 // Kept apart from the list below so parallel branches that extend it merge cleanly.
 pub mod prealloc;
+pub mod seqcopy;
 
 pub mod backend;
 pub mod blocks;

@@ -21,7 +21,9 @@
 //! means a concurrent write and the copy is retried, at most [`READ_TRIES`]
 //! times before the lookup is treated as a miss. So a reader never returns
 //! a torn row, and the hit path never waits on a writer. Every word is an
-//! atomic, so this needs no `unsafe`.
+//! atomic; a reader copies a row with [`flashtier_io::seqcopy::copy_words`]
+//! (16-byte vector moves, race-free against the atomic writers; the
+//! `unsafe` lives in flashtier-io), so this module needs no `unsafe`.
 //!
 //! Replacement is per set: CLOCK (second chance). A hit sets the slot's
 //! reference bit (an atomic OR, only when it is clear); the hand evicts the
@@ -30,6 +32,8 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, PoisonError};
+
+use flashtier_io::seqcopy::{copy_words, prefetch_word};
 
 use crate::rows::{RowError, RowGeometry};
 
@@ -62,32 +66,6 @@ fn words(bytes: usize) -> usize {
     bytes.div_ceil(8)
 }
 
-fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
-    // 64-byte blocks of eight words with fixed bounds (the compiler unrolls
-    // them into plain loads and stores), then single words, then the partial
-    // last word, if any.
-    let mut blocks = out.chunks_exact_mut(64);
-    let mut word_blocks = words.chunks_exact(8);
-    for (block, ws) in (&mut blocks).zip(&mut word_blocks) {
-        if let (Ok(block), Ok(ws)) = (
-            <&mut [u8; 64]>::try_from(block),
-            <&[AtomicU64; 8]>::try_from(ws),
-        ) {
-            copy_block(ws, block);
-        }
-    }
-    let mut chunks = blocks.into_remainder().chunks_exact_mut(8);
-    let mut words = word_blocks.remainder().iter();
-    for (chunk, w) in (&mut chunks).zip(&mut words) {
-        chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-    }
-    let tail = chunks.into_remainder();
-    if let (false, Some(w)) = (tail.is_empty(), words.next()) {
-        let v = w.load(Ordering::Relaxed).to_le_bytes();
-        tail.copy_from_slice(&v[..tail.len()]);
-    }
-}
-
 /// The way holding `key`, scanning every way without an early exit: the
 /// matching way varies from row to row, and a mispredicted exit would stall
 /// the next rows' loads behind this row's cache miss.
@@ -102,14 +80,6 @@ fn find_way(keys: &[AtomicU64], key: u64) -> Option<usize> {
         };
     }
     (found != usize::MAX).then_some(found)
-}
-
-#[inline(always)]
-fn copy_block(words: &[AtomicU64; 8], out: &mut [u8; 64]) {
-    for (i, w) in words.iter().enumerate() {
-        let v = w.load(Ordering::Relaxed).to_le_bytes();
-        out[i * 8..i * 8 + 8].copy_from_slice(&v);
-    }
 }
 
 fn copy_in(words: &[AtomicU64], src: &[u8]) {
@@ -248,8 +218,8 @@ impl RowCache {
                 .get(way * self.row_words..(way + 1) * self.row_words)
                 .unwrap_or(&[]);
             let (w, s) = row.split_at(self.weight_words.min(row.len()));
-            copy_out(w, weight_out);
-            copy_out(s, scale_out);
+            copy_words(w, weight_out);
+            copy_words(s, scale_out);
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {
                 let bit = 1u64 << way;
@@ -260,6 +230,17 @@ impl RowCache {
             }
         }
         false
+    }
+
+    /// Pull the header lines of `id`'s set (sequence, reference bits, keys)
+    /// towards the core: a hint a batched lookup issues a few rows ahead.
+    #[inline]
+    pub fn prefetch_set(&self, id: u64) {
+        let set = self.set_words_of(self.set_of(id));
+        let header = set.get(..HEADER_WORDS + self.ways).unwrap_or(&[]);
+        for w in header.iter().step_by(8) {
+            prefetch_word(w);
+        }
     }
 
     /// Whether `id` is cached (a racing write may make this stale at once).
@@ -415,5 +396,48 @@ mod tests {
             assert!(c.get(*id, &mut w, &mut s));
             assert_eq!(w, row(*id)[..256]);
         }
+    }
+
+    /// The vectorised seqlock copy under churn: writers keep evicting and
+    /// refilling one set's ways with other rows while readers copy from it;
+    /// every row a reader accepts must be exactly the row of its id.
+    #[test]
+    fn readers_racing_evictions_in_one_set_never_see_a_torn_row() {
+        let c = RowCache::new(1 << 14, 2, RowGeometry::ENGRAM)
+            .expect("valid")
+            .expect("fits");
+        let ids: Vec<u64> = (0..1_000_000u64)
+            .filter(|&i| c.set_of(i) == c.set_of(0))
+            .take(6)
+            .collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..2usize {
+                let (c, ids, stop) = (&c, &ids, &stop);
+                s.spawn(move || {
+                    for round in 0..20_000usize {
+                        let id = ids[(round * 5 + t) % ids.len()];
+                        c.insert(id, &row(id));
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                });
+            }
+            for t in 0..3usize {
+                let (c, ids, stop) = (&c, &ids, &stop);
+                s.spawn(move || {
+                    let (mut w, mut sc) = (vec![0u8; 256], vec![0u8; 8]);
+                    let mut k = t;
+                    while !stop.load(Ordering::Relaxed) {
+                        let id = ids[k % ids.len()];
+                        k += 1;
+                        if c.get(id, &mut w, &mut sc) {
+                            let want = row(id);
+                            assert_eq!(w, want[..256], "torn weights of row {id}");
+                            assert_eq!(sc, want[256..], "torn scales of row {id}");
+                        }
+                    }
+                });
+            }
+        });
     }
 }

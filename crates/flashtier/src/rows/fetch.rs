@@ -12,10 +12,15 @@
 //!   default [`crate::rows::InlineBackend`]) is driven by the shared
 //!   [`crate::rows::RowPool`]: its threads and the caller each claim units;
 //! - a backend with its own queue (io_uring, posix workers, the simulator)
-//!   gets the units submitted in windows of at most [`SUBMIT_WINDOW`], two
-//!   windows in flight, while the caller verifies, cuts out and caches the
-//!   rows of each window as it lands. At most `2 * SUBMIT_WINDOW` landing
-//!   buffers exist per batch.
+//!   gets the whole batch submitted at once, cut into windows of about a
+//!   quarter of the batch (16..=[`SUBMIT_WINDOW`] units), with enough windows
+//!   in flight to fill the backend's queue (`queue_depth / window + 1`, at
+//!   least two), while the caller verifies, cuts out and caches the rows of
+//!   each window as it lands and later windows are still reading. The
+//!   caller's thread waits once per window, never per read. At most
+//!   `queue_depth + 2 * SUBMIT_WINDOW` landing buffers are in flight per
+//!   batch, and each thread keeps at most [`MAX_SPARE`] of them for the next
+//!   batch, so a steady stream of batches allocates none.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -55,9 +60,21 @@ struct MissTask {
     results: Vec<UnitResult>,
 }
 
+/// Most landing buffers the submit mode keeps per thread between batches.
+pub const MAX_SPARE: usize = 2 * SUBMIT_WINDOW;
+
 thread_local! {
     /// One reusable landing buffer per thread: bounded at the largest unit.
     static LANDING: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+    /// The submit mode's reusable landing buffers (at most [`MAX_SPARE`]).
+    static SPARE: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Units per window for a batch of `units`: about a quarter of the batch
+/// (so the caller verifies and copies the first windows while the rest are
+/// still reading), at least 16, at most [`SUBMIT_WINDOW`].
+fn submit_window(units: usize) -> usize {
+    units.div_ceil(4).clamp(16, SUBMIT_WINDOW)
 }
 
 /// Read the distinct rows among `ids` (all owned and in range). Returns the
@@ -233,22 +250,26 @@ impl MissTask {
     }
 
     /// The submit mode (see the module docs): windows of units through
-    /// `read_async`, two in flight, each finished on the caller as it lands.
+    /// `read_async`, enough of them in flight to fill the backend's queue,
+    /// each finished on the caller as it lands while later windows are
+    /// still reading.
     fn submit_all(&self) {
         let n = self.units.len();
-        let mut spare: Vec<AlignedBuf> = Vec::new();
+        let window = submit_window(n);
+        let max_windows = self.inner.backend.queue_depth().div_ceil(window) + 1;
+        let mut spare = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
         let mut in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)> = VecDeque::new();
         let mut next = 0;
         while next < n || !in_flight.is_empty() {
-            while next < n && in_flight.len() < 2 {
-                let end = (next + SUBMIT_WINDOW).min(n);
+            while next < n && in_flight.len() < max_windows.max(2) {
+                let end = (next + window).min(n);
                 let reqs = (next..end)
                     .filter_map(|i| self.units.get(i).map(|u| (i, u)))
                     .map(|(i, u)| {
                         let buf = spare
                             .pop()
                             .filter(|b| b.capacity() >= u.len)
-                            .unwrap_or_else(|| AlignedBuf::zeroed(u.len));
+                            .unwrap_or_else(|| AlignedBuf::zeroed(u.len.max(4096)));
                         ReadReq {
                             file: u.file.clone(),
                             offset: u.offset,
@@ -278,7 +299,9 @@ impl MissTask {
                             continue;
                         };
                         self.record(i, self.finish_unit(u, &buf));
-                        spare.push(buf);
+                        if spare.len() < MAX_SPARE {
+                            spare.push(buf);
+                        }
                     }
                 }
                 // The ticket reports its first failure; charge it to the
@@ -286,6 +309,7 @@ impl MissTask {
                 Err(e) => self.record(start, Err(e.into())),
             }
         }
+        SPARE.with(|s| *s.borrow_mut() = spare);
     }
 
     fn record(&self, unit: usize, result: Result<Vec<u8>, RowError>) {

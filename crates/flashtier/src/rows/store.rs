@@ -22,6 +22,9 @@ use crate::rows::stats::Counters;
 pub use crate::rows::stats::RowStats;
 use crate::rows::{InlineBackend, RowCache, RowError, RowGeometry, RowPool, TableSource};
 
+/// How many rows ahead a lookup prefetches a cache set's header lines.
+const PREFETCH_SET_AHEAD: usize = 8;
+
 /// How a [`RowStore`] is built.
 #[derive(Clone)]
 pub struct RowStoreConfig {
@@ -391,7 +394,14 @@ impl RowStore {
         let plan = self.plan();
         let mut misses = Vec::new();
         let mut hits = 0u64;
+        let prefetching = self.inner.ram.is_none();
         for (i, &id) in ids.iter().enumerate() {
+            if let (Some(cache), true) = (&self.inner.cache, prefetching) {
+                // Hide the probes' memory latency behind earlier rows' copies.
+                if let Some(&ahead) = ids.get(i + PREFETCH_SET_AHEAD) {
+                    cache.prefetch_set(ahead);
+                }
+            }
             let (Some(wo), Some(so)) = (
                 weights_out.get_mut(i * w..(i + 1) * w),
                 scales_out.get_mut(i * s..(i + 1) * s),
