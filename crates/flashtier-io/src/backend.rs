@@ -121,6 +121,26 @@ pub trait StorageBackend: Send + Sync {
         let _ = region;
         Ok(())
     }
+
+    /// For backends whose completions are reaped on the waiting caller's
+    /// thread ([`crate::UringLocal`]): reap completions, sleeping in the
+    /// kernel until at least one read has completed when any is in flight,
+    /// and return `true`. Backends that complete reads on their own threads
+    /// return `false` at once; callers then wait on tickets or a
+    /// [`DoneQueue`].
+    fn reap_on_caller(&self) -> bool {
+        false
+    }
+}
+
+/// Drives a ring from the thread that waits on one of its tickets (backends
+/// that reap on the caller's thread).
+pub trait Drive: Send + Sync {
+    /// Reap completions unless `done()` already holds, sleeping in the kernel
+    /// for at least one completion when reads are in flight. Never spins: it
+    /// returns without sleeping only when it made progress or nothing is in
+    /// flight.
+    fn drive(&self, done: &dyn Fn() -> bool);
 }
 
 /// Validate a request's landing and return the raw destination pointer for
@@ -244,6 +264,8 @@ impl Notify {
 #[derive(Clone)]
 pub struct Ticket {
     state: Arc<TicketState>,
+    /// The ring to drive while waiting (caller-reaped backends).
+    driver: Option<Arc<dyn Drive>>,
 }
 
 struct TicketState {
@@ -289,9 +311,19 @@ impl Ticket {
         (
             Self {
                 state: state.clone(),
+                driver: None,
             },
             Completer { state },
         )
+    }
+
+    /// [`Ticket::new`] for a backend whose completions are reaped by waiting
+    /// threads: [`Ticket::wait`] drives `driver` instead of sleeping on the
+    /// ticket alone.
+    pub fn driven(n: usize, driver: Arc<dyn Drive>) -> (Self, Completer) {
+        let (mut t, c) = Self::new(n);
+        t.driver = Some(driver);
+        (t, c)
     }
 
     /// Whether every request has completed (landed or failed).
@@ -303,7 +335,9 @@ impl Ticket {
     /// Send `token` on `tx` once every request has completed (at once when
     /// the ticket is already done). Lets a caller with many tickets in flight
     /// (a load generator) wake on whichever finishes first. A later call
-    /// replaces an earlier one.
+    /// replaces an earlier one. With a caller-reaped backend
+    /// ([`StorageBackend::reap_on_caller`]) reads complete only while some
+    /// thread reaps (waits on a ticket or calls `reap_on_caller`).
     pub fn notify_on_done(&self, tx: Sender<u64>, token: u64) {
         self.set_notify(Notify::Channel(tx), token);
     }
@@ -341,6 +375,13 @@ impl Ticket {
     /// Block until every request completes; the landed results in request
     /// order, or the first failure by request order.
     pub fn wait(self) -> Result<Vec<Landed>, IoError> {
+        if let Some(driver) = &self.driver {
+            let state = &self.state;
+            let done = || state.lock().remaining == 0;
+            while !done() {
+                driver.drive(&done);
+            }
+        }
         let mut g = self.state.lock();
         while g.remaining > 0 {
             g.waiters += 1;

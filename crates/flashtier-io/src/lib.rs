@@ -4,7 +4,8 @@
 //! [`StoreFile`] extent and a [`Landing`] (an owned [`AlignedBuf`], a slice of a
 //! [`LandingRegion`], or device memory behind a [`DeviceSink`]). Backends:
 //! [`PosixBackend`] (pread on worker threads), [`UringBackend`] (one ring,
-//! registered files and fixed buffers) and the seeded fault-injecting
+//! registered files and fixed buffers, reaped by a ring thread),
+//! [`UringLocal`] (the same ring reaped on the waiting caller's thread) and the seeded fault-injecting
 //! [`SimBackend`]; [`open_backend`] picks one by [`BackendKind`] and falls back
 //! from io_uring to posix where the kernel refuses io_uring. All `unsafe` of the I/O path lives in this
 //! crate, each block with a `// SAFETY:` comment.
@@ -44,11 +45,12 @@ pub mod sim;
 mod sim_plan;
 pub mod slots;
 pub mod uring;
+mod uring_local;
 mod uring_ring;
 mod uring_tables;
 
 pub use backend::{
-    Completer, DeviceSink, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
+    Completer, DeviceSink, Drive, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
     read_blocking, read_blocking_with,
 };
 pub use buf::{ALIGN, AlignedBuf, round_up};
@@ -63,3 +65,4 @@ pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};
 pub use slots::{LandedFlag, SlotTable};
 pub use uring::UringBackend;
+pub use uring_local::UringLocal;

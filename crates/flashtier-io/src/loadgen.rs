@@ -7,7 +7,11 @@
 //! `--iodepth`.
 //!
 //! The generator wakes for batches of completions ([`DoneQueue`]): half the
-//! backlog, so the device never runs short while it sleeps.
+//! backlog, so the device never runs short while it sleeps. With a backend
+//! that reaps on the caller's thread ([`StorageBackend::reap_on_caller`],
+//! e.g. [`crate::UringLocal`]) it instead submits and reaps on its own
+//! thread, like fio: it sleeps in the kernel for the next completion, which
+//! is processed inline, with no cross-thread wake-up.
 //!
 //! Latency is service time, from the moment the backend starts a read
 //! ([`Ticket::started_at`]) to its completion ([`Ticket::finished_at`]), the
@@ -218,12 +222,23 @@ pub fn run_load(
     }
     let mut in_flight = outstanding;
     let mut ready = Vec::with_capacity(outstanding);
+    // A caller-reaped backend completes reads only while this thread reaps.
+    let caller_reaps = backend.reap_on_caller();
     while in_flight > 0 {
-        // Wake for a batch: half the backlog can complete before the device
-        // would run short of queued reads.
-        let min = (spec.backlog / 2).clamp(1, in_flight);
         ready.clear();
-        done_q.wait(min, Duration::from_millis(100), &mut ready);
+        if caller_reaps {
+            // fio's loop: take what is done; else sleep in the kernel for
+            // the next completion, processed on this thread.
+            if done_q.wait(1, Duration::ZERO, &mut ready) == 0 {
+                backend.reap_on_caller();
+                done_q.wait(1, Duration::ZERO, &mut ready);
+            }
+        } else {
+            // Wake for a batch: half the backlog can complete before the
+            // device would run short of queued reads.
+            let min = (spec.backlog / 2).clamp(1, in_flight);
+            done_q.wait(min, Duration::from_millis(100), &mut ready);
+        }
         for &token in &ready {
             let slot = token as usize;
             let Some((ticket, t0)) = slots.get_mut(slot).and_then(Option::take) else {

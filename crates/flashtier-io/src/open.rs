@@ -5,6 +5,7 @@ use crate::error::IoError;
 use crate::posix::PosixBackend;
 use crate::sim::{FaultPlan, SimBackend};
 use crate::uring::UringBackend;
+use crate::uring_local::UringLocal;
 
 /// The backends [`open_backend`] can build.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -14,6 +15,9 @@ pub enum BackendKind {
     /// kernel refuses it.
     #[default]
     Uring,
+    /// io_uring reaped on the waiting caller's thread ([`UringLocal`]),
+    /// falling back to posix like `Uring`.
+    UringLocal,
     /// pread/pwrite on worker threads.
     Posix,
     /// The simulator with faults off (seed printed; faults through
@@ -27,6 +31,7 @@ impl BackendKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Uring => "uring",
+            Self::UringLocal => "uring-local",
             Self::Posix => "posix",
             Self::Sim => "sim",
         }
@@ -44,10 +49,11 @@ impl std::str::FromStr for BackendKind {
     fn from_str(s: &str) -> Result<Self, IoError> {
         match s {
             "uring" | "io_uring" | "io-uring" => Ok(Self::Uring),
+            "uring-local" | "uring_local" => Ok(Self::UringLocal),
             "posix" | "pread" => Ok(Self::Posix),
             "sim" => Ok(Self::Sim),
             other => Err(IoError::Invalid(format!(
-                "unknown backend {other:?} (uring | posix | sim)"
+                "unknown backend {other:?} (uring | uring-local | posix | sim)"
             ))),
         }
     }
@@ -63,6 +69,14 @@ pub fn open_backend(
 ) -> Result<Box<dyn StorageBackend>, IoError> {
     match kind {
         BackendKind::Uring => match UringBackend::new(queue_depth) {
+            Ok(b) => Ok(Box::new(b)),
+            Err(IoError::Invalid(what)) => Err(IoError::Invalid(what)),
+            Err(e) => {
+                eprintln!("flashtier: io_uring unavailable ({e}); using the posix backend");
+                Ok(Box::new(PosixBackend::new(queue_depth)?))
+            }
+        },
+        BackendKind::UringLocal => match UringLocal::new(queue_depth) {
             Ok(b) => Ok(Box::new(b)),
             Err(IoError::Invalid(what)) => Err(IoError::Invalid(what)),
             Err(e) => {

@@ -178,7 +178,7 @@ fn reaper_main(
     waker: &Waker,
     ready: &SyncSender<Result<(), String>>,
 ) {
-    match Reaper::open(queue_depth, max_op_bytes) {
+    match Reaper::open(queue_depth, max_op_bytes, false) {
         Ok(mut reaper) => {
             let _ = ready.send(Ok(()));
             reaper.run(rx, waker);
@@ -189,7 +189,7 @@ fn reaper_main(
     }
 }
 
-fn shut_down() -> IoError {
+pub(crate) fn shut_down() -> IoError {
     IoError::Backend {
         backend: "uring",
         what: "ring thread has exited".into(),
@@ -251,7 +251,7 @@ impl StorageBackend for UringBackend {
 
 /// Reserve staging for device landings on the caller's thread (staging may
 /// block until free; the reaper must never block on it).
-fn stage_device_landings(
+pub(crate) fn stage_device_landings(
     reqs: &[ReadReq],
     done: &Completer,
 ) -> Vec<Option<(Arc<LandingRegion>, usize)>> {

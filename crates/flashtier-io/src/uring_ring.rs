@@ -82,19 +82,34 @@ pub(crate) struct Reaper {
     closing: bool,
 }
 
+// SAFETY: the raw destination pointers in the slots point into memory the
+// slot itself keeps alive (an owned `AlignedBuf` or an `Arc<LandingRegion>`),
+// not into any thread's stack, so moving the reaper to another thread (or
+// handing it between threads under a mutex, as `UringLocal` does) leaves them
+// valid; the ring itself is `Send`.
+unsafe impl Send for Reaper {}
+
 fn errno_of(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
 impl Reaper {
-    /// Create and probe a ring for `queue_depth` reads in flight.
-    pub(crate) fn open(queue_depth: usize, max_op_bytes: usize) -> Result<Self, String> {
+    /// Create and probe a ring for `queue_depth` reads in flight. A `shared`
+    /// ring may be entered from several threads (one at a time), so it is
+    /// built without `SINGLE_ISSUER`/`DEFER_TASKRUN`.
+    pub(crate) fn open(
+        queue_depth: usize,
+        max_op_bytes: usize,
+        shared: bool,
+    ) -> Result<Self, String> {
         let entries = u32::try_from((queue_depth + 1).next_power_of_two())
             .map_err(|_| format!("queue depth {queue_depth} too large"))?;
-        let mut ring = IoUring::builder()
-            .setup_single_issuer()
-            .setup_coop_taskrun()
-            .setup_defer_taskrun()
+        let mut builder = IoUring::builder();
+        builder.setup_coop_taskrun();
+        if !shared {
+            builder.setup_single_issuer().setup_defer_taskrun();
+        }
+        let mut ring = builder
             .build(entries)
             .or_else(|_| IoUring::new(entries))
             .map_err(|e| format!("io_uring_setup: {e}"))?;
@@ -145,8 +160,28 @@ impl Reaper {
         })
     }
 
-    fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.slots.table.len() - self.slots.free.len()
+    }
+
+    /// Queue a batch for [`Reaper::fill`] (caller-reaped rings).
+    pub(crate) fn enqueue(&mut self, batch: Batch) {
+        self.pending.push_back(batch);
+    }
+
+    /// Batches queued and not yet fully started.
+    pub(crate) fn pending_batches(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Register `region` as a fixed buffer.
+    pub(crate) fn register(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
+        self.bufs.register(&self.ring.submitter(), region)
+    }
+
+    /// Submit queued SQEs without waiting.
+    pub(crate) fn submit(&mut self) {
+        let _ = self.ring.submit();
     }
 
     /// The reaper loop; returns when the backend is dropped and every read
@@ -154,7 +189,7 @@ impl Reaper {
     pub(crate) fn run(&mut self, rx: &Receiver<Msg>, waker: &Waker) {
         self.arm_wake(waker);
         loop {
-            self.fill(rx);
+            self.fill(Some(rx));
             self.deliver();
             if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
                 break;
@@ -166,16 +201,16 @@ impl Reaper {
                 // flight, new batches are picked up at the next completion,
                 // which saves a wake-up and a syscall per batch.
                 waker.sleeping.store(true, Ordering::SeqCst);
-                if self.fill(rx) > 0 {
+                if self.fill(Some(rx)) > 0 {
                     waker.sleeping.store(false, Ordering::SeqCst);
                 }
             }
             self.submit_and_wait();
             waker.sleeping.store(false, Ordering::SeqCst);
-            self.reap(waker);
+            self.reap(Some(waker));
             // Refill freed slots and get them to the device before spending
             // time on completions.
-            if self.fill(rx) > 0 {
+            if self.fill(Some(rx)) > 0 {
                 let _ = self.ring.submit();
             }
             self.deliver();
@@ -184,14 +219,14 @@ impl Reaper {
         while self.wake_armed {
             waker.wake(true);
             self.submit_and_wait();
-            self.reap(waker);
+            self.reap(Some(waker));
         }
         self.deliver();
     }
 
     /// Submit queued SQEs and sleep until at least one completion arrives
     /// (with `DEFER_TASKRUN` the kernel batches what is ready by then).
-    fn submit_and_wait(&mut self) {
+    pub(crate) fn submit_and_wait(&mut self) {
         let res = self.ring.submit_and_wait(1);
         match res {
             Ok(_) => {}
@@ -231,10 +266,13 @@ impl Reaper {
     }
 
     /// Start queued reads while slots are free. Returns how many started.
-    fn fill(&mut self, rx: &Receiver<Msg>) -> usize {
+    /// `rx` is `None` for a caller-reaped ring, whose batches arrive through
+    /// [`Reaper::enqueue`].
+    pub(crate) fn fill(&mut self, rx: Option<&Receiver<Msg>>) -> usize {
         let mut started = 0;
         while !self.slots.free.is_empty() {
             if self.pending.is_empty() {
+                let Some(rx) = rx else { break };
                 match rx.try_recv() {
                     Ok(Msg::Read(batch)) => self.pending.push_back(batch),
                     Ok(Msg::Register(region, reply)) => {
@@ -372,7 +410,7 @@ impl Reaper {
 
 impl Reaper {
     /// Drain the completion queue and act on every completion.
-    fn reap(&mut self, waker: &Waker) {
+    pub(crate) fn reap(&mut self, waker: Option<&Waker>) {
         self.cqes.clear();
         self.cqes
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
@@ -383,7 +421,7 @@ impl Reaper {
             match tag {
                 WAKE_TAG => {
                     self.wake_armed = false;
-                    if !self.closing {
+                    if let (false, Some(waker)) = (self.closing, waker) {
                         self.arm_wake(waker);
                     }
                 }
@@ -456,7 +494,7 @@ impl Reaper {
 
     /// Complete the tickets of finished reads. Runs after freed slots have
     /// been refilled and submitted, so the device is busy meanwhile.
-    fn deliver(&mut self) {
+    pub(crate) fn deliver(&mut self) {
         let mut landed = std::mem::take(&mut self.landed);
         for (f, outcome) in landed.drain(..) {
             Self::complete(f, outcome);

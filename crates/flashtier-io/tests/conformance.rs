@@ -1,5 +1,6 @@
-//! The conformance suite every backend passes: posix, uring (skipped with a
-//! printed reason where the kernel refuses io_uring) and sim with faults off.
+//! The conformance suite every backend passes: posix, uring and uring-local
+//! (skipped with a printed reason where the kernel refuses io_uring) and sim
+//! with faults off.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use flashtier_io::sim::{FaultPlan, SimBackend};
 use flashtier_io::{
     AlignedBuf, BackendKind, DeviceSink, DirectMode, IoError, Landing, LandingRegion, PosixBackend,
-    ReadReq, StorageBackend, StoreFile, UringBackend, open_backend,
+    ReadReq, StorageBackend, StoreFile, UringBackend, UringLocal, open_backend,
 };
 use proptest::prelude::*;
 
@@ -22,6 +23,10 @@ fn backends(queue_depth: usize) -> anyhow::Result<Vec<Box<dyn StorageBackend>>> 
     match UringBackend::new(queue_depth) {
         Ok(b) => out.push(Box::new(b)),
         Err(e) => eprintln!("SKIP uring conformance: io_uring unavailable here: {e}"),
+    }
+    match UringLocal::new(queue_depth) {
+        Ok(b) => out.push(Box::new(b)),
+        Err(e) => eprintln!("SKIP uring-local conformance: io_uring unavailable here: {e}"),
     }
     Ok(out)
 }
@@ -271,7 +276,16 @@ fn empty_batches_zero_lengths_and_notify() -> anyhow::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         let ticket = b.read_async(vec![host_req(&file, UNIT, UNIT, 6)])?;
         ticket.notify_on_done(tx, 42);
-        assert_eq!(rx.recv()?, 42);
+        // A caller-reaped backend completes reads only while a caller reaps.
+        let token = loop {
+            if let Ok(t) = rx.try_recv() {
+                break t;
+            }
+            if !b.reap_on_caller() {
+                break rx.recv()?;
+            }
+        };
+        assert_eq!(token, 42);
         assert!(ticket.is_done());
         assert_eq!(ticket.wait()?[0].buf.as_deref(), data.get(UNIT..2 * UNIT));
     }
@@ -343,10 +357,16 @@ fn device_landings_reach_the_sink() -> anyhow::Result<()> {
 
 #[test]
 fn open_backend_builds_each_kind() -> anyhow::Result<()> {
-    for kind in [BackendKind::Uring, BackendKind::Posix, BackendKind::Sim] {
+    for kind in [
+        BackendKind::Uring,
+        BackendKind::UringLocal,
+        BackendKind::Posix,
+        BackendKind::Sim,
+    ] {
         let b = open_backend(kind, 4)?;
         assert_eq!(b.queue_depth(), 4);
-        if kind == BackendKind::Uring && b.name() == "posix" {
+        let uring = matches!(kind, BackendKind::Uring | BackendKind::UringLocal);
+        if uring && b.name() == "posix" {
             eprintln!("SKIP: io_uring unavailable, open_backend fell back to posix");
         } else {
             assert_eq!(b.name(), kind.as_str());
@@ -462,14 +482,22 @@ fn many_registered_regions_over_time() -> anyhow::Result<()> {
 
 #[test]
 fn uring_split_ops_resubmit_until_exact() -> anyhow::Result<()> {
-    let backend = match UringBackend::with_max_op_bytes(4, UNIT) {
-        Ok(b) => b,
-        Err(e) => {
+    let threaded = UringBackend::with_max_op_bytes(4, UNIT);
+    let local = UringLocal::with_max_op_bytes(4, UNIT);
+    let (threaded, local) = match (threaded, local) {
+        (Ok(t), Ok(l)) => (t, l),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("SKIP uring resubmission: io_uring unavailable here: {e}");
             return Ok(());
         }
     };
     assert!(UringBackend::with_max_op_bytes(4, 100).is_err());
+    assert!(UringLocal::with_max_op_bytes(4, 100).is_err());
+    split_ops_exact(&threaded)?;
+    split_ops_exact(&local)
+}
+
+fn split_ops_exact(backend: &dyn StorageBackend) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let (file, data) = make_file(dir.path(), "s.bin", 64 * UNIT + 100)?;
     // Every read takes several kernel ops, each continuing where the last

@@ -34,7 +34,7 @@ pub struct Args {
     /// Reads kept in flight (1..=256).
     #[arg(long, default_value_t = 32)]
     pub qd: usize,
-    /// Backend: uring | posix | sim.
+    /// Backend: uring | uring-local | posix | sim.
     #[arg(long, default_value = "uring")]
     pub backend: String,
     /// Offset pattern: rand | seq.
