@@ -10,6 +10,7 @@
 //! random order, `qd` records per step (acquire, plan, run, finish), with
 //! each record's checksum verified. Both files are deleted afterwards.
 
+use super::median;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -147,17 +148,8 @@ fn write_plain(path: &Path, size: u64, seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn median_run(runs: &[Run]) -> Run {
-    let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+    let m = |f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     Run {
         bytes_per_sec: m(|r| r.bytes_per_sec),
         lat_us_p50: m(|r| r.lat_us_p50),

@@ -7,6 +7,7 @@
 //! with `--fio` the two alternate, repetition by repetition, so both see the
 //! same cache and the same neighbours; medians are reported.
 
+use super::median;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -193,17 +194,8 @@ fn create_file(path: &Path, size: u64, mode: DirectMode, quiet: bool) -> anyhow:
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn median_of(runs: &[Measure]) -> Measure {
-    let m = |f: fn(&Measure) -> f64| median(runs.iter().map(f).collect());
+    let m = |f: fn(&Measure) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     Measure {
         iops: m(|r| r.iops),
         bytes_per_sec: m(|r| r.bytes_per_sec),
@@ -214,7 +206,7 @@ fn median_of(runs: &[Measure]) -> Measure {
             .iter()
             .map(|r| r.turnaround_us_p99)
             .collect::<Option<Vec<f64>>>()
-            .map(median),
+            .map(|v| median(&v)),
     }
 }
 
@@ -468,7 +460,7 @@ mod tests {
 
     #[test]
     fn medians() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }

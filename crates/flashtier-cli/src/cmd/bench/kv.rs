@@ -14,6 +14,7 @@
 mod fio;
 mod work;
 
+use super::median;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -109,17 +110,8 @@ struct Report {
     orders: Vec<OrderReport>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn summarise(order: BlockOrder, bench: &Bench, samples: &[Sample]) -> OrderReport {
-    let m = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+    let m = |f: fn(&Sample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
     let restore_s = m(|s| s.restore_s);
     let attention_s = m(|s| s.attention_s);
     let pipelined_s = m(|s| s.pipelined_s);

@@ -11,6 +11,7 @@
 //! per-repetition ratios (robust when the drive is shared and its speed
 //! drifts between repetitions).
 
+use super::median;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -109,16 +110,6 @@ fn reference_write(tool: &str, path: &Path, bytes: u64) -> anyhow::Result<(f64, 
     };
     let _ = std::fs::remove_file(path);
     Ok(out)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
 }
 
 /// Interleaved repetitions: (reference bytes/s, pack bytes/s, reference command).

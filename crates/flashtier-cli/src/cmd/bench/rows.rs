@@ -17,11 +17,12 @@ mod load;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::median;
 use anyhow::Context;
 use flashtier::rows::pack::write_synthetic_packed;
 use flashtier::rows::{RowGeometry, RowPool, RowStore, RowStoreConfig};
 use flashtier_format::row_shard::RowShardHeader;
-use load::{HitPath, Phase, Zipf, hit_path, median, timed};
+use load::{HitPath, Phase, Zipf, hit_path, timed};
 
 /// Options of `flashtier bench rows`.
 #[derive(clap::Args, Debug)]

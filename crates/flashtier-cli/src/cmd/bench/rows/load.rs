@@ -220,14 +220,3 @@ pub fn hit_path(store: &RowStore, batch: usize, seed: u64) -> anyhow::Result<Hit
         ..h
     })
 }
-
-/// The median of `v` (0 when empty).
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
