@@ -10,6 +10,10 @@
 //!   [`crate::open_backend`] falls back to posix with a one-line notice.
 //! - Registered files: a sparse table of [`FILE_SLOTS`] slots keyed by
 //!   [`StoreFile::id`]; a file with no free slot is read by plain descriptor.
+//!   A file all owners dropped is released when the ring goes idle or the
+//!   next file or region is registered, and its last close (for an unlinked
+//!   store, freeing its blocks) runs on a background thread, never in the
+//!   ring's path.
 //! - Fixed buffers: regions passed to `register_landing_region` go into a
 //!   sparse table of [`BUFFER_SLOTS`] (a slot whose region was dropped by its
 //!   owner is reused); a read whose landing lies inside one uses

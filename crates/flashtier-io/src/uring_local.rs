@@ -69,6 +69,10 @@ fn pump(r: &mut Reaper, wait: bool) -> bool {
         r.submit();
     }
     r.deliver();
+    if r.in_flight() == 0 && r.pending_batches() == 0 {
+        // Idle: release files their owners dropped meanwhile.
+        r.sweep_files();
+    }
     slept
 }
 

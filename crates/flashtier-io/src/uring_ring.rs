@@ -176,7 +176,14 @@ impl Reaper {
 
     /// Register `region` as a fixed buffer.
     pub(crate) fn register(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
+        self.files.sweep(&self.ring.submitter());
         self.bufs.register(&self.ring.submitter(), region)
+    }
+
+    /// Release registered files their owners dropped (see
+    /// [`FileTable::sweep`](crate::uring_tables::FileTable::sweep)).
+    pub(crate) fn sweep_files(&mut self) {
+        self.files.sweep(&self.ring.submitter());
     }
 
     /// Submit queued SQEs without waiting.
@@ -193,6 +200,10 @@ impl Reaper {
             self.deliver();
             if self.closing && self.in_flight() == 0 && self.pending.is_empty() {
                 break;
+            }
+            if self.in_flight() == 0 {
+                // Idle: release files their owners dropped meanwhile.
+                self.sweep_files();
             }
             if !self.closing && self.in_flight() < self.wake_below {
                 // Few reads in flight: a completion may be far off, so ask
@@ -276,6 +287,7 @@ impl Reaper {
                 match rx.try_recv() {
                     Ok(Msg::Read(batch)) => self.pending.push_back(batch),
                     Ok(Msg::Register(region, reply)) => {
+                        self.files.sweep(&self.ring.submitter());
                         let _ = reply.send(self.bufs.register(&self.ring.submitter(), &region));
                         continue;
                     }

@@ -2,14 +2,17 @@
 //! tiled decode attention consumes the tiles, and compare against fio.
 //!
 //! Per block order (per-layer, block-major) and repetition, side by side:
-//! fio writes a fresh file and reads it sequentially with O_DIRECT at the
-//! restore's op size and queue depth; a freshly written store is restored
-//! with no consumer ("restore alone"); another fresh store is restored while
-//! attention runs over every tile ("pipelined"); attention runs over the same
-//! tiles from memory ("attention alone"); fio and the restore alone swap
-//! places on odd repetitions. Nothing is read twice, so the host's cache of
-//! the virtio disk never serves a re-read. Medians are reported, and every
-//! repetition's sample is in `--json`.
+//! one pass writes a fresh store holding three times the measured KV, in
+//! three equal parts. fio reads one part sequentially with O_DIRECT at the
+//! restore's op size and queue depth; the restore reads another with no
+//! consumer ("restore alone"); the third is restored while attention runs
+//! over every tile ("pipelined"); attention then runs over the same tiles
+//! from memory ("attention alone"). The parts rotate between repetitions and
+//! fio and the restore alone swap places on odd ones, so both read bytes of
+//! the same file written by the same pass at the same moment. Nothing is
+//! read twice, so the host's cache of the virtio disk never serves a
+//! re-read. Medians are reported, and every repetition's sample is in
+//! `--json`.
 
 mod fio;
 mod work;
@@ -53,8 +56,10 @@ pub struct Args {
     /// Blocks (of every layer) per restore tile.
     #[arg(long, default_value_t = 2)]
     pub tile_blocks: u32,
-    /// Tiles in the restore ring (in flight while one is consumed, plus one).
-    #[arg(long, default_value_t = 16)]
+    /// Tiles in the restore ring (scratch: ring x tile bytes). More tiles
+    /// than --qd keep reads queued in the backend, so the drive never waits
+    /// for the in-order consumer.
+    #[arg(long, default_value_t = 32)]
     pub ring: usize,
     /// Backend queue depth.
     #[arg(long, default_value_t = 16)]

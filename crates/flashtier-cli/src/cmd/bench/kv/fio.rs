@@ -1,4 +1,4 @@
-//! fio as the drive's own limit: write a fresh file, read it back
+//! fio as the drive's own limit: read one part of a freshly written store
 //! sequentially with O_DIRECT at the restore's op size and queue depth.
 
 use std::path::Path;
@@ -57,23 +57,51 @@ pub fn version() -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Write `size` fresh bytes to `file`, then read them sequentially in `bs`
-/// ops at queue depth `qd`; the read bandwidth in bytes/s. Tries io_uring,
-/// then libaio.
-pub fn seq_read_bytes_per_sec(file: &Path, size: u64, bs: u64, qd: usize) -> Result<f64> {
+/// The bytes of one part of a store's data area that fio reads.
+///
+/// The data area is `regions` equal regions (one per layer in the per-layer
+/// order, one in the block-major order); the part is the slice
+/// `[lo, lo + len)` of every region. fio reads exactly those bytes, once,
+/// region by region, through its strided zone mode.
+#[derive(Clone, Copy, Debug)]
+pub struct Part {
+    /// File offset of the first region.
+    pub data_offset: u64,
+    /// Bytes per region.
+    pub region_bytes: u64,
+    /// Regions in the data area.
+    pub regions: u64,
+    /// Offset of the part inside each region.
+    pub lo: u64,
+    /// Bytes of the part inside each region.
+    pub len: u64,
+}
+
+/// Read `part` of the (already written) `file` sequentially in `bs` ops at
+/// queue depth `qd`; the read bandwidth in bytes/s. Tries io_uring, then
+/// libaio.
+pub fn seq_read_part_bytes_per_sec(file: &Path, part: Part, bs: u64, qd: usize) -> Result<f64> {
+    let start = part.data_offset + part.lo;
+    let region_end = part.data_offset + part.region_bytes * part.regions;
     let mut last = None;
     for engine in ["io_uring", "libaio"] {
-        let write = job("kvfill", file, "write", 1 << 20, size, 16, engine);
-        if let Err(e) = run_fio(&write) {
-            last = Some(e);
-            continue;
-        }
-        let read = job("kvread", file, "read", bs, size, qd, engine);
+        let mut read = job("kvread", file, "read", bs, region_end - start, qd, engine);
+        read.extend([
+            format!("--offset={start}"),
+            format!("--io_size={}", part.len * part.regions),
+            "--zonemode=strided".into(),
+            format!("--zonesize={}", part.len),
+            format!("--zonerange={}", part.region_bytes),
+        ]);
         match run_fio(&read) {
             Ok(v) => {
                 let bw = v["jobs"][0]["read"]["bw_bytes"]
                     .as_f64()
                     .context("fio JSON has no jobs[0].read.bw_bytes")?;
+                let io = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
+                if io != part.len * part.regions {
+                    bail!("fio read {io} bytes of {}", part.len * part.regions);
+                }
                 return Ok(bw);
             }
             Err(e) => last = Some(e),

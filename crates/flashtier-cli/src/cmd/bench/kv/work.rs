@@ -22,6 +22,12 @@ use super::fio;
 /// Blocks written per offload op (a 4 MiB span at 64 KiB blocks).
 const SPAN_BLOCKS: u64 = 64;
 
+/// Equal parts of each repetition's store: fio reads one, the restore alone
+/// another, the pipelined restore the third. All three were written by the
+/// same pass a moment earlier, so the host's cache of the virtio disk treats
+/// them alike, and no byte is read twice.
+const PARTS: u32 = 3;
+
 /// One side-by-side sample.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
@@ -72,7 +78,9 @@ impl Bench {
         let num_blocks = u32::try_from(want / u64::from(tb) * u64::from(tb))?.max(tb);
         let layout = GroupLayout::new(
             KvGeometry {
-                num_blocks,
+                num_blocks: num_blocks
+                    .checked_mul(PARTS)
+                    .context("--gib too large for one store")?,
                 ..probe
             },
             order,
@@ -118,7 +126,7 @@ impl Bench {
             dims,
             op_bytes,
             ops_in_flight,
-            data_bytes: layout.data_extent().len_bytes,
+            data_bytes: layout.data_extent().len_bytes / u64::from(PARTS),
             num_tiles: num_blocks / tb,
             tile_slots,
             bank,
@@ -164,7 +172,26 @@ impl Bench {
         ))
     }
 
-    /// A freshly written store holding every block, and its restore tiles.
+    /// The bytes of part `p` of the data area, for fio.
+    fn fio_part(&self, p: u32) -> fio::Part {
+        let data = self.layout.data_extent();
+        let regions = match self.order {
+            BlockOrder::PerLayer => u64::from(self.args.layers),
+            BlockOrder::BlockMajor => 1,
+        };
+        let region_bytes = data.len_bytes / regions;
+        let len = region_bytes / u64::from(PARTS);
+        fio::Part {
+            data_offset: data.offset,
+            region_bytes,
+            regions,
+            lo: u64::from(p) * len,
+            len,
+        }
+    }
+
+    /// A freshly written store holding every block of every part, and its
+    /// restore tiles (`num_tiles` per part, part by part).
     fn fresh_store(&self, path: &Path) -> Result<(KvSwap, Vec<Vec<BlockVersion>>)> {
         let opts = SwapOptions {
             direct: self.args.direct,
@@ -194,7 +221,7 @@ impl Bench {
             versions.extend(swap.offload_span(first, u32::try_from(count)?, part)?);
             idx += count;
         }
-        let tiles = (0..self.num_tiles)
+        let tiles = (0..self.num_tiles * PARTS)
             .map(|t| {
                 self.tile_ids(t)?
                     .into_iter()
@@ -235,63 +262,82 @@ impl Bench {
         Ok(sum)
     }
 
-    fn fio_sample(&self, rep: usize, pb: &ProgressBar) -> Result<f64> {
+    fn fio_sample(&self, rep: usize, path: &Path, part: u32, pb: &ProgressBar) -> Result<f64> {
         pb.set_message(format!("{} rep {rep}: fio", self.order));
-        let fio_path = self.store_path(rep, "fio");
-        let bps = fio::seq_read_bytes_per_sec(
-            &fio_path,
-            self.data_bytes,
+        let bps = fio::seq_read_part_bytes_per_sec(
+            path,
+            self.fio_part(part),
             self.op_bytes,
             self.ops_in_flight,
         );
-        let _ = std::fs::remove_file(&fio_path);
         pb.inc(1);
         bps
+    }
+
+    fn part_tiles(&self, tiles: &[Vec<BlockVersion>], part: u32) -> Vec<Vec<BlockVersion>> {
+        let n = self.num_tiles as usize;
+        tiles[part as usize * n..(part as usize + 1) * n].to_vec()
     }
 
     fn restore_alone(
         &self,
         rep: usize,
+        swap: &mut KvSwap,
+        tiles: &[Vec<BlockVersion>],
         pb: &ProgressBar,
     ) -> Result<flashtier::kv::restore::RestoreStats> {
         pb.set_message(format!("{} rep {rep}: restore alone", self.order));
-        let path = self.store_path(rep, "alone");
-        let (mut swap, tiles) = self.fresh_store(&path)?;
-        let stats = swap.restore_tiles(&tiles, |_, t| {
+        let stats = swap.restore_tiles(tiles, |_, t| {
             black_box(t.bytes().first());
             Ok(())
         });
-        drop(swap);
-        let _ = std::fs::remove_file(&path);
         pb.inc(1);
         Ok(stats?)
     }
 
-    /// One repetition. fio and the restore alone swap places on odd
-    /// repetitions, so neither always runs first after the previous
-    /// repetition's writes.
+    /// One repetition over one freshly written store of [`PARTS`] parts:
+    /// fio, the restore alone and the pipelined restore each read their own
+    /// part, the parts rotate between repetitions, and fio and the restore
+    /// alone swap places on odd repetitions.
     pub fn sample(&self, rep: usize, pb: &ProgressBar) -> Result<Sample> {
         let order = self.order;
+        pb.set_message(format!("{order} rep {rep}: writing the store"));
+        let path = self.store_path(rep, "kv");
+        let (mut swap, tiles) = self.fresh_store(&path)?;
+        let result = self.measure(rep, &path, &mut swap, &tiles, pb);
+        drop(swap);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    fn measure(
+        &self,
+        rep: usize,
+        path: &Path,
+        swap: &mut KvSwap,
+        tiles: &[Vec<BlockVersion>],
+        pb: &ProgressBar,
+    ) -> Result<Sample> {
+        let order = self.order;
+        let r = rep as u32;
+        let (fio_part, alone_part, piped_part) = (r % PARTS, (r + 1) % PARTS, (r + 2) % PARTS);
+        let alone_tiles = self.part_tiles(tiles, alone_part);
         let (fio_bps, stats) = if rep % 2 == 0 {
-            let f = self.fio_sample(rep, pb)?;
-            (f, self.restore_alone(rep, pb)?)
+            let f = self.fio_sample(rep, path, fio_part, pb)?;
+            (f, self.restore_alone(rep, swap, &alone_tiles, pb)?)
         } else {
-            let r = self.restore_alone(rep, pb)?;
-            (self.fio_sample(rep, pb)?, r)
+            let a = self.restore_alone(rep, swap, &alone_tiles, pb)?;
+            (self.fio_sample(rep, path, fio_part, pb)?, a)
         };
 
         pb.set_message(format!("{order} rep {rep}: pipelined"));
-        let path = self.store_path(rep, "piped");
-        let (mut swap, tiles) = self.fresh_store(&path)?;
+        let piped_tiles = self.part_tiles(tiles, piped_part);
         let mut states = self.new_states()?;
         let v_off = self.layout.slot_strides().v_offset_bytes;
-        let piped = swap.restore_tiles(&tiles, |i, landed| {
+        let piped = swap.restore_tiles(&piped_tiles, |i, landed| {
             let k = landed.bytes();
             self.fold(&mut states, i, k, k.get(v_off..).unwrap_or_default())
-        });
-        drop(swap);
-        let _ = std::fs::remove_file(&path);
-        let piped = piped?;
+        })?;
         black_box(Self::finish(&states)?);
         pb.inc(1);
 
