@@ -61,7 +61,13 @@ impl ChecksumAlgo {
 /// XXH3-64 of `bytes` (seed 0).
 #[must_use]
 pub fn xxh3_64(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
+}
+
+/// XXH3-64 of `bytes` with `seed`.
+#[must_use]
+pub fn xxh3_64_with_seed(bytes: &[u8], seed: u64) -> u64 {
+    twox_hash::XxHash3_64::oneshot_with_seed(seed, bytes)
 }
 
 /// A streaming XXH3-64, for data that arrives in pieces (a record assembled
@@ -69,7 +75,7 @@ pub fn xxh3_64(bytes: &[u8]) -> u64 {
 /// [`xxh3_64`] of the concatenation.
 #[derive(Clone, Default)]
 pub struct Xxh3Stream {
-    inner: xxhash_rust::xxh3::Xxh3Default,
+    inner: twox_hash::XxHash3_64,
 }
 
 impl Xxh3Stream {
@@ -81,13 +87,13 @@ impl Xxh3Stream {
 
     /// Feed `bytes`.
     pub fn update(&mut self, bytes: &[u8]) {
-        self.inner.update(bytes);
+        std::hash::Hasher::write(&mut self.inner, bytes);
     }
 
     /// The checksum of everything fed so far.
     #[must_use]
     pub fn digest(&self) -> u64 {
-        self.inner.digest()
+        std::hash::Hasher::finish(&self.inner)
     }
 }
 

@@ -17,7 +17,7 @@
 //! Pure code: no `unsafe`, no syscalls; every integer on disk is fixed-width
 //! little-endian.
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use crate::checksum::xxh3_64_with_seed;
 
 pub use crate::kv_header::{
     BlockEntry, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvFormatError,

@@ -2,7 +2,7 @@
 //! `docs/kv-format.md`). Fixed-width little-endian; every derived field is
 //! re-derived from the geometry on decode and must agree.
 
-use xxhash_rust::xxh3::xxh3_64;
+use crate::checksum::xxh3_64;
 
 use crate::group::{BlockOrder, GroupLayout, KvGeometry};
 

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use xxhash_rust::xxh3::xxh3_64;
+use crate::checksum::xxh3_64;
 
 /// Magic at byte 0 of every packed row shard.
 pub const ROW_SHARD_MAGIC: [u8; 8] = *b"FTROWSH1";

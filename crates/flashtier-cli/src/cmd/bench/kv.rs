@@ -4,12 +4,14 @@
 //! Per block order (per-layer, block-major) and repetition, side by side:
 //! one pass writes a fresh store holding three times the measured KV, in
 //! three equal parts. fio reads one part sequentially with O_DIRECT at the
-//! restore's op size and queue depth; the restore reads another with no
-//! consumer ("restore alone"); the third is restored while attention runs
-//! over every tile ("pipelined"); attention then runs over the same tiles
-//! from memory ("attention alone"). The parts rotate between repetitions and
-//! fio and the restore alone swap places on odd ones, so both read bytes of
-//! the same file written by the same pass at the same moment. Nothing is
+//! restore's op size and queue depth (io_uring with registered buffers and
+//! files, as the restore uses); the restore reads another with no consumer
+//! ("restore alone"). The two run as `--chunks` interleaved pairs of chunks,
+//! who goes first alternating (ABBA), so both see the same moments of the
+//! shared disk. The third part is restored while attention runs over every
+//! tile ("pipelined"); attention then runs over the same tiles from memory
+//! ("attention alone"). The parts rotate between repetitions, so both sides
+//! read bytes of the same file written by the same pass. Nothing is
 //! read twice, so the host's cache of the virtio disk never serves a
 //! re-read. Medians are reported, and every repetition's sample is in
 //! `--json`.
@@ -61,6 +63,11 @@ pub struct Args {
     /// for the in-order consumer.
     #[arg(long, default_value_t = 32)]
     pub ring: usize,
+    /// fio and the restore alone run as this many interleaved pairs of
+    /// chunks (who goes first alternates), so both see the same moments of
+    /// a shared, noisy disk.
+    #[arg(long, default_value_t = 4)]
+    pub chunks: usize,
     /// Backend queue depth.
     #[arg(long, default_value_t = 16)]
     pub qd: usize,

@@ -86,6 +86,11 @@ pub fn seq_read_part_bytes_per_sec(file: &Path, part: Part, bs: u64, qd: usize) 
     let mut last = None;
     for engine in ["io_uring", "libaio"] {
         let mut read = job("kvread", file, "read", bs, region_end - start, qd, engine);
+        if engine == "io_uring" {
+            // fio's strongest io_uring setup: registered buffers and files,
+            // as the restore uses.
+            read.extend(["--fixedbufs=1".into(), "--registerfiles=1".into()]);
+        }
         read.extend([
             format!("--offset={start}"),
             format!("--io_size={}", part.len * part.regions),

@@ -172,21 +172,22 @@ impl Bench {
         ))
     }
 
-    /// The bytes of part `p` of the data area, for fio.
-    fn fio_part(&self, p: u32) -> fio::Part {
+    /// The bytes of tiles `[t0, t0 + n)` of part `p` of the data area, for
+    /// fio: the same bytes the restore reads for those tiles of another part.
+    fn fio_part(&self, p: u32, t0: usize, n: usize) -> fio::Part {
         let data = self.layout.data_extent();
         let regions = match self.order {
             BlockOrder::PerLayer => u64::from(self.args.layers),
             BlockOrder::BlockMajor => 1,
         };
         let region_bytes = data.len_bytes / regions;
-        let len = region_bytes / u64::from(PARTS);
+        let part_len = region_bytes / u64::from(PARTS);
         fio::Part {
             data_offset: data.offset,
             region_bytes,
             regions,
-            lo: u64::from(p) * len,
-            len,
+            lo: u64::from(p) * part_len + t0 as u64 * self.op_bytes,
+            len: n as u64 * self.op_bytes,
         }
     }
 
@@ -262,16 +263,11 @@ impl Bench {
         Ok(sum)
     }
 
-    fn fio_sample(&self, rep: usize, path: &Path, part: u32, pb: &ProgressBar) -> Result<f64> {
-        pb.set_message(format!("{} rep {rep}: fio", self.order));
-        let bps = fio::seq_read_part_bytes_per_sec(
-            path,
-            self.fio_part(part),
-            self.op_bytes,
-            self.ops_in_flight,
-        );
-        pb.inc(1);
-        bps
+    /// Seconds fio takes to read tiles `[t0, t0 + n)` of part `part`.
+    fn fio_chunk(&self, path: &Path, part: u32, t0: usize, n: usize) -> Result<f64> {
+        let p = self.fio_part(part, t0, n);
+        let bps = fio::seq_read_part_bytes_per_sec(path, p, self.op_bytes, self.ops_in_flight)?;
+        Ok((p.len * p.regions) as f64 / bps)
     }
 
     fn part_tiles(&self, tiles: &[Vec<BlockVersion>], part: u32) -> Vec<Vec<BlockVersion>> {
@@ -280,19 +276,61 @@ impl Bench {
     }
 
     fn restore_alone(
-        &self,
-        rep: usize,
         swap: &mut KvSwap,
         tiles: &[Vec<BlockVersion>],
-        pb: &ProgressBar,
     ) -> Result<flashtier::kv::restore::RestoreStats> {
-        pb.set_message(format!("{} rep {rep}: restore alone", self.order));
         let stats = swap.restore_tiles(tiles, |_, t| {
             black_box(t.bytes().first());
             Ok(())
         });
-        pb.inc(1);
         Ok(stats?)
+    }
+
+    /// fio on one part and the restore alone on another, in `--chunks`
+    /// interleaved pairs (who goes first alternates pair by pair), so both
+    /// see the same moments of the shared disk. Returns fio's bytes/s and
+    /// the restore's summed stats.
+    fn paired(
+        &self,
+        rep: usize,
+        path: &Path,
+        swap: &mut KvSwap,
+        tiles: &[Vec<BlockVersion>],
+        (fio_part, alone_part): (u32, u32),
+        pb: &ProgressBar,
+    ) -> Result<(f64, flashtier::kv::restore::RestoreStats)> {
+        let alone_tiles = self.part_tiles(tiles, alone_part);
+        let nt = alone_tiles.len();
+        let chunks = self.args.chunks.clamp(1, nt.max(1));
+        let mut fio_s = 0.0;
+        let mut total = flashtier::kv::restore::RestoreStats::default();
+        for k in 0..chunks {
+            let (t0, t1) = (k * nt / chunks, (k + 1) * nt / chunks);
+            pb.set_message(format!(
+                "{} rep {rep}: fio and restore, pair {}/{chunks}",
+                self.order,
+                k + 1
+            ));
+            let mut restore = || Self::restore_alone(swap, &alone_tiles[t0..t1]);
+            let st = if (rep + k) % 2 == 0 {
+                fio_s += self.fio_chunk(path, fio_part, t0, t1 - t0)?;
+                restore()?
+            } else {
+                let st = restore()?;
+                fio_s += self.fio_chunk(path, fio_part, t0, t1 - t0)?;
+                st
+            };
+            total.tiles += st.tiles;
+            total.blocks += st.blocks;
+            total.bytes += st.bytes;
+            total.read_ops += st.read_ops;
+            total.io_wait_ns += st.io_wait_ns;
+            total.verify_ns += st.verify_ns;
+            total.consume_ns += st.consume_ns;
+            total.total_ns += st.total_ns;
+        }
+        pb.inc(2);
+        Ok((self.data_bytes as f64 / fio_s, total))
     }
 
     /// One repetition over one freshly written store of [`PARTS`] parts:
@@ -321,14 +359,7 @@ impl Bench {
         let order = self.order;
         let r = rep as u32;
         let (fio_part, alone_part, piped_part) = (r % PARTS, (r + 1) % PARTS, (r + 2) % PARTS);
-        let alone_tiles = self.part_tiles(tiles, alone_part);
-        let (fio_bps, stats) = if rep % 2 == 0 {
-            let f = self.fio_sample(rep, path, fio_part, pb)?;
-            (f, self.restore_alone(rep, swap, &alone_tiles, pb)?)
-        } else {
-            let a = self.restore_alone(rep, swap, &alone_tiles, pb)?;
-            (self.fio_sample(rep, path, fio_part, pb)?, a)
-        };
+        let (fio_bps, stats) = self.paired(rep, path, swap, tiles, (fio_part, alone_part), pb)?;
 
         pb.set_message(format!("{order} rep {rep}: pipelined"));
         let piped_tiles = self.part_tiles(tiles, piped_part);
