@@ -3,7 +3,7 @@
 //! the same file, same pattern, in the same run.
 //!
 //! The host may cache the disk: every repetition draws fresh random offsets
-//! (and a fresh sequential start), fio gets its own fresh `--randseed`, and
+//! (and a fresh sequential start), fio draws its own (`--randrepeat=0`), and
 //! with `--fio` the two alternate, repetition by repetition, so both see the
 //! same cache and the same neighbours; medians are reported.
 
@@ -222,8 +222,7 @@ fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Resul
         Pattern::Random => 0,
         Pattern::Sequential => seed % (span / args.bs / 2).max(1) * args.bs,
     };
-    // psync: `qd` jobs of one read each; `randrepeat=0` so the clones do not
-    // all read the same offsets.
+    // psync: `qd` jobs of one read each.
     let psync = args.fio_engine == "psync";
     let (depth, jobs) = if psync { (1, args.qd) } else { (args.qd, 1) };
     let out = Command::new("fio")
@@ -240,12 +239,11 @@ fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Resul
         .arg("--group_reporting")
         .arg("--time_based")
         .arg(format!("--runtime={}ms", (args.seconds * 1000.0) as u64))
-        .arg(format!("--randseed={seed}"))
-        .arg(if psync {
-            "--randrepeat=0"
-        } else {
-            "--randrepeat=1"
-        })
+        // fio 3.33 ignores `--randseed` under `--randrepeat=1` (two seeds
+        // gave the same offsets), so it re-read what the host had cached from
+        // its previous run; `--randrepeat=0` seeds from entropy: fresh
+        // offsets every run, as flashtier's fresh seed.
+        .arg("--randrepeat=0")
         .arg("--norandommap")
         .arg("--random_generator=tausworthe64")
         .arg("--output-format=json")
