@@ -44,6 +44,9 @@ pub const MAX_STRIPES: usize = 256;
 /// Bounded retries of a lock-free read that raced a writer.
 pub const READ_TRIES: usize = 8;
 
+/// Ids whose set headers [`RowCache::get_many`] requests before probing.
+pub const PROBE_GROUP: usize = 16;
+
 /// Words before the keys in a set's stretch (seq, refs).
 const HEADER_WORDS: usize = 2;
 
@@ -201,8 +204,25 @@ impl RowCache {
     /// Copy row `id` into `weight_out` / `scale_out` if cached. Never returns
     /// a torn row; gives up (a miss) after [`READ_TRIES`] racing writes.
     pub fn get(&self, id: u64, weight_out: &mut [u8], scale_out: &mut [u8]) -> bool {
+        self.get_in(
+            self.set_words_of(self.set_of(id)),
+            id,
+            weight_out,
+            scale_out,
+        )
+    }
+
+    /// [`Self::get`] on the words of `id`'s set.
+    #[inline(always)]
+    fn get_in(
+        &self,
+        set: &[AtomicU64],
+        id: u64,
+        weight_out: &mut [u8],
+        scale_out: &mut [u8],
+    ) -> bool {
         let key = id.wrapping_add(1);
-        let Some((seq, refs, keys, rows)) = self.parts(self.set_words_of(self.set_of(id))) else {
+        let Some((seq, refs, keys, rows)) = self.parts(set) else {
             return false;
         };
         for _ in 0..READ_TRIES {
@@ -219,7 +239,13 @@ impl RowCache {
                 .unwrap_or(&[]);
             let (w, s) = row.split_at(self.weight_words.min(row.len()));
             copy_words(w, weight_out);
-            copy_words(s, scale_out);
+            match (s, scale_out.len()) {
+                // One scale word (the Engram geometry): a plain relaxed load.
+                ([word], 8) => {
+                    scale_out.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes())
+                }
+                _ => copy_words(s, scale_out),
+            }
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {
                 let bit = 1u64 << way;
@@ -230,6 +256,52 @@ impl RowCache {
             }
         }
         false
+    }
+
+    /// Copy every cached row of `ids` into its place in `weights_out` /
+    /// `scales_out` (row `i` at `i * w` / `i * s`) and push the index of
+    /// every id not cached onto `missed`; returns the hits. The batched form
+    /// of [`Self::get`]: ids go in groups of [`PROBE_GROUP`], whose set
+    /// headers are all requested from memory before the first is probed, so
+    /// the probes' loads overlap instead of queueing one behind another.
+    /// Output slices shorter than `ids` stop the batch early (the caller
+    /// checks lengths).
+    pub fn get_many(
+        &self,
+        ids: &[u64],
+        weights_out: &mut [u8],
+        scales_out: &mut [u8],
+        missed: &mut Vec<usize>,
+    ) -> u64 {
+        let (w, s) = (self.geometry.w(), self.geometry.s());
+        let mut hits = 0;
+        let mut at = [0usize; PROBE_GROUP];
+        let groups = ids
+            .chunks(PROBE_GROUP)
+            .zip(weights_out.chunks_mut(PROBE_GROUP * w.max(1)))
+            .zip(scales_out.chunks_mut(PROBE_GROUP * s.max(1)));
+        for (g, ((ids, wg), sg)) in groups.enumerate() {
+            for (slot, &id) in at.iter_mut().zip(ids) {
+                *slot = self.base_word + self.set_of(id) * self.set_words;
+                if let Some(word) = self.slab.get(*slot) {
+                    prefetch_word(word);
+                }
+            }
+            let rows = ids
+                .iter()
+                .zip(at.iter())
+                .zip(wg.chunks_exact_mut(w.max(1)))
+                .zip(sg.chunks_exact_mut(s.max(1)));
+            for (k, (((&id, &first), wo), so)) in rows.enumerate() {
+                let set = self.slab.get(first..first + self.set_words).unwrap_or(&[]);
+                if self.get_in(set, id, wo, so) {
+                    hits += 1;
+                } else {
+                    missed.push(g * PROBE_GROUP + k);
+                }
+            }
+        }
+        hits
     }
 
     /// Pull the header lines of `id`'s set (sequence, reference bits, keys)
@@ -353,6 +425,34 @@ mod tests {
         assert!(c.get(5, &mut w, &mut s));
         assert_eq!(w, row(5)[..256]);
         assert_eq!(s, row(5)[256..]);
+    }
+
+    #[test]
+    fn get_many_matches_get_row_by_row() {
+        let c = RowCache::new(1 << 20, 4, RowGeometry::ENGRAM)
+            .expect("valid")
+            .expect("fits");
+        // Every third id cached, over more than three probe groups.
+        let ids: Vec<u64> = (0..3 * PROBE_GROUP as u64 + 5).map(|i| i * 7 + 1).collect();
+        for &id in ids.iter().step_by(3) {
+            c.insert(id, &row(id));
+        }
+        let (mut w, mut s) = (vec![0xAAu8; ids.len() * 256], vec![0xAAu8; ids.len() * 8]);
+        let mut missed = Vec::new();
+        let hits = c.get_many(&ids, &mut w, &mut s, &mut missed);
+        let want_missed: Vec<usize> = (0..ids.len()).filter(|i| i % 3 != 0).collect();
+        assert_eq!(missed, want_missed);
+        assert_eq!(hits as usize, ids.len() - want_missed.len());
+        for (i, &id) in ids.iter().enumerate().step_by(3) {
+            assert_eq!(w[i * 256..(i + 1) * 256], row(id)[..256], "weights of {id}");
+            assert_eq!(s[i * 8..(i + 1) * 8], row(id)[256..], "scales of {id}");
+        }
+        for &i in &missed {
+            assert!(
+                w[i * 256..(i + 1) * 256].iter().all(|&b| b == 0xAA),
+                "a miss is left untouched"
+            );
+        }
     }
 
     #[test]

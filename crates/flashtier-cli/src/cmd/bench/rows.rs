@@ -204,6 +204,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| tmp.path().join("bench.rows"));
     if !path.exists() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
         write_store(&path, a.rows, a.json)?;
     }
     let backend: Option<Arc<dyn flashtier_io::StorageBackend>> = match a.backend.as_str() {

@@ -174,7 +174,10 @@ pub fn hit_path(store: &RowStore, batch: usize, seed: u64) -> anyhow::Result<Hit
     // The same rows scattered over a RAM table as large as the cache, so
     // the copies see the same cache and TLB footprint as the hit path.
     let slots = (usize::try_from(store.stats().cache_bytes).unwrap_or(0) / g.stride()).max(n * 64);
-    let mut ram = vec![0u8; slots * g.stride()];
+    // Written through, so every page is real memory: a zeroed allocation
+    // left untouched maps every page to the kernel's one zero page, whose
+    // 64 lines would all sit in L1 and flatter the baseline.
+    let mut ram: Vec<u8> = (0..slots * g.stride()).map(|i| i as u8).collect();
     let mut rng = SmallRng::seed_from_u64(seed);
     let at: Vec<usize> = (0..n)
         .map(|_| rng.random_range(0..slots) * g.stride())
