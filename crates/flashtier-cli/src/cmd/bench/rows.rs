@@ -6,6 +6,10 @@
 //! 2. **prefill**: deduplicated batches of `--prefill` Zipf ids, cache empty;
 //! 3. fio 4 KiB randread, O_DIRECT, at each `--fio-iodepth` (fresh seeds).
 //!
+//! With `--cold-streams N` (default 2) each repetition also measures N
+//! callers looking up cold batches at once (this step's lookup beside the
+//! next step's prefetch), right after the single-caller cold phase.
+//!
 //! Then the steady state the options describe (`--batch`, `--cache`,
 //! `--zipf`: lookups/s, rows/s, per-batch p50/p99/p999, hit rate) and the
 //! hit path against plain copies of the same bytes. With no `--store` (or a
@@ -63,6 +67,11 @@ pub struct Args {
     /// Repetitions of the interleaved cold / prefill / fio measurements.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Callers looking up cold batches at once in the overlapped cold phase
+    /// (this step's lookup beside the next step's prefetch, as Engram
+    /// issues them); 0 skips the phase.
+    #[arg(long, default_value_t = 2)]
+    pub cold_streams: usize,
     /// fio queue depths (comma-separated).
     #[arg(long, default_value = "32,64", value_delimiter = ',')]
     pub fio_iodepth: Vec<u32>,
@@ -133,6 +142,7 @@ struct Interleaved {
     cold_iops: Vec<f64>,
     cold_p50_us: Vec<f64>,
     cold_p99_us: Vec<f64>,
+    overlapped_iops: Vec<f64>,
     prefill_iops: Vec<f64>,
     prefill_unique_rows: Vec<f64>,
     prefill_batch_ms: Vec<f64>,
@@ -158,6 +168,10 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         r.cold_iops.push(cold.read_iops());
         r.cold_p50_us.push(cold.batch_us_p50);
         r.cold_p99_us.push(cold.batch_us_p99);
+        if a.cold_streams > 0 {
+            let store = b.open(a.cache)?;
+            r.overlapped_iops.push(overlapped(&store, a, rows, seed)?);
+        }
         if fio_on {
             for (q, v) in r.fio_iops.iter_mut().skip(1) {
                 v.push(fio::randread_iops(
@@ -188,6 +202,28 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         }
     }
     Ok(r)
+}
+
+/// Read IOPS of `--cold-streams` callers each looking up cold uniform
+/// batches of `--batch` ids on `store` for `--seconds`.
+fn overlapped(store: &RowStore, a: &Args, rows: u64, seed: u64) -> anyhow::Result<f64> {
+    let before = store.stats().reads;
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|sc| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..a.cold_streams)
+            .map(|k| {
+                let mut ids = Zipf::new(rows, 0.0, seed ^ (0x100 + k as u64));
+                sc.spawn(move || timed(store, a.seconds, || ids.batch(a.batch)).map(|_| ()))
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("an overlapped cold stream panicked"))??;
+        }
+        Ok(())
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((store.stats().reads - before) as f64 / secs)
 }
 
 /// Run `flashtier bench rows`.
@@ -288,6 +324,8 @@ fn report(
         (!v.is_empty()).then(|| median(&v))
     };
     let (cold_paired, pre_paired) = (paired(&r.cold_iops), paired(&r.prefill_iops));
+    let over = median(&r.overlapped_iops);
+    let over_paired = paired(&r.overlapped_iops);
     let fio_json: serde_json::Map<String, serde_json::Value> = r
         .fio_iops
         .iter()
@@ -310,6 +348,9 @@ fn report(
         "cold": { "batch": a.batch, "read_iops_median": cold, "read_iops": r.cold_iops,
                   "batch_us_p50_median": median(&r.cold_p50_us), "batch_us_p99_median": median(&r.cold_p99_us),
                   "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired },
+        "cold_overlapped": { "batch": a.batch, "streams": a.cold_streams, "read_iops_median": over,
+                  "read_iops": r.overlapped_iops, "ratio_vs_fio": ratio(over),
+                  "ratio_vs_fio_paired_median": over_paired },
         "prefill": { "ids": a.prefill, "unique_rows_median": median(&r.prefill_unique_rows),
                      "batch_ms_median": median(&r.prefill_batch_ms),
                      "read_iops_median": pre, "read_iops": r.prefill_iops, "ratio_vs_fio": ratio(pre),
@@ -353,6 +394,15 @@ fn report(
         median(&r.cold_p50_us),
         median(&r.cold_p99_us)
     );
+    if a.cold_streams > 0 {
+        println!(
+            "cold misses, {} callers of batch {} at once: median {over:.0} IOPS = {}; paired per rep: {}",
+            a.cold_streams,
+            a.batch,
+            pct(ratio(over)),
+            pct(over_paired)
+        );
+    }
     println!(
         "prefill {} ids (~{:.0} distinct): median {pre:.0} IOPS = {}; paired per rep: {}",
         a.prefill,
