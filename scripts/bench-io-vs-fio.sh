@@ -24,10 +24,10 @@ run() { # label target args...
     '"\($l): \(.backend) bs=\(.bs_bytes) qd=\(.qd) \(.pattern): IOPS \(.iops|floor) vs fio \(.fio.engine) \(.fio.median.iops|floor); bytes/s \(.bytes_per_sec/1048576|floor) MiB/s vs \(.fio.median.bytes_per_sec/1048576|floor) MiB/s; ratio IOPS \(.fio.ratio_iops*1000|floor/1000) bytes/s \(.fio.ratio_bytes_per_sec*1000|floor/1000) (target \($t)); lat p50/p99/p999 us \(.lat_us_p50|floor)/\(.lat_us_p99|floor)/\(.lat_us_p999|floor) vs fio \(.fio.median.lat_us_p50|floor)/\(.fio.median.lat_us_p99|floor)/\(.fio.median.lat_us_p999|floor)"'
 }
 
-run uring-local-4k-qd32 ">=0.90 IOPS" --backend uring-local --bs 4k --qd 32 --pattern rand
-run uring-4k-qd32 "(ring thread)" --backend uring --bs 4k --qd 32 --pattern rand
+run uring-local-4k-qd32 "(caller-reaped)" --backend uring-local --bs 4k --qd 32 --pattern rand
+run uring-4k-qd32 ">=0.90 IOPS" --backend uring --bs 4k --qd 32 --pattern rand
 run uring-1m-qd16 ">=0.95 bytes/s" --backend uring --bs 1m --qd 16 --pattern seq
-run uring-local-1m-qd16 ">=0.95 bytes/s" --backend uring-local --bs 1m --qd 16 --pattern seq
+run uring-local-1m-qd16 "(caller-reaped)" --backend uring-local --bs 1m --qd 16 --pattern seq
 run posix-4k-qd32 ">=0.80 IOPS" --backend posix --bs 4k --qd 32 --pattern rand
 
 run uring-1m-qd16-rand "(info)" --backend uring --bs 1m --qd 16 --pattern rand

@@ -28,6 +28,8 @@ use crate::uring_tables::{BufTable, FileTable};
 const WAKE_TAG: u64 = u64::MAX;
 /// `user_data` of the probe NOP.
 const NOP_TAG: u64 = u64::MAX - 1;
+/// Most completions one wait asks for (see [`Reaper::submit_and_wait`]).
+const MAX_WAIT_BATCH: usize = 8;
 /// Largest single SQE length by default; longer requests continue as
 /// "short" reads.
 pub(crate) const MAX_SQE_BYTES: usize = 1 << 30;
@@ -235,10 +237,23 @@ impl Reaper {
         self.deliver();
     }
 
-    /// Submit queued SQEs and sleep until at least one completion arrives
-    /// (with `DEFER_TASKRUN` the kernel batches what is ready by then).
+    /// Submit queued SQEs and sleep until completions arrive (with
+    /// `DEFER_TASKRUN` the kernel batches what is ready by then).
+    ///
+    /// With many reads in flight it sleeps until several have completed:
+    /// an eighth of those in flight, at most [`MAX_WAIT_BATCH`]. Each
+    /// wake-up then refills several slots with one `io_uring_enter` and one
+    /// device notification instead of one each. On this 2-vCPU guest the
+    /// ring thread spent ~90% of a core at 4 KiB QD32, a fifth of it in
+    /// virtio notifications. The wait always ends (every read in flight
+    /// completes), the device queue stays at least 7/8 full meanwhile, and a
+    /// completed read waits for at most `want - 1` others, under an eighth
+    /// of one read's service time on average. A timeout on the wait (50 us
+    /// to 1 ms, `IORING_ENTER_EXT_ARG`) measured worse: the timer costs more
+    /// than it saves.
     pub(crate) fn submit_and_wait(&mut self) {
-        let res = self.ring.submit_and_wait(1);
+        let want = (self.in_flight() / 8).clamp(1, MAX_WAIT_BATCH);
+        let res = self.ring.submit_and_wait(want);
         match res {
             Ok(_) => {}
             Err(e) if matches!(errno_of(&e), libc::EINTR | libc::EAGAIN | libc::EBUSY) => {}
