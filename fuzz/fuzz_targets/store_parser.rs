@@ -17,7 +17,9 @@ fuzz_target!(|data: &[u8]| {
         let payload = store.payload_bytes() as usize;
         for i in 0..store.record_count().min(256) {
             let off = store.record_offset(i).expect("in range") as usize;
-            let rec = data.get(off..off + payload).expect("record inside the file");
+            let rec = data
+                .get(off..off + payload)
+                .expect("record inside the file");
             let _ = store.verify_record(i, rec);
             let key = store.key_of(i).expect("key");
             assert_eq!(store.index_of(key).expect("index"), i);
