@@ -32,6 +32,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// allowed; the bytes are then unspecified (see the module docs).
 #[inline]
 pub fn copy_words(src: &[AtomicU64], dst: &mut [u8]) {
+    if let ([word, ..], 8) = (src, dst.len()) {
+        // One word (a row's scale): a plain relaxed load, no vector setup.
+        dst.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        return;
+    }
     let len = dst.len().min(src.len() * 8);
     let bulk = bulk_copy(src, &mut dst[..len]);
     let (done_words, rest) = (bulk / 8, &mut dst[bulk..len]);

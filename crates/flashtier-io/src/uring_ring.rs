@@ -178,7 +178,7 @@ impl Reaper {
 
     /// Register `region` as a fixed buffer.
     pub(crate) fn register(&mut self, region: &Arc<LandingRegion>) -> Result<(), String> {
-        self.files.sweep(&self.ring.submitter());
+        self.sweep_files();
         self.bufs.register(&self.ring.submitter(), region)
     }
 
@@ -302,8 +302,7 @@ impl Reaper {
                 match rx.try_recv() {
                     Ok(Msg::Read(batch)) => self.pending.push_back(batch),
                     Ok(Msg::Register(region, reply)) => {
-                        self.files.sweep(&self.ring.submitter());
-                        let _ = reply.send(self.bufs.register(&self.ring.submitter(), &region));
+                        let _ = reply.send(self.register(&region));
                         continue;
                     }
                     Err(TryRecvError::Empty) => break,

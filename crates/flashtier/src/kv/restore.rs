@@ -40,6 +40,20 @@ pub struct RestoreStats {
     pub total_ns: u64,
 }
 
+impl std::ops::AddAssign for RestoreStats {
+    /// Sum two restores' counts and times (e.g. consecutive chunks).
+    fn add_assign(&mut self, o: Self) {
+        self.tiles += o.tiles;
+        self.blocks += o.blocks;
+        self.bytes += o.bytes;
+        self.read_ops += o.read_ops;
+        self.io_wait_ns += o.io_wait_ns;
+        self.verify_ns += o.verify_ns;
+        self.consume_ns += o.consume_ns;
+        self.total_ns += o.total_ns;
+    }
+}
+
 /// A landed, verified tile: its blocks in the order the caller listed them.
 #[derive(Debug)]
 pub struct LandedTile<'a> {

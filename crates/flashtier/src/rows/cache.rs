@@ -239,13 +239,7 @@ impl RowCache {
                 .unwrap_or(&[]);
             let (w, s) = row.split_at(self.weight_words.min(row.len()));
             copy_words(w, weight_out);
-            match (s, scale_out.len()) {
-                // One scale word (the Engram geometry): a plain relaxed load.
-                ([word], 8) => {
-                    scale_out.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes())
-                }
-                _ => copy_words(s, scale_out),
-            }
+            copy_words(s, scale_out);
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == before {
                 let bit = 1u64 << way;
@@ -275,25 +269,24 @@ impl RowCache {
     ) -> u64 {
         let (w, s) = (self.geometry.w(), self.geometry.s());
         let mut hits = 0;
-        let mut at = [0usize; PROBE_GROUP];
+        let mut sets: [&[AtomicU64]; PROBE_GROUP] = [&[]; PROBE_GROUP];
         let groups = ids
             .chunks(PROBE_GROUP)
             .zip(weights_out.chunks_mut(PROBE_GROUP * w.max(1)))
             .zip(scales_out.chunks_mut(PROBE_GROUP * s.max(1)));
         for (g, ((ids, wg), sg)) in groups.enumerate() {
-            for (slot, &id) in at.iter_mut().zip(ids) {
-                *slot = self.base_word + self.set_of(id) * self.set_words;
-                if let Some(word) = self.slab.get(*slot) {
+            for (set, &id) in sets.iter_mut().zip(ids) {
+                *set = self.set_words_of(self.set_of(id));
+                if let Some(word) = set.first() {
                     prefetch_word(word);
                 }
             }
             let rows = ids
                 .iter()
-                .zip(at.iter())
+                .zip(sets.iter())
                 .zip(wg.chunks_exact_mut(w.max(1)))
                 .zip(sg.chunks_exact_mut(s.max(1)));
-            for (k, (((&id, &first), wo), so)) in rows.enumerate() {
-                let set = self.slab.get(first..first + self.set_words).unwrap_or(&[]);
+            for (k, (((&id, &set), wo), so)) in rows.enumerate() {
                 if self.get_in(set, id, wo, so) {
                     hits += 1;
                 } else {

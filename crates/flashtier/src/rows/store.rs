@@ -395,16 +395,14 @@ impl RowStore {
         let mut misses = Vec::new();
         let mut hits = 0u64;
         let prefetching = self.inner.ram.is_none();
-        let all_owned = ids.iter().all(|&id| plan.owns(id));
-        if let (Some(cache), true, true) = (&self.inner.cache, prefetching, all_owned) {
+        let per_id = match &self.inner.cache {
             // The common case, every id owned and a cache in front of the
-            // drive: one batched probe.
-            hits = cache.get_many(ids, weights_out, scales_out, &mut misses);
-        }
-        let per_id = if all_owned && prefetching && self.inner.cache.is_some() {
-            &[][..]
-        } else {
-            ids
+            // drive: one batched probe, no row-by-row pass.
+            Some(cache) if prefetching && ids.iter().all(|&id| plan.owns(id)) => {
+                hits = cache.get_many(ids, weights_out, scales_out, &mut misses);
+                &[][..]
+            }
+            _ => ids,
         };
         for (i, &id) in per_id.iter().enumerate() {
             if let (Some(cache), true) = (&self.inner.cache, prefetching) {

@@ -320,14 +320,7 @@ impl Bench {
                 fio_s += self.fio_chunk(path, fio_part, t0, t1 - t0)?;
                 st
             };
-            total.tiles += st.tiles;
-            total.blocks += st.blocks;
-            total.bytes += st.bytes;
-            total.read_ops += st.read_ops;
-            total.io_wait_ns += st.io_wait_ns;
-            total.verify_ns += st.verify_ns;
-            total.consume_ns += st.consume_ns;
-            total.total_ns += st.total_ns;
+            total += st;
         }
         pb.inc(2);
         Ok((self.data_bytes as f64 / fio_s, total))
