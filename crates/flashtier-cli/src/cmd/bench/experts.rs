@@ -12,7 +12,6 @@
 
 use super::median;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -63,39 +62,26 @@ struct Run {
 fn fio(file: &Path, size: u64, bs: u64, qd: usize, engine: &str) -> anyhow::Result<Run> {
     let psync = engine == "psync";
     let (depth, jobs) = if psync { (1, qd) } else { (qd, 1) };
-    let out = Command::new("fio")
-        .args([
-            "--name=flashtier-bench-experts",
-            "--rw=randread",
-            "--direct=1",
-            "--group_reporting",
-        ])
-        .arg(format!("--filename={}", file.display()))
-        .arg(format!("--size={size}"))
-        .arg(format!("--io_size={}", size / jobs as u64))
-        .arg(format!("--bs={bs}"))
-        .arg(format!("--ioengine={engine}"))
-        .arg(format!("--iodepth={depth}"))
-        .arg(format!("--numjobs={jobs}"))
-        .arg("--output-format=json")
-        .output()
-        .context("running fio (apt-get install -y fio)")?;
-    if !out.status.success() {
-        bail!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = text.find('{').map_or(&*text, |i| &text[i..]);
-    let v: serde_json::Value = serde_json::from_str(json).context("parsing fio JSON")?;
-    let read = &v["jobs"][0]["read"];
-    let pct = |k: &str| read["clat_ns"]["percentile"][k].as_f64().unwrap_or(0.0) / 1e3;
+    let report = super::fio::run_json([
+        "--name=flashtier-bench-experts".to_string(),
+        "--rw=randread".into(),
+        "--randrepeat=0".into(),
+        "--direct=1".into(),
+        "--group_reporting".into(),
+        format!("--filename={}", file.display()),
+        format!("--size={size}"),
+        format!("--io_size={}", size / jobs as u64),
+        format!("--bs={bs}"),
+        format!("--ioengine={engine}"),
+        format!("--iodepth={depth}"),
+        format!("--numjobs={jobs}"),
+    ])?;
+    let r = super::fio::read_stats(&report)?;
     Ok(Run {
-        bytes_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0),
-        lat_us_p50: pct("50.000000"),
-        lat_us_p99: pct("99.000000"),
-        lat_us_p999: pct("99.900000"),
+        bytes_per_sec: r.bytes_per_sec,
+        lat_us_p50: r.lat_us_p50,
+        lat_us_p99: r.lat_us_p99,
+        lat_us_p999: r.lat_us_p999,
     })
 }
 

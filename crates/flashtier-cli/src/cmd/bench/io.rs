@@ -10,7 +10,6 @@
 use super::median;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -225,48 +224,32 @@ fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Resul
     // psync: `qd` jobs of one read each.
     let psync = args.fio_engine == "psync";
     let (depth, jobs) = if psync { (1, args.qd) } else { (args.qd, 1) };
-    let out = Command::new("fio")
-        .arg("--name=flashtier-bench-io")
-        .arg(format!("--filename={}", args.file.display()))
-        .arg(format!("--offset={start}"))
-        .arg(format!("--size={}", span - start))
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={}", args.bs))
-        .arg("--direct=1")
-        .arg(format!("--ioengine={}", args.fio_engine))
-        .arg(format!("--iodepth={depth}"))
-        .arg(format!("--numjobs={jobs}"))
-        .arg("--group_reporting")
-        .arg("--time_based")
-        .arg(format!("--runtime={}ms", (args.seconds * 1000.0) as u64))
-        // fio 3.33 ignores `--randseed` under `--randrepeat=1` (two seeds
-        // gave the same offsets), so it re-read what the host had cached from
-        // its previous run; `--randrepeat=0` seeds from entropy: fresh
-        // offsets every run, as flashtier's fresh seed.
-        .arg("--randrepeat=0")
-        .arg("--norandommap")
-        .arg("--random_generator=tausworthe64")
-        .arg("--output-format=json")
-        .output()
-        .context("running fio (apt-get install -y fio)")?;
-    if !out.status.success() {
-        bail!(
-            "fio failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    // fio may print notices before the JSON object.
-    let json = text.find('{').map_or(&*text, |i| &text[i..]);
-    let v: serde_json::Value = serde_json::from_str(json).context("parsing fio JSON")?;
-    let read = &v["jobs"][0]["read"];
-    let pct = |k: &str| read["clat_ns"]["percentile"][k].as_f64().unwrap_or(0.0) / 1000.0;
+    let report = super::fio::run_json([
+        "--name=flashtier-bench-io".to_string(),
+        format!("--filename={}", args.file.display()),
+        format!("--offset={start}"),
+        format!("--size={}", span - start),
+        format!("--rw={rw}"),
+        format!("--bs={}", args.bs),
+        "--direct=1".into(),
+        format!("--ioengine={}", args.fio_engine),
+        format!("--iodepth={depth}"),
+        format!("--numjobs={jobs}"),
+        "--group_reporting".into(),
+        "--time_based".into(),
+        format!("--runtime={}ms", (args.seconds * 1000.0) as u64),
+        // Fresh offsets every run, as flashtier's fresh seed (see fio.rs).
+        "--randrepeat=0".into(),
+        "--norandommap".into(),
+        "--random_generator=tausworthe64".into(),
+    ])?;
+    let r = super::fio::read_stats(&report)?;
     Ok(Measure {
-        iops: read["iops"].as_f64().unwrap_or(0.0),
-        bytes_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0),
-        lat_us_p50: pct("50.000000"),
-        lat_us_p99: pct("99.000000"),
-        lat_us_p999: pct("99.900000"),
+        iops: r.iops,
+        bytes_per_sec: r.bytes_per_sec,
+        lat_us_p50: r.lat_us_p50,
+        lat_us_p99: r.lat_us_p99,
+        lat_us_p999: r.lat_us_p999,
         turnaround_us_p99: None,
     })
 }

@@ -162,7 +162,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    let fio_version = fio::version()?;
+    let fio_version = super::fio::version()?;
     let backend: Arc<dyn StorageBackend> =
         Arc::from(open_backend(args.backend, args.qd).context("opening the backend")?);
     let orders = orders(&args.order)?;

@@ -1,6 +1,7 @@
 //! `flashtier bench`: measurements against the device's own limit.
 
 pub mod experts;
+pub mod fio;
 pub mod gpu;
 pub mod io;
 pub mod kv;

@@ -48,13 +48,6 @@ pub struct Args {
     pub json: bool,
 }
 
-fn fio_available() -> bool {
-    Command::new("fio")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Sequential write of `bytes` to a fresh `path`; bytes per second.
 fn reference_write(tool: &str, path: &Path, bytes: u64) -> anyhow::Result<(f64, String)> {
     let _ = std::fs::remove_file(path);
@@ -69,18 +62,8 @@ fn reference_write(tool: &str, path: &Path, bytes: u64) -> anyhow::Result<(f64, 
             "--ioengine=libaio".into(),
             "--iodepth=4".into(),
             "--end_fsync=1".into(),
-            "--output-format=json".into(),
         ];
-        let o = Command::new("fio")
-            .args(&args)
-            .output()
-            .context("run fio")?;
-        anyhow::ensure!(
-            o.status.success(),
-            "fio failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("parse fio JSON")?;
+        let v = super::fio::run_json(&args)?;
         let bw = v["jobs"][0]["write"]["bw_bytes"]
             .as_f64()
             .context("fio JSON lacks jobs[0].write.bw_bytes")?;
@@ -158,7 +141,7 @@ fn run_reps(
 
 /// Run `flashtier bench pack`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tool = if args.tool == "fio" && !fio_available() {
+    let tool = if args.tool == "fio" && !super::fio::available() {
         eprintln!(
             "bench pack: fio is not installed; using dd as the reference (apt-get install fio)"
         );

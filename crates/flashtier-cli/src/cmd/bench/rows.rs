@@ -159,7 +159,7 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         let seed = 0x5EED_0000 + rep as u64 * 7919 + std::process::id() as u64;
         if fio_on {
             if let Some((q, v)) = r.fio_iops.get_mut(0) {
-                v.push(fio::randread_iops(&b.path, *q, a.seconds, seed)?);
+                v.push(fio::randread_iops(&b.path, *q, a.seconds)?);
             }
         }
         let store = b.open(a.cache)?;
@@ -174,12 +174,7 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         }
         if fio_on {
             for (q, v) in r.fio_iops.iter_mut().skip(1) {
-                v.push(fio::randread_iops(
-                    &b.path,
-                    *q,
-                    a.seconds,
-                    seed ^ u64::from(*q),
-                )?);
+                v.push(fio::randread_iops(&b.path, *q, a.seconds)?);
             }
         }
         let store = b.open(a.cache)?;

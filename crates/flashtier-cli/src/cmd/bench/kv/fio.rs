@@ -2,28 +2,10 @@
 //! sequentially with O_DIRECT at the restore's op size and queue depth.
 
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
-fn run_fio(args: &[String]) -> Result<serde_json::Value> {
-    let out = Command::new("fio")
-        .args(args)
-        .arg("--output-format=json")
-        .output()
-        .context("running fio (install it: apt-get install -y fio)")?;
-    if !out.status.success() {
-        bail!(
-            "fio {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    // fio may print notices before the JSON document.
-    let start = text.find('{').context("fio printed no JSON")?;
-    serde_json::from_str(&text[start..]).context("parsing fio JSON")
-}
+use crate::cmd::bench::fio::{read_stats, run_json};
 
 fn job(
     name: &str,
@@ -46,15 +28,6 @@ fn job(
         "--numjobs=1".into(),
         "--thread".into(),
     ]
-}
-
-/// fio's version string.
-pub fn version() -> Result<String> {
-    let out = Command::new("fio")
-        .arg("--version")
-        .output()
-        .context("fio not found (apt-get install -y fio)")?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// The bytes of one part of a store's data area that fio reads.
@@ -98,16 +71,17 @@ pub fn seq_read_part_bytes_per_sec(file: &Path, part: Part, bs: u64, qd: usize) 
             format!("--zonesize={}", part.len),
             format!("--zonerange={}", part.region_bytes),
         ]);
-        match run_fio(&read) {
+        match run_json(&read) {
             Ok(v) => {
-                let bw = v["jobs"][0]["read"]["bw_bytes"]
-                    .as_f64()
-                    .context("fio JSON has no jobs[0].read.bw_bytes")?;
-                let io = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
-                if io != part.len * part.regions {
-                    bail!("fio read {io} bytes of {}", part.len * part.regions);
+                let r = read_stats(&v)?;
+                if r.io_bytes != part.len * part.regions {
+                    bail!(
+                        "fio read {} bytes of {}",
+                        r.io_bytes,
+                        part.len * part.regions
+                    );
                 }
-                return Ok(bw);
+                return Ok(r.bytes_per_sec);
             }
             Err(e) => last = Some(e),
         }
