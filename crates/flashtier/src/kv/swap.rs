@@ -368,23 +368,17 @@ impl KvSwap {
         let ids: Vec<BlockId> = (0..run_len)
             .map(|i| BlockId::new(first.layer, first.block.saturating_add(i)))
             .collect();
-        for &id in &ids {
-            self.set_entry(id, BlockEntry::default())?;
-        }
-        write_blocks_run(
-            self.backend.as_ref(),
-            &self.file,
-            &self.layout,
-            first,
-            run_len,
-            src,
-            self.opts.path,
-        )?;
-        let bb = to_usize(self.layout.block_bytes())?;
-        ids.iter()
-            .zip(src.chunks_exact(bb))
-            .map(|(&id, bytes)| self.seal(id, bytes))
-            .collect()
+        self.offload_ids(&ids, src, |s| {
+            write_blocks_run(
+                s.backend.as_ref(),
+                &s.file,
+                &s.layout,
+                first,
+                run_len,
+                src,
+                s.opts.path,
+            )
+        })
     }
 
     /// Offload `count` blocks consecutive in file order from `first` (see
@@ -407,18 +401,32 @@ impl KvSwap {
                     })
             })
             .collect::<Result<Vec<BlockId>, KvError>>()?;
-        for &id in &ids {
+        self.offload_ids(&ids, src, |s| {
+            write_span(
+                s.backend.as_ref(),
+                &s.file,
+                &s.layout,
+                first,
+                count,
+                src,
+                s.opts.path,
+            )
+        })
+    }
+
+    /// Offload the blocks `ids` whose images are `src` (block after block)
+    /// with one `write`: their entries are cleared first, so a torn write
+    /// never reads back as valid, then sealed.
+    fn offload_ids(
+        &mut self,
+        ids: &[BlockId],
+        src: &[u8],
+        write: impl FnOnce(&Self) -> Result<usize, IoError>,
+    ) -> Result<Vec<BlockVersion>, KvError> {
+        for &id in ids {
             self.set_entry(id, BlockEntry::default())?;
         }
-        write_span(
-            self.backend.as_ref(),
-            &self.file,
-            &self.layout,
-            first,
-            count,
-            src,
-            self.opts.path,
-        )?;
+        write(self)?;
         let bb = to_usize(self.layout.block_bytes())?;
         ids.iter()
             .zip(src.chunks_exact(bb))
