@@ -187,6 +187,65 @@ fn prefetch_warms_what_the_next_lookup_needs() {
     assert_eq!(after.hits - before.hits, owned);
 }
 
+/// One caller with the next batch's prefetch in flight while it looks up
+/// the current one (Engram's order), on the pool and on a queued backend:
+/// every lookup is exact, a waited prefetch leaves nothing to read, and an
+/// abandoned one changes nothing but the cache.
+#[test]
+fn prefetch_start_runs_ahead_of_lookups_and_stays_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = table(dir.path(), ROWS);
+    let queued: Arc<dyn flashtier_io::StorageBackend> = Arc::from(
+        flashtier_io::open_backend(flashtier_io::BackendKind::Uring, 16).expect("backend"),
+    );
+    for backend in [None, Some(queued)] {
+        let store = RowStore::open(
+            src.clone(),
+            RowStoreConfig {
+                cache_bytes: 4 << 20,
+                backend,
+                pool: Some(RowPool::new(4).expect("pool")),
+                ..Default::default()
+            },
+        )
+        .expect("open");
+        store.set_range(100, 2500).expect("range");
+        let mut rng = Rng(21);
+        let mut next = rng.batch(150, ROWS);
+        let mut ahead = store.prefetch_start(&next).expect("start");
+        for _ in 0..12 {
+            let now = std::mem::replace(&mut next, rng.batch(150, ROWS));
+            let following = store.prefetch_start(&next).expect("start");
+            ahead.wait().expect("prefetch");
+            let before = store.stats();
+            check(&store, &now);
+            assert_eq!(
+                store.stats().misses,
+                before.misses,
+                "the waited prefetch cached every owned row of the batch"
+            );
+            ahead = following;
+        }
+        // Abandon the last one: the store stays exact and serves it anyway.
+        drop(ahead);
+        check(&store, &next);
+        assert!(matches!(
+            store.prefetch_start(&[ROWS]),
+            Err(RowError::IdOutOfRange {
+                id: ROWS,
+                index: 0,
+                ..
+            })
+        ));
+        // Nothing to prefetch (all cached or not owned): a no-op handle.
+        store
+            .prefetch_start(&[0, 1, next[0]])
+            .expect("start")
+            .wait()
+            .expect("wait");
+    }
+}
+
 #[test]
 fn weights_at_the_end_of_an_unaligned_file() {
     // Scales first, weights last: the last rows' aligned window runs past

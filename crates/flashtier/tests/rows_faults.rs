@@ -102,3 +102,31 @@ fn nth_read_failure_is_reported_and_the_next_batch_recovers() {
     check(&store, &[2900, 7, 2900]);
     assert_eq!(G.stride(), 264);
 }
+
+#[test]
+fn failed_prefetch_reports_on_wait_and_caches_nothing_wrong() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = table(dir.path(), ROWS);
+    // Read 1 pins scales; read 2 is the first prefetch read.
+    let plan = FaultPlan::seeded(14).fail_nth(OpKind::Read, 2, Fault::Eio);
+    let store = RowStore::open(
+        src,
+        RowStoreConfig {
+            cache_bytes: 1 << 20,
+            ..cfg(SimBackend::new(plan, 4).expect("sim"))
+        },
+    )
+    .expect("open");
+    store.set_range(0, ROWS).expect("range");
+    let ids = [40u64, 41, 2000, 2999];
+    let started = store.prefetch_start(&ids).expect("submitted");
+    let e = started.wait().expect_err("the injected EIO");
+    assert!(e.to_string().contains("table.bin"), "{e}");
+    // The failed row is read again by the lookup; every row is exact.
+    check(&store, &ids);
+    store
+        .prefetch_start(&ids)
+        .expect("start")
+        .wait()
+        .expect("all cached now");
+}

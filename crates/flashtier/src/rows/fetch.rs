@@ -21,6 +21,13 @@
 //!   `queue_depth + 2 * SUBMIT_WINDOW` landing buffers are in flight per
 //!   batch, and each thread keeps at most [`MAX_SPARE`] of them for the next
 //!   batch, so a steady stream of batches allocates none.
+//!
+//! A prefetch can also be split in two ([`start`], then [`Pending::wait`]):
+//! `start` submits the first windows (up to the queue depth plus one
+//! window) and returns, so the caller looks up this step's rows while the
+//! next step's are reading; `wait` submits the rest and finishes every
+//! window as above. With the pool instead of a queued backend, `start` does
+//! all the reads.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -83,51 +90,11 @@ fn submit_window(units: usize) -> usize {
 pub(crate) fn serve(
     inner: &Arc<Inner>,
     plan: &Arc<ServePlan>,
-    mut ids: Vec<u64>,
+    ids: Vec<u64>,
 ) -> Result<(Vec<u64>, Vec<u8>), RowError> {
-    let asked = ids.len();
-    ids.sort_unstable();
-    ids.dedup();
-    inner
-        .counters
-        .deduplicated
-        .fetch_add((asked - ids.len()) as u64, Ordering::Relaxed);
-    let units = plan_units(inner, plan, &ids)?;
-    let n = units.len();
-    let task = Arc::new(MissTask {
-        inner: inner.clone(),
-        plan: plan.clone(),
-        ids,
-        results: (0..n).map(|_| Mutex::new(None)).collect(),
-        units,
-    });
-    if n < inner.inline_below.max(1) {
-        for u in 0..n {
-            task.run(u);
-        }
-    } else if inner.backend.queue_depth() > 1 {
-        task.submit_all();
-    } else {
-        inner.pool.run(task.clone(), n);
-    }
-    let stride = inner.geometry.stride();
-    let mut rows = Vec::with_capacity(task.ids.len() * stride);
-    for (unit, result) in task.units.iter().zip(&task.results) {
-        match result.lock().unwrap_or_else(PoisonError::into_inner).take() {
-            Some(Ok(bytes)) => rows.extend_from_slice(&bytes),
-            Some(Err(e)) => return Err(e),
-            None => {
-                return Err(RowError::WorkerLost {
-                    path: unit.file.path().to_path_buf(),
-                    offset: unit.offset,
-                });
-            }
-        }
-    }
-    inner
-        .counters
-        .misses
-        .fetch_add(task.ids.len() as u64, Ordering::Relaxed);
+    let task = Arc::new(MissTask::new(inner, plan, ids)?);
+    task.run_all();
+    let rows = task.collect()?;
     Ok((task.ids.clone(), rows))
 }
 
@@ -210,6 +177,64 @@ impl PoolTask for MissTask {
 }
 
 impl MissTask {
+    /// Sort and deduplicate `ids` and plan their read units.
+    fn new(inner: &Arc<Inner>, plan: &Arc<ServePlan>, mut ids: Vec<u64>) -> Result<Self, RowError> {
+        let asked = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        inner
+            .counters
+            .deduplicated
+            .fetch_add((asked - ids.len()) as u64, Ordering::Relaxed);
+        let units = plan_units(inner, plan, &ids)?;
+        Ok(Self {
+            inner: inner.clone(),
+            plan: plan.clone(),
+            ids,
+            results: (0..units.len()).map(|_| Mutex::new(None)).collect(),
+            units,
+        })
+    }
+
+    /// Read every unit: on the caller alone for a tiny batch, submitted in
+    /// windows to a backend with its own queue, or on the pool.
+    fn run_all(self: &Arc<Self>) {
+        let n = self.units.len();
+        if n < self.inner.inline_below.max(1) {
+            for u in 0..n {
+                self.run(u);
+            }
+        } else if self.inner.backend.queue_depth() > 1 {
+            self.submit_all();
+        } else {
+            self.inner.pool.run(self.clone(), n);
+        }
+    }
+
+    /// The rows of every unit in id order (`stride` bytes each), or the
+    /// first unit's failure; counts the distinct rows as misses.
+    fn collect(&self) -> Result<Vec<u8>, RowError> {
+        let stride = self.inner.geometry.stride();
+        let mut rows = Vec::with_capacity(self.ids.len() * stride);
+        for (unit, result) in self.units.iter().zip(&self.results) {
+            match result.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                Some(Ok(bytes)) => rows.extend_from_slice(&bytes),
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(RowError::WorkerLost {
+                        path: unit.file.path().to_path_buf(),
+                        offset: unit.offset,
+                    });
+                }
+            }
+        }
+        self.inner
+            .counters
+            .misses
+            .fetch_add(self.ids.len() as u64, Ordering::Relaxed);
+        Ok(rows)
+    }
+
     fn read_unit(&self, u: &ReadUnit) -> Result<Vec<u8>, RowError> {
         let buf = LANDING
             .with(|l| l.borrow_mut().take())
@@ -254,62 +279,9 @@ impl MissTask {
     /// each finished on the caller as it lands while later windows are
     /// still reading.
     fn submit_all(&self) {
-        let n = self.units.len();
-        let window = submit_window(n);
-        let max_windows = self.inner.backend.queue_depth().div_ceil(window) + 1;
-        let mut spare = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        let mut in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)> = VecDeque::new();
-        let mut next = 0;
-        while next < n || !in_flight.is_empty() {
-            while next < n && in_flight.len() < max_windows.max(2) {
-                let end = (next + window).min(n);
-                let reqs = (next..end)
-                    .filter_map(|i| self.units.get(i).map(|u| (i, u)))
-                    .map(|(i, u)| {
-                        let buf = spare
-                            .pop()
-                            .filter(|b| b.capacity() >= u.len)
-                            .unwrap_or_else(|| AlignedBuf::zeroed(u.len.max(4096)));
-                        ReadReq {
-                            file: u.file.clone(),
-                            offset: u.offset,
-                            len: u.len,
-                            landing: Landing::Host(buf),
-                            tag: i as u64,
-                        }
-                    });
-                match self.inner.backend.read_async(reqs.collect()) {
-                    Ok(ticket) => in_flight.push_back((next, end, ticket)),
-                    Err(e) => self.record(next, Err(e.into())),
-                }
-                next = end;
-            }
-            let Some((start, end, ticket)) = in_flight.pop_front() else {
-                break;
-            };
-            match ticket.wait() {
-                Ok(landed) => {
-                    self.inner
-                        .counters
-                        .reads
-                        .fetch_add((end - start) as u64, Ordering::Relaxed);
-                    for l in landed {
-                        let i = l.tag as usize;
-                        let (Some(u), Some(buf)) = (self.units.get(i), l.buf) else {
-                            continue;
-                        };
-                        self.record(i, self.finish_unit(u, &buf));
-                        if spare.len() < MAX_SPARE {
-                            spare.push(buf);
-                        }
-                    }
-                }
-                // The ticket reports its first failure; charge it to the
-                // window's first unit so the batch fails with it.
-                Err(e) => self.record(start, Err(e.into())),
-            }
-        }
-        SPARE.with(|s| *s.borrow_mut() = spare);
+        let mut st = Submitting::new(self);
+        while st.step(self) {}
+        st.finish();
     }
 
     fn record(&self, unit: usize, result: Result<Vec<u8>, RowError>) {
@@ -364,6 +336,145 @@ impl MissTask {
             }
         }
         Ok(out)
+    }
+}
+
+/// The submit mode's progress through one task: the next unit to submit,
+/// the windows in flight (oldest first) and the landing buffers to reuse.
+struct Submitting {
+    next: usize,
+    window: usize,
+    max_windows: usize,
+    in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)>,
+    spare: Vec<AlignedBuf>,
+}
+
+impl Submitting {
+    /// Take this thread's spare buffers and size the windows for `task`.
+    fn new(task: &MissTask) -> Self {
+        let window = submit_window(task.units.len());
+        Self {
+            next: 0,
+            window,
+            max_windows: (task.inner.backend.queue_depth().div_ceil(window) + 1).max(2),
+            in_flight: VecDeque::new(),
+            spare: SPARE.with(|s| std::mem::take(&mut *s.borrow_mut())),
+        }
+    }
+
+    /// Submit windows until `max_windows` are in flight or none are left.
+    fn top_up(&mut self, task: &MissTask) {
+        let n = task.units.len();
+        while self.next < n && self.in_flight.len() < self.max_windows {
+            let (start, end) = (self.next, (self.next + self.window).min(n));
+            let spare = &mut self.spare;
+            let reqs = (start..end)
+                .filter_map(|i| task.units.get(i).map(|u| (i, u)))
+                .map(|(i, u)| {
+                    let buf = spare
+                        .pop()
+                        .filter(|b| b.capacity() >= u.len)
+                        .unwrap_or_else(|| AlignedBuf::zeroed(u.len.max(4096)));
+                    ReadReq {
+                        file: u.file.clone(),
+                        offset: u.offset,
+                        len: u.len,
+                        landing: Landing::Host(buf),
+                        tag: i as u64,
+                    }
+                });
+            match task.inner.backend.read_async(reqs.collect()) {
+                Ok(ticket) => self.in_flight.push_back((start, end, ticket)),
+                Err(e) => task.record(start, Err(e.into())),
+            }
+            self.next = end;
+        }
+    }
+
+    /// Top up, then wait for the oldest window and finish its units on this
+    /// thread. Returns false once every unit has been finished.
+    fn step(&mut self, task: &MissTask) -> bool {
+        self.top_up(task);
+        let Some((start, end, ticket)) = self.in_flight.pop_front() else {
+            return false;
+        };
+        match ticket.wait() {
+            Ok(landed) => {
+                task.inner
+                    .counters
+                    .reads
+                    .fetch_add((end - start) as u64, Ordering::Relaxed);
+                for l in landed {
+                    let i = l.tag as usize;
+                    let (Some(u), Some(buf)) = (task.units.get(i), l.buf) else {
+                        continue;
+                    };
+                    task.record(i, task.finish_unit(u, &buf));
+                    if self.spare.len() < MAX_SPARE {
+                        self.spare.push(buf);
+                    }
+                }
+            }
+            // The ticket reports its first failure; charge it to the
+            // window's first unit so the batch fails with it.
+            Err(e) => task.record(start, Err(e.into())),
+        }
+        true
+    }
+
+    /// Give the landing buffers back to this thread for its next batch.
+    fn finish(self) {
+        SPARE.with(|s| *s.borrow_mut() = self.spare);
+    }
+}
+
+/// Misses whose reads were started by [`start`] and are finished by
+/// [`Pending::wait`]: the non-blocking half of a prefetch.
+pub(crate) struct Pending {
+    task: Arc<MissTask>,
+    /// `None` when the backend has no queue of its own and the reads were
+    /// already done by `start`.
+    submitting: Option<Submitting>,
+}
+
+/// Start reading the distinct rows among `ids` (all owned and in range)
+/// without waiting for them. With a backend that has its own queue the
+/// first windows (up to its queue depth plus one window) are submitted and
+/// this returns at once; otherwise the reads run here on the pool, as
+/// [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
+/// the rows.
+pub(crate) fn start(
+    inner: &Arc<Inner>,
+    plan: &Arc<ServePlan>,
+    ids: Vec<u64>,
+) -> Result<Pending, RowError> {
+    let task = Arc::new(MissTask::new(inner, plan, ids)?);
+    let n = task.units.len();
+    if inner.backend.queue_depth() > 1 && n > 0 {
+        let mut st = Submitting::new(&task);
+        st.top_up(&task);
+        return Ok(Pending {
+            task,
+            submitting: Some(st),
+        });
+    }
+    task.run_all();
+    Ok(Pending {
+        task,
+        submitting: None,
+    })
+}
+
+impl Pending {
+    /// Wait for the started reads, verify and cache their rows, and read
+    /// whatever was not started yet. The first failure is returned.
+    pub(crate) fn wait(self) -> Result<(), RowError> {
+        let Self { task, submitting } = self;
+        if let Some(mut st) = submitting {
+            while st.step(&task) {}
+            st.finish();
+        }
+        task.collect().map(|_| ())
     }
 }
 

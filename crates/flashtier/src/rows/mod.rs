@@ -58,7 +58,7 @@ pub use fp8::ScaleFormat;
 pub use ngram::{NgramHashConfig, NgramHasher};
 pub use pool::{InlineBackend, RowPool};
 pub use source::TableSource;
-pub use store::{RowStats, RowStore, RowStoreConfig};
+pub use store::{RowPrefetch, RowStats, RowStore, RowStoreConfig};
 
 /// Bytes of one row: weight payload then scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -136,6 +136,29 @@ pub struct RowStore {
     inner: Arc<Inner>,
 }
 
+/// A prefetch in flight, from [`RowStore::prefetch_start`].
+#[must_use = "a prefetch caches nothing until it is waited on"]
+pub struct RowPrefetch {
+    pending: Option<fetch::Pending>,
+}
+
+impl RowPrefetch {
+    /// Finish the prefetch: wait for its reads, verify them and cache the
+    /// rows. Returns the first failure (the rows of failed reads are not
+    /// cached, and a later lookup reads them again).
+    pub fn wait(self) -> Result<(), RowError> {
+        self.pending.map_or(Ok(()), fetch::Pending::wait)
+    }
+}
+
+impl std::fmt::Debug for RowPrefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowPrefetch")
+            .field("pending", &self.pending.is_some())
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for RowStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RowStore")
@@ -459,9 +482,28 @@ impl RowStore {
     /// next step's rows, known one step ahead). Returns when they are cached.
     /// A no-op without a cache or in RAM mode.
     pub fn prefetch(&self, ids: &[u64]) -> Result<(), RowError> {
+        self.prefetch_start(ids)?.wait()
+    }
+
+    /// Start warming the cache with the owned rows among `ids` that it
+    /// lacks, and return without waiting for the drive: the non-blocking
+    /// [`Self::prefetch`], for a caller that looks up this step's rows while
+    /// the next step's are still reading, so the drive's queue never drains
+    /// between steps.
+    ///
+    /// With a backend that has its own queue (io_uring, posix, the
+    /// simulator) the reads are submitted here, up to the backend's queue
+    /// depth plus one window; [`RowPrefetch::wait`] submits the rest, then
+    /// verifies and caches every row. With the inline backend (the pool's
+    /// threads read) the reads run here and `wait` only reports.
+    ///
+    /// Dropping the handle without waiting abandons the prefetch: the reads
+    /// already submitted complete into buffers the backend owns and are
+    /// freed, and no row of them is cached.
+    pub fn prefetch_start(&self, ids: &[u64]) -> Result<RowPrefetch, RowError> {
         self.check_ids(ids)?;
         let Some(cache) = &self.inner.cache else {
-            return Ok(());
+            return Ok(RowPrefetch { pending: None });
         };
         let plan = self.plan();
         let want: Vec<u64> = ids
@@ -469,10 +511,12 @@ impl RowStore {
             .copied()
             .filter(|&id| plan.owns(id) && !cache.contains(id))
             .collect();
-        if !want.is_empty() {
-            fetch::serve(&self.inner, &plan, want)?;
+        if want.is_empty() {
+            return Ok(RowPrefetch { pending: None });
         }
-        Ok(())
+        Ok(RowPrefetch {
+            pending: Some(fetch::start(&self.inner, &plan, want)?),
+        })
     }
 
     fn check_ids(&self, ids: &[u64]) -> Result<(), RowError> {

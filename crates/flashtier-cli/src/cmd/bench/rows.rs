@@ -6,9 +6,16 @@
 //! 2. **prefill**: deduplicated batches of `--prefill` Zipf ids, cache empty;
 //! 3. fio 4 KiB randread, O_DIRECT, at each `--fio-iodepth` (fresh seeds).
 //!
-//! With `--cold-streams N` (default 2) each repetition also measures N
-//! callers looking up cold batches at once (this step's lookup beside the
-//! next step's prefetch), right after the single-caller cold phase.
+//! Each repetition also measures, right after the single-caller cold phase:
+//! - fio issuing the same synchronous batches (`--batch` reads submitted
+//!   together, all reaped before the next batch): the drive's own limit for
+//!   a caller that waits for each whole batch;
+//! - with `--lookahead N` (default 1), one caller keeping the next N
+//!   batches' prefetches in flight (`RowStore::prefetch_start`) while it
+//!   looks up the current one: Engram's order, so the queue never drains;
+//! - with `--cold-streams N` (default 2), N callers looking up cold batches
+//!   at once (this step's lookup beside the next step's prefetch on another
+//!   thread).
 //!
 //! Then the steady state the options describe (`--batch`, `--cache`,
 //! `--zipf`: lookups/s, rows/s, per-batch p50/p99/p999, hit rate) and the
@@ -26,7 +33,7 @@ use anyhow::Context;
 use flashtier::rows::pack::write_synthetic_packed;
 use flashtier::rows::{RowGeometry, RowPool, RowStore, RowStoreConfig};
 use flashtier_format::row_shard::RowShardHeader;
-use load::{HitPath, Phase, Zipf, hit_path, timed};
+use load::{HitPath, Phase, Zipf, hit_path, timed, timed_ahead};
 
 /// Options of `flashtier bench rows`.
 #[derive(clap::Args, Debug)]
@@ -72,6 +79,11 @@ pub struct Args {
     /// issues them); 0 skips the phase.
     #[arg(long, default_value_t = 2)]
     pub cold_streams: usize,
+    /// Batches one caller keeps prefetching ahead of its lookups in the
+    /// look-ahead cold phase (`RowStore::prefetch_start`, Engram's order:
+    /// the next step's rows are known one step early); 0 skips the phase.
+    #[arg(long, default_value_t = 1)]
+    pub lookahead: usize,
     /// fio queue depths (comma-separated).
     #[arg(long, default_value = "32,64", value_delimiter = ',')]
     pub fio_iodepth: Vec<u32>,
@@ -142,11 +154,16 @@ struct Interleaved {
     cold_iops: Vec<f64>,
     cold_p50_us: Vec<f64>,
     cold_p99_us: Vec<f64>,
+    ahead_iops: Vec<f64>,
+    ahead_p50_us: Vec<f64>,
+    ahead_p99_us: Vec<f64>,
     overlapped_iops: Vec<f64>,
     prefill_iops: Vec<f64>,
     prefill_unique_rows: Vec<f64>,
     prefill_batch_ms: Vec<f64>,
     fio_iops: Vec<(u32, Vec<f64>)>,
+    /// fio in synchronous batches of `--batch` (the single caller's shape).
+    fio_batched_iops: Vec<f64>,
 }
 
 fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
@@ -168,6 +185,19 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         r.cold_iops.push(cold.read_iops());
         r.cold_p50_us.push(cold.batch_us_p50);
         r.cold_p99_us.push(cold.batch_us_p99);
+        if fio_on {
+            let batch = u32::try_from(a.batch).unwrap_or(u32::MAX);
+            r.fio_batched_iops
+                .push(fio::batched_randread_iops(&b.path, batch, a.seconds)?);
+        }
+        if a.lookahead > 0 {
+            let store = b.open(a.cache)?;
+            let mut ids = Zipf::new(rows, 0.0, seed ^ 3);
+            let ahead = timed_ahead(&store, a.seconds, a.lookahead, || ids.batch(a.batch))?;
+            r.ahead_iops.push(ahead.read_iops());
+            r.ahead_p50_us.push(ahead.batch_us_p50);
+            r.ahead_p99_us.push(ahead.batch_us_p99);
+        }
         if a.cold_streams > 0 {
             let store = b.open(a.cache)?;
             r.overlapped_iops.push(overlapped(&store, a, rows, seed)?);
@@ -186,9 +216,11 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         r.prefill_batch_ms.push(pre.batch_us_p50 / 1e3);
         if !a.json {
             eprintln!(
-                "rep {rep}: cold {:.0} IOPS, prefill {:.0} IOPS{}",
+                "rep {rep}: cold {:.0} IOPS, look-ahead {:.0} IOPS, prefill {:.0} IOPS, fio batched {:.0}{}",
                 cold.read_iops(),
+                r.ahead_iops.last().copied().unwrap_or(0.0),
                 pre.read_iops(),
+                r.fio_batched_iops.last().copied().unwrap_or(0.0),
                 r.fio_iops
                     .iter()
                     .filter_map(|(q, v)| v.last().map(|x| format!(", fio QD{q} {x:.0}")))
@@ -320,6 +352,19 @@ fn report(
     };
     let (cold_paired, pre_paired) = (paired(&r.cold_iops), paired(&r.prefill_iops));
     let over = median(&r.overlapped_iops);
+    let ahead = median(&r.ahead_iops);
+    let ahead_paired = paired(&r.ahead_iops);
+    let fio_batched = median(&r.fio_batched_iops);
+    // The single caller against fio in the same synchronous batches, per
+    // repetition (run back to back), then the median.
+    let cold_vs_batched: Vec<f64> = r
+        .cold_iops
+        .iter()
+        .zip(&r.fio_batched_iops)
+        .filter(|(_, f)| **f > 0.0)
+        .map(|(c, f)| c / f)
+        .collect();
+    let cold_vs_batched = (!cold_vs_batched.is_empty()).then(|| median(&cold_vs_batched));
     let over_paired = paired(&r.overlapped_iops);
     let fio_json: serde_json::Map<String, serde_json::Value> = r
         .fio_iops
@@ -342,7 +387,13 @@ fn report(
         "batch_us_p999": steady.batch_us_p999,
         "cold": { "batch": a.batch, "read_iops_median": cold, "read_iops": r.cold_iops,
                   "batch_us_p50_median": median(&r.cold_p50_us), "batch_us_p99_median": median(&r.cold_p99_us),
-                  "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired },
+                  "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired,
+                  "fio_batched_iops_median": fio_batched, "fio_batched_iops": r.fio_batched_iops,
+                  "ratio_vs_fio_batched_paired_median": cold_vs_batched },
+        "cold_lookahead": { "batch": a.batch, "ahead": a.lookahead, "read_iops_median": ahead,
+                  "read_iops": r.ahead_iops, "batch_us_p50_median": median(&r.ahead_p50_us),
+                  "batch_us_p99_median": median(&r.ahead_p99_us), "ratio_vs_fio": ratio(ahead),
+                  "ratio_vs_fio_paired_median": ahead_paired },
         "cold_overlapped": { "batch": a.batch, "streams": a.cold_streams, "read_iops_median": over,
                   "read_iops": r.overlapped_iops, "ratio_vs_fio": ratio(over),
                   "ratio_vs_fio_paired_median": over_paired },
@@ -389,6 +440,23 @@ fn report(
         median(&r.cold_p50_us),
         median(&r.cold_p99_us)
     );
+    if !r.fio_batched_iops.is_empty() {
+        println!(
+            "  fio in the same synchronous batches of {}: median {fio_batched:.0} IOPS; cold over it, paired per rep: {}",
+            a.batch,
+            pct(cold_vs_batched)
+        );
+    }
+    if a.lookahead > 0 {
+        println!(
+            "cold misses, one caller prefetching {} batch(es) ahead: median {ahead:.0} IOPS = {}; paired per rep: {} (p50 {:.0} us, p99 {:.0} us per step)",
+            a.lookahead,
+            pct(ratio(ahead)),
+            pct(ahead_paired),
+            median(&r.ahead_p50_us),
+            median(&r.ahead_p99_us)
+        );
+    }
     if a.cold_streams > 0 {
         println!(
             "cold misses, {} callers of batch {} at once: median {over:.0} IOPS = {}; paired per rep: {}",

@@ -1,5 +1,6 @@
 //! Load generators and timed phases of `flashtier bench rows`.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use flashtier::rows::RowStore;
@@ -125,6 +126,59 @@ pub fn timed(
         hist.record(t.elapsed().as_nanos() as u64)?;
         phase.batches += 1;
         phase.ids += batch.len() as u64;
+    }
+    phase.seconds = t0.elapsed().as_secs_f64();
+    let after = store.stats();
+    phase.reads = after.reads - before.reads;
+    phase.hits = after.hits - before.hits;
+    phase.misses = after.misses - before.misses;
+    phase.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
+    phase.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
+    phase.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
+    Ok(phase)
+}
+
+/// One caller looking up batches from `ids` for `seconds` with the next
+/// `ahead` batches' prefetches in flight (Engram's order: the next step's
+/// rows are known one step early). Each step starts the prefetch of a new
+/// batch, waits for the oldest one, then looks it up (all hits); the batch
+/// latency recorded is that wait plus the lookup. Prefetches still in flight
+/// at the deadline are waited for inside the timed span, and their reads
+/// counted, so the figure includes the final drain.
+pub fn timed_ahead(
+    store: &RowStore,
+    seconds: f64,
+    ahead: usize,
+    mut ids: impl FnMut() -> Vec<u64>,
+) -> anyhow::Result<Phase> {
+    let g = store.geometry();
+    let mut hist = Histogram::<u64>::new(3)?;
+    let before = store.stats();
+    let deadline = Duration::from_secs_f64(seconds);
+    let (mut w, mut s) = (Vec::new(), Vec::new());
+    let mut phase = Phase::default();
+    let mut queue = VecDeque::with_capacity(ahead + 1);
+    let t0 = Instant::now();
+    while phase.batches == 0 || t0.elapsed() < deadline {
+        while queue.len() <= ahead {
+            let batch = ids();
+            let started = store.prefetch_start(&batch)?;
+            queue.push_back((batch, started));
+        }
+        let Some((batch, started)) = queue.pop_front() else {
+            break;
+        };
+        w.resize(batch.len() * g.w(), 0);
+        s.resize(batch.len() * g.s(), 0);
+        let t = Instant::now();
+        started.wait()?;
+        store.lookup(&batch, &mut w, &mut s)?;
+        hist.record(t.elapsed().as_nanos() as u64)?;
+        phase.batches += 1;
+        phase.ids += batch.len() as u64;
+    }
+    for (_, started) in queue {
+        started.wait()?;
     }
     phase.seconds = t0.elapsed().as_secs_f64();
     let after = store.stats();
