@@ -369,3 +369,61 @@ fn ranges_are_validated_and_fixed_once_scales_are_pinned() {
     check(&store, &[99, 100, 150, 199, 200]);
     let _ = Arc::new(0);
 }
+
+/// A table without scales (`scale_bytes: 0`) and one with odd sizes are
+/// served exactly through the cache: hits and misses alike.
+#[test]
+fn other_geometries_are_exact_through_the_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (k, g) in [
+        flashtier::rows::RowGeometry {
+            weight_bytes: 100,
+            scale_bytes: 0,
+        },
+        flashtier::rows::RowGeometry {
+            weight_bytes: 37,
+            scale_bytes: 5,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = dir.path().join(format!("t{k}.bin"));
+        let src = flashtier::rows::pack::write_synthetic_table(&path, 500, g, 9).expect("table");
+        let store = RowStore::open(
+            src,
+            RowStoreConfig {
+                cache_bytes: 1 << 20,
+                pool: Some(RowPool::new(2).expect("pool")),
+                ..Default::default()
+            },
+        )
+        .expect("open");
+        let ids: Vec<u64> = (0..120u64).map(|i| (i * 41) % 500).collect();
+        for round in 0..2 {
+            let (mut w, mut s) = (
+                vec![0xAAu8; ids.len() * g.w()],
+                vec![0xAAu8; ids.len() * g.s()],
+            );
+            store.lookup(&ids, &mut w, &mut s).expect("lookup");
+            for (i, &id) in ids.iter().enumerate() {
+                let mut row = vec![0u8; g.stride()];
+                flashtier::rows::pack::synthetic_row(9, id, g, &mut row);
+                assert_eq!(
+                    &w[i * g.w()..(i + 1) * g.w()],
+                    &row[..g.w()],
+                    "{g:?} round {round} id {id}"
+                );
+                assert_eq!(
+                    &s[i * g.s()..(i + 1) * g.s()],
+                    &row[g.w()..],
+                    "{g:?} round {round} id {id}"
+                );
+            }
+        }
+        assert!(
+            store.stats().hits >= ids.len() as u64,
+            "{g:?}: the second round hits"
+        );
+    }
+}
