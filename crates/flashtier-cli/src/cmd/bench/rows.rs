@@ -19,7 +19,9 @@
 //!
 //! Then the steady state the options describe (`--batch`, `--cache`,
 //! `--zipf`: lookups/s, rows/s, per-batch p50/p99/p999, hit rate) and the
-//! hit path against plain copies of the same bytes. With no `--store` (or a
+//! hit path against plain copies of the same bytes, twice: 144 rows that
+//! stay in the core's caches, and batches drawn from `--dram-pool` cached
+//! rows, whose lines come from DRAM. With no `--store` (or a
 //! missing one) a synthetic packed shard of `--rows` rows is written first.
 
 mod fio;
@@ -33,7 +35,7 @@ use anyhow::Context;
 use flashtier::rows::pack::write_synthetic_packed;
 use flashtier::rows::{RowGeometry, RowPool, RowStore, RowStoreConfig};
 use flashtier_format::row_shard::RowShardHeader;
-use load::{HitPath, Phase, Zipf, hit_path, timed, timed_ahead};
+use load::{DramHitPath, HitPath, Phase, Zipf, hit_path, hit_path_dram, timed, timed_ahead};
 
 /// Options of `flashtier bench rows`.
 #[derive(clap::Args, Debug)]
@@ -93,9 +95,12 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Measure only the hit path (no drive phases, no fio).
+    /// Measure only the hit paths (no drive phases, no fio).
     #[arg(long)]
     pub hit_path_only: bool,
+    /// Rows cached for the DRAM hit path (batches draw from them at random).
+    #[arg(long, default_value_t = 200_000)]
+    pub dram_pool: usize,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -300,7 +305,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     drop(probe);
     if a.hit_path_only {
         let h = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
-        println!("{}", serde_json::to_string(&h)?);
+        let dram = hit_path_dram(&b.open(a.cache.max(64 << 20))?, a.batch, a.dram_pool, 44)?;
+        let v = serde_json::json!({ "hit_path": h, "hit_path_dram": dram });
+        if a.json {
+            println!("{v}");
+        } else {
+            print_hit_paths(&h, &dram);
+        }
         return Ok(());
     }
     let inter = interleaved(&b, &a, rows)?;
@@ -309,7 +320,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     timed(&store, a.seconds, || z.batch(a.batch))?; // warm-up
     let steady = timed(&store, a.seconds, || z.batch(a.batch))?;
     let hits = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
-    report(&a, rows, direct, &inter, &steady, &hits)
+    let dram = hit_path_dram(&b.open(a.cache.max(64 << 20))?, a.batch, a.dram_pool, 44)?;
+    report(&a, rows, direct, &inter, &steady, &hits, &dram)
 }
 
 fn report(
@@ -319,6 +331,7 @@ fn report(
     r: &Interleaved,
     steady: &Phase,
     hits: &HitPath,
+    dram: &DramHitPath,
 ) -> anyhow::Result<()> {
     let fio_best = r
         .fio_iops
@@ -404,6 +417,7 @@ fn report(
         "fio": fio_json,
         "fio_best_iops": fio_best,
         "hit_path": hits,
+        "hit_path_dram": dram,
     });
     if a.json {
         println!("{v}");
@@ -473,6 +487,11 @@ fn report(
         pct(ratio(pre)),
         pct(pre_paired)
     );
+    print_hit_paths(hits, dram);
+    Ok(())
+}
+
+fn print_hit_paths(hits: &HitPath, dram: &DramHitPath) {
     println!(
         "hit path, {} rows: {:.1} ns/row; memcpy gather {:.1} ns/row ({:.2}x), contiguous memcpy {:.1} ns/row ({:.2}x)",
         hits.batch,
@@ -482,5 +501,13 @@ fn report(
         hits.memcpy_contiguous_ns_per_row,
         hits.ratio_vs_contiguous
     );
-    Ok(())
+    println!(
+        "hit path from DRAM, batches of {} of {} cached rows: {:.1} ns/row; memcpy gather from a {} MiB table {:.1} ns/row ({:.2}x)",
+        dram.batch,
+        dram.pool_rows,
+        dram.lookup_ns_per_row,
+        dram.table_bytes >> 20,
+        dram.memcpy_gather_ns_per_row,
+        dram.ratio_vs_gather
+    );
 }

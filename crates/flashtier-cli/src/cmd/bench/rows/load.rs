@@ -277,3 +277,105 @@ pub fn hit_path(store: &RowStore, batch: usize, seed: u64) -> anyhow::Result<Hit
         ..h
     })
 }
+
+/// The hit path with the rows in DRAM rather than in the core's caches.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DramHitPath {
+    /// Rows per batch.
+    pub batch: usize,
+    /// Distinct cached rows the batches are drawn from.
+    pub pool_rows: usize,
+    /// Bytes of the cache's slab and of the gather baseline's table.
+    pub table_bytes: u64,
+    /// Nanoseconds per row on the cache hit path.
+    pub lookup_ns_per_row: f64,
+    /// Nanoseconds per row gathering as many random rows from a RAM table
+    /// as large as the cache.
+    pub memcpy_gather_ns_per_row: f64,
+    /// lookup / gather.
+    pub ratio_vs_gather: f64,
+}
+
+/// Time cache hits whose rows sit in DRAM: `pool` rows (at most the table's
+/// owned rows) are cached first, every one checked to be a hit, then each
+/// batch draws `batch` fresh random rows of them, so its sets and rows are
+/// not in the core's caches (a 32 MiB L3 holds a tenth of the pool's lines).
+/// The baseline gathers as many random rows from a table written through,
+/// as large as the cache. Best of 5 rounds of 2000 batches each.
+pub fn hit_path_dram(
+    store: &RowStore,
+    batch: usize,
+    pool: usize,
+    seed: u64,
+) -> anyhow::Result<DramHitPath> {
+    let g = store.geometry();
+    let (lo, hi) = store.range();
+    let owned = usize::try_from(hi - lo).unwrap_or(usize::MAX);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ids: Vec<u64> = (0..pool.min(owned))
+        .map(|_| lo + rng.random_range(0..hi - lo))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for chunk in ids.chunks(32768) {
+        store.prefetch(chunk)?;
+    }
+    // Keep the rows that stayed cached (a full set evicts a few).
+    let (mut w1, mut s1) = (vec![0u8; g.w()], vec![0u8; g.s()]);
+    let mut kept = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        let misses = store.stats().misses;
+        store.lookup(&[id], &mut w1, &mut s1)?;
+        if store.stats().misses == misses {
+            kept.push(id);
+        }
+    }
+    anyhow::ensure!(
+        kept.len() >= batch,
+        "only {} of {} rows stayed cached (cache too small?)",
+        kept.len(),
+        ids.len()
+    );
+    const BATCHES: usize = 2000;
+    let draws: Vec<u64> = (0..BATCHES * batch)
+        .map(|_| kept[rng.random_range(0..kept.len())])
+        .collect();
+    let table_bytes = store.stats().cache_bytes;
+    let slots = (usize::try_from(table_bytes).unwrap_or(0) / g.stride()).max(kept.len());
+    let ram: Vec<u8> = (0..slots * g.stride()).map(|i| i as u8).collect();
+    let at: Vec<usize> = (0..BATCHES * batch)
+        .map(|_| rng.random_range(0..slots) * g.stride())
+        .collect();
+    let (mut w, mut s) = (vec![0u8; batch * g.w()], vec![0u8; batch * g.s()]);
+    let before = store.stats().misses;
+    let mut best = [f64::MAX; 2];
+    for _ in 0..5 {
+        let t = Instant::now();
+        for ids in draws.chunks_exact(batch) {
+            store.lookup(std::hint::black_box(ids), &mut w, &mut s)?;
+        }
+        best[0] = best[0].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for offsets in at.chunks_exact(batch) {
+            for (i, &a) in std::hint::black_box(offsets).iter().enumerate() {
+                w[i * g.w()..(i + 1) * g.w()].copy_from_slice(&ram[a..a + g.w()]);
+                s[i * g.s()..(i + 1) * g.s()].copy_from_slice(&ram[a + g.w()..a + g.stride()]);
+            }
+            std::hint::black_box(&mut w);
+        }
+        best[1] = best[1].min(t.elapsed().as_secs_f64());
+    }
+    anyhow::ensure!(
+        store.stats().misses == before,
+        "a DRAM hit-path row missed the cache"
+    );
+    let per_row = |secs: f64| secs * 1e9 / (BATCHES * batch) as f64;
+    Ok(DramHitPath {
+        batch,
+        pool_rows: kept.len(),
+        table_bytes,
+        lookup_ns_per_row: per_row(best[0]),
+        memcpy_gather_ns_per_row: per_row(best[1]),
+        ratio_vs_gather: best[0] / best[1],
+    })
+}
