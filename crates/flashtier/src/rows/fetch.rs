@@ -23,9 +23,12 @@
 //!   batch, so a steady stream of batches allocates none.
 //!
 //! A prefetch can also be split in two ([`start`], then [`Pending::wait`]):
-//! `start` submits the first windows (up to the queue depth plus one
-//! window) and returns, so the caller looks up this step's rows while the
-//! next step's are reading; `wait` submits the rest and finishes every
+//! `start` submits the first windows (at least [`START_UNITS`] units, so a
+//! decode step's batch goes in whole, or the queue depth plus one window)
+//! and returns, so the caller looks up this step's rows while the
+//! next step's are reading (in flight per started prefetch: at most
+//! `max(START_UNITS, queue_depth + SUBMIT_WINDOW) + SUBMIT_WINDOW` landing
+//! buffers); `wait` submits the rest and finishes every
 //! window as above. With the pool instead of a queued backend, `start` does
 //! all the reads.
 
@@ -66,6 +69,10 @@ struct MissTask {
     /// One slot per unit, filled by whichever thread ran it.
     results: Vec<UnitResult>,
 }
+
+/// Units [`start`] submits before returning, when the queue's worth is
+/// fewer (the rest are submitted by [`Pending::wait`]).
+pub const START_UNITS: usize = 2 * SUBMIT_WINDOW;
 
 /// Most landing buffers the submit mode keeps per thread between batches.
 pub const MAX_SPARE: usize = 2 * SUBMIT_WINDOW;
@@ -358,7 +365,13 @@ impl Submitting {
             window,
             max_windows: (task.inner.backend.queue_depth().div_ceil(window) + 1).max(2),
             in_flight: VecDeque::new(),
-            spare: SPARE.with(|s| std::mem::take(&mut *s.borrow_mut())),
+            // As many of this thread's spare buffers as the task has units;
+            // the rest stay for a prefetch started meanwhile.
+            spare: SPARE.with(|s| {
+                let mut s = s.borrow_mut();
+                let keep = s.len().saturating_sub(task.units.len());
+                s.split_off(keep)
+            }),
         }
     }
 
@@ -422,9 +435,14 @@ impl Submitting {
         true
     }
 
-    /// Give the landing buffers back to this thread for its next batch.
+    /// Give the landing buffers back to this thread for its next batch
+    /// (it keeps at most [`MAX_SPARE`]).
     fn finish(self) {
-        SPARE.with(|s| *s.borrow_mut() = self.spare);
+        SPARE.with(|s| {
+            let mut s = s.borrow_mut();
+            let room = MAX_SPARE.saturating_sub(s.len());
+            s.extend(self.spare.into_iter().take(room));
+        });
     }
 }
 
@@ -439,8 +457,8 @@ pub(crate) struct Pending {
 
 /// Start reading the distinct rows among `ids` (all owned and in range)
 /// without waiting for them. With a backend that has its own queue the
-/// first windows (up to its queue depth plus one window) are submitted and
-/// this returns at once; otherwise the reads run here on the pool, as
+/// first windows (at least [`START_UNITS`] units, or the queue depth plus
+/// one window) are submitted and this returns at once; otherwise the reads run here on the pool, as
 /// [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
 /// the rows.
 pub(crate) fn start(
@@ -452,7 +470,13 @@ pub(crate) fn start(
     let n = task.units.len();
     if inner.backend.queue_depth() > 1 && n > 0 {
         let mut st = Submitting::new(&task);
+        // Submit all of a step-sized batch now, not just a queue's worth: a
+        // window left for `wait` would only go in after the next step's
+        // prefetch, and the drive would drain behind it.
+        let queue_windows = st.max_windows;
+        st.max_windows = queue_windows.max(START_UNITS.div_ceil(st.window));
         st.top_up(&task);
+        st.max_windows = queue_windows;
         return Ok(Pending {
             task,
             submitting: Some(st),

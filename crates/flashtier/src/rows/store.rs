@@ -492,8 +492,8 @@ impl RowStore {
     /// between steps.
     ///
     /// With a backend that has its own queue (io_uring, posix, the
-    /// simulator) the reads are submitted here, up to the backend's queue
-    /// depth plus one window; [`RowPrefetch::wait`] submits the rest, then
+    /// simulator) the reads are submitted here (up to 512 read units, or
+    /// the backend's queue depth plus one window, whichever is more); [`RowPrefetch::wait`] submits the rest, then
     /// verifies and caches every row. With the inline backend (the pool's
     /// threads read) the reads run here and `wait` only reports.
     ///
