@@ -167,9 +167,22 @@ pub struct SourceCheckpoint {
     pub config_xxh3: String,
     /// The safetensors files, sorted by name.
     pub files: Vec<SourceFile>,
-    /// Source name of a record's tensors: this template with `{layer}` and
-    /// `{expert}` substituted, then the tensor's `name`.
+    /// Source name of a record's tensors. With `expert_tensors` `split`:
+    /// this template with `{layer}` and `{expert}` substituted, then the
+    /// tensor's `name`. With `fused`: this template with `{layer}`
+    /// substituted, then `gate_up_proj` (`[E, 2I, H]`: expert `e`'s gate is
+    /// rows `2Ie..2Ie+I`, its up the next `I` rows) or `down_proj`
+    /// (`[E, H, I]`, expert `e`'s slice).
     pub tensor_prefix: String,
+    /// `split` (one checkpoint tensor per record tensor) or `fused` (the
+    /// transformers-5 per-layer pair). Absent in stores packed before it
+    /// existed, which are all `split`.
+    #[serde(default = "split_tensors")]
+    pub expert_tensors: String,
+}
+
+fn split_tensors() -> String {
+    "split".to_string()
 }
 
 /// What the packer learnt about the model from `config.json`.

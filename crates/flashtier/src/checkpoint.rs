@@ -84,6 +84,18 @@ pub enum CheckpointError {
         /// Buffer length.
         got: u64,
     },
+    /// A byte range past the end of a tensor.
+    #[error("tensor {tensor}: {len} bytes at byte {at} run past its {len_bytes} bytes")]
+    PartOutOfRange {
+        /// Tensor name.
+        tensor: String,
+        /// Start of the range within the tensor.
+        at: u64,
+        /// Length of the range.
+        len: u64,
+        /// Tensor length.
+        len_bytes: u64,
+    },
 }
 
 /// One tensor of a checkpoint.
@@ -242,12 +254,52 @@ impl Checkpoint {
 
     /// Read tensor `name`'s bytes into `dst` (exactly its length).
     pub fn read_tensor(&self, name: &str, dst: &mut [u8]) -> Result<(), CheckpointError> {
+        self.check_whole(name, dst)?;
+        self.read_tensor_part(name, 0, dst)
+    }
+
+    /// Read `dst.len()` bytes of tensor `name`, starting `at` bytes into it
+    /// (one expert's slice of a fused `[experts, ...]` tensor, say).
+    pub fn read_tensor_part(
+        &self,
+        name: &str,
+        at: u64,
+        dst: &mut [u8],
+    ) -> Result<(), CheckpointError> {
+        let (wf, offset) = self.locate_part(name, at, dst.len())?;
+        wf.file
+            .read_exact_at(dst, offset)
+            .map_err(io_err(&wf.path, offset, dst.len() as u64))
+    }
+
+    fn check_whole(&self, name: &str, dst: &[u8]) -> Result<(), CheckpointError> {
         let t = self.tensor(name)?;
         if dst.len() as u64 != t.len_bytes {
             return Err(CheckpointError::BufferSize {
                 tensor: name.to_string(),
                 len_bytes: t.len_bytes,
                 got: dst.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// The file holding `len` bytes at byte `at` of tensor `name`, and their
+    /// absolute offset in it.
+    fn locate_part(
+        &self,
+        name: &str,
+        at: u64,
+        len: usize,
+    ) -> Result<(&WeightFile, u64), CheckpointError> {
+        let t = self.tensor(name)?;
+        let len = len as u64;
+        if at.checked_add(len).is_none_or(|end| end > t.len_bytes) {
+            return Err(CheckpointError::PartOutOfRange {
+                tensor: name.to_string(),
+                at,
+                len,
+                len_bytes: t.len_bytes,
             });
         }
         let wf = self
@@ -257,40 +309,44 @@ impl Checkpoint {
                 tensor: name.to_string(),
                 where_: format!("file #{}", t.file),
             })?;
-        wf.file
-            .read_exact_at(dst, t.offset)
-            .map_err(io_err(&wf.path, t.offset, t.len_bytes))
+        Ok((wf, t.offset + at))
     }
 }
 
 impl Checkpoint {
     /// Read tensor `name` into `dst` (exactly its length) with direct I/O,
-    /// bypassing the page cache: the 4096-aligned window around the tensor
-    /// lands in `staging` (grown to the window when smaller, so its size is
-    /// bounded by the largest tensor plus 8 KiB), then the tensor is copied
-    /// out. Falls back to [`Checkpoint::read_tensor`] where the file system
-    /// refuses O_DIRECT.
+    /// bypassing the page cache: see [`Checkpoint::read_tensor_part_direct`].
     pub fn read_tensor_direct(
         &self,
         name: &str,
         dst: &mut [u8],
         staging: &mut AlignedBuf,
     ) -> Result<(), CheckpointError> {
-        let t = self.tensor(name)?;
-        let wf = self
-            .files
-            .get(t.file)
-            .filter(|_| dst.len() as u64 == t.len_bytes);
-        let Some(wf) = wf else {
-            return self.read_tensor(name, dst);
-        };
+        self.check_whole(name, dst)?;
+        self.read_tensor_part_direct(name, 0, dst, staging)
+    }
+
+    /// [`Checkpoint::read_tensor_part`] with direct I/O, bypassing the page
+    /// cache: the 4096-aligned window around the bytes lands in `staging`
+    /// (grown to the window when smaller, so its size is bounded by the
+    /// largest read plus 8 KiB), then they are copied out. Falls back to
+    /// the buffered read where the file system refuses O_DIRECT.
+    pub fn read_tensor_part_direct(
+        &self,
+        name: &str,
+        at: u64,
+        dst: &mut [u8],
+        staging: &mut AlignedBuf,
+    ) -> Result<(), CheckpointError> {
+        let (wf, offset) = self.locate_part(name, at, dst.len())?;
         let direct = wf.direct_handle()?;
         if !direct.is_direct() {
-            return self.read_tensor(name, dst);
+            return self.read_tensor_part(name, at, dst);
         }
+        let len = dst.len() as u64;
         let align = (direct.offset_align() as u64).max(ALIGN as u64);
-        let start = t.offset / align * align;
-        let head = (t.offset - start) as usize;
+        let start = offset / align * align;
+        let head = (offset - start) as usize;
         let need = head + dst.len();
         let window = need.next_multiple_of(align as usize);
         if staging.capacity() < window {
@@ -303,11 +359,11 @@ impl Checkpoint {
             match got {
                 Ok(0) => {
                     let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-                    return Err(io_err(&wf.path, t.offset, t.len_bytes)(eof));
+                    return Err(io_err(&wf.path, offset, len)(eof));
                 }
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_err(&wf.path, t.offset, t.len_bytes)(e)),
+                Err(e) => return Err(io_err(&wf.path, offset, len)(e)),
             }
         }
         dst.copy_from_slice(&buf[head..need]);

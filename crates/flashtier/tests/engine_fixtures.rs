@@ -204,3 +204,10 @@ fn qwen3_moe_through_the_expert_pool() {
 fn mixtral_through_the_expert_pool() {
     check_pool("mixtral");
 }
+
+/// The transformers-5 fused layout, packed: the store reads the same as the
+/// checkpoint's fused tensors, at every budget and on both backings.
+#[test]
+fn qwen3_moe_tied_fused_through_the_expert_pool() {
+    check_pool("qwen3_moe_tied");
+}

@@ -313,3 +313,175 @@ fn synthetic_checkpoints_are_deterministic() {
         "{total} bytes for a 64 MiB target: {sized:?}"
     );
 }
+
+/// The transformers-5 fixture (`tools/make_fixtures.py`, layout "fused",
+/// two shards): every record's gate, up and down are byte-identical to the
+/// expert's slices of the layer's `gate_up_proj` and `down_proj`, read with
+/// the `safetensors` crate, through buffered and direct checkpoint reads.
+#[test]
+fn fused_transformers5_checkpoints_pack_byte_identical() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/qwen3_moe_tied");
+    let src = source_tensors(&model);
+    for direct_source in [false, true] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let out = tmp.path().join("experts.ftstore");
+        let mut opts = PackOptions::new(&model, &out);
+        opts.direct_source = direct_source;
+        let report = pack_experts(&opts, &|_| {}).expect("pack");
+        let store = Store::open(&out).expect("open store");
+        let m = store.manifest();
+        assert_eq!(m.source.as_ref().expect("source").expert_tensors, "fused");
+        let names: Vec<&str> = m.record.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+        );
+        let image = std::fs::read(&out).expect("read store");
+        let mut compared = 0;
+        for (i, key) in m.keys.iter().enumerate() {
+            let prefix = format!("model.layers.{}.mlp.experts.", key.layer);
+            let (_, gu_shape, gu) = &src[&format!("{prefix}gate_up_proj")];
+            let (_, _, down) = &src[&format!("{prefix}down_proj")];
+            let (two_i, h) = (gu_shape[1], gu_shape[2]);
+            let mat = two_i / 2 * h * 2; // bf16
+            let e = key.item as usize;
+            let want = [
+                &gu[e * 2 * mat..e * 2 * mat + mat],
+                &gu[e * 2 * mat + mat..(e + 1) * 2 * mat],
+                &down[e * mat..(e + 1) * mat],
+            ];
+            let mut rec = vec![0u8; store.payload_bytes() as usize];
+            store
+                .read_record(&image[..], i as u64, &mut rec)
+                .expect("record verifies");
+            for (t, want) in m.record.tensors.iter().zip(want) {
+                let got = &rec[t.offset as usize..(t.offset + t.len_bytes) as usize];
+                assert!(got == want, "{key:?} {}: packed bytes differ", t.name);
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, 3 * report.records as usize);
+        assert!(report.records > 0);
+        check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("pairs");
+    }
+}
+
+fn fused_config(model_type: &str, layers: u64) -> serde_json::Value {
+    serde_json::json!({ "model_type": model_type, "num_hidden_layers": layers, "hidden_size": 8, "num_experts": 2 })
+}
+
+#[test]
+fn fused_layouts_are_checked() {
+    use safetensors::Dtype as D;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pack = |name: &str, cfg: serde_json::Value, tensors: &[(&str, D, Vec<usize>)]| {
+        let dir = tmp.path().join(name);
+        raw_checkpoint(&dir, cfg, tensors);
+        pack_experts(
+            &PackOptions::new(&dir, &tmp.path().join(format!("{name}.ftstore"))),
+            &|_| {},
+        )
+    };
+    let gu = "model.layers.0.mlp.experts.gate_up_proj";
+    let down = "model.layers.0.mlp.experts.down_proj";
+    // Mixtral spelled under block_sparse_moe: records named w1, w3, w2.
+    let ok = pack(
+        "mixtral",
+        fused_config("mixtral", 1),
+        &[
+            (
+                "model.layers.0.block_sparse_moe.experts.gate_up_proj",
+                D::BF16,
+                vec![2, 6, 8],
+            ),
+            (
+                "model.layers.0.block_sparse_moe.experts.down_proj",
+                D::BF16,
+                vec![2, 8, 3],
+            ),
+        ],
+    )
+    .expect("mixtral fused");
+    assert_eq!(ok.records, 2);
+    let m = Store::open(&tmp.path().join("mixtral.ftstore"))
+        .expect("store")
+        .manifest()
+        .clone();
+    let names: Vec<&str> = m.record.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["w1.weight", "w3.weight", "w2.weight"]);
+    assert_eq!(m.model.expect("model").expert_intermediate_size, 3);
+    // Fused and per-expert tensors in one checkpoint.
+    let err = pack(
+        "mixed",
+        fused_config("qwen3_moe", 2),
+        &[
+            (gu, D::BF16, vec![2, 6, 8]),
+            (down, D::BF16, vec![2, 8, 3]),
+            (
+                "model.layers.1.mlp.experts.0.gate_proj.weight",
+                D::BF16,
+                vec![3, 8],
+            ),
+        ],
+    )
+    .expect_err("mixed");
+    assert!(matches!(err, PackError::MixedLayouts { .. }), "{err}");
+    // A layer without its down_proj: named.
+    let err = pack(
+        "nodown",
+        fused_config("qwen3_moe", 1),
+        &[(gu, D::BF16, vec![2, 6, 8])],
+    )
+    .expect_err("no down");
+    assert!(err.to_string().contains(down), "{err}");
+    // Odd gate_up rows, and a down_proj of the wrong shape.
+    let err = pack(
+        "odd",
+        fused_config("qwen3_moe", 1),
+        &[(gu, D::BF16, vec![2, 5, 8]), (down, D::BF16, vec![2, 8, 3])],
+    )
+    .expect_err("odd");
+    assert!(
+        matches!(err, PackError::Inconsistent { .. }) && err.to_string().contains(gu),
+        "{err}"
+    );
+    let err = pack(
+        "shape",
+        fused_config("qwen3_moe", 1),
+        &[(gu, D::BF16, vec![2, 6, 8]), (down, D::BF16, vec![2, 3, 8])],
+    )
+    .expect_err("down shape");
+    assert!(err.to_string().contains(down), "{err}");
+    // Layers that disagree.
+    let err = pack(
+        "layers",
+        fused_config("qwen3_moe", 2),
+        &[
+            (gu, D::BF16, vec![2, 6, 8]),
+            (down, D::BF16, vec![2, 8, 3]),
+            (
+                "model.layers.1.mlp.experts.gate_up_proj",
+                D::BF16,
+                vec![2, 4, 8],
+            ),
+            (
+                "model.layers.1.mlp.experts.down_proj",
+                D::BF16,
+                vec![2, 8, 2],
+            ),
+        ],
+    )
+    .expect_err("layers");
+    assert!(err.to_string().contains("layers.1"), "{err}");
+    // FP8 fused experts (their scales' layout is not defined): refused by name.
+    let err = pack(
+        "fp8",
+        fused_config("qwen3_moe", 1),
+        &[
+            (gu, D::F8_E4M3, vec![2, 6, 8]),
+            (down, D::F8_E4M3, vec![2, 8, 3]),
+        ],
+    )
+    .expect_err("fp8");
+    assert!(matches!(err, PackError::UnsupportedDtype { .. }), "{err}");
+}

@@ -94,9 +94,11 @@ pub fn store_summary(store: &Store) -> String {
     }
     if let Some(src) = &m.source {
         s.push_str(&format!(
-            "  source: {} ({} safetensors files; non-expert tensors are read from there)\n",
+            "  source: {} ({} safetensors files, {} expert tensors under {}; non-expert tensors are read from there)\n",
             src.path,
-            src.files.len()
+            src.files.len(),
+            src.expert_tensors,
+            src.tensor_prefix
         ));
     }
     s

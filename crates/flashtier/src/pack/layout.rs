@@ -7,6 +7,14 @@
 //! - DeepSeek-V2/V3: `model.layers.L.mlp.experts.E.*`; shared experts
 //!   (`mlp.shared_experts.*`) and dense layers do not match and stay dense.
 //!
+//! - transformers 5 (fused): one pair per layer,
+//!   `model.layers.L.mlp.experts.gate_up_proj [E, 2I, H]` (each expert's
+//!   gate rows, then its up rows) and `...experts.down_proj [E, H, I]`
+//!   (`block_sparse_moe.experts.` is accepted too). A record's gate, up and
+//!   down are contiguous byte ranges of them, stored under the family's
+//!   per-expert names (`gate_proj.weight`...; `w1.weight`... for Mixtral),
+//!   so a store packed from either layout reads the same.
+//!
 //! Every (layer, expert) must hold the same tensor suffixes with the same
 //! dtype and shape. A record holds them in the order gate, up, down (w1, w3,
 //! w2), each matrix followed by its scales, each tensor at a 4096-aligned
@@ -92,6 +100,79 @@ pub struct ExpertLayout {
     pub payload_bytes: u64,
     /// Element type of the first matrix.
     pub dtype: Dtype,
+    /// How the records' tensors sit in the checkpoint.
+    pub source: ExpertSource,
+}
+
+/// How a record's tensors sit in the checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSource {
+    /// One checkpoint tensor per record tensor (the hub layout).
+    Split,
+    /// The transformers-5 fused pair per layer under `prefix` (with
+    /// `{layer}`): `{prefix}gate_up_proj [E, 2I, H]`, `{prefix}down_proj
+    /// [E, H, I]`.
+    Fused {
+        /// Tensor prefix template, `{layer}` to substitute.
+        prefix: &'static str,
+    },
+}
+
+impl ExpertSource {
+    /// The manifest's name for it (`split` or `fused`).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Split => "split",
+            Self::Fused { .. } => "fused",
+        }
+    }
+}
+
+impl ExpertLayout {
+    /// Where record tensor `t` of expert `key` comes from: the checkpoint
+    /// tensor's name and the byte offset of `t`'s bytes within it (their
+    /// length is `t.len_bytes`).
+    #[must_use]
+    pub fn source_of(&self, key: RecordKey, t: &TensorLayout) -> (String, u64) {
+        match self.source {
+            ExpertSource::Split => (source_name(self.family.prefix_template(), key, &t.name), 0),
+            ExpertSource::Fused { prefix } => {
+                let prefix = prefix.replace("{layer}", &key.layer.to_string());
+                let e = u64::from(key.item);
+                // Gate, up and down have the same byte length.
+                let mat = t.len_bytes;
+                match suffix_rank(&t.name).0 {
+                    0 => (format!("{prefix}gate_up_proj"), e * 2 * mat),
+                    1 => (format!("{prefix}gate_up_proj"), e * 2 * mat + mat),
+                    _ => (format!("{prefix}down_proj"), e * mat),
+                }
+            }
+        }
+    }
+}
+
+/// The two fused-tensor prefixes transformers 5 writes.
+const FUSED_PREFIXES: [&str; 2] = [
+    "model.layers.{layer}.mlp.experts.",
+    "model.layers.{layer}.block_sparse_moe.experts.",
+];
+
+/// A fused expert tensor's (prefix template, layer, which): `which` is
+/// `gate_up_proj` or `down_proj`.
+fn parse_fused_name(name: &str) -> Option<(&'static str, u32, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (prefix, which) = if let Some(w) = rest.strip_prefix("mlp.experts.") {
+        (FUSED_PREFIXES[0], w)
+    } else {
+        (
+            FUSED_PREFIXES[1],
+            rest.strip_prefix("block_sparse_moe.experts.")?,
+        )
+    };
+    matches!(which, "gate_up_proj" | "down_proj").then_some(())?;
+    Some((prefix, layer.parse().ok()?, which))
 }
 
 const MATRIX_DTYPES: &str = "BF16, F16, F32, F8_E4M3";
@@ -158,12 +239,15 @@ type ExpertSuffixes<'a> = BTreeMap<RecordKey, BTreeSet<&'a str>>;
 
 /// Find the experts of `ckpt` and lay out one record.
 pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
-    let (mixtral, by_key) = scan_experts(ckpt)?;
     let model_type = ckpt
         .config()
         .get("model_type")
         .and_then(|v| v.as_str())
         .unwrap_or("");
+    if let Some(fused) = fused_layout(ckpt, model_type)? {
+        return Ok(fused);
+    }
+    let (mixtral, by_key) = scan_experts(ckpt)?;
     let family = match (mixtral, model_type.starts_with("deepseek")) {
         (true, _) => ExpertFamily::Mixtral,
         (false, true) => ExpertFamily::DeepSeek,
@@ -205,7 +289,167 @@ pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
         tensors,
         payload_bytes: offset,
         dtype,
+        source: ExpertSource::Split,
     })
+}
+
+/// The layout of a checkpoint whose experts are fused per layer
+/// (transformers 5), or `None` when it has no fused expert tensor.
+fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayout>, PackError> {
+    // (prefix, layer) -> (gate_up, down) tensor names.
+    let mut layers: BTreeMap<u32, (&'static str, Option<&str>, Option<&str>)> = BTreeMap::new();
+    let mut split: Option<&str> = None;
+    for name in ckpt.tensors().keys() {
+        if split.is_none() && parse_expert_name(name).is_some() {
+            split = Some(name);
+        }
+        let Some((prefix, layer, which)) = parse_fused_name(name) else {
+            continue;
+        };
+        let entry = layers.entry(layer).or_insert((prefix, None, None));
+        if entry.0 != prefix {
+            return Err(PackError::MixedLayouts {
+                first: entry.1.or(entry.2).unwrap_or_default().to_string(),
+                second: name.clone(),
+            });
+        }
+        if which == "gate_up_proj" {
+            entry.1 = Some(name);
+        } else {
+            entry.2 = Some(name);
+        }
+    }
+    let Some((&first_layer, &(prefix, _, _))) = layers.iter().next() else {
+        return Ok(None);
+    };
+    if let Some(split) = split {
+        let fused = layers
+            .values()
+            .find_map(|(_, g, d)| g.or(*d))
+            .unwrap_or_default();
+        return Err(PackError::MixedLayouts {
+            first: fused.to_string(),
+            second: split.to_string(),
+        });
+    }
+    let family = match model_type {
+        t if t.starts_with("mixtral") => ExpertFamily::Mixtral,
+        t if t.starts_with("deepseek") => ExpertFamily::DeepSeek,
+        _ => ExpertFamily::QwenMoe,
+    };
+    let fused_name = |layer: u32, which: &str| {
+        format!("{}{which}", prefix.replace("{layer}", &layer.to_string()))
+    };
+    // Shapes and dtype from the first layer; every layer must agree.
+    let (mut experts, mut inter, mut hidden, mut dtype) = (0u64, 0u64, 0u64, Dtype::Bf16);
+    for (&layer, &(_, gate_up, down)) in &layers {
+        let (Some(gate_up), Some(down)) = (gate_up, down) else {
+            let have = gate_up.or(down).unwrap_or_default();
+            let missing = if gate_up.is_none() {
+                "gate_up_proj"
+            } else {
+                "down_proj"
+            };
+            return Err(PackError::Inconsistent {
+                tensor: fused_name(layer, missing),
+                why: format!("missing, while {have} is present"),
+            });
+        };
+        let gu = ckpt.tensor(gate_up)?;
+        let dn = ckpt.tensor(down)?;
+        let d = check_dtype(gate_up, gu, "gate_up_proj")?;
+        if d == Dtype::F8E4M3 {
+            return Err(PackError::UnsupportedDtype {
+                tensor: gate_up.to_string(),
+                dtype: gu.dtype.clone(),
+                role: "fused matrice",
+                supported: "BF16, F16, F32",
+            });
+        }
+        let bad = |tensor: &str, why: String| PackError::Inconsistent {
+            tensor: tensor.to_string(),
+            why,
+        };
+        let [e, two_i, h] = gu.shape[..] else {
+            return Err(bad(
+                gate_up,
+                format!(
+                    "shape {:?}, expected [experts, 2 * intermediate, hidden]",
+                    gu.shape
+                ),
+            ));
+        };
+        if two_i == 0 || two_i % 2 != 0 || e == 0 || h == 0 {
+            return Err(bad(
+                gate_up,
+                format!(
+                    "shape {:?}, expected [experts, 2 * intermediate, hidden]",
+                    gu.shape
+                ),
+            ));
+        }
+        let i = two_i / 2;
+        if dn.shape != [e, h, i] || dn.dtype != gu.dtype {
+            return Err(bad(
+                down,
+                format!(
+                    "{} {:?}, but {gate_up} is {} {:?}: expected {} [{e}, {h}, {i}]",
+                    dn.dtype, dn.shape, gu.dtype, gu.shape, gu.dtype
+                ),
+            ));
+        }
+        if layer == first_layer {
+            (experts, inter, hidden, dtype) = (e, i, h, d);
+        } else if (e, i, h, d) != (experts, inter, hidden, dtype) {
+            return Err(bad(
+                gate_up,
+                format!(
+                    "{} {:?}, but layer {first_layer}'s is {dtype} [{experts}, {}, {hidden}]",
+                    gu.dtype,
+                    gu.shape,
+                    2 * inter
+                ),
+            ));
+        }
+    }
+    let names: [&str; 3] = match family {
+        ExpertFamily::Mixtral => ["w1.weight", "w3.weight", "w2.weight"],
+        _ => ["gate_proj.weight", "up_proj.weight", "down_proj.weight"],
+    };
+    let shapes = [
+        vec![inter, hidden],
+        vec![inter, hidden],
+        vec![hidden, inter],
+    ];
+    let len_bytes = inter * hidden * dtype.size_bytes();
+    let mut offset = 0u64;
+    let mut tensors = Vec::with_capacity(3);
+    for (name, shape) in names.into_iter().zip(shapes) {
+        offset = offset.next_multiple_of(TENSOR_ALIGN_BYTES);
+        tensors.push(TensorLayout {
+            name: name.to_string(),
+            dtype,
+            shape,
+            offset,
+            len_bytes,
+        });
+        offset += len_bytes;
+    }
+    let e = u32::try_from(experts).map_err(|_| PackError::Inconsistent {
+        tensor: fused_name(first_layer, "gate_up_proj"),
+        why: format!("{experts} experts"),
+    })?;
+    Ok(Some(ExpertLayout {
+        family,
+        keys: layers
+            .keys()
+            .flat_map(|&l| (0..e).map(move |x| RecordKey::new(l, x)))
+            .collect(),
+        tensors,
+        payload_bytes: offset,
+        dtype,
+        source: ExpertSource::Fused { prefix },
+    }))
 }
 
 /// Every F8 matrix has a scale tensor next to it.

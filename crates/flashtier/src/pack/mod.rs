@@ -53,7 +53,9 @@ use flashtier_format::{
 use flashtier_io::DirectMode;
 
 pub use error::PackError;
-pub use layout::{ExpertFamily, ExpertLayout, TENSOR_ALIGN_BYTES, expert_layout, source_name};
+pub use layout::{
+    ExpertFamily, ExpertLayout, ExpertSource, TENSOR_ALIGN_BYTES, expert_layout, source_name,
+};
 
 use crate::checkpoint::Checkpoint;
 
@@ -235,7 +237,7 @@ fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, Pac
 }
 
 /// The source-checkpoint record of the manifest.
-fn source_info(ckpt: &Checkpoint, family: ExpertFamily) -> SourceCheckpoint {
+fn source_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> SourceCheckpoint {
     let path = std::fs::canonicalize(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf());
     SourceCheckpoint {
         path: path.display().to_string(),
@@ -249,7 +251,12 @@ fn source_info(ckpt: &Checkpoint, family: ExpertFamily) -> SourceCheckpoint {
                 header_xxh3: hex_u64(xxh3_64(&f.header)),
             })
             .collect(),
-        tensor_prefix: family.prefix_template().to_string(),
+        tensor_prefix: match layout.source {
+            ExpertSource::Split => layout.family.prefix_template(),
+            ExpertSource::Fused { prefix } => prefix,
+        }
+        .to_string(),
+        expert_tensors: layout.source.name().to_string(),
     }
 }
 
@@ -267,7 +274,7 @@ pub fn plan_experts(ckpt: &Checkpoint) -> Result<(ExpertLayout, Manifest), PackE
             tensors: layout.tensors.clone(),
         },
         keys: layout.keys.clone(),
-        source: Some(source_info(ckpt, layout.family)),
+        source: Some(source_info(ckpt, &layout)),
         model: Some(model),
         extra: BTreeMap::new(),
     };
@@ -297,9 +304,7 @@ pub fn pack_experts(
     let tmp = PathBuf::from(tmp);
     let src = write::RecordSource {
         ckpt: &ckpt,
-        template: layout.family.prefix_template(),
-        tensors: &layout.tensors,
-        keys: &layout.keys,
+        layout: &layout,
         direct: opts.direct_source,
     };
     let shape = write::PipelineShape {

@@ -16,19 +16,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use flashtier_format::{RecordKey, StoreWriterPlan, TensorLayout, xxh3_64};
+use flashtier_format::{StoreWriterPlan, xxh3_64};
 use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
-use super::layout::source_name;
+use super::layout::ExpertLayout;
 use crate::checkpoint::Checkpoint;
 
 /// What the pipeline needs to fill one record.
 pub(crate) struct RecordSource<'a> {
     pub ckpt: &'a Checkpoint,
-    pub template: &'a str,
-    pub tensors: &'a [TensorLayout],
-    pub keys: &'a [RecordKey],
+    /// The records' tensors and where each comes from.
+    pub layout: &'a ExpertLayout,
     /// Read source tensors with direct I/O (bypassing the page cache).
     pub direct: bool,
 }
@@ -170,11 +169,18 @@ fn fill_records(
     filled: &SyncSender<Filled>,
     failed: &AtomicBool,
 ) -> Result<(), PackError> {
-    let payload = src.tensors.last().map_or(0, |t| t.offset + t.len_bytes) as usize;
+    let payload = src
+        .layout
+        .tensors
+        .last()
+        .map_or(0, |t| t.offset + t.len_bytes) as usize;
     let mut staging = AlignedBuf::zeroed(ALIGN);
     let indices = (lane.first..lane.count).step_by(usize::try_from(lane.step).unwrap_or(1));
     for index in indices {
-        let Some(key) = usize::try_from(index).ok().and_then(|i| src.keys.get(i)) else {
+        let Some(key) = usize::try_from(index)
+            .ok()
+            .and_then(|i| src.layout.keys.get(i))
+        else {
             return Err(PackError::Thread(format!("record {index} has no key")));
         };
         // Another thread failed: stop; it reports its own error.
@@ -185,8 +191,8 @@ fn fill_records(
         let Ok(mut buf) = next else {
             return Ok(());
         };
-        for t in src.tensors {
-            let name = source_name(src.template, *key, &t.name);
+        for t in &src.layout.tensors {
+            let (name, at) = src.layout.source_of(*key, t);
             let start = t.offset as usize;
             let dst = buf
                 .get_mut(start..start + t.len_bytes as usize)
@@ -194,10 +200,18 @@ fn fill_records(
                     tensor: name.clone(),
                     why: "tensor outside its record".into(),
                 })?;
-            if src.direct {
-                src.ckpt.read_tensor_direct(&name, dst, &mut staging)?;
-            } else {
-                src.ckpt.read_tensor(&name, dst)?;
+            // A split tensor is read whole (its length checked against the
+            // record's), a fused one in the expert's slice.
+            match (
+                src.direct,
+                at == 0 && src.ckpt.tensor(&name)?.len_bytes == t.len_bytes,
+            ) {
+                (true, true) => src.ckpt.read_tensor_direct(&name, dst, &mut staging)?,
+                (false, true) => src.ckpt.read_tensor(&name, dst)?,
+                (true, false) => src
+                    .ckpt
+                    .read_tensor_part_direct(&name, at, dst, &mut staging)?,
+                (false, false) => src.ckpt.read_tensor_part(&name, at, dst)?,
             }
         }
         let checksum = xxh3_64(buf.get(..payload).unwrap_or_default());
