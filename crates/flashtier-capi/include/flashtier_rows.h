@@ -3,15 +3,18 @@
  * embedding rows: 256-byte FP8 weight + 8-byte scale by default) with a
  * set-associative RAM cache, an ownership range and packed shards.
  *
- * No call here makes a CUDA call, so ft_rows_lookup / ft_rows_prefetch are
- * safe inside a CUDA host-function callback (cudaLaunchHostFunc).
+ * No call here makes a CUDA call, so ft_rows_lookup / ft_rows_prefetch /
+ * ft_rows_prefetch_start are safe inside a CUDA host-function callback
+ * (cudaLaunchHostFunc); ft_rows_prefetch_start with FT_ROWS_FLAG_URING returns
+ * without waiting for the drive.
  *
  * Every function returning int returns FT_ROWS_OK or an FT_ROWS_ERR_* code;
  * on error, ft_rows_last_error() describes it (per thread, valid until the
  * next failing call on that thread). No call aborts the process.
  *
- * Threads: lookup, prefetch and stats may be called concurrently on one
- * store. close must not race any other call on that store.
+ * Threads: lookup, prefetch, prefetch_start and stats may be called
+ * concurrently on one store; a prefetch handle may be waited on from any
+ * thread. close must not race any other call on that store.
  */
 #ifndef FLASHTIER_ROWS_H
 #define FLASHTIER_ROWS_H
@@ -35,8 +38,12 @@ extern "C" {
 #define FT_ROWS_FLAG_RAM 1u            /* map + mlock the whole table          */
 #define FT_ROWS_FLAG_BUFFERED 2u       /* no O_DIRECT                          */
 #define FT_ROWS_FLAG_NO_PIN_SCALES 4u  /* do not pin owned scales at set_range */
+#define FT_ROWS_FLAG_URING 8u          /* misses through io_uring, 64 in flight
+                                          (posix workers where io_uring is
+                                          unavailable, said once on stderr)   */
 
 typedef struct ft_rows ft_rows;
+typedef struct ft_rows_pending ft_rows_pending;  /* a started prefetch */
 
 typedef struct ft_rows_stats_t {
   uint64_t hits;          /* ids served from the cache (or RAM)       */
@@ -85,6 +92,25 @@ int ft_rows_lookup(ft_rows *store, const int64_t *ids, uint64_t count,
 
 /* Warm the cache with the owned rows among ids; returns when cached. */
 int ft_rows_prefetch(ft_rows *store, const int64_t *ids, uint64_t count);
+
+/* Start warming the cache with the owned rows among ids and return without
+ * waiting for the drive: the next step's rows read while this step looks up
+ * its own. With FT_ROWS_FLAG_URING the reads are submitted here (up to 512
+ * 4 KiB reads at once; the rest by wait); without it they run here on the
+ * miss pool. On success *out is a handle to pass to exactly one of
+ * ft_rows_prefetch_wait or ft_rows_prefetch_abandon; it stays valid after
+ * ft_rows_close. On error *out is left unchanged. */
+int ft_rows_prefetch_start(ft_rows *store, const int64_t *ids, uint64_t count,
+                           ft_rows_pending **out);
+
+/* Finish a started prefetch: wait for its reads, verify and cache the rows,
+ * free the handle. Returns the first failure (its rows are not cached and a
+ * later lookup reads them again). NULL is a no-op returning FT_ROWS_OK. */
+int ft_rows_prefetch_wait(ft_rows_pending *pending);
+
+/* Free a started prefetch without waiting: reads in flight complete into
+ * buffers the library owns and nothing from them is cached. NULL is a no-op. */
+void ft_rows_prefetch_abandon(ft_rows_pending *pending);
 
 int ft_rows_stats(const ft_rows *store, ft_rows_stats_t *out);
 

@@ -6,11 +6,14 @@ use std::ffi::{CStr, c_char, c_int};
 use std::path::PathBuf;
 
 use flashtier::rows::{RowGeometry, RowStore, RowStoreConfig, TableSource};
-use flashtier_io::DirectMode;
+use std::sync::Arc;
+
+use flashtier_io::{BackendKind, DirectMode, open_backend};
 
 use crate::{
-    FT_ROWS_ERR_INVALID_ARG, FT_ROWS_FLAG_BUFFERED, FT_ROWS_FLAG_NO_PIN_SCALES, FT_ROWS_FLAG_RAM,
-    FtRows, FtRowsStats, guard, last_error_ptr, lift, to_row_ids,
+    FT_ROWS_ERR_INVALID_ARG, FT_ROWS_ERR_IO, FT_ROWS_FLAG_BUFFERED, FT_ROWS_FLAG_NO_PIN_SCALES,
+    FT_ROWS_FLAG_RAM, FT_ROWS_FLAG_URING, FtRows, FtRowsPending, FtRowsStats, URING_QUEUE_DEPTH,
+    guard, last_error_ptr, lift, to_row_ids,
 };
 
 type Fail = (i32, String);
@@ -32,8 +35,16 @@ fn text(p: *const c_char, what: &str) -> Result<String, Fail> {
         .map_err(|_| invalid(&format!("{what} is not UTF-8")))
 }
 
-fn config(cache_bytes: u64, ways: u32, flags: u32) -> RowStoreConfig {
-    RowStoreConfig {
+fn config(cache_bytes: u64, ways: u32, flags: u32) -> Result<RowStoreConfig, Fail> {
+    let backend = if flags & FT_ROWS_FLAG_URING != 0 {
+        let b = open_backend(BackendKind::Uring, URING_QUEUE_DEPTH)
+            .map_err(|e| (FT_ROWS_ERR_IO, format!("opening the io_uring backend: {e}")))?;
+        Some(Arc::from(b))
+    } else {
+        None
+    };
+    Ok(RowStoreConfig {
+        backend,
         cache_bytes,
         ways: if ways == 0 { 4 } else { ways as usize },
         ram_mode: flags & FT_ROWS_FLAG_RAM != 0,
@@ -44,7 +55,7 @@ fn config(cache_bytes: u64, ways: u32, flags: u32) -> RowStoreConfig {
         },
         pin_scales: flags & FT_ROWS_FLAG_NO_PIN_SCALES == 0,
         ..RowStoreConfig::default()
-    }
+    })
 }
 
 fn hand_out(store: RowStore, out: *mut *mut FtRows) -> Result<(), Fail> {
@@ -125,7 +136,7 @@ pub unsafe extern "C" fn ft_rows_open(
             g,
         ))?;
         hand_out(
-            lift(RowStore::open(src, config(cache_bytes, ways, flags)))?,
+            lift(RowStore::open(src, config(cache_bytes, ways, flags)?))?,
             out,
         )
     })
@@ -158,7 +169,7 @@ pub unsafe extern "C" fn ft_rows_open_safetensors(
             &text(scales, "scales")?,
         ))?;
         hand_out(
-            lift(RowStore::open(src, config(cache_bytes, ways, flags)))?,
+            lift(RowStore::open(src, config(cache_bytes, ways, flags)?))?,
             out,
         )
     })
@@ -241,6 +252,67 @@ pub unsafe extern "C" fn ft_rows_prefetch(
         let ids = lift(to_row_ids(ids_of(ids, count)?))?;
         lift(s.store.prefetch(&ids))
     })
+}
+
+/// See `ft_rows_prefetch_start` in the header.
+///
+/// # Safety
+/// Pointers must satisfy the header's contract for `ft_rows_prefetch_start`:
+/// NULL or valid for the documented lengths, handles from `ft_rows_open*`
+/// not yet closed, `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ft_rows_prefetch_start(
+    store: *mut FtRows,
+    ids: *const i64,
+    count: u64,
+    out: *mut *mut FtRowsPending,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let s = store_ref(store)?;
+        let ids = lift(to_row_ids(ids_of(ids, count)?))?;
+        let pending = lift(s.store.prefetch_start(&ids))?;
+        let raw = Box::into_raw(Box::new(FtRowsPending { pending }));
+        // SAFETY: non-null (checked above); the header requires storage for
+        // one pointer.
+        unsafe { out.write(raw) };
+        Ok(())
+    })
+}
+
+/// Take back a prefetch handle C was given.
+fn take_prefetch(p: *mut FtRowsPending) -> Option<Box<FtRowsPending>> {
+    // SAFETY: a non-null handle came from `ft_rows_prefetch_start` and, per
+    // the header, is passed to wait or abandon exactly once.
+    (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+}
+
+/// See `ft_rows_prefetch_wait` in the header.
+///
+/// # Safety
+/// `p` is NULL or a handle from `ft_rows_prefetch_start` not yet waited on
+/// or abandoned; it is freed here.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ft_rows_prefetch_wait(p: *mut FtRowsPending) -> c_int {
+    guard(|| match take_prefetch(p) {
+        Some(h) => lift(h.pending.wait()),
+        None => Ok(()),
+    })
+}
+
+/// See `ft_rows_prefetch_abandon` in the header.
+///
+/// # Safety
+/// `p` is NULL or a handle from `ft_rows_prefetch_start` not yet waited on
+/// or abandoned; it is freed here.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ft_rows_prefetch_abandon(p: *mut FtRowsPending) {
+    let _ = guard(|| {
+        drop(take_prefetch(p));
+        Ok(())
+    });
 }
 
 /// See `ft_rows_stats` in the header.

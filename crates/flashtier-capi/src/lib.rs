@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use flashtier::rows::{RowError, RowStats, RowStore};
+use flashtier::rows::{RowError, RowPrefetch, RowStats, RowStore};
 
 pub mod ffi;
 
@@ -40,6 +40,14 @@ pub const FT_ROWS_FLAG_RAM: u32 = 1;
 pub const FT_ROWS_FLAG_BUFFERED: u32 = 2;
 /// Do not pin the owned scales at `set_range`.
 pub const FT_ROWS_FLAG_NO_PIN_SCALES: u32 = 4;
+/// Read misses through an io_uring ring of [`URING_QUEUE_DEPTH`] reads
+/// (the posix worker queue where io_uring is unavailable, said once on
+/// stderr), so `ft_rows_prefetch_start` returns before the drive does.
+pub const FT_ROWS_FLAG_URING: u32 = 8;
+
+/// Reads in flight at most with [`FT_ROWS_FLAG_URING`]: fio's deepest
+/// reference queue for 4 KiB reads.
+pub const URING_QUEUE_DEPTH: usize = 64;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -165,6 +173,13 @@ impl From<&RowStats> for FtRowsStats {
 /// The opaque handle C holds.
 pub struct FtRows {
     pub(crate) store: RowStore,
+}
+
+/// A started prefetch C holds until `ft_rows_prefetch_wait` or
+/// `ft_rows_prefetch_abandon`. It keeps what it reads through alive, so it
+/// stays valid after its store is closed.
+pub struct FtRowsPending {
+    pub(crate) pending: RowPrefetch,
 }
 
 #[cfg(test)]

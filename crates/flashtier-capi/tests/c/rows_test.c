@@ -64,6 +64,49 @@ static void random_batches(ft_rows *st, unsigned seed) {
   }
 }
 
+/* One thread, Engram's order: start the next batch's prefetch, finish this
+ * batch's, look it up (all hits), on an io_uring store with the shard. */
+static void look_ahead(const char *path, const char *shard, uint64_t layer) {
+  ft_rows *st = NULL;
+  int rc = ft_rows_open(path, rows, 0, rows * W, 0, 0, 4 << 20, 4, FT_ROWS_FLAG_URING, &st);
+  CHECK(rc == FT_ROWS_OK && st, "open with FT_ROWS_FLAG_URING rc %d", rc);
+  if (!st) return;
+  int attached = 0;
+  CHECK(ft_rows_set_range(st, lo, hi) == FT_ROWS_OK, "set range");
+  CHECK(ft_rows_attach_packed(st, shard, layer, &attached) == FT_ROWS_OK && attached == 1, "attach");
+  enum { N = 144, STEPS = 10 };
+  int64_t batches[STEPS + 1][N];
+  srand(7);
+  for (int b = 0; b <= STEPS; b++)
+    for (int i = 0; i < N; i++) batches[b][i] = (int64_t)((uint64_t)rand() % rows);
+  ft_rows_pending *ahead = NULL, *next = NULL;
+  CHECK(ft_rows_prefetch_start(st, batches[0], N, &ahead) == FT_ROWS_OK && ahead, "start");
+  for (int b = 0; b < STEPS; b++) {
+    next = NULL;
+    CHECK(ft_rows_prefetch_start(st, batches[b + 1], N, &next) == FT_ROWS_OK && next, "start %d", b + 1);
+    CHECK(ft_rows_prefetch_wait(ahead) == FT_ROWS_OK, "wait %d", b);
+    ft_rows_stats_t before, after;
+    CHECK(ft_rows_stats(st, &before) == FT_ROWS_OK, "stats");
+    lookup_batch(st, batches[b], N);
+    CHECK(ft_rows_stats(st, &after) == FT_ROWS_OK, "stats");
+    CHECK(after.misses == before.misses, "step %d: the waited prefetch left %" PRIu64 " misses", b,
+          after.misses - before.misses);
+    ahead = next;
+  }
+  ft_rows_prefetch_abandon(ahead);       /* the last one: not needed */
+  ft_rows_prefetch_abandon(NULL);
+  CHECK(ft_rows_prefetch_wait(NULL) == FT_ROWS_OK, "wait(NULL)");
+  ft_rows_pending *untouched = (ft_rows_pending *)&attached;
+  int64_t bad[2] = {1, (int64_t)rows};
+  CHECK(ft_rows_prefetch_start(st, bad, 2, &untouched) == FT_ROWS_ERR_OUT_OF_RANGE, "bad id");
+  CHECK(untouched == (ft_rows_pending *)&attached, "a failed start leaves *out");
+  CHECK(ft_rows_prefetch_start(st, bad, 1, NULL) == FT_ROWS_ERR_INVALID_ARG, "NULL out");
+  /* A handle outlives its store. */
+  CHECK(ft_rows_prefetch_start(st, batches[STEPS], N, &ahead) == FT_ROWS_OK, "start before close");
+  ft_rows_close(st);
+  CHECK(ft_rows_prefetch_wait(ahead) == FT_ROWS_OK, "wait after close");
+}
+
 int main(int argc, char **argv) {
   if (argc != 7) {
     fprintf(stderr, "usage: rows_test TABLE ROWS SHARD LAYER LO HI\n");
@@ -135,6 +178,8 @@ int main(int argc, char **argv) {
 
   ft_rows_close(st);
   ft_rows_close(NULL);
+
+  look_ahead(path, shard, layer);
   free(table);
   if (failures) {
     fprintf(stderr, "rows_test: %d checks failed\n", failures);
