@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make the decode engine's reference fixtures with HF transformers.
 
-Writes small random-weight Qwen3-MoE and Mixtral checkpoints (bf16
+Writes small random-weight Qwen3-MoE, Qwen2-MoE (shared expert, q/k/v
+bias) and Mixtral checkpoints (bf16
 safetensors + config.json) and, for each, the reference prompt logits and
 greedy tokens computed by transformers itself in f32 from the bf16 weights.
 flashtier's engine tests (crates/flashtier/tests/engine_fixtures.rs) must
@@ -41,6 +42,33 @@ MIN_TOKEN_MARGIN = 2e-3
 MIN_ROUTER_MARGIN = 2e-4
 
 FIXTURES = [
+    {
+        "name": "qwen2_moe",
+        "arch": "qwen2_moe",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": False,
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[2],
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+            use_sliding_window=False,
+        ),
+    },
     {
         "name": "qwen3_moe",
         "arch": "qwen3_moe",
@@ -131,10 +159,11 @@ WORDS = (
 
 def make_config(spec):
     cfg = dict(spec["config"])
-    if spec["arch"] == "qwen3_moe":
-        cls = transformers.Qwen3MoeConfig
-    else:
-        cls = transformers.MixtralConfig
+    cls = {
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "mixtral": transformers.MixtralConfig,
+    }[spec["arch"]]
     if int(transformers.__version__.split(".")[0]) >= 5:
         # transformers 5 spells rope_theta inside rope_parameters.
         theta = cfg.pop("rope_theta")
@@ -149,16 +178,17 @@ def make_config(spec):
 def make_model(spec, seed):
     config = make_config(spec)
     torch.manual_seed(seed)
-    if spec["arch"] == "qwen3_moe":
-        model = transformers.Qwen3MoeForCausalLM(config)
-    else:
-        model = transformers.MixtralForCausalLM(config)
+    model = {
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+        "mixtral": transformers.MixtralForCausalLM,
+    }[spec["arch"]](config)
     model = model.float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                # RMSNorm weights: near one, but not one.
+                # RMSNorm weights and attention biases: near one, but not one.
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))
@@ -223,6 +253,10 @@ def export_state(model, spec):
             for e, trio in enumerate(mats):
                 for n, m in zip(names, trio):
                     state[f"{hub}experts.{e}.{n}.weight"] = m.detach()
+        # Qwen2-MoE's shared expert and its sigmoid gate, as named on the hub.
+        for n, p in block.named_parameters():
+            if n.startswith("shared_expert"):
+                state[hub + n] = p.detach()
     for k, v in model.state_dict().items():
         if any(k.startswith(p) for p in moe_prefixes):
             continue
@@ -381,10 +415,13 @@ def reload_check(out_dir, prompt, prompt_logits):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", action="append", help="build only these fixtures (repeatable)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     torch.set_num_threads(4)
     for spec in FIXTURES:
+        if args.only and spec["name"] not in args.only:
+            continue
         build(spec, args.out)
 
 

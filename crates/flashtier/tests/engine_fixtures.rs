@@ -211,3 +211,14 @@ fn mixtral_through_the_expert_pool() {
 fn qwen3_moe_tied_fused_through_the_expert_pool() {
     check_pool("qwen3_moe_tied");
 }
+
+/// Qwen2-MoE: q/k/v bias, a shared expert gated by a sigmoid, a dense layer.
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check_against_reference("qwen2_moe");
+}
+
+#[test]
+fn qwen2_moe_through_the_expert_pool() {
+    check_pool("qwen2_moe");
+}

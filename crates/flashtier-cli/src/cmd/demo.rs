@@ -205,9 +205,12 @@ pub fn demo_spec(root: &Path, args: &Args) -> SynthSpec {
 
 /// Whether the decode engine runs this model family and dtype.
 fn decodable(spec: &SynthSpec) -> Result<(), String> {
-    if !matches!(spec.arch, SynthArch::Qwen3Moe | SynthArch::Mixtral) {
+    if !matches!(
+        spec.arch,
+        SynthArch::Qwen3Moe | SynthArch::Qwen2Moe | SynthArch::Mixtral
+    ) {
         return Err(format!(
-            "the engine decodes qwen3_moe and mixtral, not {}",
+            "the engine decodes qwen3_moe, qwen2_moe and mixtral, not {}",
             spec.arch.model_type()
         ));
     }

@@ -1,13 +1,15 @@
-//! `config.json` of a Qwen3-MoE or Mixtral checkpoint, in the spellings of
-//! transformers 4.x and 5.x.
+//! `config.json` of a Qwen3-MoE, Qwen2-MoE or Mixtral checkpoint, in the
+//! spellings of transformers 4.x and 5.x.
 //!
 //! Accepted spellings: `num_experts` or `num_local_experts`; `rope_theta` or
 //! `rope_parameters.rope_theta`; `head_dim` present, `null` or absent (then
 //! `hidden_size / num_attention_heads`); `decoder_sparse_step` and
-//! `mlp_only_layers` (Qwen3-MoE); `tie_word_embeddings`. Anything the engine
-//! would compute differently from transformers (rope scaling, attention bias,
-//! an activation other than SiLU, sliding windows in Qwen3) is a
-//! [`EngineError::Config`] naming the field.
+//! `mlp_only_layers` (Qwen3-MoE, Qwen2-MoE); `tie_word_embeddings`;
+//! Qwen2-MoE's `shared_expert_intermediate_size` and `qkv_bias` (absent in
+//! 4.x, where the bias is always there). Anything the engine would compute
+//! differently from transformers (rope scaling, `attention_bias`, an
+//! activation other than SiLU, sliding windows in Qwen, DeepSeek's
+//! `n_shared_experts`) is a [`EngineError::Config`] naming the field.
 
 use std::path::Path;
 
@@ -24,13 +26,17 @@ pub enum Arch {
     Qwen3Moe,
     /// `model_type: mixtral`: every layer sparse, softmax over the top-k logits.
     Mixtral,
+    /// `model_type: qwen2_moe` (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v bias, no
+    /// qk-norm, and a shared expert beside the routed ones, scaled by
+    /// `sigmoid(shared_expert_gate · x)`.
+    Qwen2Moe,
 }
 
 impl Arch {
     /// Tensor-name stem of the sparse MLP block in hub checkpoints.
     pub fn moe_block_name(self) -> &'static str {
         match self {
-            Arch::Qwen3Moe => "mlp",
+            Arch::Qwen3Moe | Arch::Qwen2Moe => "mlp",
             Arch::Mixtral => "block_sparse_moe",
         }
     }
@@ -77,6 +83,10 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Query/key RMSNorm per head (Qwen3).
     pub qk_norm: bool,
+    /// Bias on the query, key and value projections (Qwen2-MoE).
+    pub qkv_bias: bool,
+    /// Width of the shared expert every token also runs (Qwen2-MoE), if any.
+    pub shared_expert_intermediate: Option<usize>,
     /// End-of-sequence token ids (`eos_token_id`: a number, a list or null).
     pub eos_token_ids: Vec<u32>,
 }
@@ -104,10 +114,11 @@ impl ModelConfig {
         let arch = match c.str("model_type")? {
             "qwen3_moe" => Arch::Qwen3Moe,
             "mixtral" => Arch::Mixtral,
+            "qwen2_moe" => Arch::Qwen2Moe,
             other => {
                 return Err(EngineError::config(
                     "model_type",
-                    format!("`{other}` is not supported (qwen3_moe, mixtral)"),
+                    format!("`{other}` is not supported (qwen3_moe, qwen2_moe, mixtral)"),
                 ));
             }
         };
@@ -124,7 +135,7 @@ impl ModelConfig {
         }
         let intermediate = c.positive("intermediate_size")?;
         let (expert_intermediate, norm_topk_prob) = match arch {
-            Arch::Qwen3Moe => (
+            Arch::Qwen3Moe | Arch::Qwen2Moe => (
                 c.positive("moe_intermediate_size")?,
                 c.opt_bool("norm_topk_prob")?.unwrap_or(false),
             ),
@@ -134,7 +145,15 @@ impl ModelConfig {
         c.check_supported(arch)?;
         let sliding_window = match arch {
             Arch::Mixtral => c.opt_positive("sliding_window")?,
-            Arch::Qwen3Moe => None,
+            Arch::Qwen3Moe | Arch::Qwen2Moe => None,
+        };
+        let (qkv_bias, shared_expert_intermediate) = match arch {
+            Arch::Qwen2Moe => (
+                c.opt_bool("qkv_bias")?.unwrap_or(true),
+                c.opt_usize("shared_expert_intermediate_size")?
+                    .filter(|&n| n > 0),
+            ),
+            Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
         Ok(Self {
             arch,
@@ -156,6 +175,8 @@ impl ModelConfig {
             max_positions: c.opt_positive("max_position_embeddings")?.unwrap_or(4096),
             sliding_window,
             qk_norm: arch == Arch::Qwen3Moe,
+            qkv_bias,
+            shared_expert_intermediate,
             eos_token_ids: eos_ids(&c)?,
         })
     }
@@ -223,7 +244,7 @@ fn expert_count(c: &Fields<'_>) -> Result<usize, EngineError> {
     }
 }
 
-/// Which layers are sparse: Qwen3-MoE's `decoder_sparse_step` and
+/// Which layers are sparse: Qwen's `decoder_sparse_step` and
 /// `mlp_only_layers` rule (as transformers applies it), every layer for Mixtral.
 fn sparse_layers(
     c: &Fields<'_>,
@@ -400,13 +421,16 @@ impl Fields<'_> {
                 "true is not supported",
             ));
         }
-        if arch == Arch::Qwen3Moe && self.opt_bool("use_sliding_window")? == Some(true) {
+        if arch != Arch::Mixtral && self.opt_bool("use_sliding_window")? == Some(true) {
             return Err(EngineError::config(
                 "use_sliding_window",
                 "true is not supported",
             ));
         }
         for field in ["n_shared_experts", "shared_expert_intermediate_size"] {
+            if field == "shared_expert_intermediate_size" && arch == Arch::Qwen2Moe {
+                continue;
+            }
             if self.opt_usize(field)?.is_some_and(|n| n > 0) {
                 return Err(EngineError::config(
                     field,

@@ -164,3 +164,56 @@ fn odd_derived_head_dim_is_rejected() {
         "head_dim"
     );
 }
+
+/// Qwen2-MoE in the 4.x spelling (no `qkv_bias`: the bias is always there)
+/// and the 5.x one (`qkv_bias`, `rope_parameters`, `sliding_window: 0` with
+/// `use_sliding_window: false`).
+#[test]
+fn qwen2_moe_spellings_and_shared_expert() {
+    let v4 = with(
+        with(qwen_v4(), "model_type", json!("qwen2_moe")),
+        "shared_expert_intermediate_size",
+        json!(48),
+    );
+    let a = ModelConfig::from_json(&v4).unwrap();
+    assert_eq!(a.arch, Arch::Qwen2Moe);
+    assert!(a.qkv_bias && !a.qk_norm);
+    assert_eq!(a.shared_expert_intermediate, Some(48));
+    assert_eq!(a.sparse_layers, vec![false, true, false, false]);
+    let mut v5 = with(
+        with(v4.clone(), "qkv_bias", json!(true)),
+        "sliding_window",
+        json!(0),
+    );
+    let o = v5.as_object_mut().unwrap();
+    let theta = o.remove("rope_theta").unwrap();
+    o.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": theta}),
+    );
+    assert_eq!(ModelConfig::from_json(&v5).unwrap(), a);
+    // No shared expert (0 or absent), no bias.
+    let plain = with(
+        with(v4.clone(), "shared_expert_intermediate_size", json!(0)),
+        "qkv_bias",
+        json!(false),
+    );
+    let p = ModelConfig::from_json(&plain).unwrap();
+    assert_eq!((p.shared_expert_intermediate, p.qkv_bias), (None, false));
+    // Sliding windows and DeepSeek's shared experts are not implemented.
+    for (field, val) in [
+        ("use_sliding_window", json!(true)),
+        ("n_shared_experts", json!(2)),
+    ] {
+        let e = ModelConfig::from_json(&with(v4.clone(), field, val)).unwrap_err();
+        assert_eq!(field_of(e), field);
+    }
+    // Qwen3 keeps refusing a shared expert it would not run.
+    let e = ModelConfig::from_json(&with(
+        qwen_v4(),
+        "shared_expert_intermediate_size",
+        json!(48),
+    ))
+    .unwrap_err();
+    assert_eq!(field_of(e), "shared_expert_intermediate_size");
+}

@@ -168,6 +168,11 @@ impl Model {
         matvec(&mut q, MatRef::F32(&lw.q_proj), x);
         matvec(&mut k, MatRef::F32(&lw.k_proj), x);
         matvec(&mut v, MatRef::F32(&lw.v_proj), x);
+        if let Some([qb, kb, vb]) = &lw.qkv_bias {
+            add(&mut q, qb);
+            add(&mut k, kb);
+            add(&mut v, vb);
+        }
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             rms_norm_heads(&mut q, qn, c.rms_norm_eps);
             rms_norm_heads(&mut k, kn, c.rms_norm_eps);
@@ -186,7 +191,7 @@ impl Model {
         let h = self.cfg.hidden_size;
         let router = match &self.weights.layers[layer].mlp {
             Mlp::Dense(d) => return Ok(dense_mlp(d, x, h)),
-            Mlp::Sparse { router } => router,
+            Mlp::Sparse { router, .. } => router,
         };
         let mut probs = vec![0f32; self.cfg.num_experts];
         matvec(&mut probs, MatRef::F32(router), x);
@@ -224,6 +229,19 @@ impl Model {
                 *o += yi * w;
             }
         }
+        // Qwen2-MoE: the shared expert, gated by a sigmoid, added after the
+        // routed experts' sum (transformers' order).
+        if let Mlp::Sparse {
+            shared: Some(shared),
+            ..
+        } = &self.weights.layers[layer].mlp
+        {
+            let y = dense_mlp(&shared.mlp, x, h);
+            let g = sigmoid(dot(&shared.gate, x));
+            for (o, yi) in out.iter_mut().zip(&y) {
+                *o += g * yi;
+            }
+        }
         Ok(out)
     }
 
@@ -232,7 +250,7 @@ impl Model {
     fn hint_next_layer(&mut self, layer: usize, x: &[f32]) {
         let next = (layer + 1..self.cfg.num_layers).find(|l| self.cfg.sparse_layers[*l]);
         let Some(next) = next else { return };
-        let Mlp::Sparse { router } = &self.weights.layers[next].mlp else {
+        let Mlp::Sparse { router, .. } = &self.weights.layers[next].mlp else {
             return;
         };
         let mut logits = vec![0f32; self.cfg.num_experts];
@@ -333,6 +351,16 @@ fn swiglu(out: &mut [f32], m: &ExpertView<'_>, x: &[f32], act: &mut [f32], up: &
         *a = silu(*a) * u;
     }
     matvec(out, m.down, act);
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut y = [0f32; 1];
+    matvec(&mut y, MatRef::F32(a), b);
+    y[0]
 }
 
 fn add(x: &mut [f32], y: &[f32]) {

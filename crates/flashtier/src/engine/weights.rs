@@ -18,15 +18,27 @@ pub struct DenseMlp {
     pub down: Vec<f32>,
 }
 
+/// Qwen2-MoE's shared expert: a dense SwiGLU every token runs, scaled by
+/// `sigmoid(gate · x)`.
+#[derive(Debug)]
+pub struct SharedExpert {
+    /// The expert's matrices.
+    pub mlp: DenseMlp,
+    /// `shared_expert_gate`: `[1, hidden]`, stored as `[hidden]`.
+    pub gate: Vec<f32>,
+}
+
 /// The feed-forward half of a layer.
 #[derive(Debug)]
 pub enum Mlp {
-    /// Dense SwiGLU (Qwen3-MoE `mlp_only_layers`, `decoder_sparse_step`).
+    /// Dense SwiGLU (Qwen `mlp_only_layers`, `decoder_sparse_step`).
     Dense(DenseMlp),
     /// Sparse: the router `[num_experts, hidden]`; experts come from the source.
     Sparse {
         /// Router weight.
         router: Vec<f32>,
+        /// The shared expert (Qwen2-MoE), resident.
+        shared: Option<SharedExpert>,
     },
 }
 
@@ -49,6 +61,9 @@ pub struct LayerWeights {
     pub q_norm: Option<Vec<f32>>,
     /// Qwen3 per-head key norm `[head_dim]`.
     pub k_norm: Option<Vec<f32>>,
+    /// Qwen2-MoE projection biases: query `[q_heads * head_dim]`, key and
+    /// value `[kv_heads * head_dim]`.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
     /// Feed-forward weights.
     pub mlp: Mlp,
 }
@@ -99,11 +114,18 @@ impl ModelWeights {
             .layers
             .iter()
             .map(|l| {
+                let dense = |d: &DenseMlp| d.gate.len() + d.up.len() + d.down.len();
                 let mlp = match &l.mlp {
-                    Mlp::Dense(d) => d.gate.len() + d.up.len() + d.down.len(),
-                    Mlp::Sparse { router } => router.len(),
+                    Mlp::Dense(d) => dense(d),
+                    Mlp::Sparse { router, shared } => {
+                        router.len() + shared.as_ref().map_or(0, |s| dense(&s.mlp) + s.gate.len())
+                    }
                 };
-                l.q_proj.len() + l.k_proj.len() + l.v_proj.len() + l.o_proj.len() + mlp
+                let bias = l
+                    .qkv_bias
+                    .as_ref()
+                    .map_or(0, |b| b.iter().map(Vec::len).sum());
+                l.q_proj.len() + l.k_proj.len() + l.v_proj.len() + l.o_proj.len() + mlp + bias
             })
             .sum();
         4 * (self.embed.len() + layer + self.lm_head.as_ref().map_or(0, Vec::len))
@@ -137,14 +159,30 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
                 }
                 other => Err(other),
             })?;
-        Mlp::Sparse { router }
+        let shared = match cfg.shared_expert_intermediate {
+            Some(inter) => Some(SharedExpert {
+                mlp: load_dense(ckpt, &format!("{p}.mlp.shared_expert"), inter, h)?,
+                gate: ckpt.load_f32(&format!("{p}.mlp.shared_expert_gate.weight"), &[1, h])?,
+            }),
+            None => None,
+        };
+        Mlp::Sparse { router, shared }
     } else {
-        let inter = cfg.dense_intermediate;
-        Mlp::Dense(DenseMlp {
-            gate: ckpt.load_f32(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-            up: ckpt.load_f32(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
-            down: ckpt.load_f32(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-        })
+        Mlp::Dense(load_dense(
+            ckpt,
+            &format!("{p}.mlp"),
+            cfg.dense_intermediate,
+            h,
+        )?)
+    };
+    let qkv_bias = if cfg.qkv_bias {
+        Some([
+            ckpt.load_f32(&format!("{p}.self_attn.q_proj.bias"), &[q_width])?,
+            ckpt.load_f32(&format!("{p}.self_attn.k_proj.bias"), &[kv_width])?,
+            ckpt.load_f32(&format!("{p}.self_attn.v_proj.bias"), &[kv_width])?,
+        ])
+    } else {
+        None
     };
     Ok(LayerWeights {
         input_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
@@ -156,6 +194,21 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
         o_proj: ckpt.load_f32(&format!("{p}.self_attn.o_proj.weight"), &[h, q_width])?,
         q_norm,
         k_norm,
+        qkv_bias,
         mlp,
+    })
+}
+
+/// The SwiGLU under `prefix` (`{prefix}.gate_proj.weight`...).
+fn load_dense(
+    ckpt: &Checkpoint,
+    prefix: &str,
+    inter: usize,
+    h: usize,
+) -> Result<DenseMlp, EngineError> {
+    Ok(DenseMlp {
+        gate: ckpt.load_f32(&format!("{prefix}.gate_proj.weight"), &[inter, h])?,
+        up: ckpt.load_f32(&format!("{prefix}.up_proj.weight"), &[inter, h])?,
+        down: ckpt.load_f32(&format!("{prefix}.down_proj.weight"), &[h, inter])?,
     })
 }
