@@ -43,6 +43,44 @@ MIN_ROUTER_MARGIN = 2e-4
 
 FIXTURES = [
     {
+        "name": "deepseek_v3",
+        "arch": "deepseek_v3",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": False,
+        # YaRN with mscale != mscale_all_dim, so both the cos/sin factor and
+        # the softmax scale differ from plain RoPE.
+        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=2,
+            n_routed_experts=16,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=3,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+            num_mtp_layers=0,
+        ),
+    },
+    {
         "name": "qwen2_moe",
         "arch": "qwen2_moe",
         "layout": "hub",
@@ -163,11 +201,14 @@ def make_config(spec):
         "qwen3_moe": transformers.Qwen3MoeConfig,
         "qwen2_moe": transformers.Qwen2MoeConfig,
         "mixtral": transformers.MixtralConfig,
+        "deepseek_v3": getattr(transformers, "DeepseekV3Config", None),
     }[spec["arch"]]
     if int(transformers.__version__.split(".")[0]) >= 5:
         # transformers 5 spells rope_theta inside rope_parameters.
         theta = cfg.pop("rope_theta")
-        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": theta, **spec.get("rope", {})}
+    elif "rope" in spec:
+        cfg["rope_scaling"] = dict(spec["rope"])
     config = cls(**cfg)
     config._attn_implementation = "eager"
     print(f"  config rope: {getattr(config, 'rope_parameters', None)} "
@@ -182,6 +223,7 @@ def make_model(spec, seed):
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
         "qwen2_moe": transformers.Qwen2MoeForCausalLM,
         "mixtral": transformers.MixtralForCausalLM,
+        "deepseek_v3": getattr(transformers, "DeepseekV3ForCausalLM", None),
     }[spec["arch"]](config)
     model = model.float().eval()
     gen = torch.Generator().manual_seed(seed)
@@ -198,8 +240,13 @@ def make_model(spec, seed):
             else:
                 fan_in = p.shape[-1]
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+        # DeepSeek-V3's routing bias (a buffer): small, so it changes choices.
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
         # The weights the engine sees are bf16: make the reference use the same.
-        for p in model.parameters():
+        for p in list(model.parameters()) + [
+                b for n, b in model.named_buffers() if "e_score_correction_bias" in n]:
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
     return model
 
@@ -253,9 +300,10 @@ def export_state(model, spec):
             for e, trio in enumerate(mats):
                 for n, m in zip(names, trio):
                     state[f"{hub}experts.{e}.{n}.weight"] = m.detach()
-        # Qwen2-MoE's shared expert and its sigmoid gate, as named on the hub.
-        for n, p in block.named_parameters():
-            if n.startswith("shared_expert"):
+        # Qwen2-MoE's shared expert and its sigmoid gate, DeepSeek's shared
+        # experts and routing bias, as named on the hub.
+        for n, p in list(block.named_parameters()) + list(block.named_buffers()):
+            if n.startswith("shared_expert") or n.endswith("e_score_correction_bias"):
                 state[hub + n] = p.detach()
     for k, v in model.state_dict().items():
         if any(k.startswith(p) for p in moe_prefixes):
@@ -268,7 +316,7 @@ def export_state(model, spec):
 
 def spec_experts(spec):
     c = spec["config"]
-    return c.get("num_experts", c.get("num_local_experts"))
+    return c.get("num_experts", c.get("num_local_experts", c.get("n_routed_experts")))
 
 
 def save_shards(state, out_dir, shards):
@@ -299,6 +347,22 @@ def router_margin(model, ids, k):
     def hook(module, inputs, _output):
         x = inputs[0].reshape(-1, inputs[0].shape[-1])
         logits = x @ module.weight.T
+        if hasattr(module, "e_score_correction_bias"):
+            # DeepSeek-V3: sigmoid + bias, best groups by their top-2 sums,
+            # then the top-k inside them: margins of both choices.
+            s = logits.sigmoid() + module.e_score_correction_bias
+            g = s.view(s.shape[0], module.num_group, -1)
+            gs = g.topk(2, dim=-1).values.sum(-1)
+            kg = module.topk_group
+            if kg < module.num_group:
+                top = torch.topk(gs, kg + 1, dim=-1).values
+                gaps.append((top[:, kg - 1] - top[:, kg]).min().item())
+            keep = torch.zeros_like(gs).scatter_(1, torch.topk(gs, kg, dim=-1).indices, 1)
+            s = s.masked_fill(~keep.repeat_interleave(g.shape[-1], dim=1).bool(), float("-inf"))
+            top = torch.topk(s, k + 1, dim=-1).values
+            finite = torch.isfinite(top[:, k])
+            gaps.append((top[:, k - 1] - torch.where(finite, top[:, k], top[:, k - 1] - 1.0)).min().item())
+            return
         top = torch.topk(logits, k + 1, dim=-1).values
         gaps.append((top[:, k - 1] - top[:, k]).min().item())
 

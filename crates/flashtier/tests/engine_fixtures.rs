@@ -222,3 +222,16 @@ fn qwen2_moe_matches_transformers() {
 fn qwen2_moe_through_the_expert_pool() {
     check_pool("qwen2_moe");
 }
+
+/// DeepSeek-V3: latent attention with a low-rank query, YaRN RoPE with the
+/// mscale softmax correction, grouped sigmoid routing with its correction
+/// bias, two shared experts, a leading dense layer.
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check_against_reference("deepseek_v3");
+}
+
+#[test]
+fn deepseek_v3_through_the_expert_pool() {
+    check_pool("deepseek_v3");
+}

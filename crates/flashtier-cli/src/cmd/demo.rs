@@ -210,7 +210,9 @@ fn decodable(spec: &SynthSpec) -> Result<(), String> {
         SynthArch::Qwen3Moe | SynthArch::Qwen2Moe | SynthArch::Mixtral
     ) {
         return Err(format!(
-            "the engine decodes qwen3_moe, qwen2_moe and mixtral, not {}",
+            "the engine decodes synthetic qwen3_moe, qwen2_moe and mixtral models, not {} \
+             (the synthetic DeepSeek has plain attention, not DeepSeek-V3's latent attention; \
+             real deepseek_v3 checkpoints run with `flashtier run`)",
             spec.arch.model_type()
         ));
     }

@@ -1,5 +1,5 @@
-//! `config.json` of a Qwen3-MoE, Qwen2-MoE or Mixtral checkpoint, in the
-//! spellings of transformers 4.x and 5.x.
+//! `config.json` of a Qwen3-MoE, Qwen2-MoE, Mixtral or DeepSeek-V3
+//! checkpoint, in the spellings of transformers 4.x and 5.x.
 //!
 //! Accepted spellings: `num_experts` or `num_local_experts`; `rope_theta` or
 //! `rope_parameters.rope_theta`; `head_dim` present, `null` or absent (then
@@ -8,8 +8,18 @@
 //! Qwen2-MoE's `shared_expert_intermediate_size` and `qkv_bias` (absent in
 //! 4.x, where the bias is always there). Anything the engine would compute
 //! differently from transformers (rope scaling, `attention_bias`, an
-//! activation other than SiLU, sliding windows in Qwen, DeepSeek's
-//! `n_shared_experts`) is a [`EngineError::Config`] naming the field.
+//! activation other than SiLU, sliding windows in Qwen, FP8
+//! `quantization_config`, DeepSeek-V2's routing) is a [`EngineError::Config`]
+//! naming the field.
+//!
+//! DeepSeek-V3 (`deepseek_v3`): multi-head latent attention (`q_lora_rank`
+//! or a plain `q_proj`, `kv_lora_rank`, `qk_nope_head_dim`,
+//! `qk_rope_head_dim`, `v_head_dim`, `rope_interleave`), YaRN RoPE from
+//! `rope_scaling` (4.x) or `rope_parameters` (5.x) with DeepSeek's
+//! `mscale_all_dim` softmax correction, sigmoid routing over `n_group`
+//! groups (`topk_group`, `e_score_correction_bias`, `routed_scaling_factor`),
+//! `n_shared_experts` ungated shared experts, `first_k_dense_replace` dense
+//! layers.
 
 use std::path::Path;
 
@@ -30,13 +40,87 @@ pub enum Arch {
     /// qk-norm, and a shared expert beside the routed ones, scaled by
     /// `sigmoid(shared_expert_gate · x)`.
     Qwen2Moe,
+    /// `model_type: deepseek_v3` (DeepSeek-V3/R1, Kimi K2 and relatives in
+    /// BF16): multi-head latent attention, grouped sigmoid routing, shared
+    /// experts, leading dense layers.
+    DeepseekV3,
+}
+
+/// Multi-head latent attention dimensions (DeepSeek-V3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mla {
+    /// Rank of the query's low-rank projection (`None`: a plain `q_proj`).
+    pub q_lora_rank: Option<usize>,
+    /// Rank of the compressed key/value latent.
+    pub kv_lora_rank: usize,
+    /// Per-head query/key dims without RoPE.
+    pub qk_nope_head_dim: usize,
+    /// Per-head query/key dims with RoPE (the key's are shared by all heads).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value dims.
+    pub v_head_dim: usize,
+    /// RoPE pairs are interleaved `(x0, x1), (x2, x3)...` (DeepSeek's layout).
+    pub rope_interleave: bool,
+}
+
+impl Mla {
+    /// Query/key head width.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// How the router turns logits into the chosen experts and their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Routing {
+    /// Softmax over all experts, then the top-k (Qwen, Mixtral).
+    Softmax,
+    /// DeepSeek-V3: `sigmoid(logits)`; choice by sigmoid plus the
+    /// correction bias, only inside the `topk_group` best of `n_group`
+    /// groups (a group scores the sum of its two best); weights are the
+    /// sigmoids (renormalised with `norm_topk_prob`) times the scaling factor.
+    SigmoidGroups {
+        /// Expert groups.
+        n_group: usize,
+        /// Groups a token may choose from.
+        topk_group: usize,
+        /// Multiplies the routed experts' weights.
+        routed_scaling_factor: f32,
+    },
+}
+
+/// YaRN RoPE scaling (`rope_type: yarn`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Yarn {
+    /// Context extension factor.
+    pub factor: f64,
+    /// Context length of pretraining.
+    pub original_max_positions: f64,
+    /// Ramp boundaries (rotations).
+    pub beta_fast: f64,
+    /// Ramp boundaries (rotations).
+    pub beta_slow: f64,
+    /// Round the ramp's boundaries outwards (transformers' `truncate`).
+    pub truncate: bool,
+    /// Scale of cos and sin.
+    pub attention_factor: f64,
+    /// DeepSeek's softmax correction: `mscale_all_dim` (0 = none).
+    pub mscale_all_dim: f64,
+}
+
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
 }
 
 impl Arch {
     /// Tensor-name stem of the sparse MLP block in hub checkpoints.
     pub fn moe_block_name(self) -> &'static str {
         match self {
-            Arch::Qwen3Moe | Arch::Qwen2Moe => "mlp",
+            Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::DeepseekV3 => "mlp",
             Arch::Mixtral => "block_sparse_moe",
         }
     }
@@ -55,10 +139,20 @@ pub struct ModelConfig {
     pub num_layers: usize,
     /// Query heads.
     pub num_q_heads: usize,
-    /// Key/value heads (GQA: `num_q_heads` is a multiple).
+    /// Key/value heads (GQA: `num_q_heads` is a multiple; with MLA, one per
+    /// query head).
     pub num_kv_heads: usize,
-    /// Width of one head.
+    /// Width of one head in the KV cache (with MLA, the wider of the
+    /// query/key and value heads; the narrower is zero-padded).
     pub head_dim: usize,
+    /// Dims of a head that RoPE rotates (`head_dim`, or MLA's rope part).
+    pub rope_dim: usize,
+    /// YaRN scaling of RoPE, if any.
+    pub yarn: Option<Yarn>,
+    /// Multi-head latent attention (DeepSeek-V3).
+    pub mla: Option<Mla>,
+    /// How experts are chosen.
+    pub routing: Routing,
     /// Dense MLP width (Qwen3-MoE dense layers).
     pub dense_intermediate: usize,
     /// One expert's MLP width.
@@ -85,8 +179,12 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Bias on the query, key and value projections (Qwen2-MoE).
     pub qkv_bias: bool,
-    /// Width of the shared expert every token also runs (Qwen2-MoE), if any.
+    /// Width of the shared expert every token also runs (Qwen2-MoE,
+    /// DeepSeek-V3: `n_shared_experts * moe_intermediate_size`), if any.
     pub shared_expert_intermediate: Option<usize>,
+    /// Whether the shared expert is scaled by `sigmoid(shared_expert_gate · x)`
+    /// (Qwen2-MoE) or added as is (DeepSeek-V3).
+    pub shared_expert_gated: bool,
     /// End-of-sequence token ids (`eos_token_id`: a number, a list or null).
     pub eos_token_ids: Vec<u32>,
 }
@@ -115,16 +213,43 @@ impl ModelConfig {
             "qwen3_moe" => Arch::Qwen3Moe,
             "mixtral" => Arch::Mixtral,
             "qwen2_moe" => Arch::Qwen2Moe,
+            "deepseek_v3" => Arch::DeepseekV3,
             other => {
                 return Err(EngineError::config(
                     "model_type",
-                    format!("`{other}` is not supported (qwen3_moe, qwen2_moe, mixtral)"),
+                    format!(
+                        "`{other}` is not supported (qwen3_moe, qwen2_moe, mixtral, deepseek_v3)"
+                    ),
                 ));
             }
         };
         let hidden_size = c.positive("hidden_size")?;
         let num_layers = c.positive("num_hidden_layers")?;
-        let (num_q_heads, num_kv_heads, head_dim) = attention_heads(&c, hidden_size)?;
+        let mla = match arch {
+            Arch::DeepseekV3 => Some(mla(&c)?),
+            _ => None,
+        };
+        let (num_q_heads, num_kv_heads, head_dim, rope_dim) = match &mla {
+            Some(m) => {
+                let heads = c.positive("num_attention_heads")?;
+                if let Some(kv) = c.opt_positive("num_key_value_heads")? {
+                    if kv != heads {
+                        return Err(EngineError::config(
+                            "num_key_value_heads",
+                            format!(
+                                "{kv}: latent attention expands one key/value head per query head ({heads})"
+                            ),
+                        ));
+                    }
+                }
+                let d = m.qk_head_dim().max(m.v_head_dim);
+                (heads, heads, d, m.qk_rope_head_dim)
+            }
+            None => {
+                let (q, kv, d) = attention_heads(&c, hidden_size)?;
+                (q, kv, d, d)
+            }
+        };
         let num_experts = expert_count(&c)?;
         let top_k = c.positive("num_experts_per_tok")?;
         if num_experts > 0 && top_k > num_experts {
@@ -139,13 +264,21 @@ impl ModelConfig {
                 c.positive("moe_intermediate_size")?,
                 c.opt_bool("norm_topk_prob")?.unwrap_or(false),
             ),
+            Arch::DeepseekV3 => (
+                c.positive("moe_intermediate_size")?,
+                c.opt_bool("norm_topk_prob")?.unwrap_or(true),
+            ),
             Arch::Mixtral => (intermediate, true),
+        };
+        let routing = match arch {
+            Arch::DeepseekV3 => routing(&c, num_experts, top_k)?,
+            _ => Routing::Softmax,
         };
         let sparse_layers = sparse_layers(&c, arch, num_layers, num_experts)?;
         c.check_supported(arch)?;
         let sliding_window = match arch {
             Arch::Mixtral => c.opt_positive("sliding_window")?,
-            Arch::Qwen3Moe | Arch::Qwen2Moe => None,
+            Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::DeepseekV3 => None,
         };
         let (qkv_bias, shared_expert_intermediate) = match arch {
             Arch::Qwen2Moe => (
@@ -153,8 +286,15 @@ impl ModelConfig {
                 c.opt_usize("shared_expert_intermediate_size")?
                     .filter(|&n| n > 0),
             ),
+            Arch::DeepseekV3 => (
+                false,
+                c.opt_usize("n_shared_experts")?
+                    .filter(|&n| n > 0)
+                    .map(|n| n * expert_intermediate),
+            ),
             Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
+        let (rope_theta, yarn) = rope(&c, arch)?;
         Ok(Self {
             arch,
             vocab_size: c.positive("vocab_size")?,
@@ -163,13 +303,17 @@ impl ModelConfig {
             num_q_heads,
             num_kv_heads,
             head_dim,
+            rope_dim,
+            yarn,
+            mla,
+            routing,
             dense_intermediate: intermediate,
             expert_intermediate,
             num_experts,
             top_k,
             norm_topk_prob,
             rms_norm_eps: c.float("rms_norm_eps")? as f32,
-            rope_theta: rope_theta(&c)?,
+            rope_theta,
             sparse_layers,
             tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
             max_positions: c.opt_positive("max_position_embeddings")?.unwrap_or(4096),
@@ -177,6 +321,7 @@ impl ModelConfig {
             qk_norm: arch == Arch::Qwen3Moe,
             qkv_bias,
             shared_expert_intermediate,
+            shared_expert_gated: arch == Arch::Qwen2Moe,
             eos_token_ids: eos_ids(&c)?,
         })
     }
@@ -190,6 +335,136 @@ impl ModelConfig {
     pub fn num_sparse_layers(&self) -> usize {
         self.sparse_layers.iter().filter(|s| **s).count()
     }
+
+    /// RoPE's inverse frequencies over `rope_dim`, in f32 as transformers
+    /// computes them (plain, or YaRN's blend of interpolated and
+    /// extrapolated frequencies).
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let dim = self.rope_dim;
+        let base = self.rope_theta as f32;
+        let pos_freqs: Vec<f32> = (0..dim / 2)
+            .map(|i| base.powf((2 * i) as f32 / dim as f32))
+            .collect();
+        let Some(y) = &self.yarn else {
+            return pos_freqs.iter().map(|p| 1.0 / p).collect();
+        };
+        let correction_dim = |rotations: f64| {
+            (dim as f64
+                * (y.original_max_positions / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * self.rope_theta.ln())
+        };
+        let (mut low, mut high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
+        if y.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let inter = 1.0 / (y.factor as f32 * p);
+                let extra = 1.0 / p;
+                inter * (1.0 - extrapolation) + extra * extrapolation
+            })
+            .collect()
+    }
+
+    /// Scale of RoPE's cos and sin (YaRN's attention factor, else 1).
+    pub fn rope_attention_factor(&self) -> f32 {
+        self.yarn
+            .as_ref()
+            .map_or(1.0, |y| y.attention_factor as f32)
+    }
+
+    /// The softmax scale of attention: `1 / sqrt(query/key head width)`,
+    /// times DeepSeek's YaRN correction `mscale(factor, mscale_all_dim)^2`.
+    pub fn attention_scale(&self) -> f64 {
+        let qk = self.mla.as_ref().map_or(self.head_dim, Mla::qk_head_dim);
+        let base = (qk as f64).powf(-0.5);
+        match (&self.mla, &self.yarn) {
+            (Some(_), Some(y)) if y.mscale_all_dim != 0.0 => {
+                let m = yarn_mscale(y.factor, y.mscale_all_dim);
+                base * m * m
+            }
+            _ => base,
+        }
+    }
+}
+
+/// The latent-attention dimensions of a DeepSeek-V3 config.
+fn mla(c: &Fields<'_>) -> Result<Mla, EngineError> {
+    let m = Mla {
+        q_lora_rank: c.opt_positive("q_lora_rank")?,
+        kv_lora_rank: c.positive("kv_lora_rank")?,
+        qk_nope_head_dim: c.positive("qk_nope_head_dim")?,
+        qk_rope_head_dim: c.positive("qk_rope_head_dim")?,
+        v_head_dim: c.positive("v_head_dim")?,
+        rope_interleave: c.opt_bool("rope_interleave")?.unwrap_or(true),
+    };
+    if m.qk_rope_head_dim % 2 != 0 {
+        return Err(EngineError::config(
+            "qk_rope_head_dim",
+            format!("{} is odd (RoPE)", m.qk_rope_head_dim),
+        ));
+    }
+    Ok(m)
+}
+
+/// DeepSeek-V3's grouped sigmoid routing.
+fn routing(c: &Fields<'_>, num_experts: usize, top_k: usize) -> Result<Routing, EngineError> {
+    for (field, want) in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")] {
+        if let Some(v) = c.get(field) {
+            if v.as_str() != Some(want) {
+                return Err(EngineError::config(
+                    field,
+                    format!("{v} is not supported ({want}, DeepSeek-V3's)"),
+                ));
+            }
+        }
+    }
+    if c.opt_usize("moe_layer_freq")?.is_some_and(|f| f != 1) {
+        return Err(EngineError::config(
+            "moe_layer_freq",
+            "only 1 is supported (every layer after first_k_dense_replace is sparse)",
+        ));
+    }
+    let n_group = c.opt_positive("n_group")?.unwrap_or(1);
+    let topk_group = c.opt_positive("topk_group")?.unwrap_or(n_group);
+    if num_experts % n_group != 0 || num_experts / n_group < 2 {
+        return Err(EngineError::config(
+            "n_group",
+            format!("{n_group} groups of {num_experts} experts: need at least 2 experts per group"),
+        ));
+    }
+    if topk_group > n_group || top_k > topk_group * (num_experts / n_group) {
+        return Err(EngineError::config(
+            "topk_group",
+            format!(
+                "{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k} experts"
+            ),
+        ));
+    }
+    let routed_scaling_factor = c
+        .get("routed_scaling_factor")
+        .map(|v| {
+            v.as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or_else(|| {
+                    EngineError::config("routed_scaling_factor", "not a positive number")
+                })
+        })
+        .transpose()?
+        .unwrap_or(1.0) as f32;
+    Ok(Routing::SigmoidGroups {
+        n_group,
+        topk_group,
+        routed_scaling_factor,
+    })
 }
 
 /// Query heads, key/value heads and head width (present or derived).
@@ -226,11 +501,13 @@ fn attention_heads(
     Ok((num_q_heads, num_kv_heads, head_dim))
 }
 
-/// `num_experts` (Qwen, transformers 4.x) or `num_local_experts`.
+/// `num_experts` (Qwen, transformers 4.x), `num_local_experts` or
+/// `n_routed_experts` (DeepSeek).
 fn expert_count(c: &Fields<'_>) -> Result<usize, EngineError> {
     match (
         c.opt_usize("num_experts")?,
-        c.opt_usize("num_local_experts")?,
+        c.opt_usize("num_local_experts")?
+            .or(c.opt_usize("n_routed_experts")?),
     ) {
         (Some(a), Some(b)) if a != b => Err(EngineError::config(
             "num_experts",
@@ -257,6 +534,13 @@ fn sparse_layers(
             return Err(EngineError::config("num_local_experts", "must be positive"));
         }
         return Ok(vec![true; num_layers]);
+    }
+    if arch == Arch::DeepseekV3 {
+        if num_experts == 0 {
+            return Err(EngineError::config("n_routed_experts", "must be positive"));
+        }
+        let dense = c.opt_usize("first_k_dense_replace")?.unwrap_or(0);
+        return Ok((0..num_layers).map(|i| i >= dense).collect());
     }
     let step = c.opt_usize("decoder_sparse_step")?.unwrap_or(1);
     if step == 0 {
@@ -301,27 +585,39 @@ fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
     }
 }
 
-/// `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x); only the plain
-/// ("default") RoPE is supported.
-fn rope_theta(c: &Fields<'_>) -> Result<f64, EngineError> {
-    if let Some(scaling) = c.0.get("rope_scaling").filter(|v| !v.is_null()) {
-        let kind = scaling.get("rope_type").or_else(|| scaling.get("type"));
-        if kind.and_then(Value::as_str) != Some("default") {
-            return Err(EngineError::config(
-                "rope_scaling",
-                format!("{scaling} is not supported"),
-            ));
-        }
-    }
-    if let Some(params) = c.0.get("rope_parameters").filter(|v| !v.is_null()) {
-        let p = params
+/// `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x), and the
+/// scaling: plain RoPE everywhere, YaRN for DeepSeek-V3 (`rope_scaling` with
+/// `type` or `rope_type` `yarn` in 4.x, `rope_parameters` in 5.x).
+fn rope(c: &Fields<'_>, arch: Arch) -> Result<(f64, Option<Yarn>), EngineError> {
+    let mut yarn_fields: Option<(&'static str, &Map<String, Value>)> = None;
+    for field in ["rope_scaling", "rope_parameters"] {
+        let Some(v) = c.get(field) else { continue };
+        let p = v
             .as_object()
-            .ok_or_else(|| EngineError::config("rope_parameters", "not an object"))?;
-        if let Some(kind) = p.get("rope_type").and_then(Value::as_str) {
-            if kind != "default" {
+            .ok_or_else(|| EngineError::config(field, "not an object"))?;
+        let kind = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        match kind {
+            "default" => {}
+            "yarn" if arch == Arch::DeepseekV3 => yarn_fields = Some((field, p)),
+            other => {
+                let name = match field {
+                    "rope_parameters" => "rope_parameters.rope_type",
+                    _ => field,
+                };
                 return Err(EngineError::config(
-                    "rope_parameters.rope_type",
-                    format!("`{kind}` is not supported (default)"),
+                    name,
+                    format!(
+                        "rope type `{other}` is not supported (default{})",
+                        if arch == Arch::DeepseekV3 {
+                            ", yarn"
+                        } else {
+                            ""
+                        }
+                    ),
                 ));
             }
         }
@@ -333,21 +629,63 @@ fn rope_theta(c: &Fields<'_>) -> Result<f64, EngineError> {
                 ));
             }
         }
-        if let Some(t) = p.get("rope_theta") {
-            return t.as_f64().filter(|t| *t > 0.0).ok_or_else(|| {
-                EngineError::config("rope_parameters.rope_theta", "not a positive number")
-            });
-        }
     }
-    c.0.get("rope_theta")
-        .and_then(Value::as_f64)
-        .filter(|t| *t > 0.0)
-        .ok_or_else(|| {
-            EngineError::config(
+    let theta = c
+        .get("rope_parameters")
+        .and_then(|p| p.get("rope_theta"))
+        .or_else(|| c.get("rope_theta"));
+    let theta = match theta {
+        Some(t) => t
+            .as_f64()
+            .filter(|t| *t > 0.0)
+            .ok_or_else(|| EngineError::config("rope_theta", "not a positive number"))?,
+        None => {
+            return Err(EngineError::config(
                 "rope_theta",
                 "missing (neither rope_theta nor rope_parameters.rope_theta)",
-            )
-        })
+            ));
+        }
+    };
+    let Some((field, p)) = yarn_fields else {
+        return Ok((theta, None));
+    };
+    let num = |k: &str| -> Result<Option<f64>, EngineError> {
+        p.get(k)
+            .filter(|v| !v.is_null())
+            .map(|v| {
+                v.as_f64()
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(|| EngineError::config(field, format!("{k}: {v} is not a number")))
+            })
+            .transpose()
+    };
+    let original = num("original_max_position_embeddings")?
+        .ok_or_else(|| EngineError::config(field, "yarn needs original_max_position_embeddings"))?;
+    let max_positions = c.opt_positive("max_position_embeddings")?.unwrap_or(4096) as f64;
+    let factor = num("factor")?.unwrap_or(max_positions / original);
+    let (mscale, mscale_all_dim) = (num("mscale")?, num("mscale_all_dim")?);
+    let attention_factor = match (num("attention_factor")?, mscale, mscale_all_dim) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+            yarn_mscale(factor, m) / yarn_mscale(factor, all)
+        }
+        _ => yarn_mscale(factor, 1.0),
+    };
+    let beta = |k: &str, default: f64| -> Result<f64, EngineError> {
+        Ok(num(k)?.filter(|b| *b != 0.0).unwrap_or(default))
+    };
+    Ok((
+        theta,
+        Some(Yarn {
+            factor,
+            original_max_positions: original,
+            beta_fast: beta("beta_fast", 32.0)?,
+            beta_slow: beta("beta_slow", 1.0)?,
+            truncate: p.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            attention_factor,
+            mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+        }),
+    ))
 }
 
 /// Typed access to the fields of one JSON object.
@@ -427,8 +765,18 @@ impl Fields<'_> {
                 "true is not supported",
             ));
         }
+        if self.get("quantization_config").is_some() {
+            return Err(EngineError::config(
+                "quantization_config",
+                "quantized checkpoints (FP8 blocks) are not supported: use a BF16 conversion",
+            ));
+        }
         for field in ["n_shared_experts", "shared_expert_intermediate_size"] {
-            if field == "shared_expert_intermediate_size" && arch == Arch::Qwen2Moe {
+            let shared_ok = match field {
+                "n_shared_experts" => arch == Arch::DeepseekV3,
+                _ => arch == Arch::Qwen2Moe,
+            };
+            if shared_ok {
                 continue;
             }
             if self.opt_usize(field)?.is_some_and(|n| n > 0) {

@@ -217,3 +217,125 @@ fn qwen2_moe_spellings_and_shared_expert() {
     .unwrap_err();
     assert_eq!(field_of(e), "shared_expert_intermediate_size");
 }
+
+/// DeepSeek-V3 as the hub's config.json spells it (transformers 4.x:
+/// `rope_scaling` with `type: yarn`, `topk_method`, `scoring_func`, no
+/// `head_dim`), and the refusals that keep it honest.
+fn deepseek_hub() -> Value {
+    json!({
+        "model_type": "deepseek_v3", "vocab_size": 320, "hidden_size": 64,
+        "intermediate_size": 96, "moe_intermediate_size": 24, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 16,
+        "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+        "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": true, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 163840, "num_nextn_predict_layers": 1,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    })
+}
+
+#[test]
+fn deepseek_v3_hub_config() {
+    let c = ModelConfig::from_json(&deepseek_hub()).unwrap();
+    assert_eq!(c.arch, Arch::DeepseekV3);
+    let m = c.mla.clone().unwrap();
+    assert_eq!(
+        (m.qk_head_dim(), m.v_head_dim, m.q_lora_rank),
+        (192, 128, Some(48))
+    );
+    assert!(m.rope_interleave, "DeepSeek's default");
+    // The cache holds 192-wide heads (values zero-padded), one per query head.
+    assert_eq!((c.head_dim, c.num_kv_heads, c.rope_dim), (192, 4, 64));
+    assert_eq!(c.sparse_layers, vec![false, true, true, true]);
+    assert_eq!(c.shared_expert_intermediate, Some(24));
+    assert!(!c.shared_expert_gated && c.norm_topk_prob);
+    assert_eq!(
+        c.routing,
+        Routing::SigmoidGroups {
+            n_group: 4,
+            topk_group: 2,
+            routed_scaling_factor: 2.5
+        }
+    );
+    let y = c.yarn.clone().unwrap();
+    assert_eq!((y.factor, y.attention_factor), (40.0, 1.0));
+    // DeepSeek-V3's softmax scale: 192^-0.5 * (0.1 ln 40 + 1)^2.
+    let m = 0.1 * 40f64.ln() + 1.0;
+    assert!((c.attention_scale() - m * m / 192f64.sqrt()).abs() < 1e-12);
+    // YaRN keeps the fastest frequency and divides the slowest by the factor.
+    let f = c.rope_inv_freq();
+    assert_eq!(f.len(), 32);
+    assert_eq!(f[0], 1.0);
+    let plain_last = 1.0 / 10000f32.powf(62.0 / 64.0);
+    assert!((f[31] - plain_last / 40.0).abs() < 1e-12);
+    // A plain q_proj and non-interleaved RoPE are read too.
+    let plain = with(
+        with(deepseek_hub(), "q_lora_rank", Value::Null),
+        "rope_interleave",
+        json!(false),
+    );
+    let p = ModelConfig::from_json(&plain).unwrap();
+    assert_eq!(
+        p.mla.as_ref().map(|m| (m.q_lora_rank, m.rope_interleave)),
+        Some((None, false))
+    );
+}
+
+#[test]
+fn deepseek_v3_refusals_name_their_field() {
+    let cases = [
+        (
+            with(deepseek_hub(), "topk_method", json!("greedy")),
+            "topk_method",
+        ),
+        (
+            with(deepseek_hub(), "scoring_func", json!("softmax")),
+            "scoring_func",
+        ),
+        (
+            with(deepseek_hub(), "moe_layer_freq", json!(2)),
+            "moe_layer_freq",
+        ),
+        (with(deepseek_hub(), "n_group", json!(5)), "n_group"),
+        (with(deepseek_hub(), "topk_group", json!(5)), "topk_group"),
+        (
+            with(deepseek_hub(), "num_key_value_heads", json!(1)),
+            "num_key_value_heads",
+        ),
+        (
+            with(deepseek_hub(), "qk_rope_head_dim", json!(63)),
+            "qk_rope_head_dim",
+        ),
+        (
+            with(
+                deepseek_hub(),
+                "quantization_config",
+                json!({"quant_method": "fp8"}),
+            ),
+            "quantization_config",
+        ),
+        (
+            with(
+                deepseek_hub(),
+                "rope_scaling",
+                json!({"type": "dynamic", "factor": 2.0}),
+            ),
+            "rope_scaling",
+        ),
+        (
+            with(
+                qwen_v4(),
+                "rope_scaling",
+                json!({"type": "yarn", "factor": 2.0}),
+            ),
+            "rope_scaling",
+        ),
+    ];
+    for (v, field) in cases {
+        let got = field_of(ModelConfig::from_json(&v).unwrap_err());
+        assert_eq!(got, field, "{v}");
+    }
+}

@@ -183,7 +183,9 @@ impl CheckpointExperts {
             } else {
                 let (g, u, d) = match cfg.arch {
                     Arch::Mixtral => ("w1", "w3", "w2"),
-                    Arch::Qwen3Moe | Arch::Qwen2Moe => ("gate_proj", "up_proj", "down_proj"),
+                    Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::DeepseekV3 => {
+                        ("gate_proj", "up_proj", "down_proj")
+                    }
                 };
                 let names = |m: &str| {
                     (0..e)

@@ -160,20 +160,34 @@ pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// cos and sin tables for one position: `inv_freq[i] = theta^(-2i/d)` in f32
-/// as transformers computes it, angle = position x inv_freq.
-pub fn rope_table(position: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let mut cos = Vec::with_capacity(half);
-    let mut sin = Vec::with_capacity(half);
-    for i in 0..half {
-        let exponent = (2 * i) as f32 / head_dim as f32;
-        let inv_freq = 1.0 / (theta as f32).powf(exponent);
-        let angle = position as f32 * inv_freq;
-        cos.push(angle.cos());
-        sin.push(angle.sin());
+/// cos and sin for one position: `angle = position * inv_freq[i]` in f32,
+/// as transformers computes it, times `factor` (YaRN's attention factor; 1
+/// for plain RoPE). `inv_freq` comes from
+/// [`super::ModelConfig::rope_inv_freq`].
+pub fn rope_angles(position: usize, inv_freq: &[f32], factor: f32) -> (Vec<f32>, Vec<f32>) {
+    inv_freq
+        .iter()
+        .map(|f| {
+            let angle = position as f32 * f;
+            (angle.cos() * factor, angle.sin() * factor)
+        })
+        .unzip()
+}
+
+/// RoPE on interleaved pairs `(x0, x1), (x2, x3), ...` of each `dim`-wide
+/// head (DeepSeek's layout), written out as transformers does: the rotated
+/// even elements, then the rotated odd ones.
+pub fn apply_rope_interleaved(x: &mut [f32], dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = dim / 2;
+    let mut tmp = vec![0f32; dim];
+    for head in x.chunks_exact_mut(dim) {
+        for i in 0..half {
+            let (e, o) = (head[2 * i], head[2 * i + 1]);
+            tmp[i] = e * cos[i] - o * sin[i];
+            tmp[half + i] = o * cos[i] + e * sin[i];
+        }
+        head.copy_from_slice(&tmp);
     }
-    (cos, sin)
 }
 
 /// Rotate every head of `x` in place: first half `a`, second half `b`,
@@ -273,11 +287,22 @@ mod tests {
     #[test]
     fn rope_rotates_pairs_of_halves() {
         let mut x = vec![1.0, 0.0, 0.0, 0.0];
-        let (cos, sin) = rope_table(1, 4, 10000.0);
+        let (cos, sin) = rope_angles(1, &[1.0, 0.01], 1.0);
         apply_rope(&mut x, 4, &cos, &sin);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6);
         assert!((x[2] - 1f32.sin()).abs() < 1e-6);
         assert_eq!(x[1], 0.0);
+        // Interleaved: the pair (x0, x1) turns together, and the output
+        // lists the even elements first.
+        let mut y = vec![1.0, 0.0, 0.0, 1.0];
+        apply_rope_interleaved(&mut y, 4, &cos, &sin);
+        let (c1, s1, c2, s2) = (1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin());
+        for (got, want) in y.iter().zip([c1, -s2, s1, c2]) {
+            assert!((got - want).abs() < 1e-6, "{y:?}");
+        }
+        // The factor scales both.
+        let (c, _) = rope_angles(0, &[1.0], 0.5);
+        assert_eq!(c, vec![0.5]);
     }
 
     #[test]

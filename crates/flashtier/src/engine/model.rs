@@ -7,6 +7,15 @@
 //! the router logits, keep the top-k, renormalise when `norm_topk_prob`
 //! (always for Mixtral, which equals a softmax over the top-k logits), and
 //! sum the experts in ascending expert order, as transformers does.
+//!
+//! DeepSeek-V3 instead runs multi-head latent attention (the query through
+//! its low-rank pair, the key/value latent through `kv_a` and its norm, RoPE
+//! on the rope parts, the latent expanded per head by `kv_b`; the cache holds
+//! the expanded keys and values, the narrower of the two zero-padded, and the
+//! query is pre-scaled so the KV tier's `1/sqrt(d)` becomes DeepSeek's
+//! softmax scale) and routes with grouped sigmoids (see
+//! [`super::config::Routing`]); shared experts are added after the routed
+//! ones.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,13 +23,14 @@ use std::time::Instant;
 
 use super::attention::{KvCache, KvPrecision};
 use super::checkpoint::Checkpoint;
-use super::config::ModelConfig;
+use super::config::{Mla, ModelConfig, Routing};
 use super::error::EngineError;
 use super::experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView};
 use super::kernels::{
-    MatRef, apply_rope, argmax, matvec, rms_norm, rms_norm_heads, rope_table, silu, softmax, top_k,
+    MatRef, apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, rms_norm_heads,
+    rope_angles, silu, softmax, top_k,
 };
-use super::weights::{DenseMlp, Mlp, ModelWeights};
+use super::weights::{AttnWeights, DenseMlp, GqaWeights, MlaWeights, Mlp, ModelWeights, QueryProj};
 
 /// A loaded model with its KV cache and expert source, decoding one sequence.
 pub struct Model {
@@ -28,6 +38,8 @@ pub struct Model {
     weights: ModelWeights,
     experts: Box<dyn ExpertSource>,
     cache: KvCache,
+    /// RoPE's inverse frequencies (plain or YaRN).
+    inv_freq: Vec<f32>,
 }
 
 impl std::fmt::Debug for Model {
@@ -92,6 +104,7 @@ impl Model {
             weights,
             experts,
             cache,
+            inv_freq: cfg.rope_inv_freq(),
         })
     }
 
@@ -129,7 +142,11 @@ impl Model {
         }
         let h = c.hidden_size;
         let mut x = self.weights.embed[id * h..(id + 1) * h].to_vec();
-        let (cos, sin) = rope_table(self.cache.len(), c.head_dim, c.rope_theta);
+        let (cos, sin) = rope_angles(
+            self.cache.len(),
+            &self.inv_freq,
+            self.cfg.rope_attention_factor(),
+        );
         let mut normed = vec![0f32; h];
         for layer in 0..c.num_layers {
             rms_norm(
@@ -159,50 +176,25 @@ impl Model {
         cos: &[f32],
         sin: &[f32],
     ) -> Result<Vec<f32>, EngineError> {
-        let c = &self.cfg;
-        let lw = &self.weights.layers[layer];
-        let d = c.head_dim;
-        let mut q = vec![0f32; c.num_q_heads * d];
-        let mut k = vec![0f32; c.num_kv_heads * d];
-        let mut v = vec![0f32; c.num_kv_heads * d];
-        matvec(&mut q, MatRef::F32(&lw.q_proj), x);
-        matvec(&mut k, MatRef::F32(&lw.k_proj), x);
-        matvec(&mut v, MatRef::F32(&lw.v_proj), x);
-        if let Some([qb, kb, vb]) = &lw.qkv_bias {
-            add(&mut q, qb);
-            add(&mut k, kb);
-            add(&mut v, vb);
+        match &self.weights.layers[layer].attn {
+            AttnWeights::Gqa(g) => gqa(&self.cfg, g, &mut self.cache, layer, x, cos, sin),
+            AttnWeights::Mla(m) => {
+                let dims = self.cfg.mla.clone().ok_or_else(|| {
+                    EngineError::Attention("latent attention weights without MLA dims".into())
+                })?;
+                mla(&self.cfg, &dims, m, &mut self.cache, layer, x, cos, sin)
+            }
         }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            rms_norm_heads(&mut q, qn, c.rms_norm_eps);
-            rms_norm_heads(&mut k, kn, c.rms_norm_eps);
-        }
-        apply_rope(&mut q, d, cos, sin);
-        apply_rope(&mut k, d, cos, sin);
-        self.cache.push(layer, &k, &v)?;
-        let mut heads = vec![0f32; q.len()];
-        self.cache.attend(layer, &q, &mut heads)?;
-        let mut out = vec![0f32; c.hidden_size];
-        matvec(&mut out, MatRef::F32(&lw.o_proj), &heads);
-        Ok(out)
     }
 
     fn feed_forward(&mut self, layer: usize, x: &[f32]) -> Result<Vec<f32>, EngineError> {
         let h = self.cfg.hidden_size;
-        let router = match &self.weights.layers[layer].mlp {
+        let mut chosen = match &self.weights.layers[layer].mlp {
             Mlp::Dense(d) => return Ok(dense_mlp(d, x, h)),
-            Mlp::Sparse { router, .. } => router,
+            Mlp::Sparse {
+                router, score_bias, ..
+            } => route(&self.cfg, router, score_bias.as_deref(), x),
         };
-        let mut probs = vec![0f32; self.cfg.num_experts];
-        matvec(&mut probs, MatRef::F32(router), x);
-        softmax(&mut probs);
-        let mut chosen = top_k(&probs, self.cfg.top_k);
-        if self.cfg.norm_topk_prob {
-            let sum: f32 = chosen.iter().map(|(_, w)| w).sum();
-            for (_, w) in &mut chosen {
-                *w /= sum;
-            }
-        }
         self.hint_next_layer(layer, x);
         // transformers adds the experts' outputs in ascending expert order.
         chosen.sort_by_key(|(e, _)| *e);
@@ -237,7 +229,7 @@ impl Model {
         } = &self.weights.layers[layer].mlp
         {
             let y = dense_mlp(&shared.mlp, x, h);
-            let g = sigmoid(dot(&shared.gate, x));
+            let g = shared.gate.as_ref().map_or(1.0, |g| sigmoid(dot(g, x)));
             for (o, yi) in out.iter_mut().zip(&y) {
                 *o += g * yi;
             }
@@ -250,12 +242,13 @@ impl Model {
     fn hint_next_layer(&mut self, layer: usize, x: &[f32]) {
         let next = (layer + 1..self.cfg.num_layers).find(|l| self.cfg.sparse_layers[*l]);
         let Some(next) = next else { return };
-        let Mlp::Sparse { router, .. } = &self.weights.layers[next].mlp else {
+        let Mlp::Sparse {
+            router, score_bias, ..
+        } = &self.weights.layers[next].mlp
+        else {
             return;
         };
-        let mut logits = vec![0f32; self.cfg.num_experts];
-        matvec(&mut logits, MatRef::F32(router), x);
-        let ids: Vec<usize> = top_k(&logits, self.cfg.top_k)
+        let ids: Vec<usize> = route(&self.cfg, router, score_bias.as_deref(), x)
             .into_iter()
             .map(|(e, _)| e)
             .collect();
@@ -315,13 +308,20 @@ fn new_cache(cfg: &ModelConfig) -> Result<KvCache, EngineError> {
     let capacity = cfg
         .sliding_window
         .map_or(cfg.max_positions, |w| w.min(cfg.max_positions));
+    // The hi/lo pairs double the head; past the KV tier's width limit
+    // (DeepSeek-V3's 192-wide heads) keys and values are one BF16 each.
+    let precision = if 2 * cfg.head_dim <= crate::kv::attention::MAX_HEAD_DIM {
+        KvPrecision::Bf16x2
+    } else {
+        KvPrecision::Bf16
+    };
     KvCache::new(
         cfg.num_layers,
         cfg.num_q_heads,
         cfg.num_kv_heads,
         cfg.head_dim,
         capacity,
-        KvPrecision::default(),
+        precision,
     )
 }
 
@@ -351,6 +351,179 @@ fn swiglu(out: &mut [f32], m: &ExpertView<'_>, x: &[f32], act: &mut [f32], up: &
         *a = silu(*a) * u;
     }
     matvec(out, m.down, act);
+}
+
+/// The chosen experts of one token and their weights.
+fn route(
+    cfg: &ModelConfig,
+    router: &[f32],
+    score_bias: Option<&[f32]>,
+    x: &[f32],
+) -> Vec<(usize, f32)> {
+    let mut logits = vec![0f32; cfg.num_experts];
+    matvec(&mut logits, MatRef::F32(router), x);
+    match cfg.routing {
+        Routing::Softmax => {
+            softmax(&mut logits);
+            let mut chosen = top_k(&logits, cfg.top_k);
+            if cfg.norm_topk_prob {
+                let sum: f32 = chosen.iter().map(|(_, w)| w).sum();
+                for (_, w) in &mut chosen {
+                    *w /= sum;
+                }
+            }
+            chosen
+        }
+        Routing::SigmoidGroups {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+            let mut choice: Vec<f32> = scores
+                .iter()
+                .enumerate()
+                .map(|(e, s)| s + score_bias.and_then(|b| b.get(e)).copied().unwrap_or(0.0))
+                .collect();
+            let per = cfg.num_experts / n_group.max(1);
+            // A group scores the sum of its two best choices.
+            let group_scores: Vec<f32> = choice
+                .chunks(per.max(1))
+                .map(|g| top_k(g, 2).iter().map(|(_, v)| v).sum())
+                .collect();
+            let keep: Vec<usize> = top_k(&group_scores, topk_group)
+                .into_iter()
+                .map(|(g, _)| g)
+                .collect();
+            for (g, chunk) in choice.chunks_mut(per.max(1)).enumerate() {
+                if !keep.contains(&g) {
+                    chunk.fill(f32::NEG_INFINITY);
+                }
+            }
+            let mut chosen: Vec<(usize, f32)> = top_k(&choice, cfg.top_k)
+                .into_iter()
+                .map(|(e, _)| (e, scores[e]))
+                .collect();
+            if cfg.norm_topk_prob {
+                let sum: f32 = chosen.iter().map(|(_, w)| w).sum::<f32>() + 1e-20;
+                for (_, w) in &mut chosen {
+                    *w /= sum;
+                }
+            }
+            for (_, w) in &mut chosen {
+                *w *= routed_scaling_factor;
+            }
+            chosen
+        }
+    }
+}
+
+/// Grouped-query attention of one token.
+fn gqa(
+    c: &ModelConfig,
+    lw: &GqaWeights,
+    cache: &mut KvCache,
+    layer: usize,
+    x: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+) -> Result<Vec<f32>, EngineError> {
+    let d = c.head_dim;
+    let mut q = vec![0f32; c.num_q_heads * d];
+    let mut k = vec![0f32; c.num_kv_heads * d];
+    let mut v = vec![0f32; c.num_kv_heads * d];
+    matvec(&mut q, MatRef::F32(&lw.q_proj), x);
+    matvec(&mut k, MatRef::F32(&lw.k_proj), x);
+    matvec(&mut v, MatRef::F32(&lw.v_proj), x);
+    if let Some([qb, kb, vb]) = &lw.qkv_bias {
+        add(&mut q, qb);
+        add(&mut k, kb);
+        add(&mut v, vb);
+    }
+    if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+        rms_norm_heads(&mut q, qn, c.rms_norm_eps);
+        rms_norm_heads(&mut k, kn, c.rms_norm_eps);
+    }
+    apply_rope(&mut q, d, cos, sin);
+    apply_rope(&mut k, d, cos, sin);
+    cache.push(layer, &k, &v)?;
+    let mut heads = vec![0f32; q.len()];
+    cache.attend(layer, &q, &mut heads)?;
+    let mut out = vec![0f32; c.hidden_size];
+    matvec(&mut out, MatRef::F32(&lw.o_proj), &heads);
+    Ok(out)
+}
+
+/// Multi-head latent attention of one token (DeepSeek-V3).
+#[allow(clippy::too_many_arguments)]
+fn mla(
+    c: &ModelConfig,
+    m: &Mla,
+    w: &MlaWeights,
+    cache: &mut KvCache,
+    layer: usize,
+    x: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+) -> Result<Vec<f32>, EngineError> {
+    let (heads, d) = (c.num_q_heads, c.head_dim);
+    let (nope, rope, vd) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
+    let qk = nope + rope;
+    let mut q = vec![0f32; heads * qk];
+    match &w.q {
+        QueryProj::Plain(p) => matvec(&mut q, MatRef::F32(p), x),
+        QueryProj::LowRank { a, norm, b } => {
+            let r = norm.len();
+            let mut low = vec![0f32; r];
+            matvec(&mut low, MatRef::F32(a), x);
+            let mut normed = vec![0f32; r];
+            rms_norm(&mut normed, &low, norm, c.rms_norm_eps);
+            matvec(&mut q, MatRef::F32(b), &normed);
+        }
+    }
+    let mut latent = vec![0f32; m.kv_lora_rank + rope];
+    matvec(&mut latent, MatRef::F32(&w.kv_a), x);
+    let (kv_nope, k_rot) = latent.split_at_mut(m.kv_lora_rank);
+    let mut kv_normed = vec![0f32; m.kv_lora_rank];
+    rms_norm(&mut kv_normed, kv_nope, &w.kv_a_norm, c.rms_norm_eps);
+    let mut kv = vec![0f32; heads * (nope + vd)];
+    matvec(&mut kv, MatRef::F32(&w.kv_b), &kv_normed);
+    let rotate = |v: &mut [f32]| {
+        if m.rope_interleave {
+            apply_rope_interleaved(v, rope, cos, sin);
+        } else {
+            apply_rope(v, rope, cos, sin);
+        }
+    };
+    rotate(k_rot);
+    // Query heads `[nope | rope]` padded to `d`, pre-scaled so the tier's
+    // `1/sqrt(d)` becomes the model's softmax scale; keys `[k_nope | k_rot]`
+    // and values padded to `d`.
+    let q_scale = (c.attention_scale() * (d as f64).sqrt()) as f32;
+    let mut qs = vec![0f32; heads * d];
+    let mut ks = vec![0f32; heads * d];
+    let mut vs = vec![0f32; heads * d];
+    for hd in 0..heads {
+        let qh = &mut q[hd * qk..(hd + 1) * qk];
+        rotate(&mut qh[nope..]);
+        for (dst, src) in qs[hd * d..hd * d + qk].iter_mut().zip(qh.iter()) {
+            *dst = src * q_scale;
+        }
+        let kvh = &kv[hd * (nope + vd)..(hd + 1) * (nope + vd)];
+        ks[hd * d..hd * d + nope].copy_from_slice(&kvh[..nope]);
+        ks[hd * d + nope..hd * d + qk].copy_from_slice(k_rot);
+        vs[hd * d..hd * d + vd].copy_from_slice(&kvh[nope..]);
+    }
+    cache.push(layer, &ks, &vs)?;
+    let mut attended = vec![0f32; heads * d];
+    cache.attend(layer, &qs, &mut attended)?;
+    let values: Vec<f32> = attended
+        .chunks_exact(d)
+        .flat_map(|h| h[..vd].iter().copied())
+        .collect();
+    let mut out = vec![0f32; c.hidden_size];
+    matvec(&mut out, MatRef::F32(&w.o_proj), &values);
+    Ok(out)
 }
 
 fn sigmoid(x: f32) -> f32 {

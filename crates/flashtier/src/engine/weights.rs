@@ -4,7 +4,7 @@
 //! [`super::ExpertSource`] one step at a time.
 
 use super::checkpoint::Checkpoint;
-use super::config::ModelConfig;
+use super::config::{Mla, ModelConfig, Routing};
 use super::error::EngineError;
 
 /// A dense SwiGLU MLP.
@@ -18,14 +18,14 @@ pub struct DenseMlp {
     pub down: Vec<f32>,
 }
 
-/// Qwen2-MoE's shared expert: a dense SwiGLU every token runs, scaled by
-/// `sigmoid(gate · x)`.
+/// A shared expert: a dense SwiGLU every token runs beside the routed
+/// experts, scaled by `sigmoid(gate · x)` (Qwen2-MoE) or not (DeepSeek-V3).
 #[derive(Debug)]
 pub struct SharedExpert {
     /// The expert's matrices.
     pub mlp: DenseMlp,
-    /// `shared_expert_gate`: `[1, hidden]`, stored as `[hidden]`.
-    pub gate: Vec<f32>,
+    /// Qwen2-MoE's `shared_expert_gate`: `[1, hidden]`, stored as `[hidden]`.
+    pub gate: Option<Vec<f32>>,
 }
 
 /// The feed-forward half of a layer.
@@ -37,18 +37,16 @@ pub enum Mlp {
     Sparse {
         /// Router weight.
         router: Vec<f32>,
-        /// The shared expert (Qwen2-MoE), resident.
+        /// DeepSeek-V3's `e_score_correction_bias` `[num_experts]`.
+        score_bias: Option<Vec<f32>>,
+        /// The shared expert (Qwen2-MoE, DeepSeek-V3), resident.
         shared: Option<SharedExpert>,
     },
 }
 
-/// One decoder layer's resident weights.
+/// Grouped-query attention (Qwen, Mixtral).
 #[derive(Debug)]
-pub struct LayerWeights {
-    /// RMSNorm before attention.
-    pub input_norm: Vec<f32>,
-    /// RMSNorm before the MLP.
-    pub post_attention_norm: Vec<f32>,
+pub struct GqaWeights {
     /// `[q_heads * head_dim, hidden]`.
     pub q_proj: Vec<f32>,
     /// `[kv_heads * head_dim, hidden]`.
@@ -64,6 +62,81 @@ pub struct LayerWeights {
     /// Qwen2-MoE projection biases: query `[q_heads * head_dim]`, key and
     /// value `[kv_heads * head_dim]`.
     pub qkv_bias: Option<[Vec<f32>; 3]>,
+}
+
+/// The query projection of latent attention.
+#[derive(Debug)]
+pub enum QueryProj {
+    /// `q_proj` `[heads * qk_head_dim, hidden]`.
+    Plain(Vec<f32>),
+    /// `q_b(rms_norm(q_a x))`: `q_a_proj` `[q_lora_rank, hidden]`,
+    /// `q_a_layernorm` `[q_lora_rank]`, `q_b_proj` `[heads * qk_head_dim, q_lora_rank]`.
+    LowRank {
+        /// `q_a_proj`.
+        a: Vec<f32>,
+        /// `q_a_layernorm`.
+        norm: Vec<f32>,
+        /// `q_b_proj`.
+        b: Vec<f32>,
+    },
+}
+
+/// Multi-head latent attention (DeepSeek-V3).
+#[derive(Debug)]
+pub struct MlaWeights {
+    /// The query projection.
+    pub q: QueryProj,
+    /// `kv_a_proj_with_mqa` `[kv_lora_rank + qk_rope_head_dim, hidden]`.
+    pub kv_a: Vec<f32>,
+    /// `kv_a_layernorm` `[kv_lora_rank]`.
+    pub kv_a_norm: Vec<f32>,
+    /// `kv_b_proj` `[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]`.
+    pub kv_b: Vec<f32>,
+    /// `o_proj` `[hidden, heads * v_head_dim]`.
+    pub o_proj: Vec<f32>,
+}
+
+/// The attention half of a layer.
+#[derive(Debug)]
+pub enum AttnWeights {
+    /// Grouped-query attention.
+    Gqa(GqaWeights),
+    /// Multi-head latent attention.
+    Mla(MlaWeights),
+}
+
+impl AttnWeights {
+    fn len(&self) -> usize {
+        match self {
+            Self::Gqa(g) => {
+                let norms =
+                    g.q_norm.as_ref().map_or(0, Vec::len) + g.k_norm.as_ref().map_or(0, Vec::len);
+                let bias = g
+                    .qkv_bias
+                    .as_ref()
+                    .map_or(0, |b| b.iter().map(Vec::len).sum());
+                g.q_proj.len() + g.k_proj.len() + g.v_proj.len() + g.o_proj.len() + norms + bias
+            }
+            Self::Mla(m) => {
+                let q = match &m.q {
+                    QueryProj::Plain(q) => q.len(),
+                    QueryProj::LowRank { a, norm, b } => a.len() + norm.len() + b.len(),
+                };
+                q + m.kv_a.len() + m.kv_a_norm.len() + m.kv_b.len() + m.o_proj.len()
+            }
+        }
+    }
+}
+
+/// One decoder layer's resident weights.
+#[derive(Debug)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub input_norm: Vec<f32>,
+    /// RMSNorm before the MLP.
+    pub post_attention_norm: Vec<f32>,
+    /// Attention weights.
+    pub attn: AttnWeights,
     /// Feed-forward weights.
     pub mlp: Mlp,
 }
@@ -117,15 +190,19 @@ impl ModelWeights {
                 let dense = |d: &DenseMlp| d.gate.len() + d.up.len() + d.down.len();
                 let mlp = match &l.mlp {
                     Mlp::Dense(d) => dense(d),
-                    Mlp::Sparse { router, shared } => {
-                        router.len() + shared.as_ref().map_or(0, |s| dense(&s.mlp) + s.gate.len())
+                    Mlp::Sparse {
+                        router,
+                        score_bias,
+                        shared,
+                    } => {
+                        router.len()
+                            + score_bias.as_ref().map_or(0, Vec::len)
+                            + shared
+                                .as_ref()
+                                .map_or(0, |s| dense(&s.mlp) + s.gate.as_ref().map_or(0, Vec::len))
                     }
                 };
-                let bias = l
-                    .qkv_bias
-                    .as_ref()
-                    .map_or(0, |b| b.iter().map(Vec::len).sum());
-                l.q_proj.len() + l.k_proj.len() + l.v_proj.len() + l.o_proj.len() + mlp + bias
+                l.attn.len() + mlp
             })
             .sum();
         4 * (self.embed.len() + layer + self.lm_head.as_ref().map_or(0, Vec::len))
@@ -134,18 +211,7 @@ impl ModelWeights {
 
 fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, EngineError> {
     let h = cfg.hidden_size;
-    let d = cfg.head_dim;
     let p = format!("model.layers.{i}");
-    let q_width = cfg.num_q_heads * d;
-    let kv_width = cfg.num_kv_heads * d;
-    let (q_norm, k_norm) = if cfg.qk_norm {
-        (
-            Some(ckpt.load_f32(&format!("{p}.self_attn.q_norm.weight"), &[d])?),
-            Some(ckpt.load_f32(&format!("{p}.self_attn.k_norm.weight"), &[d])?),
-        )
-    } else {
-        (None, None)
-    };
     let mlp = if cfg.sparse_layers[i] {
         let router = ckpt
             .load_f32(
@@ -159,14 +225,29 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
                 }
                 other => Err(other),
             })?;
+        let score_bias = match cfg.routing {
+            Routing::SigmoidGroups { .. } => Some(ckpt.load_f32(
+                &format!("{p}.mlp.gate.e_score_correction_bias"),
+                &[cfg.num_experts],
+            )?),
+            Routing::Softmax => None,
+        };
         let shared = match cfg.shared_expert_intermediate {
-            Some(inter) => Some(SharedExpert {
+            Some(inter) if cfg.shared_expert_gated => Some(SharedExpert {
                 mlp: load_dense(ckpt, &format!("{p}.mlp.shared_expert"), inter, h)?,
-                gate: ckpt.load_f32(&format!("{p}.mlp.shared_expert_gate.weight"), &[1, h])?,
+                gate: Some(ckpt.load_f32(&format!("{p}.mlp.shared_expert_gate.weight"), &[1, h])?),
+            }),
+            Some(inter) => Some(SharedExpert {
+                mlp: load_dense(ckpt, &format!("{p}.mlp.shared_experts"), inter, h)?,
+                gate: None,
             }),
             None => None,
         };
-        Mlp::Sparse { router, shared }
+        Mlp::Sparse {
+            router,
+            score_bias,
+            shared,
+        }
     } else {
         Mlp::Dense(load_dense(
             ckpt,
@@ -174,6 +255,32 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
             cfg.dense_intermediate,
             h,
         )?)
+    };
+    let attn = match &cfg.mla {
+        Some(m) => AttnWeights::Mla(load_mla(ckpt, cfg, m, &p)?),
+        None => AttnWeights::Gqa(load_gqa(ckpt, cfg, &p)?),
+    };
+    Ok(LayerWeights {
+        input_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        post_attention_norm: ckpt
+            .load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        attn,
+        mlp,
+    })
+}
+
+fn load_gqa(ckpt: &Checkpoint, cfg: &ModelConfig, p: &str) -> Result<GqaWeights, EngineError> {
+    let h = cfg.hidden_size;
+    let d = cfg.head_dim;
+    let q_width = cfg.num_q_heads * d;
+    let kv_width = cfg.num_kv_heads * d;
+    let (q_norm, k_norm) = if cfg.qk_norm {
+        (
+            Some(ckpt.load_f32(&format!("{p}.self_attn.q_norm.weight"), &[d])?),
+            Some(ckpt.load_f32(&format!("{p}.self_attn.k_norm.weight"), &[d])?),
+        )
+    } else {
+        (None, None)
     };
     let qkv_bias = if cfg.qkv_bias {
         Some([
@@ -184,10 +291,7 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
     } else {
         None
     };
-    Ok(LayerWeights {
-        input_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-        post_attention_norm: ckpt
-            .load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+    Ok(GqaWeights {
         q_proj: ckpt.load_f32(&format!("{p}.self_attn.q_proj.weight"), &[q_width, h])?,
         k_proj: ckpt.load_f32(&format!("{p}.self_attn.k_proj.weight"), &[kv_width, h])?,
         v_proj: ckpt.load_f32(&format!("{p}.self_attn.v_proj.weight"), &[kv_width, h])?,
@@ -195,7 +299,43 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
         q_norm,
         k_norm,
         qkv_bias,
-        mlp,
+    })
+}
+
+fn load_mla(
+    ckpt: &Checkpoint,
+    cfg: &ModelConfig,
+    m: &Mla,
+    p: &str,
+) -> Result<MlaWeights, EngineError> {
+    let h = cfg.hidden_size;
+    let heads = cfg.num_q_heads;
+    let a = format!("{p}.self_attn");
+    let q = match m.q_lora_rank {
+        Some(r) => QueryProj::LowRank {
+            a: ckpt.load_f32(&format!("{a}.q_a_proj.weight"), &[r, h])?,
+            norm: ckpt.load_f32(&format!("{a}.q_a_layernorm.weight"), &[r])?,
+            b: ckpt.load_f32(
+                &format!("{a}.q_b_proj.weight"),
+                &[heads * m.qk_head_dim(), r],
+            )?,
+        },
+        None => QueryProj::Plain(
+            ckpt.load_f32(&format!("{a}.q_proj.weight"), &[heads * m.qk_head_dim(), h])?,
+        ),
+    };
+    Ok(MlaWeights {
+        q,
+        kv_a: ckpt.load_f32(
+            &format!("{a}.kv_a_proj_with_mqa.weight"),
+            &[m.kv_lora_rank + m.qk_rope_head_dim, h],
+        )?,
+        kv_a_norm: ckpt.load_f32(&format!("{a}.kv_a_layernorm.weight"), &[m.kv_lora_rank])?,
+        kv_b: ckpt.load_f32(
+            &format!("{a}.kv_b_proj.weight"),
+            &[heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
+        )?,
+        o_proj: ckpt.load_f32(&format!("{a}.o_proj.weight"), &[h, heads * m.v_head_dim])?,
     })
 }
 
