@@ -104,6 +104,28 @@ impl Phase {
     }
 }
 
+impl Phase {
+    /// Fill in the wall time since `t0`, the store's counters since
+    /// `before`, and the batch latency percentiles of `hist`.
+    fn closed(
+        mut self,
+        store: &RowStore,
+        before: &flashtier::rows::RowStats,
+        t0: Instant,
+        hist: &Histogram<u64>,
+    ) -> Self {
+        self.seconds = t0.elapsed().as_secs_f64();
+        let after = store.stats();
+        self.reads = after.reads - before.reads;
+        self.hits = after.hits - before.hits;
+        self.misses = after.misses - before.misses;
+        self.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
+        self.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
+        self.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
+        self
+    }
+}
+
 /// Look up batches from `ids` for `seconds` (at least one batch).
 pub fn timed(
     store: &RowStore,
@@ -127,15 +149,7 @@ pub fn timed(
         phase.batches += 1;
         phase.ids += batch.len() as u64;
     }
-    phase.seconds = t0.elapsed().as_secs_f64();
-    let after = store.stats();
-    phase.reads = after.reads - before.reads;
-    phase.hits = after.hits - before.hits;
-    phase.misses = after.misses - before.misses;
-    phase.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
-    phase.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
-    phase.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
-    Ok(phase)
+    Ok(phase.closed(store, &before, t0, &hist))
 }
 
 /// One caller looking up batches from `ids` for `seconds` with the next
@@ -180,15 +194,7 @@ pub fn timed_ahead(
     for (_, started) in queue {
         started.wait()?;
     }
-    phase.seconds = t0.elapsed().as_secs_f64();
-    let after = store.stats();
-    phase.reads = after.reads - before.reads;
-    phase.hits = after.hits - before.hits;
-    phase.misses = after.misses - before.misses;
-    phase.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
-    phase.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
-    phase.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
-    Ok(phase)
+    Ok(phase.closed(store, &before, t0, &hist))
 }
 
 /// The hit path against plain copies of the same bytes.
