@@ -43,6 +43,47 @@ MIN_ROUTER_MARGIN = 2e-4
 
 FIXTURES = [
     {
+        # DeepSeek-V3 as the hub ships it: FP8 E4M3 matrices with a float32
+        # scale per block (weight_scale_inv); 16x16 blocks so a small model
+        # still has several per matrix. The reference runs transformers in
+        # f32 on the dequantized weights.
+        "name": "deepseek_v3_fp8",
+        "arch": "deepseek_v3",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": False,
+        "fp8_block": [16, 16],
+        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=16,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=3,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+            num_mtp_layers=0,
+        ),
+    },
+    {
         "name": "deepseek_v3",
         "arch": "deepseek_v3",
         "layout": "hub",
@@ -405,6 +446,69 @@ def make_tokenizer(vocab_size, out_dir):
     return text, tok.encode(text).ids
 
 
+FP8_MAX = 448.0
+
+
+def quantize_fp8(w, block):
+    """(codes float8_e4m3fn, scale_inv f32 [ceil(r/br), ceil(c/bc)], dequantized f32)."""
+    br, bc = block
+    rows, cols = w.shape
+    rb, cb = -(-rows // br), -(-cols // bc)
+    scale = torch.zeros(rb, cb, dtype=torch.float32)
+    deq = torch.zeros_like(w, dtype=torch.float32)
+    codes = torch.zeros(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(rb):
+        for j in range(cb):
+            blk = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].float()
+            s = max(blk.abs().max().item(), 1e-12) / FP8_MAX
+            q = (blk / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            scale[i, j] = s
+            codes[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = q
+            deq[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = q.float() * scale[i, j]
+    return codes, scale, deq
+
+
+def quantized(name):
+    """Whether the hub quantizes this tensor: every linear weight but the
+    embedding, the LM head and the router."""
+    return (name.endswith("_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")) \
+        and "embed" not in name and "lm_head" not in name
+
+
+def quantize_model(model, spec):
+    """Quantize the model's linear weights to FP8 blocks in the hub's layout;
+    the model keeps the dequantized values (its reference). Returns the FP8
+    tensors and their scales by hub name."""
+    state = export_state(model, spec)
+    out = {}
+    live = dict(model.named_parameters())
+    inter = spec["config"]["moe_intermediate_size"]
+    with torch.no_grad():
+        for name, w in state.items():
+            if w.dim() != 2 or not quantized(name):
+                continue
+            codes, scale, deq = quantize_fp8(w.float(), spec["fp8_block"])
+            out[name] = codes
+            out[name + "_scale_inv"] = scale
+            if name in live:
+                live[name].copy_(deq)
+                continue
+            # A routed expert's matrix: write it into the fused parameters.
+            prefix, rest = name.split(".experts.")
+            e, which = rest.split(".")[0], rest.split(".")[1]
+            e = int(e)
+            experts = live.get(prefix + ".experts.gate_up_proj")
+            if experts is None:
+                sys.exit(f"cannot place {name} in the model")
+            if which == "gate_proj":
+                experts[e, :inter].copy_(deq)
+            elif which == "up_proj":
+                experts[e, inter:].copy_(deq)
+            else:
+                live[prefix + ".experts.down_proj"][e].copy_(deq)
+    return out
+
+
 def build(spec, out_root):
     out_dir = os.path.join(out_root, spec["name"])
     os.makedirs(out_dir, exist_ok=True)
@@ -412,6 +516,7 @@ def build(spec, out_root):
     vocab = spec["config"]["vocab_size"]
     for seed in range(40):
         model = make_model(spec, seed)
+        fp8 = quantize_model(model, spec) if "fp8_block" in spec else {}
         gen = torch.Generator().manual_seed(1000 + seed)
         prompt = torch.randint(1, vocab, (1, PROMPT_LEN), generator=gen)
         text, text_ids = None, None
@@ -429,7 +534,12 @@ def build(spec, out_root):
     with torch.no_grad():
         prompt_logits = model(prompt).logits[0].float()
     state = export_state(model, spec)
+    state.update(fp8)
     save_shards(state, out_dir, spec["shards"])
+    if fp8:
+        model.config.quantization_config = {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": spec["fp8_block"]}
     model.config.save_pretrained(out_dir)
     sparse = [i for i, layer in enumerate(model.model.layers) if moe_block(layer)[1] is not None]
     ref = {

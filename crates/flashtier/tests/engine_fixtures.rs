@@ -55,10 +55,17 @@ fn reference(dir: &Path) -> Reference {
     }
 }
 
-/// Bytes of one expert record and of all experts of the fixture.
+/// Bytes of one expert record (BF16 matrices, or FP8 codes plus their
+/// F32 block scales) and of all experts of the fixture.
 fn expert_bytes(dir: &Path) -> (u64, u64) {
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    let record = (cfg.expert_weight_count() * 2) as u64;
+    let ckpt = std::sync::Arc::new(Checkpoint::open(dir).unwrap());
+    let record = CheckpointExperts::new(ckpt, &cfg, u64::MAX)
+        .unwrap()
+        .record_bytes();
+    if cfg.fp8_block.is_none() {
+        assert_eq!(record, (cfg.expert_weight_count() * 2) as u64);
+    }
     (
         record,
         record * (cfg.num_experts * cfg.num_sparse_layers()) as u64,
@@ -234,4 +241,18 @@ fn deepseek_v3_matches_transformers() {
 #[test]
 fn deepseek_v3_through_the_expert_pool() {
     check_pool("deepseek_v3");
+}
+
+/// DeepSeek-V3 as the hub ships it: FP8 E4M3 matrices with F32 block
+/// scales (`quantization_config`, 16x16 blocks here), against transformers
+/// in f32 on the dequantized weights; the packed store keeps the experts in
+/// FP8 (half the bytes of BF16) and the engine dequantizes per block.
+#[test]
+fn deepseek_v3_fp8_matches_transformers() {
+    check_against_reference("deepseek_v3_fp8");
+}
+
+#[test]
+fn deepseek_v3_fp8_through_the_expert_pool() {
+    check_pool("deepseek_v3_fp8");
 }

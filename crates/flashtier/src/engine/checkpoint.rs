@@ -26,12 +26,16 @@ pub enum DType {
     F16,
     /// IEEE single.
     F32,
+    /// 8-bit float E4M3 (e4m3fn): with a block scale tensor, DeepSeek-V3's
+    /// FP8 matrices (see [`super::kernels::MatRef::F8Block`]).
+    F8E4M3,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
+            DType::F8E4M3 => 1,
             DType::Bf16 | DType::F16 => 2,
             DType::F32 => 4,
         }
@@ -43,6 +47,7 @@ impl DType {
             DType::Bf16 => "BF16",
             DType::F16 => "F16",
             DType::F32 => "F32",
+            DType::F8E4M3 => "F8_E4M3",
         }
     }
 
@@ -51,6 +56,7 @@ impl DType {
             "BF16" => Some(DType::Bf16),
             "F16" => Some(DType::F16),
             "F32" => Some(DType::F32),
+            "F8_E4M3" => Some(DType::F8E4M3),
             _ => None,
         }
     }
@@ -157,8 +163,16 @@ impl Checkpoint {
     }
 
     /// Tensor `name`, checked against `want`, converted to f32.
+    /// FP8 tensors need their block scales and are refused here
+    /// ([`super::ModelWeights`] dequantizes them).
     pub fn load_f32(&self, name: &str, want: &[usize]) -> Result<Vec<f32>, EngineError> {
         let dtype = self.expect_shape(name, want)?;
+        if dtype == DType::F8E4M3 {
+            return Err(EngineError::TensorDtype {
+                name: name.to_string(),
+                dtype: "F8_E4M3 (without its block scales)".into(),
+            });
+        }
         let (info, _) = self.info(name)?;
         let len = usize::try_from(info.len_bytes).map_err(|_| EngineError::Safetensors {
             path: self.source.dir().to_path_buf(),
@@ -169,9 +183,14 @@ impl Checkpoint {
     }
 }
 
-/// Decode little-endian `dtype` elements to f32 (exact for BF16 and F16).
+/// Decode little-endian `dtype` elements to f32 (exact for BF16, F16 and
+/// FP8 codes, unscaled).
 pub fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
     match dtype {
+        DType::F8E4M3 => bytes
+            .iter()
+            .map(|&c| crate::rows::fp8::e4m3_to_f32(c))
+            .collect(),
         DType::Bf16 => bytes
             .chunks_exact(2)
             .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))

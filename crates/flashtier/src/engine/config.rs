@@ -8,9 +8,9 @@
 //! Qwen2-MoE's `shared_expert_intermediate_size` and `qkv_bias` (absent in
 //! 4.x, where the bias is always there). Anything the engine would compute
 //! differently from transformers (rope scaling, `attention_bias`, an
-//! activation other than SiLU, sliding windows in Qwen, FP8
-//! `quantization_config`, DeepSeek-V2's routing) is a [`EngineError::Config`]
-//! naming the field.
+//! activation other than SiLU, sliding windows in Qwen, a
+//! `quantization_config` other than FP8 E4M3 blocks, DeepSeek-V2's routing)
+//! is a [`EngineError::Config`] naming the field.
 //!
 //! DeepSeek-V3 (`deepseek_v3`): multi-head latent attention (`q_lora_rank`
 //! or a plain `q_proj`, `kv_lora_rank`, `qk_nope_head_dim`,
@@ -19,7 +19,8 @@
 //! `mscale_all_dim` softmax correction, sigmoid routing over `n_group`
 //! groups (`topk_group`, `e_score_correction_bias`, `routed_scaling_factor`),
 //! `n_shared_experts` ungated shared experts, `first_k_dense_replace` dense
-//! layers.
+//! layers, and the hub's FP8 (`quantization_config` with `quant_method:
+//! fp8`, `weight_block_size`).
 
 use std::path::Path;
 
@@ -185,6 +186,10 @@ pub struct ModelConfig {
     /// Whether the shared expert is scaled by `sigmoid(shared_expert_gate · x)`
     /// (Qwen2-MoE) or added as is (DeepSeek-V3).
     pub shared_expert_gated: bool,
+    /// FP8 block quantization (`quantization_config.weight_block_size`):
+    /// matrices stored as E4M3 codes with a float32 `weight_scale_inv` per
+    /// block are dequantized exactly; activations stay f32.
+    pub fp8_block: Option<[usize; 2]>,
     /// End-of-sequence token ids (`eos_token_id`: a number, a list or null).
     pub eos_token_ids: Vec<u32>,
 }
@@ -322,6 +327,7 @@ impl ModelConfig {
             qkv_bias,
             shared_expert_intermediate,
             shared_expert_gated: arch == Arch::Qwen2Moe,
+            fp8_block: fp8_block(&c)?,
             eos_token_ids: eos_ids(&c)?,
         })
     }
@@ -413,6 +419,45 @@ fn mla(c: &Fields<'_>) -> Result<Mla, EngineError> {
         ));
     }
     Ok(m)
+}
+
+/// `quantization_config`: absent, or FP8 E4M3 in float32-scaled blocks
+/// (`quant_method: fp8`, `weight_block_size: [rows, cols]`), the format
+/// DeepSeek-V3 ships in.
+fn fp8_block(c: &Fields<'_>) -> Result<Option<[usize; 2]>, EngineError> {
+    let Some(q) = c.get("quantization_config") else {
+        return Ok(None);
+    };
+    let field = "quantization_config";
+    let text = |k: &str| q.get(k).and_then(Value::as_str);
+    if text("quant_method") != Some("fp8") {
+        return Err(EngineError::config(
+            field,
+            format!("{q} is not supported (FP8 blocks: quant_method fp8)"),
+        ));
+    }
+    if let Some(fmt) = text("fmt").filter(|f| *f != "e4m3") {
+        return Err(EngineError::config(
+            "quantization_config.fmt",
+            format!("`{fmt}` is not supported (e4m3)"),
+        ));
+    }
+    let block: Option<Vec<usize>> = q
+        .get("weight_block_size")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                .filter(|n| *n > 0)
+                .collect()
+        });
+    match block.as_deref() {
+        Some(&[r, c]) => Ok(Some([r, c])),
+        _ => Err(EngineError::config(
+            "quantization_config.weight_block_size",
+            "needs two positive block sizes (per-tensor FP8 scales are not supported)",
+        )),
+    }
 }
 
 /// DeepSeek-V3's grouped sigmoid routing.
@@ -765,12 +810,7 @@ impl Fields<'_> {
                 "true is not supported",
             ));
         }
-        if self.get("quantization_config").is_some() {
-            return Err(EngineError::config(
-                "quantization_config",
-                "quantized checkpoints (FP8 blocks) are not supported: use a BF16 conversion",
-            ));
-        }
+
         for field in ["n_shared_experts", "shared_expert_intermediate_size"] {
             let shared_ok = match field {
                 "n_shared_experts" => arch == Arch::DeepseekV3,

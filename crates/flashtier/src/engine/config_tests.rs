@@ -216,6 +216,18 @@ fn qwen2_moe_spellings_and_shared_expert() {
     ))
     .unwrap_err();
     assert_eq!(field_of(e), "shared_expert_intermediate_size");
+    // The hub's FP8 quantization.
+    let fp8 = with(
+        deepseek_hub(),
+        "quantization_config",
+        json!({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+               "weight_block_size": [128, 128]}),
+    );
+    assert_eq!(
+        ModelConfig::from_json(&fp8).unwrap().fp8_block,
+        Some([128, 128])
+    );
+    assert_eq!(p.fp8_block, None);
 }
 
 /// DeepSeek-V3 as the hub's config.json spells it (transformers 4.x:
@@ -315,7 +327,23 @@ fn deepseek_v3_refusals_name_their_field() {
                 "quantization_config",
                 json!({"quant_method": "fp8"}),
             ),
+            "quantization_config.weight_block_size",
+        ),
+        (
+            with(
+                deepseek_hub(),
+                "quantization_config",
+                json!({"quant_method": "awq"}),
+            ),
             "quantization_config",
+        ),
+        (
+            with(
+                deepseek_hub(),
+                "quantization_config",
+                json!({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}),
+            ),
+            "quantization_config.fmt",
         ),
         (
             with(

@@ -33,27 +33,72 @@ pub struct ExpertView<'a> {
 
 impl<'a> ExpertView<'a> {
     /// Split a record laid out gate | up | down (each `hidden x intermediate`
-    /// elements of `dtype`) into its matrices.
+    /// elements of `dtype`) into its matrices. With `fp8_block` (FP8 E4M3
+    /// records) the three matrices' float32 block scales follow, in the
+    /// same order.
     pub fn from_record(
         record: &'a [u8],
         dtype: DType,
         hidden: usize,
         intermediate: usize,
+        fp8_block: Option<[usize; 2]>,
     ) -> Result<Self, EngineError> {
         let mat_bytes = hidden * intermediate * dtype.size_bytes();
-        if record.len() < 3 * mat_bytes {
+        let scales = match (dtype, fp8_block) {
+            (DType::F8E4M3, Some(block)) => {
+                Some((block, fp8_scale_bytes(hidden, intermediate, block)))
+            }
+            (DType::F8E4M3, None) => {
+                return Err(EngineError::Experts(
+                    "FP8 expert records need the block size of quantization_config".into(),
+                ));
+            }
+            _ => None,
+        };
+        let need = 3 * mat_bytes + scales.map_or(0, |(_, s)| s.0 + s.1 + s.2);
+        if record.len() < need {
             return Err(EngineError::Experts(format!(
-                "record of {} bytes cannot hold three {hidden}x{intermediate} {} matrices",
+                "record of {} bytes cannot hold three {hidden}x{intermediate} {} matrices \
+                 ({need} bytes with their scales)",
                 record.len(),
                 dtype.name()
             )));
         }
+        let (gate, up, down) = (
+            &record[..mat_bytes],
+            &record[mat_bytes..2 * mat_bytes],
+            &record[2 * mat_bytes..3 * mat_bytes],
+        );
+        let Some((block, (sg, su, sd))) = scales else {
+            return Ok(Self {
+                gate: MatRef::Raw(gate, dtype),
+                up: MatRef::Raw(up, dtype),
+                down: MatRef::Raw(down, dtype),
+            });
+        };
+        let at = 3 * mat_bytes;
+        let f8 = |codes, scales, rows, cols| {
+            MatRef::f8_block(codes, scales, rows, cols, block).map_err(EngineError::Experts)
+        };
         Ok(Self {
-            gate: MatRef::Raw(&record[..mat_bytes], dtype),
-            up: MatRef::Raw(&record[mat_bytes..2 * mat_bytes], dtype),
-            down: MatRef::Raw(&record[2 * mat_bytes..3 * mat_bytes], dtype),
+            gate: f8(gate, &record[at..at + sg], intermediate, hidden)?,
+            up: f8(up, &record[at + sg..at + sg + su], intermediate, hidden)?,
+            down: f8(
+                down,
+                &record[at + sg + su..at + sg + su + sd],
+                hidden,
+                intermediate,
+            )?,
         })
     }
+}
+
+/// Bytes of the float32 block scales of an expert's gate, up and down
+/// (`[I, H]`, `[I, H]`, `[H, I]`) in `block` blocks.
+pub fn fp8_scale_bytes(hidden: usize, inter: usize, block: [usize; 2]) -> (usize, usize, usize) {
+    let [br, bc] = block;
+    let gu = inter.div_ceil(br) * hidden.div_ceil(bc) * 4;
+    (gu, gu, hidden.div_ceil(br) * inter.div_ceil(bc) * 4)
 }
 
 /// Counters of an expert source since it was made.
@@ -148,6 +193,8 @@ pub struct CheckpointExperts {
     ckpt: std::sync::Arc<Checkpoint>,
     layers: Vec<Option<LayerTensors>>,
     dtype: DType,
+    /// FP8 block size when the experts are FP8 E4M3 (their scales are read too).
+    fp8_block: Option<[usize; 2]>,
     hidden: usize,
     intermediate: usize,
     num_experts: usize,
@@ -195,9 +242,23 @@ impl CheckpointExperts {
                 let (gate, up, down) = (names(g), names(u), names(d));
                 let mut dts = Vec::with_capacity(3 * e);
                 for x in 0..e {
-                    dts.push(ckpt.expect_shape(&gate[x], &[i, h])?);
-                    dts.push(ckpt.expect_shape(&up[x], &[i, h])?);
-                    dts.push(ckpt.expect_shape(&down[x], &[h, i])?);
+                    for (name, rows, cols) in [(&gate[x], i, h), (&up[x], i, h), (&down[x], h, i)] {
+                        let dt = ckpt.expect_shape(name, &[rows, cols])?;
+                        if let (DType::F8E4M3, Some([br, bc])) = (dt, cfg.fp8_block) {
+                            ckpt.expect_shape(
+                                &format!("{name}_scale_inv"),
+                                &[rows.div_ceil(br), cols.div_ceil(bc)],
+                            )
+                            .and_then(|sdt| match sdt {
+                                DType::F32 => Ok(()),
+                                other => Err(EngineError::TensorDtype {
+                                    name: format!("{name}_scale_inv"),
+                                    dtype: format!("{} (FP8 scales must be F32)", other.name()),
+                                }),
+                            })?;
+                        }
+                        dts.push(dt);
+                    }
                 }
                 (LayerTensors::Split { gate, up, down }, dts)
             };
@@ -212,10 +273,33 @@ impl CheckpointExperts {
             }
             layers.push(Some(tensors));
         }
+        let dtype = dtype.unwrap_or(DType::Bf16);
+        let fp8_block = match (dtype, cfg.fp8_block) {
+            (DType::F8E4M3, Some(block)) => Some(block),
+            (DType::F8E4M3, None) => {
+                return Err(EngineError::config(
+                    "quantization_config",
+                    "FP8 experts need quantization_config.weight_block_size",
+                ));
+            }
+            _ => None,
+        };
+        if fp8_block.is_some()
+            && layers
+                .iter()
+                .flatten()
+                .any(|l| matches!(l, LayerTensors::Fused { .. }))
+        {
+            return Err(EngineError::Experts(
+                "fused FP8 experts (gate_up_proj) are not supported: their scales' layout is not defined"
+                    .into(),
+            ));
+        }
         Ok(Self {
             ckpt,
             layers,
-            dtype: dtype.unwrap_or(DType::Bf16),
+            dtype,
+            fp8_block,
             hidden: h,
             intermediate: i,
             num_experts: e,
@@ -228,7 +312,11 @@ impl CheckpointExperts {
 
     /// Bytes of one expert record.
     pub fn record_bytes(&self) -> u64 {
-        (3 * self.hidden * self.intermediate * self.dtype.size_bytes()) as u64
+        let scales = self.fp8_block.map_or(0, |b| {
+            let (g, u, d) = fp8_scale_bytes(self.hidden, self.intermediate, b);
+            g + u + d
+        });
+        (3 * self.hidden * self.intermediate * self.dtype.size_bytes() + scales) as u64
     }
 
     /// Bytes currently cached.
@@ -246,8 +334,19 @@ impl CheckpointExperts {
         let mut record = Vec::with_capacity(3 * mat);
         match tensors {
             LayerTensors::Split { gate, up, down } => {
-                for name in [&gate[expert], &up[expert], &down[expert]] {
+                let names = [&gate[expert], &up[expert], &down[expert]];
+                for name in names {
                     record.extend(self.ckpt.read_range(name, 0, mat)?);
+                }
+                if let Some(block) = self.fp8_block {
+                    let (g, u, d) = fp8_scale_bytes(self.hidden, self.intermediate, block);
+                    for (name, len) in names.into_iter().zip([g, u, d]) {
+                        record.extend(self.ckpt.read_range(
+                            &format!("{name}_scale_inv"),
+                            0,
+                            len,
+                        )?);
+                    }
                 }
             }
             LayerTensors::Fused { gate_up, down } => {
@@ -341,12 +440,12 @@ impl ExpertSource for CheckpointExperts {
                 c.last_used_step = step;
             }
         }
-        let (dtype, h, i) = (self.dtype, self.hidden, self.intermediate);
+        let (dtype, h, i, block) = (self.dtype, self.hidden, self.intermediate, self.fp8_block);
         for (pos, e) in experts.iter().enumerate() {
             let c = self.cache.get(&(layer, *e)).ok_or_else(|| {
                 EngineError::Experts(format!("expert ({layer}, {e}) vanished from the cache"))
             })?;
-            use_expert(pos, ExpertView::from_record(&c.record, dtype, h, i)?)?;
+            use_expert(pos, ExpertView::from_record(&c.record, dtype, h, i, block)?)?;
         }
         Ok(())
     }

@@ -24,6 +24,54 @@ pub enum MatRef<'a> {
     F32(&'a [f32]),
     /// Little-endian bf16 or f16 (or f32) bytes straight from a checkpoint or store record.
     Raw(&'a [u8], DType),
+    /// FP8 E4M3 codes with a float32 scale per `block[0] x block[1]` block
+    /// (DeepSeek-V3's `weight_scale_inv`, row-major over the blocks, raw
+    /// little-endian bytes): element `(r, c)` is
+    /// `e4m3(codes[r][c]) * scale[r / block[0]][c / block[1]]`. Built only
+    /// through [`MatRef::f8_block`], which checks the scales' length.
+    F8Block {
+        /// One code per element, row-major.
+        codes: &'a [u8],
+        /// `ceil(rows / block[0]) x ceil(cols / block[1])` f32, little-endian.
+        scales: &'a [u8],
+        /// Block rows and columns.
+        block: [usize; 2],
+        /// Columns of the matrix.
+        cols: usize,
+    },
+}
+
+impl<'a> MatRef<'a> {
+    /// A block-scaled FP8 matrix of `rows x cols`, or why the parts do not
+    /// fit together.
+    pub fn f8_block(
+        codes: &'a [u8],
+        scales: &'a [u8],
+        rows: usize,
+        cols: usize,
+        block: [usize; 2],
+    ) -> Result<Self, String> {
+        let [br, bc] = block;
+        if br == 0 || bc == 0 {
+            return Err(format!("FP8 block {br}x{bc}"));
+        }
+        let want = rows.div_ceil(br) * cols.div_ceil(bc) * 4;
+        if codes.len() != rows * cols || scales.len() != want {
+            return Err(format!(
+                "FP8 {rows}x{cols} matrix in {br}x{bc} blocks needs {} code bytes and {want} \
+                 scale bytes, got {} and {}",
+                rows * cols,
+                codes.len(),
+                scales.len()
+            ));
+        }
+        Ok(MatRef::F8Block {
+            codes,
+            scales,
+            block,
+            cols,
+        })
+    }
 }
 
 impl MatRef<'_> {
@@ -32,6 +80,7 @@ impl MatRef<'_> {
         match self {
             MatRef::F32(w) => w.len(),
             MatRef::Raw(b, dt) => b.len() / dt.size_bytes(),
+            MatRef::F8Block { codes, .. } => codes.len(),
         }
     }
 
@@ -61,6 +110,27 @@ pub fn matvec(out: &mut [f32], w: MatRef<'_>, x: &[f32]) {
                         let width = dt.size_bytes();
                         dot_raw(&b[r * cols * width..(r + 1) * cols * width], dt, x)
                     }
+                    MatRef::F8Block {
+                        codes,
+                        scales,
+                        block: [br, bc],
+                        ..
+                    } => {
+                        let row = &codes[r * cols..(r + 1) * cols];
+                        let per_row = cols.div_ceil(bc);
+                        let mut acc = 0f32;
+                        for (b, (seg, xs)) in row.chunks(bc).zip(x.chunks(bc)).enumerate() {
+                            let at = ((r / br) * per_row + b) * 4;
+                            let s = f32::from_le_bytes([
+                                scales[at],
+                                scales[at + 1],
+                                scales[at + 2],
+                                scales[at + 3],
+                            ]);
+                            acc += s * dot_f8(seg, xs);
+                        }
+                        acc
+                    }
                 };
             }
         });
@@ -83,8 +153,27 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     reduce_lanes(acc) + tail
 }
 
+/// Dot product of unscaled FP8 E4M3 codes with `x`.
+fn dot_f8(codes: &[u8], x: &[f32]) -> f32 {
+    let table = &crate::rows::fp8::E4M3_TO_F32;
+    let mut acc = [0f32; LANES];
+    let mut cc = codes.chunks_exact(LANES);
+    let mut cx = x.chunks_exact(LANES);
+    for (c, xs) in (&mut cc).zip(&mut cx) {
+        for l in 0..LANES {
+            acc[l] += table[usize::from(c[l])] * xs[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (c, xv) in cc.remainder().iter().zip(cx.remainder()) {
+        tail += table[usize::from(*c)] * xv;
+    }
+    reduce_lanes(acc) + tail
+}
+
 fn dot_raw(row: &[u8], dtype: DType, x: &[f32]) -> f32 {
     match dtype {
+        DType::F8E4M3 => dot_f8(row, x),
         DType::Bf16 => dot_half(row, x, |b| f32::from_bits(u32::from(b) << 16)),
         DType::F16 => dot_half(row, x, |b| half::f16::from_bits(b).to_f32()),
         DType::F32 => {
@@ -303,6 +392,45 @@ mod tests {
         // The factor scales both.
         let (c, _) = rope_angles(0, &[1.0], 0.5);
         assert_eq!(c, vec![0.5]);
+    }
+
+    /// Block-scaled FP8 against the same matrix dequantized up front, on a
+    /// shape with partial blocks at both edges; wrong part sizes are errors.
+    #[test]
+    fn f8_blocks_match_the_dequantized_matrix() {
+        let (rows, cols, block) = (37usize, 29usize, [16usize, 8usize]);
+        let codes: Vec<u8> = (0..rows * cols)
+            .map(|k| {
+                let c = ((k * 89 + 7) % 254) as u8;
+                // Skip the two NaN codes (0x7F, 0xFF).
+                if c & 0x7F == 0x7F { c - 1 } else { c }
+            })
+            .collect();
+        let (sr, sc) = (rows.div_ceil(block[0]), cols.div_ceil(block[1]));
+        let scales: Vec<f32> = (0..sr * sc).map(|k| 0.001 * (k as f32 + 1.0)).collect();
+        let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let dense: Vec<f32> = codes
+            .iter()
+            .enumerate()
+            .map(|(k, &c)| {
+                let (r, col) = (k / cols, k % cols);
+                crate::rows::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
+            })
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.41).cos()).collect();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        matvec(&mut a, MatRef::F32(&dense), &x);
+        let m = MatRef::f8_block(&codes, &scale_bytes, rows, cols, block).expect("fits");
+        matvec(&mut b, m, &x);
+        for (r, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-5 * p.abs().max(1.0),
+                "row {r}: {p} vs {q}"
+            );
+        }
+        assert!(MatRef::f8_block(&codes, &scale_bytes[4..], rows, cols, block).is_err());
+        assert!(MatRef::f8_block(&codes[1..], &scale_bytes, rows, cols, block).is_err());
+        assert!(MatRef::f8_block(&codes, &scale_bytes, rows, cols, [0, 8]).is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The decode engine: runs Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 (BF16) checkpoints at batch 1 on
+//! The decode engine: runs Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 (BF16 or FP8 blocks) checkpoints at batch 1 on
 //! the CPU, with the experts streamed from an [`ExpertSource`] under a memory
 //! budget, and output identical to HF transformers (f32 compute from the
 //! checkpoint's bf16/f16/f32 weights).

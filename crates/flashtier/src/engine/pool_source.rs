@@ -34,6 +34,10 @@ pub struct PoolExperts {
     up: Span,
     down: Span,
     dtype: DType,
+    /// FP8 records: the gate, up and down block scales, and the block size.
+    fp8: Option<([Span; 3], [usize; 2])>,
+    hidden: usize,
+    intermediate: usize,
     stall_ns: u64,
     /// The engine's guess for the next sparse layer, read behind the next step's misses.
     hint: Option<(u32, Vec<u32>)>,
@@ -49,17 +53,13 @@ impl std::fmt::Debug for PoolExperts {
 
 impl PoolExperts {
     /// Check the store's record layout against `cfg` (gate/up `[I, H]`, down
-    /// `[H, I]`, one dtype among BF16/F16/F32, no scales) and wrap `pool`.
+    /// `[H, I]`, one dtype among BF16/F16/F32 without scales, or FP8 E4M3
+    /// with each matrix's F32 block scales in `cfg.fp8_block` blocks) and
+    /// wrap `pool`.
     pub fn new(pool: ExpertPool, cfg: &ModelConfig) -> Result<Self, EngineError> {
         let (h, i) = (cfg.hidden_size as u64, cfg.expert_intermediate as u64);
         let tensors = pool.stores().full().store.tensors().to_vec();
         let bad = |reason: String| EngineError::Experts(format!("expert store: {reason}"));
-        if let Some(t) = tensors.iter().find(|t| t.name.contains("scale")) {
-            return Err(bad(format!(
-                "tensor `{}`: scaled (quantized) experts are not supported",
-                t.name
-            )));
-        }
         let find = |names: [&str; 2], shape: [u64; 2]| -> Result<(Span, Dtype), EngineError> {
             let t = tensors
                 .iter()
@@ -91,10 +91,51 @@ impl PoolExperts {
             Dtype::Bf16 => DType::Bf16,
             Dtype::F16 => DType::F16,
             Dtype::F32 => DType::F32,
+            Dtype::F8E4M3 => DType::F8E4M3,
             other => {
                 return Err(bad(format!(
-                    "dtype {other:?} is not supported (BF16, F16, F32)"
+                    "dtype {other:?} is not supported (BF16, F16, F32, F8_E4M3 with block scales)"
                 )));
+            }
+        };
+        let fp8 = match (dtype, cfg.fp8_block) {
+            (DType::F8E4M3, Some([br, bc])) => {
+                let [br64, bc64] = [br as u64, bc as u64];
+                let gu = [i.div_ceil(br64), h.div_ceil(bc64)];
+                let dn = [h.div_ceil(br64), i.div_ceil(bc64)];
+                let mut spans = [gate; 3];
+                for (k, (names, shape)) in [
+                    (["gate_proj.weight_scale_inv", "w1.weight_scale_inv"], gu),
+                    (["up_proj.weight_scale_inv", "w3.weight_scale_inv"], gu),
+                    (["down_proj.weight_scale_inv", "w2.weight_scale_inv"], dn),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let (span, sdt) = find(names, shape)?;
+                    if sdt != Dtype::F32 {
+                        return Err(bad(format!(
+                            "`{}` is {sdt:?}; FP8 block scales must be F32",
+                            names[0]
+                        )));
+                    }
+                    spans[k] = span;
+                }
+                Some((spans, [br, bc]))
+            }
+            (DType::F8E4M3, None) => {
+                return Err(bad(
+                    "FP8 records need the block size of the model's quantization_config".into(),
+                ));
+            }
+            _ => {
+                if let Some(t) = tensors.iter().find(|t| t.name.contains("scale")) {
+                    return Err(bad(format!(
+                        "tensor `{}`: scales on {dtype:?} experts are not supported",
+                        t.name
+                    )));
+                }
+                None
             }
         };
         Ok(Self {
@@ -103,6 +144,9 @@ impl PoolExperts {
             up,
             down,
             dtype,
+            fp8,
+            hidden: cfg.hidden_size,
+            intermediate: cfg.expert_intermediate,
             stall_ns: 0,
             hint: None,
         })
@@ -157,9 +201,32 @@ impl PoolExperts {
                 addr.precision
             )));
         }
-        let (gate, up, down, dtype) = (self.gate, self.up, self.down, self.dtype);
+        let (gate, up, down, dtype, fp8) = (self.gate, self.up, self.down, self.dtype, self.fp8);
+        let (h, i) = (self.hidden, self.intermediate);
         let record = self.pool.bytes(r)?;
-        use_expert(pos, Self::layout_view(record, gate, up, down, dtype)?)
+        let view = match fp8 {
+            None => Self::layout_view(record, gate, up, down, dtype)?,
+            Some(([sg, su, sd], block)) => {
+                let part = |s: Span| {
+                    record.get(s.offset..s.offset + s.len).ok_or_else(|| {
+                        EngineError::Experts(format!(
+                            "record of {} bytes is shorter than its layout",
+                            record.len()
+                        ))
+                    })
+                };
+                let f8 = |m: Span, s: Span, rows, cols| {
+                    MatRef::f8_block(part(m)?, part(s)?, rows, cols, block)
+                        .map_err(EngineError::Experts)
+                };
+                ExpertView {
+                    gate: f8(gate, sg, i, h)?,
+                    up: f8(up, su, i, h)?,
+                    down: f8(down, sd, h, i)?,
+                }
+            }
+        };
+        use_expert(pos, view)
     }
 
     fn layout_view(

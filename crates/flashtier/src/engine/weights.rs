@@ -3,7 +3,7 @@
 //! Expert matrices are not loaded here: they come from an
 //! [`super::ExpertSource`] one step at a time.
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, DType};
 use super::config::{Mla, ModelConfig, Routing};
 use super::error::EngineError;
 
@@ -156,7 +156,11 @@ pub struct ModelWeights {
 
 impl ModelWeights {
     /// Load and check every non-expert tensor named as in HF checkpoints.
-    pub fn load(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<Self, EngineError> {
+    pub fn load(checkpoint: &Checkpoint, cfg: &ModelConfig) -> Result<Self, EngineError> {
+        let ckpt = &Loader {
+            ckpt: checkpoint,
+            fp8_block: cfg.fp8_block,
+        };
         let h = cfg.hidden_size;
         let embed = ckpt.load_f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let layers = (0..cfg.num_layers)
@@ -209,7 +213,47 @@ impl ModelWeights {
     }
 }
 
-fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, EngineError> {
+/// Reads weights as f32: BF16/F16/F32 tensors widened, FP8 E4M3 matrices
+/// dequantized exactly with their `{name}_scale_inv` block scales
+/// (`code * scale`, as transformers dequantizes).
+struct Loader<'a> {
+    ckpt: &'a Checkpoint,
+    fp8_block: Option<[usize; 2]>,
+}
+
+impl Loader<'_> {
+    fn load_f32(&self, name: &str, want: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let (_, dtype) = self.ckpt.info(name)?;
+        if dtype != DType::F8E4M3 {
+            return self.ckpt.load_f32(name, want);
+        }
+        self.ckpt.expect_shape(name, want)?;
+        let (&[rows, cols], Some([br, bc])) = (want, self.fp8_block) else {
+            return Err(EngineError::config(
+                "quantization_config",
+                format!(
+                    "tensor `{name}` is F8_E4M3 {want:?}: FP8 needs a matrix and \
+                     quantization_config.weight_block_size"
+                ),
+            ));
+        };
+        let codes = self.ckpt.read_range(name, 0, rows * cols)?;
+        let (srows, scols) = (rows.div_ceil(br), cols.div_ceil(bc));
+        let scales = self
+            .ckpt
+            .load_f32(&format!("{name}_scale_inv"), &[srows, scols])?;
+        Ok(codes
+            .iter()
+            .enumerate()
+            .map(|(k, &code)| {
+                let (r, c) = (k / cols, k % cols);
+                crate::rows::fp8::e4m3_to_f32(code) * scales[(r / br) * scols + c / bc]
+            })
+            .collect())
+    }
+}
+
+fn load_layer(ckpt: &Loader<'_>, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, EngineError> {
     let h = cfg.hidden_size;
     let p = format!("model.layers.{i}");
     let mlp = if cfg.sparse_layers[i] {
@@ -269,7 +313,7 @@ fn load_layer(ckpt: &Checkpoint, cfg: &ModelConfig, i: usize) -> Result<LayerWei
     })
 }
 
-fn load_gqa(ckpt: &Checkpoint, cfg: &ModelConfig, p: &str) -> Result<GqaWeights, EngineError> {
+fn load_gqa(ckpt: &Loader<'_>, cfg: &ModelConfig, p: &str) -> Result<GqaWeights, EngineError> {
     let h = cfg.hidden_size;
     let d = cfg.head_dim;
     let q_width = cfg.num_q_heads * d;
@@ -303,7 +347,7 @@ fn load_gqa(ckpt: &Checkpoint, cfg: &ModelConfig, p: &str) -> Result<GqaWeights,
 }
 
 fn load_mla(
-    ckpt: &Checkpoint,
+    ckpt: &Loader<'_>,
     cfg: &ModelConfig,
     m: &Mla,
     p: &str,
@@ -341,7 +385,7 @@ fn load_mla(
 
 /// The SwiGLU under `prefix` (`{prefix}.gate_proj.weight`...).
 fn load_dense(
-    ckpt: &Checkpoint,
+    ckpt: &Loader<'_>,
     prefix: &str,
     inter: usize,
     h: usize,
