@@ -9,9 +9,9 @@
 //! regenerates one). Values are small uniform weights (scaled by
 //! 1/sqrt(fan-in)), norms near 1; FP8 matrices come with 128x128 block
 //! scales (`weight_scale_inv`, F32) as DeepSeek-V3 / Qwen3 FP8 checkpoints
-//! ship them. DeepSeek-style models here keep plain q/k/v/o attention (not
-//! MLA): the expert layout, dense first layer and shared experts are the
-//! parts the store cares about.
+//! ship them. DeepSeek models are DeepSeek-V3-shaped: latent attention
+//! (low-rank query, compressed key/value latent), the routing correction
+//! bias, a dense first layer and a shared expert, so the engine decodes them.
 //!
 //! Memory: tensors are generated and written in chunks of at most
 //! [`CHUNK_BYTES`], so writing needs a bounded buffer whatever the size.
