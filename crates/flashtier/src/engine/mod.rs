@@ -8,7 +8,9 @@
 //! - [`Checkpoint`]: single or sharded safetensors, headers validated, tensors
 //!   read on demand (hub per-expert tensors and the transformers-5 fused
 //!   `experts.gate_up_proj` / `experts.down_proj` layout).
-//! - [`ModelWeights`]: the non-expert tensors, widened to f32 at load.
+//! - [`ModelWeights`]: the non-expert tensors, matrices kept as stored
+//!   (BF16/F16/F32, or FP8 codes with block scales; see [`Matrix`]),
+//!   norms and biases widened to f32.
 //! - [`ExpertSource`]: gate/up/down of (layer, expert), served one step at a
 //!   time. [`CheckpointExperts`] reads them from the safetensors under a byte
 //!   budget; [`PoolExperts`] serves them from a packed expert store through
@@ -57,4 +59,4 @@ pub use error::EngineError;
 pub use experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView, UseExpert};
 pub use model::{Generation, Model};
 pub use pool_source::{PoolExperts, StreamOptions, open_pool, open_pool_with};
-pub use weights::{DenseMlp, LayerWeights, Mlp, ModelWeights};
+pub use weights::{DenseMlp, LayerWeights, Matrix, Mlp, ModelWeights};

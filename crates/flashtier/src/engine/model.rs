@@ -30,7 +30,9 @@ use super::kernels::{
     MatRef, apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, rms_norm_heads,
     rope_angles, silu, softmax, top_k,
 };
-use super::weights::{AttnWeights, DenseMlp, GqaWeights, MlaWeights, Mlp, ModelWeights, QueryProj};
+use super::weights::{
+    AttnWeights, DenseMlp, GqaWeights, Matrix, MlaWeights, Mlp, ModelWeights, QueryProj,
+};
 
 /// A loaded model with its KV cache and expert source, decoding one sequence.
 pub struct Model {
@@ -141,7 +143,15 @@ impl Model {
             });
         }
         let h = c.hidden_size;
-        let mut x = self.weights.embed[id * h..(id + 1) * h].to_vec();
+        let mut x = self
+            .weights
+            .embed
+            .row_f32(id)
+            .ok_or(EngineError::TokenOutOfRange {
+                id: token,
+                vocab: self.weights.embed.rows(),
+            })?;
+        debug_assert_eq!(x.len(), h);
         let (cos, sin) = rope_angles(
             self.cache.len(),
             &self.inv_freq,
@@ -165,7 +175,7 @@ impl Model {
         self.cache.advance();
         rms_norm(&mut normed, &x, &self.weights.norm, self.cfg.rms_norm_eps);
         let mut logits = vec![0f32; self.cfg.vocab_size];
-        matvec(&mut logits, MatRef::F32(self.weights.lm_head()), &normed);
+        matvec(&mut logits, self.weights.lm_head().mat(), &normed);
         Ok(logits)
     }
 
@@ -326,11 +336,11 @@ fn new_cache(cfg: &ModelConfig) -> Result<KvCache, EngineError> {
 }
 
 fn dense_mlp(m: &DenseMlp, x: &[f32], hidden: usize) -> Vec<f32> {
-    let inter = m.gate.len() / hidden;
+    let inter = m.gate.rows();
     let view = ExpertView {
-        gate: MatRef::F32(&m.gate),
-        up: MatRef::F32(&m.up),
-        down: MatRef::F32(&m.down),
+        gate: m.gate.mat(),
+        up: m.up.mat(),
+        down: m.down.mat(),
     };
     let mut out = vec![0f32; hidden];
     swiglu(
@@ -356,12 +366,12 @@ fn swiglu(out: &mut [f32], m: &ExpertView<'_>, x: &[f32], act: &mut [f32], up: &
 /// The chosen experts of one token and their weights.
 fn route(
     cfg: &ModelConfig,
-    router: &[f32],
+    router: &Matrix,
     score_bias: Option<&[f32]>,
     x: &[f32],
 ) -> Vec<(usize, f32)> {
     let mut logits = vec![0f32; cfg.num_experts];
-    matvec(&mut logits, MatRef::F32(router), x);
+    matvec(&mut logits, router.mat(), x);
     match cfg.routing {
         Routing::Softmax => {
             softmax(&mut logits);
@@ -432,9 +442,9 @@ fn gqa(
     let mut q = vec![0f32; c.num_q_heads * d];
     let mut k = vec![0f32; c.num_kv_heads * d];
     let mut v = vec![0f32; c.num_kv_heads * d];
-    matvec(&mut q, MatRef::F32(&lw.q_proj), x);
-    matvec(&mut k, MatRef::F32(&lw.k_proj), x);
-    matvec(&mut v, MatRef::F32(&lw.v_proj), x);
+    matvec(&mut q, lw.q_proj.mat(), x);
+    matvec(&mut k, lw.k_proj.mat(), x);
+    matvec(&mut v, lw.v_proj.mat(), x);
     if let Some([qb, kb, vb]) = &lw.qkv_bias {
         add(&mut q, qb);
         add(&mut k, kb);
@@ -450,7 +460,7 @@ fn gqa(
     let mut heads = vec![0f32; q.len()];
     cache.attend(layer, &q, &mut heads)?;
     let mut out = vec![0f32; c.hidden_size];
-    matvec(&mut out, MatRef::F32(&lw.o_proj), &heads);
+    matvec(&mut out, lw.o_proj.mat(), &heads);
     Ok(out)
 }
 
@@ -471,23 +481,23 @@ fn mla(
     let qk = nope + rope;
     let mut q = vec![0f32; heads * qk];
     match &w.q {
-        QueryProj::Plain(p) => matvec(&mut q, MatRef::F32(p), x),
+        QueryProj::Plain(p) => matvec(&mut q, p.mat(), x),
         QueryProj::LowRank { a, norm, b } => {
             let r = norm.len();
             let mut low = vec![0f32; r];
-            matvec(&mut low, MatRef::F32(a), x);
+            matvec(&mut low, a.mat(), x);
             let mut normed = vec![0f32; r];
             rms_norm(&mut normed, &low, norm, c.rms_norm_eps);
-            matvec(&mut q, MatRef::F32(b), &normed);
+            matvec(&mut q, b.mat(), &normed);
         }
     }
     let mut latent = vec![0f32; m.kv_lora_rank + rope];
-    matvec(&mut latent, MatRef::F32(&w.kv_a), x);
+    matvec(&mut latent, w.kv_a.mat(), x);
     let (kv_nope, k_rot) = latent.split_at_mut(m.kv_lora_rank);
     let mut kv_normed = vec![0f32; m.kv_lora_rank];
     rms_norm(&mut kv_normed, kv_nope, &w.kv_a_norm, c.rms_norm_eps);
     let mut kv = vec![0f32; heads * (nope + vd)];
-    matvec(&mut kv, MatRef::F32(&w.kv_b), &kv_normed);
+    matvec(&mut kv, w.kv_b.mat(), &kv_normed);
     let rotate = |v: &mut [f32]| {
         if m.rope_interleave {
             apply_rope_interleaved(v, rope, cos, sin);
@@ -522,7 +532,7 @@ fn mla(
         .flat_map(|h| h[..vd].iter().copied())
         .collect();
     let mut out = vec![0f32; c.hidden_size];
-    matvec(&mut out, MatRef::F32(&w.o_proj), &values);
+    matvec(&mut out, w.o_proj.mat(), &values);
     Ok(out)
 }
 

@@ -3,19 +3,112 @@
 //! Expert matrices are not loaded here: they come from an
 //! [`super::ExpertSource`] one step at a time.
 
-use super::checkpoint::{Checkpoint, DType};
+use super::checkpoint::{Checkpoint, DType, to_f32};
 use super::config::{Mla, ModelConfig, Routing};
 use super::error::EngineError;
+use super::kernels::MatRef;
+
+/// A weight matrix as the checkpoint stores it: BF16/F16/F32 bytes, or FP8
+/// E4M3 codes with their F32 block scales. Kept in that form (not widened
+/// to f32), so the resident weights take the checkpoint's bytes: half of
+/// f32 for BF16, a quarter for FP8. [`Matrix::mat`] hands it to `matvec`.
+#[derive(Debug)]
+pub struct Matrix {
+    rows: usize,
+    cols: usize,
+    data: MatrixData,
+}
+
+#[derive(Debug)]
+enum MatrixData {
+    Raw {
+        bytes: Vec<u8>,
+        dtype: DType,
+    },
+    F8 {
+        codes: Vec<u8>,
+        scales: Vec<u8>,
+        block: [usize; 2],
+    },
+}
+
+impl Matrix {
+    /// For `matvec`.
+    pub fn mat(&self) -> MatRef<'_> {
+        match &self.data {
+            MatrixData::Raw { bytes, dtype } => MatRef::Raw(bytes, *dtype),
+            MatrixData::F8 {
+                codes,
+                scales,
+                block,
+            } => MatRef::F8Block {
+                codes,
+                scales,
+                block: *block,
+                cols: self.cols,
+            },
+        }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `r` widened to f32 (an embedding lookup); `None` past the end.
+    pub fn row_f32(&self, r: usize) -> Option<Vec<f32>> {
+        if r >= self.rows {
+            return None;
+        }
+        let c = self.cols;
+        match &self.data {
+            MatrixData::Raw { bytes, dtype } => {
+                let w = dtype.size_bytes();
+                bytes
+                    .get(r * c * w..(r + 1) * c * w)
+                    .map(|b| to_f32(b, *dtype))
+            }
+            MatrixData::F8 {
+                codes,
+                scales,
+                block: [br, bc],
+            } => {
+                let per_row = c.div_ceil(*bc);
+                let row = codes.get(r * c..(r + 1) * c)?;
+                Some(
+                    row.iter()
+                        .enumerate()
+                        .map(|(j, &code)| {
+                            let at = ((r / br) * per_row + j / bc) * 4;
+                            let s = scales
+                                .get(at..at + 4)
+                                .map_or(0.0, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                            crate::rows::fp8::e4m3_to_f32(code) * s
+                        })
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            MatrixData::Raw { bytes, .. } => bytes.len(),
+            MatrixData::F8 { codes, scales, .. } => codes.len() + scales.len(),
+        }
+    }
+}
 
 /// A dense SwiGLU MLP.
 #[derive(Debug)]
 pub struct DenseMlp {
     /// `[intermediate, hidden]`.
-    pub gate: Vec<f32>,
+    pub gate: Matrix,
     /// `[intermediate, hidden]`.
-    pub up: Vec<f32>,
+    pub up: Matrix,
     /// `[hidden, intermediate]`.
-    pub down: Vec<f32>,
+    pub down: Matrix,
 }
 
 /// A shared expert: a dense SwiGLU every token runs beside the routed
@@ -36,7 +129,7 @@ pub enum Mlp {
     /// Sparse: the router `[num_experts, hidden]`; experts come from the source.
     Sparse {
         /// Router weight.
-        router: Vec<f32>,
+        router: Matrix,
         /// DeepSeek-V3's `e_score_correction_bias` `[num_experts]`.
         score_bias: Option<Vec<f32>>,
         /// The shared expert (Qwen2-MoE, DeepSeek-V3), resident.
@@ -48,13 +141,13 @@ pub enum Mlp {
 #[derive(Debug)]
 pub struct GqaWeights {
     /// `[q_heads * head_dim, hidden]`.
-    pub q_proj: Vec<f32>,
+    pub q_proj: Matrix,
     /// `[kv_heads * head_dim, hidden]`.
-    pub k_proj: Vec<f32>,
+    pub k_proj: Matrix,
     /// `[kv_heads * head_dim, hidden]`.
-    pub v_proj: Vec<f32>,
+    pub v_proj: Matrix,
     /// `[hidden, q_heads * head_dim]`.
-    pub o_proj: Vec<f32>,
+    pub o_proj: Matrix,
     /// Qwen3 per-head query norm `[head_dim]`.
     pub q_norm: Option<Vec<f32>>,
     /// Qwen3 per-head key norm `[head_dim]`.
@@ -68,16 +161,16 @@ pub struct GqaWeights {
 #[derive(Debug)]
 pub enum QueryProj {
     /// `q_proj` `[heads * qk_head_dim, hidden]`.
-    Plain(Vec<f32>),
+    Plain(Matrix),
     /// `q_b(rms_norm(q_a x))`: `q_a_proj` `[q_lora_rank, hidden]`,
     /// `q_a_layernorm` `[q_lora_rank]`, `q_b_proj` `[heads * qk_head_dim, q_lora_rank]`.
     LowRank {
         /// `q_a_proj`.
-        a: Vec<f32>,
+        a: Matrix,
         /// `q_a_layernorm`.
         norm: Vec<f32>,
         /// `q_b_proj`.
-        b: Vec<f32>,
+        b: Matrix,
     },
 }
 
@@ -87,13 +180,13 @@ pub struct MlaWeights {
     /// The query projection.
     pub q: QueryProj,
     /// `kv_a_proj_with_mqa` `[kv_lora_rank + qk_rope_head_dim, hidden]`.
-    pub kv_a: Vec<f32>,
+    pub kv_a: Matrix,
     /// `kv_a_layernorm` `[kv_lora_rank]`.
     pub kv_a_norm: Vec<f32>,
     /// `kv_b_proj` `[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]`.
-    pub kv_b: Vec<f32>,
+    pub kv_b: Matrix,
     /// `o_proj` `[hidden, heads * v_head_dim]`.
-    pub o_proj: Vec<f32>,
+    pub o_proj: Matrix,
 }
 
 /// The attention half of a layer.
@@ -106,23 +199,27 @@ pub enum AttnWeights {
 }
 
 impl AttnWeights {
-    fn len(&self) -> usize {
+    fn bytes(&self) -> usize {
         match self {
             Self::Gqa(g) => {
                 let norms =
                     g.q_norm.as_ref().map_or(0, Vec::len) + g.k_norm.as_ref().map_or(0, Vec::len);
-                let bias = g
+                let bias: usize = g
                     .qkv_bias
                     .as_ref()
                     .map_or(0, |b| b.iter().map(Vec::len).sum());
-                g.q_proj.len() + g.k_proj.len() + g.v_proj.len() + g.o_proj.len() + norms + bias
+                g.q_proj.bytes()
+                    + g.k_proj.bytes()
+                    + g.v_proj.bytes()
+                    + g.o_proj.bytes()
+                    + 4 * (norms + bias)
             }
             Self::Mla(m) => {
                 let q = match &m.q {
-                    QueryProj::Plain(q) => q.len(),
-                    QueryProj::LowRank { a, norm, b } => a.len() + norm.len() + b.len(),
+                    QueryProj::Plain(q) => q.bytes(),
+                    QueryProj::LowRank { a, norm, b } => a.bytes() + 4 * norm.len() + b.bytes(),
                 };
-                q + m.kv_a.len() + m.kv_a_norm.len() + m.kv_b.len() + m.o_proj.len()
+                q + m.kv_a.bytes() + 4 * m.kv_a_norm.len() + m.kv_b.bytes() + m.o_proj.bytes()
             }
         }
     }
@@ -145,13 +242,13 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct ModelWeights {
     /// `[vocab, hidden]`.
-    pub embed: Vec<f32>,
+    pub embed: Matrix,
     /// Decoder layers.
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm.
     pub norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` when tied to the embedding.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<Matrix>,
 }
 
 impl ModelWeights {
@@ -162,7 +259,7 @@ impl ModelWeights {
             fp8_block: cfg.fp8_block,
         };
         let h = cfg.hidden_size;
-        let embed = ckpt.load_f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let embed = ckpt.load_matrix("model.embed_tokens.weight", [cfg.vocab_size, h])?;
         let layers = (0..cfg.num_layers)
             .map(|i| load_layer(ckpt, cfg, i))
             .collect::<Result<Vec<_>, _>>()?;
@@ -170,7 +267,7 @@ impl ModelWeights {
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(ckpt.load_f32("lm_head.weight", &[cfg.vocab_size, h])?)
+            Some(ckpt.load_matrix("lm_head.weight", [cfg.vocab_size, h])?)
         };
         Ok(Self {
             embed,
@@ -181,8 +278,8 @@ impl ModelWeights {
     }
 
     /// The LM head matrix (the embedding when tied).
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
+    pub fn lm_head(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
     /// Bytes held.
@@ -191,7 +288,7 @@ impl ModelWeights {
             .layers
             .iter()
             .map(|l| {
-                let dense = |d: &DenseMlp| d.gate.len() + d.up.len() + d.down.len();
+                let dense = |d: &DenseMlp| d.gate.bytes() + d.up.bytes() + d.down.bytes();
                 let mlp = match &l.mlp {
                     Mlp::Dense(d) => dense(d),
                     Mlp::Sparse {
@@ -199,57 +296,76 @@ impl ModelWeights {
                         score_bias,
                         shared,
                     } => {
-                        router.len()
-                            + score_bias.as_ref().map_or(0, Vec::len)
-                            + shared
-                                .as_ref()
-                                .map_or(0, |s| dense(&s.mlp) + s.gate.as_ref().map_or(0, Vec::len))
+                        router.bytes()
+                            + 4 * score_bias.as_ref().map_or(0, Vec::len)
+                            + shared.as_ref().map_or(0, |s| {
+                                dense(&s.mlp) + 4 * s.gate.as_ref().map_or(0, Vec::len)
+                            })
                     }
                 };
-                l.attn.len() + mlp
+                l.attn.bytes() + mlp + 4 * (l.input_norm.len() + l.post_attention_norm.len())
             })
             .sum();
-        4 * (self.embed.len() + layer + self.lm_head.as_ref().map_or(0, Vec::len))
+        self.embed.bytes()
+            + layer
+            + 4 * self.norm.len()
+            + self.lm_head.as_ref().map_or(0, Matrix::bytes)
     }
 }
 
-/// Reads weights as f32: BF16/F16/F32 tensors widened, FP8 E4M3 matrices
-/// dequantized exactly with their `{name}_scale_inv` block scales
-/// (`code * scale`, as transformers dequantizes).
+/// Reads weights: matrices as stored ([`Matrix`]: BF16/F16/F32 bytes, or
+/// FP8 E4M3 codes with their `{name}_scale_inv` F32 block scales), vectors
+/// widened to f32.
 struct Loader<'a> {
     ckpt: &'a Checkpoint,
     fp8_block: Option<[usize; 2]>,
 }
 
 impl Loader<'_> {
-    fn load_f32(&self, name: &str, want: &[usize]) -> Result<Vec<f32>, EngineError> {
-        let (_, dtype) = self.ckpt.info(name)?;
-        if dtype != DType::F8E4M3 {
-            return self.ckpt.load_f32(name, want);
-        }
-        self.ckpt.expect_shape(name, want)?;
-        let (&[rows, cols], Some([br, bc])) = (want, self.fp8_block) else {
-            return Err(EngineError::config(
-                "quantization_config",
-                format!(
-                    "tensor `{name}` is F8_E4M3 {want:?}: FP8 needs a matrix and \
-                     quantization_config.weight_block_size"
-                ),
-            ));
+    /// Matrix `name` of shape `[rows, cols]`, kept in its stored form
+    /// (BF16/F16/F32 bytes, or FP8 codes with their F32 block scales).
+    fn load_matrix(&self, name: &str, [rows, cols]: [usize; 2]) -> Result<Matrix, EngineError> {
+        let dtype = self.ckpt.expect_shape(name, &[rows, cols])?;
+        let data = if dtype == DType::F8E4M3 {
+            let Some([br, bc]) = self.fp8_block else {
+                return Err(EngineError::config(
+                    "quantization_config",
+                    format!(
+                        "tensor `{name}` is F8_E4M3: FP8 needs quantization_config.weight_block_size"
+                    ),
+                ));
+            };
+            let scale_name = format!("{name}_scale_inv");
+            let sdt = self
+                .ckpt
+                .expect_shape(&scale_name, &[rows.div_ceil(br), cols.div_ceil(bc)])?;
+            if sdt != DType::F32 {
+                return Err(EngineError::TensorDtype {
+                    name: scale_name,
+                    dtype: format!("{} (FP8 block scales must be F32)", sdt.name()),
+                });
+            }
+            let scales_len = rows.div_ceil(br) * cols.div_ceil(bc) * 4;
+            MatrixData::F8 {
+                codes: self.ckpt.read_range(name, 0, rows * cols)?,
+                scales: self.ckpt.read_range(&scale_name, 0, scales_len)?,
+                block: [br, bc],
+            }
+        } else {
+            MatrixData::Raw {
+                bytes: self
+                    .ckpt
+                    .read_range(name, 0, rows * cols * dtype.size_bytes())?,
+                dtype,
+            }
         };
-        let codes = self.ckpt.read_range(name, 0, rows * cols)?;
-        let (srows, scols) = (rows.div_ceil(br), cols.div_ceil(bc));
-        let scales = self
-            .ckpt
-            .load_f32(&format!("{name}_scale_inv"), &[srows, scols])?;
-        Ok(codes
-            .iter()
-            .enumerate()
-            .map(|(k, &code)| {
-                let (r, c) = (k / cols, k % cols);
-                crate::rows::fp8::e4m3_to_f32(code) * scales[(r / br) * scols + c / bc]
-            })
-            .collect())
+        Ok(Matrix { rows, cols, data })
+    }
+
+    /// Vector (or tiny matrix) `name` widened to f32: norms, biases, the
+    /// routing bias. FP8 is refused here; FP8 matrices load as [`Matrix`].
+    fn load_f32(&self, name: &str, want: &[usize]) -> Result<Vec<f32>, EngineError> {
+        self.ckpt.load_f32(name, want)
     }
 }
 
@@ -258,14 +374,14 @@ fn load_layer(ckpt: &Loader<'_>, cfg: &ModelConfig, i: usize) -> Result<LayerWei
     let p = format!("model.layers.{i}");
     let mlp = if cfg.sparse_layers[i] {
         let router = ckpt
-            .load_f32(
+            .load_matrix(
                 &format!("{p}.{}.gate.weight", cfg.arch.moe_block_name()),
-                &[cfg.num_experts, h],
+                [cfg.num_experts, h],
             )
             .or_else(|e| match e {
                 // transformers-5 fused checkpoints keep the router under `mlp`.
                 EngineError::MissingTensor { .. } => {
-                    ckpt.load_f32(&format!("{p}.mlp.gate.weight"), &[cfg.num_experts, h])
+                    ckpt.load_matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])
                 }
                 other => Err(other),
             })?;
@@ -336,10 +452,10 @@ fn load_gqa(ckpt: &Loader<'_>, cfg: &ModelConfig, p: &str) -> Result<GqaWeights,
         None
     };
     Ok(GqaWeights {
-        q_proj: ckpt.load_f32(&format!("{p}.self_attn.q_proj.weight"), &[q_width, h])?,
-        k_proj: ckpt.load_f32(&format!("{p}.self_attn.k_proj.weight"), &[kv_width, h])?,
-        v_proj: ckpt.load_f32(&format!("{p}.self_attn.v_proj.weight"), &[kv_width, h])?,
-        o_proj: ckpt.load_f32(&format!("{p}.self_attn.o_proj.weight"), &[h, q_width])?,
+        q_proj: ckpt.load_matrix(&format!("{p}.self_attn.q_proj.weight"), [q_width, h])?,
+        k_proj: ckpt.load_matrix(&format!("{p}.self_attn.k_proj.weight"), [kv_width, h])?,
+        v_proj: ckpt.load_matrix(&format!("{p}.self_attn.v_proj.weight"), [kv_width, h])?,
+        o_proj: ckpt.load_matrix(&format!("{p}.self_attn.o_proj.weight"), [h, q_width])?,
         q_norm,
         k_norm,
         qkv_bias,
@@ -357,29 +473,29 @@ fn load_mla(
     let a = format!("{p}.self_attn");
     let q = match m.q_lora_rank {
         Some(r) => QueryProj::LowRank {
-            a: ckpt.load_f32(&format!("{a}.q_a_proj.weight"), &[r, h])?,
+            a: ckpt.load_matrix(&format!("{a}.q_a_proj.weight"), [r, h])?,
             norm: ckpt.load_f32(&format!("{a}.q_a_layernorm.weight"), &[r])?,
-            b: ckpt.load_f32(
+            b: ckpt.load_matrix(
                 &format!("{a}.q_b_proj.weight"),
-                &[heads * m.qk_head_dim(), r],
+                [heads * m.qk_head_dim(), r],
             )?,
         },
         None => QueryProj::Plain(
-            ckpt.load_f32(&format!("{a}.q_proj.weight"), &[heads * m.qk_head_dim(), h])?,
+            ckpt.load_matrix(&format!("{a}.q_proj.weight"), [heads * m.qk_head_dim(), h])?,
         ),
     };
     Ok(MlaWeights {
         q,
-        kv_a: ckpt.load_f32(
+        kv_a: ckpt.load_matrix(
             &format!("{a}.kv_a_proj_with_mqa.weight"),
-            &[m.kv_lora_rank + m.qk_rope_head_dim, h],
+            [m.kv_lora_rank + m.qk_rope_head_dim, h],
         )?,
         kv_a_norm: ckpt.load_f32(&format!("{a}.kv_a_layernorm.weight"), &[m.kv_lora_rank])?,
-        kv_b: ckpt.load_f32(
+        kv_b: ckpt.load_matrix(
             &format!("{a}.kv_b_proj.weight"),
-            &[heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
+            [heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
         )?,
-        o_proj: ckpt.load_f32(&format!("{a}.o_proj.weight"), &[h, heads * m.v_head_dim])?,
+        o_proj: ckpt.load_matrix(&format!("{a}.o_proj.weight"), [h, heads * m.v_head_dim])?,
     })
 }
 
@@ -391,8 +507,8 @@ fn load_dense(
     h: usize,
 ) -> Result<DenseMlp, EngineError> {
     Ok(DenseMlp {
-        gate: ckpt.load_f32(&format!("{prefix}.gate_proj.weight"), &[inter, h])?,
-        up: ckpt.load_f32(&format!("{prefix}.up_proj.weight"), &[inter, h])?,
-        down: ckpt.load_f32(&format!("{prefix}.down_proj.weight"), &[h, inter])?,
+        gate: ckpt.load_matrix(&format!("{prefix}.gate_proj.weight"), [inter, h])?,
+        up: ckpt.load_matrix(&format!("{prefix}.up_proj.weight"), [inter, h])?,
+        down: ckpt.load_matrix(&format!("{prefix}.down_proj.weight"), [h, inter])?,
     })
 }
