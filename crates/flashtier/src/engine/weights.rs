@@ -1,5 +1,6 @@
 //! The non-expert weights (embeddings, attention, norms, routers, dense
-//! MLPs, LM head), shape-checked against the config and widened to f32.
+//! MLPs, LM head), shape-checked against the config. Matrices stay in their
+//! stored form ([`Matrix`]); norms and biases are widened to f32.
 //! Expert matrices are not loaded here: they come from an
 //! [`super::ExpertSource`] one step at a time.
 
