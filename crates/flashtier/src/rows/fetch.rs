@@ -221,11 +221,17 @@ impl MissTask {
     /// The rows of every unit in id order (`stride` bytes each), or the
     /// first unit's failure; counts the distinct rows as misses.
     fn collect(&self) -> Result<Vec<u8>, RowError> {
-        let stride = self.inner.geometry.stride();
-        let mut rows = Vec::with_capacity(self.ids.len() * stride);
+        let mut rows = Vec::with_capacity(self.ids.len() * self.inner.geometry.stride());
+        self.each_result(|bytes| rows.extend_from_slice(&bytes))?;
+        Ok(rows)
+    }
+
+    /// Hand every unit's rows to `f` in id order, or return the first
+    /// unit's failure; counts the distinct rows as misses.
+    fn each_result(&self, mut f: impl FnMut(Vec<u8>)) -> Result<(), RowError> {
         for (unit, result) in self.units.iter().zip(&self.results) {
             match result.lock().unwrap_or_else(PoisonError::into_inner).take() {
-                Some(Ok(bytes)) => rows.extend_from_slice(&bytes),
+                Some(Ok(bytes)) => f(bytes),
                 Some(Err(e)) => return Err(e),
                 None => {
                     return Err(RowError::WorkerLost {
@@ -239,7 +245,7 @@ impl MissTask {
             .counters
             .misses
             .fetch_add(self.ids.len() as u64, Ordering::Relaxed);
-        Ok(rows)
+        Ok(())
     }
 
     fn read_unit(&self, u: &ReadUnit) -> Result<Vec<u8>, RowError> {
@@ -498,7 +504,8 @@ impl Pending {
             while st.step(&task) {}
             st.finish();
         }
-        task.collect().map(|_| ())
+        // The rows are in the cache already; only failures matter here.
+        task.each_result(drop)
     }
 }
 
