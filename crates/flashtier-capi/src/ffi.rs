@@ -283,9 +283,13 @@ pub unsafe extern "C" fn ft_rows_prefetch_start(
 }
 
 /// Take back a prefetch handle C was given.
-fn take_prefetch(p: *mut FtRowsPending) -> Option<Box<FtRowsPending>> {
-    // SAFETY: a non-null handle came from `ft_rows_prefetch_start` and, per
-    // the header, is passed to wait or abandon exactly once.
+///
+/// # Safety
+/// `p` is NULL or a pointer returned by `ft_rows_prefetch_start` that has
+/// not been taken back yet.
+unsafe fn take_prefetch(p: *mut FtRowsPending) -> Option<Box<FtRowsPending>> {
+    // SAFETY: non-null, so by this function's contract it came from
+    // `Box::into_raw` in `ft_rows_prefetch_start` and is taken back once.
     (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
 }
 
@@ -296,7 +300,10 @@ fn take_prefetch(p: *mut FtRowsPending) -> Option<Box<FtRowsPending>> {
 /// or abandoned; it is freed here.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ft_rows_prefetch_wait(p: *mut FtRowsPending) -> c_int {
-    guard(|| match take_prefetch(p) {
+    // SAFETY: the header requires `p` to be NULL or a handle not yet
+    // waited on or abandoned.
+    let handle = unsafe { take_prefetch(p) };
+    guard(|| match handle {
         Some(h) => lift(h.pending.wait()),
         None => Ok(()),
     })
@@ -309,8 +316,10 @@ pub unsafe extern "C" fn ft_rows_prefetch_wait(p: *mut FtRowsPending) -> c_int {
 /// or abandoned; it is freed here.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ft_rows_prefetch_abandon(p: *mut FtRowsPending) {
+    // SAFETY: as for `ft_rows_prefetch_wait`.
+    let handle = unsafe { take_prefetch(p) };
     let _ = guard(|| {
-        drop(take_prefetch(p));
+        drop(handle);
         Ok(())
     });
 }
