@@ -426,6 +426,27 @@ fn fused_layouts_are_checked() {
     )
     .expect_err("mixed");
     assert!(matches!(err, PackError::MixedLayouts { .. }), "{err}");
+    // Layers that spell the fused block differently.
+    let err = pack(
+        "prefixes",
+        fused_config("qwen3_moe", 2),
+        &[
+            (gu, D::BF16, vec![2, 6, 8]),
+            (down, D::BF16, vec![2, 8, 3]),
+            (
+                "model.layers.1.block_sparse_moe.experts.gate_up_proj",
+                D::BF16,
+                vec![2, 6, 8],
+            ),
+            (
+                "model.layers.1.block_sparse_moe.experts.down_proj",
+                D::BF16,
+                vec![2, 8, 3],
+            ),
+        ],
+    )
+    .expect_err("two prefixes");
+    assert!(matches!(err, PackError::MixedLayouts { .. }), "{err}");
     // A layer without its down_proj: named.
     let err = pack(
         "nodown",

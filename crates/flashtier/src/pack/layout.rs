@@ -322,6 +322,16 @@ fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayo
     let Some((&first_layer, &(prefix, _, _))) = layers.iter().next() else {
         return Ok(None);
     };
+    if let Some((_, &(_, g, d))) = layers.iter().find(|(_, (p, _, _))| *p != prefix) {
+        return Err(PackError::MixedLayouts {
+            first: layers
+                .values()
+                .find_map(|(_, g, d)| g.or(*d))
+                .unwrap_or_default()
+                .to_string(),
+            second: g.or(d).unwrap_or_default().to_string(),
+        });
+    }
     if let Some(split) = split {
         let fused = layers
             .values()
