@@ -551,3 +551,78 @@ fn add(x: &mut [f32], y: &[f32]) {
         *a += b;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn deepseek(experts: usize, n_group: usize, topk_group: usize, top_k: usize) -> ModelConfig {
+        let v = serde_json::json!({
+            "model_type": "deepseek_v3", "vocab_size": 16, "hidden_size": 8,
+            "intermediate_size": 8, "moe_intermediate_size": 4, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "n_routed_experts": experts, "n_shared_experts": 1,
+            "num_experts_per_tok": top_k, "n_group": n_group, "topk_group": topk_group,
+            "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 1,
+            "q_lora_rank": null, "kv_lora_rank": 4, "qk_nope_head_dim": 4,
+            "qk_rope_head_dim": 2, "v_head_dim": 4, "rms_norm_eps": 1e-6, "rope_theta": 10000.0
+        });
+        ModelConfig::from_json(&v).expect("valid config")
+    }
+
+    proptest! {
+        /// Grouped sigmoid routing: `top_k` distinct experts, all inside the
+        /// `topk_group` best groups (a group scores its two best choices),
+        /// none of them beaten by an unchosen expert of a kept group, and
+        /// weights that are the sigmoids renormalised to the scaling factor.
+        #[test]
+        fn grouped_routing_invariants(
+            shape in prop_oneof![Just((16usize, 4usize, 2usize, 3usize)), Just((8, 1, 1, 2)), Just((12, 3, 2, 4))],
+            w in proptest::collection::vec(-1.0f32..1.0, 16 * 8),
+            x in proptest::collection::vec(-1.0f32..1.0, 8),
+            bias in proptest::collection::vec(-0.1f32..0.1, 16),
+        ) {
+            let (experts, n_group, topk_group, top_k) = shape;
+            let cfg = deepseek(experts, n_group, topk_group, top_k);
+            let router = Matrix::from_f32(experts, 8, &w[..experts * 8]).expect("matrix");
+            let bias = &bias[..experts];
+            let chosen = route(&cfg, &router, Some(bias), &x);
+            prop_assert_eq!(chosen.len(), top_k);
+            let mut ids: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), top_k);
+            // Reference scores, computed plainly.
+            let logits: Vec<f32> = (0..experts)
+                .map(|e| w[e * 8..(e + 1) * 8].iter().zip(&x).map(|(a, b)| a * b).sum())
+                .collect();
+            let score: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+            let choice: Vec<f32> = score.iter().zip(bias).map(|(s, b)| s + b).collect();
+            let per = experts / n_group;
+            let group_score: Vec<f32> = choice
+                .chunks(per)
+                .map(|g| {
+                    let mut v = g.to_vec();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    v[0] + v[1]
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..n_group).collect();
+            order.sort_by(|a, b| group_score[*b].total_cmp(&group_score[*a]));
+            let kept = &order[..topk_group];
+            for &e in &ids {
+                prop_assert!(kept.contains(&(e / per)), "expert {} outside the kept groups", e);
+            }
+            let worst_chosen = ids.iter().map(|&e| choice[e]).fold(f32::INFINITY, f32::min);
+            for e in (0..experts).filter(|e| kept.contains(&(e / per)) && !ids.contains(e)) {
+                prop_assert!(choice[e] <= worst_chosen + 1e-6, "unchosen {} beats a chosen one", e);
+            }
+            let total: f32 = chosen.iter().map(|c| c.1).sum();
+            prop_assert!((total - 2.5).abs() < 1e-4, "weights sum to {}", total);
+            let denom: f32 = ids.iter().map(|&e| score[e]).sum();
+            for (e, wgt) in &chosen {
+                prop_assert!((wgt - score[*e] / denom * 2.5).abs() < 1e-4);
+            }
+        }
+    }
+}

@@ -34,6 +34,24 @@ enum MatrixData {
 }
 
 impl Matrix {
+    /// An f32 matrix of `rows x cols` from row-major `values`.
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, EngineError> {
+        if values.len() != rows * cols {
+            return Err(EngineError::Experts(format!(
+                "{} values for a {rows}x{cols} matrix",
+                values.len()
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            data: MatrixData::Raw {
+                bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                dtype: DType::F32,
+            },
+        })
+    }
+
     /// For `matvec`.
     pub fn mat(&self) -> MatRef<'_> {
         match &self.data {
