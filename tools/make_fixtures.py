@@ -43,6 +43,36 @@ MIN_ROUTER_MARGIN = 2e-4
 
 FIXTURES = [
     {
+        # Qwen3-MoE with YaRN as its long-context configs enable it
+        # (rope_scaling type yarn, factor 4): cos/sin scaled by the YaRN
+        # attention factor, no softmax correction.
+        "name": "qwen3_moe_yarn",
+        "arch": "qwen3_moe",
+        "layout": "hub",
+        "shards": 1,
+        "tokenizer": False,
+        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "config": dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+        ),
+    },
+    {
         # DeepSeek-V3 as the hub ships it: FP8 E4M3 matrices with a float32
         # scale per block (weight_scale_inv); 16x16 blocks so a small model
         # still has several per matrix. The reference runs transformers in

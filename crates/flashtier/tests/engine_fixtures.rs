@@ -256,3 +256,10 @@ fn deepseek_v3_fp8_matches_transformers() {
 fn deepseek_v3_fp8_through_the_expert_pool() {
     check_pool("deepseek_v3_fp8");
 }
+
+/// Qwen3-MoE with YaRN (factor 4): the RoPE frequencies blend and cos/sin
+/// carry the YaRN attention factor.
+#[test]
+fn qwen3_moe_yarn_matches_transformers() {
+    check_against_reference("qwen3_moe_yarn");
+}

@@ -6,8 +6,9 @@
 //! `hidden_size / num_attention_heads`); `decoder_sparse_step` and
 //! `mlp_only_layers` (Qwen3-MoE, Qwen2-MoE); `tie_word_embeddings`;
 //! Qwen2-MoE's `shared_expert_intermediate_size` and `qkv_bias` (absent in
-//! 4.x, where the bias is always there). Anything the engine would compute
-//! differently from transformers (rope scaling, `attention_bias`, an
+//! 4.x, where the bias is always there); YaRN RoPE scaling (`rope_scaling`
+//! or `rope_parameters` with type `yarn`). Anything the engine would compute
+//! differently from transformers (other rope scaling, `attention_bias`, an
 //! activation other than SiLU, sliding windows in Qwen, a
 //! `quantization_config` other than FP8 E4M3 blocks, DeepSeek-V2's routing)
 //! is a [`EngineError::Config`] naming the field.
@@ -299,7 +300,7 @@ impl ModelConfig {
             ),
             Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
-        let (rope_theta, yarn) = rope(&c, arch)?;
+        let (rope_theta, yarn) = rope(&c)?;
         Ok(Self {
             arch,
             vocab_size: c.positive("vocab_size")?,
@@ -631,9 +632,11 @@ fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
 }
 
 /// `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x), and the
-/// scaling: plain RoPE everywhere, YaRN for DeepSeek-V3 (`rope_scaling` with
-/// `type` or `rope_type` `yarn` in 4.x, `rope_parameters` in 5.x).
-fn rope(c: &Fields<'_>, arch: Arch) -> Result<(f64, Option<Yarn>), EngineError> {
+/// scaling: plain RoPE or YaRN (`rope_scaling` with `type` or `rope_type`
+/// `yarn` in 4.x, `rope_parameters` in 5.x). YaRN scales cos and sin by its
+/// attention factor; DeepSeek-V3 also corrects the softmax scale
+/// ([`ModelConfig::attention_scale`]).
+fn rope(c: &Fields<'_>) -> Result<(f64, Option<Yarn>), EngineError> {
     let mut yarn_fields: Option<(&'static str, &Map<String, Value>)> = None;
     for field in ["rope_scaling", "rope_parameters"] {
         let Some(v) = c.get(field) else { continue };
@@ -647,7 +650,7 @@ fn rope(c: &Fields<'_>, arch: Arch) -> Result<(f64, Option<Yarn>), EngineError> 
             .unwrap_or("default");
         match kind {
             "default" => {}
-            "yarn" if arch == Arch::DeepseekV3 => yarn_fields = Some((field, p)),
+            "yarn" => yarn_fields = Some((field, p)),
             other => {
                 let name = match field {
                     "rope_parameters" => "rope_parameters.rope_type",
@@ -655,14 +658,7 @@ fn rope(c: &Fields<'_>, arch: Arch) -> Result<(f64, Option<Yarn>), EngineError> 
                 };
                 return Err(EngineError::config(
                     name,
-                    format!(
-                        "rope type `{other}` is not supported (default{})",
-                        if arch == Arch::DeepseekV3 {
-                            ", yarn"
-                        } else {
-                            ""
-                        }
-                    ),
+                    format!("rope type `{other}` is not supported (default, yarn)"),
                 ));
             }
         }

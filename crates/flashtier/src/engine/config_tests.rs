@@ -122,9 +122,18 @@ fn unsupported_values_name_their_field() {
             with(
                 qwen_v5(),
                 "rope_parameters",
-                json!({"rope_type": "yarn", "rope_theta": 1.0}),
+                json!({"rope_type": "dynamic", "rope_theta": 1.0}),
             ),
             "rope_parameters.rope_type",
+        ),
+        (
+            // YaRN without its original context length.
+            with(
+                qwen_v5(),
+                "rope_parameters",
+                json!({"rope_type": "yarn", "rope_theta": 1.0, "factor": 2.0}),
+            ),
+            "rope_parameters",
         ),
         (with(qwen_v4(), "rope_theta", json!(-1.0)), "rope_theta"),
         (
@@ -357,6 +366,7 @@ fn deepseek_v3_refusals_name_their_field() {
             with(
                 qwen_v4(),
                 "rope_scaling",
+                // YaRN is accepted, but needs its original context length.
                 json!({"type": "yarn", "factor": 2.0}),
             ),
             "rope_scaling",
