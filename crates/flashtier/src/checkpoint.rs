@@ -9,7 +9,7 @@
 //! caller's buffer, so the reader holds no more than the headers in memory:
 //! buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the page cache
 //! so packing a checkpoint larger than memory does not evict everything else
-//! ([`Checkpoint::read_tensor_direct`]).
+//! ([`Checkpoint::read_tensor_part_direct`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -314,18 +314,6 @@ impl Checkpoint {
 }
 
 impl Checkpoint {
-    /// Read tensor `name` into `dst` (exactly its length) with direct I/O,
-    /// bypassing the page cache: see [`Checkpoint::read_tensor_part_direct`].
-    pub fn read_tensor_direct(
-        &self,
-        name: &str,
-        dst: &mut [u8],
-        staging: &mut AlignedBuf,
-    ) -> Result<(), CheckpointError> {
-        self.check_whole(name, dst)?;
-        self.read_tensor_part_direct(name, 0, dst, staging)
-    }
-
     /// [`Checkpoint::read_tensor_part`] with direct I/O, bypassing the page
     /// cache: the 4096-aligned window around the bytes lands in `staging`
     /// (grown to the window when smaller, so its size is bounded by the

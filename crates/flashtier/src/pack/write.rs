@@ -200,18 +200,14 @@ fn fill_records(
                     tensor: name.clone(),
                     why: "tensor outside its record".into(),
                 })?;
-            // A split tensor is read whole (its length checked against the
-            // record's), a fused one in the expert's slice.
-            match (
-                src.direct,
-                at == 0 && src.ckpt.tensor(&name)?.len_bytes == t.len_bytes,
-            ) {
-                (true, true) => src.ckpt.read_tensor_direct(&name, dst, &mut staging)?,
-                (false, true) => src.ckpt.read_tensor(&name, dst)?,
-                (true, false) => src
-                    .ckpt
-                    .read_tensor_part_direct(&name, at, dst, &mut staging)?,
-                (false, false) => src.ckpt.read_tensor_part(&name, at, dst)?,
+            // The expert's bytes of the source tensor: all of it for the
+            // hub layout (the layout checked every expert's shape), its
+            // slice of a fused tensor otherwise.
+            if src.direct {
+                src.ckpt
+                    .read_tensor_part_direct(&name, at, dst, &mut staging)?;
+            } else {
+                src.ckpt.read_tensor_part(&name, at, dst)?;
             }
         }
         let checksum = xxh3_64(buf.get(..payload).unwrap_or_default());
