@@ -244,9 +244,11 @@ impl RowCache {
         self.slab.get(at..at + self.set_words).unwrap_or(&[])
     }
 
-    /// Split a set's words into (seq, refs, keys, rows).
-    fn parts<'a>(
-        &self,
+    /// Split a set's words into (seq, refs, keys, rows) for a set of
+    /// `shape` (the cache's own dimensions, or the same as constants).
+    #[inline(always)]
+    fn parts<'a, S: Shape>(
+        shape: S,
         w: &'a [AtomicU64],
     ) -> Option<(
         &'a AtomicU64,
@@ -254,10 +256,12 @@ impl RowCache {
         &'a [AtomicU64],
         &'a [AtomicU64],
     )> {
-        let (seq, rest) = w.split_first()?;
-        let (refs, rest) = rest.split_first()?;
-        let keys = rest.get(..self.ways)?;
-        let rows = rest.get(self.ways..self.ways + self.ways * self.row_words)?;
+        let ways = shape.ways();
+        let set = w.get(..HEADER_WORDS + ways + ways * shape.row_words())?;
+        let (header, rows) = set.split_at(HEADER_WORDS + ways);
+        let [seq, refs, keys @ ..] = header else {
+            return None;
+        };
         Some((seq, refs, keys, rows))
     }
 
@@ -293,15 +297,11 @@ impl RowCache {
         scale_out: &mut [u8],
     ) -> bool {
         let key = id.wrapping_add(1);
-        let (ways, row_words) = (shape.ways(), shape.row_words());
-        if set.len() < HEADER_WORDS + ways + ways * row_words
-            || weight_out.len() != shape.weight_bytes()
-            || scale_out.len() != shape.scale_bytes()
-        {
+        let row_words = shape.row_words();
+        if weight_out.len() != shape.weight_bytes() || scale_out.len() != shape.scale_bytes() {
             return false;
         }
-        let (header, rows) = set.split_at(HEADER_WORDS + ways);
-        let [seq, refs, keys @ ..] = header else {
+        let Some((seq, refs, keys, rows)) = Self::parts(shape, set) else {
             return false;
         };
         for _ in 0..READ_TRIES {
@@ -416,7 +416,7 @@ impl RowCache {
     #[must_use]
     pub fn contains(&self, id: u64) -> bool {
         let key = id.wrapping_add(1);
-        self.parts(self.set_words_of(self.set_of(id)))
+        Self::parts(self.dims(), self.set_words_of(self.set_of(id)))
             .is_some_and(|(_, _, keys, _)| keys.iter().any(|k| k.load(Ordering::Relaxed) == key))
     }
 
@@ -428,7 +428,7 @@ impl RowCache {
         let Some(stripe) = self.stripes.get(set % self.stripes.len().max(1)) else {
             return;
         };
-        let Some((seq, refs, keys, rows)) = self.parts(self.set_words_of(set)) else {
+        let Some((seq, refs, keys, rows)) = Self::parts(self.dims(), self.set_words_of(set)) else {
             return;
         };
         let _guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
