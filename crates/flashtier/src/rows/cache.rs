@@ -247,15 +247,10 @@ impl RowCache {
     /// Split a set's words into (seq, refs, keys, rows) for a set of
     /// `shape` (the cache's own dimensions, or the same as constants).
     #[inline(always)]
-    fn parts<'a, S: Shape>(
+    fn parts<S: Shape>(
         shape: S,
-        w: &'a [AtomicU64],
-    ) -> Option<(
-        &'a AtomicU64,
-        &'a AtomicU64,
-        &'a [AtomicU64],
-        &'a [AtomicU64],
-    )> {
+        w: &[AtomicU64],
+    ) -> Option<(&AtomicU64, &AtomicU64, &[AtomicU64], &[AtomicU64])> {
         let ways = shape.ways();
         let set = w.get(..HEADER_WORDS + ways + ways * shape.row_words())?;
         let (header, rows) = set.split_at(HEADER_WORDS + ways);
