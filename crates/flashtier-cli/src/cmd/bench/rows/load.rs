@@ -104,25 +104,70 @@ impl Phase {
     }
 }
 
-impl Phase {
-    /// Fill in the wall time since `t0`, the store's counters since
-    /// `before`, and the batch latency percentiles of `hist`.
-    fn closed(
-        mut self,
-        store: &RowStore,
-        before: &flashtier::rows::RowStats,
-        t0: Instant,
-        hist: &Histogram<u64>,
-    ) -> Self {
-        self.seconds = t0.elapsed().as_secs_f64();
-        let after = store.stats();
-        self.reads = after.reads - before.reads;
-        self.hits = after.hits - before.hits;
-        self.misses = after.misses - before.misses;
-        self.batch_us_p50 = hist.value_at_quantile(0.5) as f64 / 1e3;
-        self.batch_us_p99 = hist.value_at_quantile(0.99) as f64 / 1e3;
-        self.batch_us_p999 = hist.value_at_quantile(0.999) as f64 / 1e3;
-        self
+/// One timed phase in progress: the store's counters at the start, the
+/// per-batch latency histogram and the output buffers, reused across batches.
+struct Run<'a> {
+    store: &'a RowStore,
+    before: flashtier::rows::RowStats,
+    hist: Histogram<u64>,
+    deadline: Duration,
+    t0: Instant,
+    weights: Vec<u8>,
+    scales: Vec<u8>,
+    phase: Phase,
+}
+
+impl<'a> Run<'a> {
+    fn start(store: &'a RowStore, seconds: f64) -> anyhow::Result<Self> {
+        Ok(Self {
+            store,
+            before: store.stats(),
+            hist: Histogram::<u64>::new(3)?,
+            deadline: Duration::from_secs_f64(seconds),
+            t0: Instant::now(),
+            weights: Vec::new(),
+            scales: Vec::new(),
+            phase: Phase::default(),
+        })
+    }
+
+    /// Whether to run another batch (at least one, then until the deadline).
+    fn going(&self) -> bool {
+        self.phase.batches == 0 || self.t0.elapsed() < self.deadline
+    }
+
+    /// Look up `batch`, timing `first` (a wait, say) and the lookup together.
+    fn lookup(
+        &mut self,
+        batch: &[u64],
+        first: impl FnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let g = self.store.geometry();
+        self.weights.resize(batch.len() * g.w(), 0);
+        self.scales.resize(batch.len() * g.s(), 0);
+        let t = Instant::now();
+        first()?;
+        self.store
+            .lookup(batch, &mut self.weights, &mut self.scales)?;
+        self.hist.record(t.elapsed().as_nanos() as u64)?;
+        self.phase.batches += 1;
+        self.phase.ids += batch.len() as u64;
+        Ok(())
+    }
+
+    /// The phase: wall time, the store's counters since the start, and the
+    /// batch latency percentiles.
+    fn finish(self) -> Phase {
+        let mut p = self.phase;
+        p.seconds = self.t0.elapsed().as_secs_f64();
+        let after = self.store.stats();
+        p.reads = after.reads - self.before.reads;
+        p.hits = after.hits - self.before.hits;
+        p.misses = after.misses - self.before.misses;
+        p.batch_us_p50 = self.hist.value_at_quantile(0.5) as f64 / 1e3;
+        p.batch_us_p99 = self.hist.value_at_quantile(0.99) as f64 / 1e3;
+        p.batch_us_p999 = self.hist.value_at_quantile(0.999) as f64 / 1e3;
+        p
     }
 }
 
@@ -132,24 +177,11 @@ pub fn timed(
     seconds: f64,
     mut ids: impl FnMut() -> Vec<u64>,
 ) -> anyhow::Result<Phase> {
-    let g = store.geometry();
-    let mut hist = Histogram::<u64>::new(3)?;
-    let before = store.stats();
-    let deadline = Duration::from_secs_f64(seconds);
-    let (mut w, mut s) = (Vec::new(), Vec::new());
-    let mut phase = Phase::default();
-    let t0 = Instant::now();
-    while phase.batches == 0 || t0.elapsed() < deadline {
-        let batch = ids();
-        w.resize(batch.len() * g.w(), 0);
-        s.resize(batch.len() * g.s(), 0);
-        let t = Instant::now();
-        store.lookup(&batch, &mut w, &mut s)?;
-        hist.record(t.elapsed().as_nanos() as u64)?;
-        phase.batches += 1;
-        phase.ids += batch.len() as u64;
+    let mut run = Run::start(store, seconds)?;
+    while run.going() {
+        run.lookup(&ids(), || Ok(()))?;
     }
-    Ok(phase.closed(store, &before, t0, &hist))
+    Ok(run.finish())
 }
 
 /// One caller looking up batches from `ids` for `seconds` with the next
@@ -165,15 +197,9 @@ pub fn timed_ahead(
     ahead: usize,
     mut ids: impl FnMut() -> Vec<u64>,
 ) -> anyhow::Result<Phase> {
-    let g = store.geometry();
-    let mut hist = Histogram::<u64>::new(3)?;
-    let before = store.stats();
-    let deadline = Duration::from_secs_f64(seconds);
-    let (mut w, mut s) = (Vec::new(), Vec::new());
-    let mut phase = Phase::default();
+    let mut run = Run::start(store, seconds)?;
     let mut queue = VecDeque::with_capacity(ahead + 1);
-    let t0 = Instant::now();
-    while phase.batches == 0 || t0.elapsed() < deadline {
+    while run.going() {
         while queue.len() <= ahead {
             let batch = ids();
             let started = store.prefetch_start(&batch)?;
@@ -182,19 +208,12 @@ pub fn timed_ahead(
         let Some((batch, started)) = queue.pop_front() else {
             break;
         };
-        w.resize(batch.len() * g.w(), 0);
-        s.resize(batch.len() * g.s(), 0);
-        let t = Instant::now();
-        started.wait()?;
-        store.lookup(&batch, &mut w, &mut s)?;
-        hist.record(t.elapsed().as_nanos() as u64)?;
-        phase.batches += 1;
-        phase.ids += batch.len() as u64;
+        run.lookup(&batch, || Ok(started.wait()?))?;
     }
     for (_, started) in queue {
         started.wait()?;
     }
-    Ok(phase.closed(store, &before, t0, &hist))
+    Ok(run.finish())
 }
 
 /// The hit path against plain copies of the same bytes.
