@@ -186,13 +186,20 @@ impl Model {
         cos: &[f32],
         sin: &[f32],
     ) -> Result<Vec<f32>, EngineError> {
+        let mut at = AttnStep {
+            cfg: &self.cfg,
+            cache: &mut self.cache,
+            layer,
+            cos,
+            sin,
+        };
         match &self.weights.layers[layer].attn {
-            AttnWeights::Gqa(g) => gqa(&self.cfg, g, &mut self.cache, layer, x, cos, sin),
-            AttnWeights::Mla(m) => {
-                let dims = self.cfg.mla.clone().ok_or_else(|| {
+            AttnWeights::Gqa(g) => gqa(&mut at, g, x),
+            AttnWeights::Mla(w) => {
+                let m = self.cfg.mla.as_ref().ok_or_else(|| {
                     EngineError::Attention("latent attention weights without MLA dims".into())
                 })?;
-                mla(&self.cfg, &dims, m, &mut self.cache, layer, x, cos, sin)
+                mla(&mut at, m, w, x)
             }
         }
     }
@@ -428,16 +435,30 @@ fn route(
     }
 }
 
-/// Grouped-query attention of one token.
-fn gqa(
-    c: &ModelConfig,
-    lw: &GqaWeights,
-    cache: &mut KvCache,
+/// One token's attention at one layer: the config, the KV cache, the layer
+/// and the position's RoPE angles.
+struct AttnStep<'a> {
+    cfg: &'a ModelConfig,
+    cache: &'a mut KvCache,
     layer: usize,
-    x: &[f32],
-    cos: &[f32],
-    sin: &[f32],
-) -> Result<Vec<f32>, EngineError> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+}
+
+impl AttnStep<'_> {
+    /// Cache this position's keys and values, then attend `q` over every
+    /// position the layer holds; the output is shaped like `q`.
+    fn attend(&mut self, k: &[f32], v: &[f32], q: &[f32]) -> Result<Vec<f32>, EngineError> {
+        self.cache.push(self.layer, k, v)?;
+        let mut out = vec![0f32; q.len()];
+        self.cache.attend(self.layer, q, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Grouped-query attention of one token.
+fn gqa(at: &mut AttnStep<'_>, lw: &GqaWeights, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+    let c = at.cfg;
     let d = c.head_dim;
     let mut q = vec![0f32; c.num_q_heads * d];
     let mut k = vec![0f32; c.num_kv_heads * d];
@@ -454,28 +475,17 @@ fn gqa(
         rms_norm_heads(&mut q, qn, c.rms_norm_eps);
         rms_norm_heads(&mut k, kn, c.rms_norm_eps);
     }
-    apply_rope(&mut q, d, cos, sin);
-    apply_rope(&mut k, d, cos, sin);
-    cache.push(layer, &k, &v)?;
-    let mut heads = vec![0f32; q.len()];
-    cache.attend(layer, &q, &mut heads)?;
+    apply_rope(&mut q, d, at.cos, at.sin);
+    apply_rope(&mut k, d, at.cos, at.sin);
+    let heads = at.attend(&k, &v, &q)?;
     let mut out = vec![0f32; c.hidden_size];
     matvec(&mut out, lw.o_proj.mat(), &heads);
     Ok(out)
 }
 
 /// Multi-head latent attention of one token (DeepSeek-V3).
-#[allow(clippy::too_many_arguments)]
-fn mla(
-    c: &ModelConfig,
-    m: &Mla,
-    w: &MlaWeights,
-    cache: &mut KvCache,
-    layer: usize,
-    x: &[f32],
-    cos: &[f32],
-    sin: &[f32],
-) -> Result<Vec<f32>, EngineError> {
+fn mla(at: &mut AttnStep<'_>, m: &Mla, w: &MlaWeights, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+    let (c, cos, sin) = (at.cfg, at.cos, at.sin);
     let (heads, d) = (c.num_q_heads, c.head_dim);
     let (nope, rope, vd) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
     let qk = nope + rope;
@@ -524,9 +534,7 @@ fn mla(
         ks[hd * d + nope..hd * d + qk].copy_from_slice(k_rot);
         vs[hd * d..hd * d + vd].copy_from_slice(&kvh[nope..]);
     }
-    cache.push(layer, &ks, &vs)?;
-    let mut attended = vec![0f32; heads * d];
-    cache.attend(layer, &qs, &mut attended)?;
+    let attended = at.attend(&ks, &vs, &qs)?;
     let values: Vec<f32> = attended
         .chunks_exact(d)
         .flat_map(|h| h[..vd].iter().copied())
