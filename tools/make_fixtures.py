@@ -41,6 +41,45 @@ NEW_TOKENS = 8
 MIN_TOKEN_MARGIN = 2e-3
 MIN_ROUTER_MARGIN = 2e-4
 
+DEEPSEEK_V3 = {
+    "name": "deepseek_v3",
+    "arch": "deepseek_v3",
+    "layout": "hub",
+    "shards": 1,
+    "tokenizer": False,
+    # YaRN with mscale != mscale_all_dim, so both the cos/sin factor and
+    # the softmax scale differ from plain RoPE.
+    "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+    "config": dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=2,
+        n_routed_experts=16,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        num_mtp_layers=0,
+    ),
+}
+
 FIXTURES = [
     {
         # Qwen3-MoE with YaRN as its long-context configs enable it
@@ -72,85 +111,13 @@ FIXTURES = [
             rope_theta=10000.0,
         ),
     },
-    {
-        # DeepSeek-V3 as the hub ships it: FP8 E4M3 matrices with a float32
-        # scale per block (weight_scale_inv); 16x16 blocks so a small model
-        # still has several per matrix. The reference runs transformers in
-        # f32 on the dequantized weights.
-        "name": "deepseek_v3_fp8",
-        "arch": "deepseek_v3",
-        "layout": "hub",
-        "shards": 1,
-        "tokenizer": False,
-        "fp8_block": [16, 16],
-        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
-        "config": dict(
-            vocab_size=320,
-            hidden_size=64,
-            intermediate_size=96,
-            moe_intermediate_size=24,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=16,
-            routed_scaling_factor=2.5,
-            kv_lora_rank=32,
-            q_lora_rank=48,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            n_group=4,
-            topk_group=2,
-            num_experts_per_tok=3,
-            first_k_dense_replace=1,
-            norm_topk_prob=True,
-            tie_word_embeddings=False,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=256,
-            rope_theta=10000.0,
-            num_mtp_layers=0,
-        ),
-    },
-    {
-        "name": "deepseek_v3",
-        "arch": "deepseek_v3",
-        "layout": "hub",
-        "shards": 1,
-        "tokenizer": False,
-        # YaRN with mscale != mscale_all_dim, so both the cos/sin factor and
-        # the softmax scale differ from plain RoPE.
-        "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
-        "config": dict(
-            vocab_size=320,
-            hidden_size=64,
-            intermediate_size=96,
-            moe_intermediate_size=24,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            n_shared_experts=2,
-            n_routed_experts=16,
-            routed_scaling_factor=2.5,
-            kv_lora_rank=32,
-            q_lora_rank=48,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            n_group=4,
-            topk_group=2,
-            num_experts_per_tok=3,
-            first_k_dense_replace=1,
-            norm_topk_prob=True,
-            tie_word_embeddings=False,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=256,
-            rope_theta=10000.0,
-            num_mtp_layers=0,
-        ),
-    },
+    DEEPSEEK_V3,
+    # DeepSeek-V3 as the hub ships it: FP8 E4M3 matrices with a float32 scale
+    # per block (weight_scale_inv); 16x16 blocks so a small model still has
+    # several per matrix, and one shared expert. The reference runs
+    # transformers in f32 on the dequantized weights.
+    dict(DEEPSEEK_V3, name="deepseek_v3_fp8", fp8_block=[16, 16],
+         config=dict(DEEPSEEK_V3["config"], n_shared_experts=1)),
     {
         "name": "qwen2_moe",
         "arch": "qwen2_moe",
