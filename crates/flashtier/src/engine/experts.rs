@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::checkpoint::{Checkpoint, DType};
 use super::config::{Arch, ModelConfig};
 use super::error::EngineError;
-use super::kernels::MatRef;
+use super::kernels::{MatRef, f8_scale_grid};
 
 /// One expert's three matrices: gate and up `[intermediate, hidden]`, down
 /// `[hidden, intermediate]`, borrowed from wherever the record lives.
@@ -96,9 +96,9 @@ impl<'a> ExpertView<'a> {
 /// Bytes of the float32 block scales of an expert's gate, up and down
 /// (`[I, H]`, `[I, H]`, `[H, I]`) in `block` blocks.
 pub fn fp8_scale_bytes(hidden: usize, inter: usize, block: [usize; 2]) -> (usize, usize, usize) {
-    let [br, bc] = block;
-    let gu = inter.div_ceil(br) * hidden.div_ceil(bc) * 4;
-    (gu, gu, hidden.div_ceil(br) * inter.div_ceil(bc) * 4)
+    let bytes = |[r, c]: [usize; 2]| r * c * 4;
+    let gu = bytes(f8_scale_grid(inter, hidden, block));
+    (gu, gu, bytes(f8_scale_grid(hidden, inter, block)))
 }
 
 /// Counters of an expert source since it was made.
@@ -244,10 +244,10 @@ impl CheckpointExperts {
                 for x in 0..e {
                     for (name, rows, cols) in [(&gate[x], i, h), (&up[x], i, h), (&down[x], h, i)] {
                         let dt = ckpt.expect_shape(name, &[rows, cols])?;
-                        if let (DType::F8E4M3, Some([br, bc])) = (dt, cfg.fp8_block) {
+                        if let (DType::F8E4M3, Some(block)) = (dt, cfg.fp8_block) {
                             ckpt.expect_shape(
                                 &format!("{name}_scale_inv"),
-                                &[rows.div_ceil(br), cols.div_ceil(bc)],
+                                &f8_scale_grid(rows, cols, block),
                             )
                             .and_then(|sdt| match sdt {
                                 DType::F32 => Ok(()),

@@ -41,6 +41,27 @@ pub enum MatRef<'a> {
     },
 }
 
+/// Rows and columns of the scale grid of a `rows x cols` FP8 matrix in
+/// `block` blocks (partial blocks at the edges count whole).
+pub fn f8_scale_grid(rows: usize, cols: usize, [br, bc]: [usize; 2]) -> [usize; 2] {
+    [rows.div_ceil(br), cols.div_ceil(bc)]
+}
+
+/// The scale of block (`row_block`, `col_block`) in a little-endian f32
+/// grid `per_row` blocks wide; NaN past its end (sizes are checked when a
+/// matrix is built, so this is never reached with valid parts).
+pub(super) fn block_scale(
+    scales: &[u8],
+    row_block: usize,
+    col_block: usize,
+    per_row: usize,
+) -> f32 {
+    let at = (row_block * per_row + col_block) * 4;
+    scales
+        .get(at..at + 4)
+        .map_or(f32::NAN, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 impl<'a> MatRef<'a> {
     /// A block-scaled FP8 matrix of `rows x cols`, or why the parts do not
     /// fit together.
@@ -55,7 +76,8 @@ impl<'a> MatRef<'a> {
         if br == 0 || bc == 0 {
             return Err(format!("FP8 block {br}x{bc}"));
         }
-        let want = rows.div_ceil(br) * cols.div_ceil(bc) * 4;
+        let [sr, sc] = f8_scale_grid(rows, cols, block);
+        let want = sr * sc * 4;
         if codes.len() != rows * cols || scales.len() != want {
             return Err(format!(
                 "FP8 {rows}x{cols} matrix in {br}x{bc} blocks needs {} code bytes and {want} \
@@ -120,14 +142,7 @@ pub fn matvec(out: &mut [f32], w: MatRef<'_>, x: &[f32]) {
                         let per_row = cols.div_ceil(bc);
                         let mut acc = 0f32;
                         for (b, (seg, xs)) in row.chunks(bc).zip(x.chunks(bc)).enumerate() {
-                            let at = ((r / br) * per_row + b) * 4;
-                            let s = f32::from_le_bytes([
-                                scales[at],
-                                scales[at + 1],
-                                scales[at + 2],
-                                scales[at + 3],
-                            ]);
-                            acc += s * dot_f8(seg, xs);
+                            acc += block_scale(scales, r / br, b, per_row) * dot_f8(seg, xs);
                         }
                         acc
                     }

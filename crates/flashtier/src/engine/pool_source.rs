@@ -17,7 +17,7 @@ use super::checkpoint::DType;
 use super::config::ModelConfig;
 use super::error::EngineError;
 use super::experts::{ExpertSource, ExpertStats, ExpertView, UseExpert};
-use super::kernels::MatRef;
+use super::kernels::{MatRef, f8_scale_grid};
 use crate::experts::{ExpertPool, ExpertsError, Precision};
 
 /// Byte range of one matrix inside a record.
@@ -99,10 +99,11 @@ impl PoolExperts {
             }
         };
         let fp8 = match (dtype, cfg.fp8_block) {
-            (DType::F8E4M3, Some([br, bc])) => {
-                let [br64, bc64] = [br as u64, bc as u64];
-                let gu = [i.div_ceil(br64), h.div_ceil(bc64)];
-                let dn = [h.div_ceil(br64), i.div_ceil(bc64)];
+            (DType::F8E4M3, Some(block)) => {
+                let grid = |rows: u64, cols: u64| {
+                    f8_scale_grid(rows as usize, cols as usize, block).map(|n| n as u64)
+                };
+                let (gu, dn) = (grid(i, h), grid(h, i));
                 let mut spans = [gate; 3];
                 for (k, (names, shape)) in [
                     (["gate_proj.weight_scale_inv", "w1.weight_scale_inv"], gu),
@@ -121,7 +122,7 @@ impl PoolExperts {
                     }
                     spans[k] = span;
                 }
-                Some((spans, [br, bc]))
+                Some((spans, block))
             }
             (DType::F8E4M3, None) => {
                 return Err(bad(

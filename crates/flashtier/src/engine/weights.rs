@@ -7,7 +7,7 @@
 use super::checkpoint::{Checkpoint, DType, to_f32};
 use super::config::{Mla, ModelConfig, Routing};
 use super::error::EngineError;
-use super::kernels::MatRef;
+use super::kernels::{MatRef, block_scale, f8_scale_grid};
 
 /// A weight matrix as the checkpoint stores it: BF16/F16/F32 bytes, or FP8
 /// E4M3 codes with their F32 block scales. Kept in that form (not widened
@@ -98,11 +98,8 @@ impl Matrix {
                     row.iter()
                         .enumerate()
                         .map(|(j, &code)| {
-                            let at = ((r / br) * per_row + j / bc) * 4;
-                            let s = scales
-                                .get(at..at + 4)
-                                .map_or(0.0, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                            crate::rows::fp8::e4m3_to_f32(code) * s
+                            crate::rows::fp8::e4m3_to_f32(code)
+                                * block_scale(scales, r / br, j / bc, per_row)
                         })
                         .collect(),
                 )
@@ -346,7 +343,7 @@ impl Loader<'_> {
     fn load_matrix(&self, name: &str, [rows, cols]: [usize; 2]) -> Result<Matrix, EngineError> {
         let dtype = self.ckpt.expect_shape(name, &[rows, cols])?;
         let data = if dtype == DType::F8E4M3 {
-            let Some([br, bc]) = self.fp8_block else {
+            let Some(block) = self.fp8_block else {
                 return Err(EngineError::config(
                     "quantization_config",
                     format!(
@@ -357,18 +354,19 @@ impl Loader<'_> {
             let scale_name = format!("{name}_scale_inv");
             let sdt = self
                 .ckpt
-                .expect_shape(&scale_name, &[rows.div_ceil(br), cols.div_ceil(bc)])?;
+                .expect_shape(&scale_name, &f8_scale_grid(rows, cols, block))?;
             if sdt != DType::F32 {
                 return Err(EngineError::TensorDtype {
                     name: scale_name,
                     dtype: format!("{} (FP8 block scales must be F32)", sdt.name()),
                 });
             }
-            let scales_len = rows.div_ceil(br) * cols.div_ceil(bc) * 4;
+            let [sr, sc] = f8_scale_grid(rows, cols, block);
+            let scales_len = sr * sc * 4;
             MatrixData::F8 {
                 codes: self.ckpt.read_range(name, 0, rows * cols)?,
                 scales: self.ckpt.read_range(&scale_name, 0, scales_len)?,
-                block: [br, bc],
+                block,
             }
         } else {
             MatrixData::Raw {
