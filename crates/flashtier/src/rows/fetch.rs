@@ -381,10 +381,10 @@ impl Submitting {
         }
     }
 
-    /// Submit windows until `max_windows` are in flight or none are left.
-    fn top_up(&mut self, task: &MissTask) {
+    /// Submit windows until `windows` are in flight or none are left.
+    fn top_up(&mut self, task: &MissTask, windows: usize) {
         let n = task.units.len();
-        while self.next < n && self.in_flight.len() < self.max_windows {
+        while self.next < n && self.in_flight.len() < windows {
             let (start, end) = (self.next, (self.next + self.window).min(n));
             let spare = &mut self.spare;
             let reqs = (start..end)
@@ -413,7 +413,7 @@ impl Submitting {
     /// Top up, then wait for the oldest window and finish its units on this
     /// thread. Returns false once every unit has been finished.
     fn step(&mut self, task: &MissTask) -> bool {
-        self.top_up(task);
+        self.top_up(task, self.max_windows);
         let Some((start, end, ticket)) = self.in_flight.pop_front() else {
             return false;
         };
@@ -479,10 +479,8 @@ pub(crate) fn start(
         // Submit all of a step-sized batch now, not just a queue's worth: a
         // window left for `wait` would only go in after the next step's
         // prefetch, and the drive would drain behind it.
-        let queue_windows = st.max_windows;
-        st.max_windows = queue_windows.max(START_UNITS.div_ceil(st.window));
-        st.top_up(&task);
-        st.max_windows = queue_windows;
+        let windows = st.max_windows.max(START_UNITS.div_ceil(st.window));
+        st.top_up(&task, windows);
         return Ok(Pending {
             task,
             submitting: Some(st),
