@@ -10,7 +10,7 @@ reproduce them.
 
 Usage (needs torch, transformers, safetensors; CPU is enough):
 
-    python3 tools/make_fixtures.py --out crates/flashtier/tests/fixtures/engine
+    python3 tools/make_fixtures.py --out crates/flashtier-engine/tests/fixtures/engine
 
 Each model folder gets:
   config.json            the config as transformers writes it

@@ -82,7 +82,7 @@ fn replay_reports_a_bad_trace_with_its_line() -> anyhow::Result<()> {
 
 #[test]
 fn pack_writes_low_bit_companions_and_replay_reads_the_packed_store() -> anyhow::Result<()> {
-    use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+    use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
     use flashtier_format::{Dtype, Store};
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("model");

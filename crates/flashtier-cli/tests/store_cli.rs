@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::{Dtype, Store};
 
 fn flashtier(args: &[&str]) -> Output {

@@ -15,14 +15,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use flashtier::engine::demo::{DemoOptions, DemoPhase, DemoReport, run_decode_demo};
 use flashtier::experts::StoreSet;
 use flashtier::experts::replay::{
     ReplayConfig, ReplayReport, budget_fraction, replay, synth_trace,
 };
 use flashtier::experts::tracegen::TraceFamily;
-use flashtier::pack::{PackOptions, PackReport};
-use flashtier::synth::{SynthArch, SynthReport, SynthSpec, write_checkpoint};
+use flashtier_engine::demo::{DemoOptions, DemoPhase, DemoReport, run_decode_demo};
+use flashtier_engine::pack::{PackOptions, PackReport};
+use flashtier_engine::synth::{SynthArch, SynthReport, SynthSpec, write_checkpoint};
 use flashtier_format::Dtype;
 use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
 
@@ -179,8 +179,8 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
             first.error
         );
     }
-    let ckpt = flashtier::checkpoint::Checkpoint::open(&ws.model)?;
-    flashtier::pack::check_pairing(&store, &ckpt)?;
+    let ckpt = flashtier_engine::source::Checkpoint::open(&ws.model)?;
+    flashtier_engine::pack::check_pairing(&store, &ckpt)?;
     Ok(report)
 }
 

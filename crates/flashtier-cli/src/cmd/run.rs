@@ -5,9 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use flashtier::engine::{Checkpoint, Generation, Model, ModelConfig, StreamOptions, open_pool};
 use flashtier::experts::Backing;
-use flashtier::pack::{PackOptions, check_pairing};
+use flashtier_engine::pack::{PackOptions, check_pairing};
+use flashtier_engine::{Checkpoint, Generation, Model, ModelConfig, StreamOptions, open_pool};
 use flashtier_format::Store;
 
 /// Options of `flashtier run`.

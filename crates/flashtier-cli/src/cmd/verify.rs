@@ -164,8 +164,8 @@ pub fn verify_store(
 pub fn run(args: Args) -> anyhow::Result<()> {
     let (store, report) = verify_store(&args.file, args.direct, !args.json)?;
     if let Some(model) = &args.model {
-        let ckpt = flashtier::checkpoint::Checkpoint::open(model)?;
-        flashtier::pack::check_pairing(&store, &ckpt)?;
+        let ckpt = flashtier_engine::source::Checkpoint::open(model)?;
+        flashtier_engine::pack::check_pairing(&store, &ckpt)?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);

@@ -17,9 +17,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use flashtier::checkpoint::Checkpoint;
-use flashtier::pack::{PackOptions, plan_experts};
-use flashtier::synth::{SynthArch, SynthSpec};
+use flashtier_engine::pack::{PackOptions, plan_experts};
+use flashtier_engine::source::Checkpoint;
+use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::{Dtype, StoreWriterPlan};
 
 use crate::cmd::demo::{Workspace, generate, parse_size};

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use flashtier::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_io::DirectMode;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -61,7 +61,7 @@ pub fn bytes_bar(total: u64, message: &str) -> ProgressBar {
 
 /// Pack with a progress bar; the building block `demo` and `bench` reuse.
 pub fn pack_with_progress(opts: &PackOptions, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier::checkpoint::Checkpoint::open(&opts.model_dir)
+    let ckpt = flashtier_engine::source::Checkpoint::open(&opts.model_dir)
         .with_context(|| format!("open checkpoint {}", opts.model_dir.display()))?;
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);

@@ -1,6 +1,6 @@
 //! Packing the MoE experts of a Hugging Face checkpoint into an expert store.
 //!
-//! `pack_experts` opens the checkpoint ([`crate::checkpoint`]), recognises
+//! `pack_experts` opens the checkpoint ([`crate::source`]), recognises
 //! its expert tensors ([`layout`]), plans a store with one record per
 //! (layer, expert), and streams the records through a bounded pipeline
 //! ([`write`]): memory stays at `depth` records whatever the checkpoint's
@@ -16,8 +16,8 @@
 //! packed from.
 //!
 //! ```
-//! use flashtier::pack::{PackOptions, pack_experts};
-//! use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+//! use flashtier_engine::pack::{PackOptions, pack_experts};
+//! use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 //! use flashtier_format::{Dtype, RecordKey, Store};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
@@ -57,7 +57,7 @@ pub use layout::{
     ExpertFamily, ExpertLayout, ExpertSource, TENSOR_ALIGN_BYTES, expert_layout, source_name,
 };
 
-use crate::checkpoint::Checkpoint;
+use crate::source::Checkpoint;
 
 /// Options of [`pack_experts`].
 #[derive(Clone, Debug)]

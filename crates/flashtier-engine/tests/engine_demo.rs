@@ -1,8 +1,8 @@
 //! The decode demo end to end on a tiny synthetic model (no timing asserted).
 #![allow(clippy::unwrap_used, reason = "test")]
 
-use flashtier::engine::demo::{DemoOptions, DemoPhase, run_decode_demo};
-use flashtier::synth::{SynthArch, SynthSpec};
+use flashtier_engine::demo::{DemoOptions, DemoPhase, run_decode_demo};
+use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::Dtype;
 
 #[test]
@@ -49,7 +49,7 @@ fn tiny_demo_streams_and_maps_the_same_tokens() {
 /// agree with each other and with the checkpoint source.
 #[test]
 fn tiny_fp8_deepseek_streams_and_maps_the_same_tokens() {
-    use flashtier::engine::Model;
+    use flashtier_engine::Model;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = DemoOptions::new(dir.path());
     opts.spec = SynthSpec::tiny(SynthArch::DeepSeek, Dtype::F8E4M3, 5);

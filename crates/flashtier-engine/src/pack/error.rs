@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::checkpoint::CheckpointError;
+use crate::source::CheckpointError;
 
 /// Why packing (or pairing a store with its checkpoint) failed.
 #[derive(Debug, thiserror::Error)]

@@ -33,7 +33,7 @@ pub enum EngineError {
     },
     /// The checkpoint (config.json, index, safetensors headers) could not be read.
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::source::CheckpointError),
     /// A read outside a tensor, or a tensor too large for this machine.
     #[error("{path}: {reason}")]
     Safetensors {
@@ -115,7 +115,7 @@ pub enum EngineError {
     Attention(String),
     /// The expert pool failed (read, checksum, budget, record lookup).
     #[error(transparent)]
-    Pool(#[from] crate::experts::ExpertsError),
+    Pool(#[from] flashtier::experts::ExpertsError),
     /// A demo step (synthetic checkpoint, packing) failed.
     #[error("demo: {0}")]
     Demo(String),

@@ -19,7 +19,7 @@ use flashtier_io::{
     StoreFile, Ticket,
 };
 
-use super::error::EngineError;
+use crate::error::EngineError;
 
 /// A [`StorageBackend`] that logs each read's `(offset, len)` and passes it on.
 pub struct RecordingBackend {

@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::checkpoint::{Checkpoint, DType};
-use super::config::{Arch, ModelConfig};
-use super::error::EngineError;
-use super::kernels::{MatRef, f8_scale_grid};
+use crate::checkpoint::{Checkpoint, DType};
+use crate::config::{Arch, ModelConfig};
+use crate::error::EngineError;
+use crate::kernels::{MatRef, f8_scale_grid};
 
 /// One expert's three matrices: gate and up `[intermediate, hidden]`, down
 /// `[hidden, intermediate]`, borrowed from wherever the record lives.

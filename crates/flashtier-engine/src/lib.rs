@@ -1,4 +1,4 @@
-//! The decode engine: runs Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 (BF16 or FP8 blocks) checkpoints at batch 1 on
+//! flashtier's decode engine: the consumer of the tiers. It runs Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 (BF16 or FP8 blocks) checkpoints at batch 1 on
 //! the CPU, with the experts streamed from an [`ExpertSource`] under a memory
 //! budget, and output identical to HF transformers (f32 compute from the
 //! checkpoint's bf16/f16/f32 weights).
@@ -28,7 +28,7 @@
 //! exact bytes.
 //!
 //! ```
-//! use flashtier::engine::Model;
+//! use flashtier_engine::Model;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/engine/mixtral");
 //! // Room for the two experts of one step: every other use is a read.
@@ -48,7 +48,10 @@ mod error;
 mod experts;
 pub mod kernels;
 mod model;
+pub mod pack;
 mod pool_source;
+pub mod source;
+pub mod synth;
 mod weights;
 
 pub use attention::{BLOCK_TOKENS, KvCache, KvPrecision, TILE_BLOCKS};

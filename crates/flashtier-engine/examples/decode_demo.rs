@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use flashtier::engine::demo::{DemoOptions, run_decode_demo};
+use flashtier_engine::demo::{DemoOptions, run_decode_demo};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

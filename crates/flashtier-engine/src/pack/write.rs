@@ -21,7 +21,7 @@ use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
 use super::layout::ExpertLayout;
-use crate::checkpoint::Checkpoint;
+use crate::source::Checkpoint;
 
 /// What the pipeline needs to fill one record.
 pub(crate) struct RecordSource<'a> {

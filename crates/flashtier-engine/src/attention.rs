@@ -1,5 +1,5 @@
 //! The KV cache of one sequence, and decode attention over it through the KV
-//! tier's tiled decode attention ([`crate::kv::attention`]).
+//! tier's tiled decode attention ([`flashtier::kv::attention`]).
 //!
 //! Keys and values are kept as BF16 in the KV tier's paged layout
 //! `[block, token, kv_head, dim]`, `BLOCK_TOKENS` tokens a block; the last
@@ -26,8 +26,8 @@
 
 use half::bf16;
 
-use super::error::EngineError;
-use crate::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use crate::error::EngineError;
+use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
 
 /// Tokens per KV block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -76,11 +76,11 @@ impl KvCache {
             KvPrecision::Bf16 => head_dim,
             KvPrecision::Bf16x2 => 2 * head_dim,
         };
-        if width > crate::kv::attention::MAX_HEAD_DIM {
+        if width > flashtier::kv::attention::MAX_HEAD_DIM {
             return Err(EngineError::Attention(format!(
                 "head_dim {head_dim} stored as {precision:?} is {width} wide, over the KV tier's \
                  limit of {}; use KvPrecision::Bf16",
-                crate::kv::attention::MAX_HEAD_DIM
+                flashtier::kv::attention::MAX_HEAD_DIM
             )));
         }
         let dims = AttentionDims::new(1, num_q_heads, num_kv_heads, width, BLOCK_TOKENS);
@@ -237,7 +237,8 @@ impl KvCache {
         q: &[f32],
         out: &mut [f32],
     ) -> Result<(), EngineError> {
-        let err = |e: crate::kv::attention::AttentionError| EngineError::Attention(e.to_string());
+        let err =
+            |e: flashtier::kv::attention::AttentionError| EngineError::Attention(e.to_string());
         let blocks = positions.div_ceil(BLOCK_TOKENS) as u32;
         let last_tokens = positions - (blocks as usize - 1) * BLOCK_TOKENS;
         let strides = KvStrides::paged(&self.dims);

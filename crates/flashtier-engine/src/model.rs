@@ -14,23 +14,23 @@
 //! the expanded keys and values, the narrower of the two zero-padded, and the
 //! query is pre-scaled so the KV tier's `1/sqrt(d)` becomes DeepSeek's
 //! softmax scale) and routes with grouped sigmoids (see
-//! [`super::config::Routing`]); shared experts are added after the routed
+//! [`crate::config::Routing`]); shared experts are added after the routed
 //! ones.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::attention::{KvCache, KvPrecision};
-use super::checkpoint::Checkpoint;
-use super::config::{Mla, ModelConfig, Routing};
-use super::error::EngineError;
-use super::experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView};
-use super::kernels::{
+use crate::attention::{KvCache, KvPrecision};
+use crate::checkpoint::Checkpoint;
+use crate::config::{Mla, ModelConfig, Routing};
+use crate::error::EngineError;
+use crate::experts::{CheckpointExperts, ExpertSource, ExpertStats, ExpertView};
+use crate::kernels::{
     MatRef, apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, rms_norm_heads,
     rope_angles, silu, softmax, top_k,
 };
-use super::weights::{
+use crate::weights::{
     AttnWeights, DenseMlp, GqaWeights, Matrix, MlaWeights, Mlp, ModelWeights, QueryProj,
 };
 
@@ -327,7 +327,7 @@ fn new_cache(cfg: &ModelConfig) -> Result<KvCache, EngineError> {
         .map_or(cfg.max_positions, |w| w.min(cfg.max_positions));
     // The hi/lo pairs double the head; past the KV tier's width limit
     // (DeepSeek-V3's 192-wide heads) keys and values are one BF16 each.
-    let precision = if 2 * cfg.head_dim <= crate::kv::attention::MAX_HEAD_DIM {
+    let precision = if 2 * cfg.head_dim <= flashtier::kv::attention::MAX_HEAD_DIM {
         KvPrecision::Bf16x2
     } else {
         KvPrecision::Bf16

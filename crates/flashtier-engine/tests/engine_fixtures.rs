@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flashtier::engine::{Checkpoint, CheckpointExperts, Model, ModelConfig};
+use flashtier_engine::{Checkpoint, CheckpointExperts, Model, ModelConfig};
 use serde_json::Value;
 
 const NEW_TOKENS: usize = 8;
@@ -152,9 +152,9 @@ fn mixtral_matches_transformers() {
 /// pool, both backings, budgets from all records down to one step's top-k:
 /// the same bits as the checkpoint source.
 fn check_pool(name: &str) {
-    use flashtier::engine::{StreamOptions, open_pool};
     use flashtier::experts::Backing;
-    use flashtier::pack::{PackOptions, pack_experts};
+    use flashtier_engine::pack::{PackOptions, pack_experts};
+    use flashtier_engine::{StreamOptions, open_pool};
 
     let dir = fixture(name);
     let r = reference(&dir);

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashtier::engine::{
+use flashtier::experts::{Backing, ExpertsError};
+use flashtier_engine::pack::{PackOptions, pack_experts};
+use flashtier_engine::{
     Checkpoint, CheckpointExperts, EngineError, ExpertSource, Model, ModelConfig, StreamOptions,
     open_pool_with,
 };
-use flashtier::experts::{Backing, ExpertsError};
-use flashtier::pack::{PackOptions, pack_experts};
 use flashtier_io::sim::{Fault, OpKind};
 use flashtier_io::{FaultPlan, SimBackend};
 use proptest::prelude::*;

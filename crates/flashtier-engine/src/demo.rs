@@ -29,15 +29,15 @@ use flashtier_io::{
     AlignedBuf, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile,
 };
 
-use super::checkpoint::Checkpoint;
-use super::config::ModelConfig;
-use super::demo_replay::{RecordingBackend, replay};
-use super::error::EngineError;
-use super::model::Model;
-use super::pool_source::{StreamOptions, open_pool_with};
-use crate::experts::Backing;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::demo_replay::{RecordingBackend, replay};
+use crate::error::EngineError;
+use crate::model::Model;
 use crate::pack::{PackOptions, pack_experts};
+use crate::pool_source::{StreamOptions, open_pool_with};
 use crate::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier::experts::Backing;
 
 /// What the demo runs.
 #[derive(Clone, Debug)]
@@ -183,7 +183,7 @@ pub fn run_decode_demo(
     let model_dir = opts.work_dir.join("model");
     let store_path = opts.work_dir.join("experts.ftstore");
     prepare(opts, &model_dir, &store_path, progress)?;
-    let store = Store::open(&store_path).map_err(crate::experts::ExpertsError::from)?;
+    let store = Store::open(&store_path).map_err(flashtier::experts::ExpertsError::from)?;
     let stride = store.stride_bytes();
     let records = store.record_count();
     let expert_bytes = store.payload_bytes() * records;
@@ -333,7 +333,7 @@ fn probe_drive(
             i += 1;
             let offset = store
                 .record_offset(r)
-                .map_err(crate::experts::ExpertsError::from)?;
+                .map_err(flashtier::experts::ExpertsError::from)?;
             let landing = Landing::Host(AlignedBuf::zeroed(len));
             batch.push(ReadReq {
                 file: file.clone(),

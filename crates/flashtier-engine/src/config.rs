@@ -27,7 +27,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::error::EngineError;
+use crate::error::EngineError;
 
 /// The model families the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

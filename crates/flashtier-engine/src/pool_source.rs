@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use flashtier_format::Dtype;
 
-use super::checkpoint::DType;
-use super::config::ModelConfig;
-use super::error::EngineError;
-use super::experts::{ExpertSource, ExpertStats, ExpertView, UseExpert};
-use super::kernels::{MatRef, f8_scale_grid};
-use crate::experts::{ExpertPool, ExpertsError, Precision};
+use crate::checkpoint::DType;
+use crate::config::ModelConfig;
+use crate::error::EngineError;
+use crate::experts::{ExpertSource, ExpertStats, ExpertView, UseExpert};
+use crate::kernels::{MatRef, f8_scale_grid};
+use flashtier::experts::{ExpertPool, ExpertsError, Precision};
 
 /// Byte range of one matrix inside a record.
 #[derive(Clone, Copy, Debug)]
@@ -314,7 +314,7 @@ impl ExpertSource for PoolExperts {
 #[derive(Clone, Copy, Debug)]
 pub struct StreamOptions {
     /// Mapped (page cache) or slots (direct reads).
-    pub backing: crate::experts::Backing,
+    pub backing: flashtier::experts::Backing,
     /// Memory budget for resident records, bytes.
     pub budget_bytes: u64,
     /// Reads in flight at most (posix backend threads).
@@ -339,7 +339,7 @@ pub fn open_pool_with(
     opts: StreamOptions,
     backend: std::sync::Arc<dyn flashtier_io::StorageBackend>,
 ) -> Result<PoolExperts, EngineError> {
-    use crate::experts::{Backing, PoolConfig, StoreSet};
+    use flashtier::experts::{Backing, PoolConfig, StoreSet};
     let stores = StoreSet::open(store, opts.backing == Backing::Mapped)?;
     let config = PoolConfig {
         backing: opts.backing,

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use flashtier::checkpoint::Checkpoint;
-use flashtier::pack::{PackError, PackOptions, check_pairing, pack_experts, source_name};
-use flashtier::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier_engine::pack::{PackError, PackOptions, check_pairing, pack_experts, source_name};
+use flashtier_engine::source::Checkpoint;
+use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::{Dtype, RecordKey, Store};
 use safetensors::SafeTensors;
 

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use super::checkpoint::DType;
+use crate::checkpoint::DType;
 
 /// Rows per rayon task: small enough to spread a 64-row matrix over two
 /// cores, large enough that task overhead stays under the arithmetic.
@@ -170,7 +170,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// Dot product of unscaled FP8 E4M3 codes with `x`.
 fn dot_f8(codes: &[u8], x: &[f32]) -> f32 {
-    let table = &crate::rows::fp8::E4M3_TO_F32;
+    let table = &flashtier::rows::fp8::E4M3_TO_F32;
     let mut acc = [0f32; LANES];
     let mut cc = codes.chunks_exact(LANES);
     let mut cx = x.chunks_exact(LANES);
@@ -267,7 +267,7 @@ pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
 /// cos and sin for one position: `angle = position * inv_freq[i]` in f32,
 /// as transformers computes it, times `factor` (YaRN's attention factor; 1
 /// for plain RoPE). `inv_freq` comes from
-/// [`super::ModelConfig::rope_inv_freq`].
+/// [`crate::ModelConfig::rope_inv_freq`].
 pub fn rope_angles(position: usize, inv_freq: &[f32], factor: f32) -> (Vec<f32>, Vec<f32>) {
     inv_freq
         .iter()
@@ -429,7 +429,7 @@ mod tests {
             .enumerate()
             .map(|(k, &c)| {
                 let (r, col) = (k / cols, k % cols);
-                crate::rows::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
+                flashtier::rows::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
             })
             .collect();
         let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.41).cos()).collect();

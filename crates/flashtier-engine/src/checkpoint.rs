@@ -1,4 +1,4 @@
-//! The engine's view of a checkpoint: [`crate::checkpoint`] parses and
+//! The engine's view of a checkpoint: [`crate::source`] parses and
 //! validates `config.json`, the index and every safetensors header (offsets
 //! inside the file, byte length = element count x dtype width); this layer
 //! adds what the forward pass needs: dtype and shape checks against the
@@ -13,8 +13,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::error::EngineError;
-use crate::checkpoint::{Checkpoint as Source, TensorInfo};
+use crate::error::EngineError;
+use crate::source::{Checkpoint as Source, TensorInfo};
 
 /// Element types the engine computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum DType {
     /// IEEE single.
     F32,
     /// 8-bit float E4M3 (e4m3fn): with a block scale tensor, DeepSeek-V3's
-    /// FP8 matrices (see [`super::kernels::MatRef::F8Block`]).
+    /// FP8 matrices (see [`crate::kernels::MatRef::F8Block`]).
     F8E4M3,
 }
 
@@ -164,7 +164,7 @@ impl Checkpoint {
 
     /// Tensor `name`, checked against `want`, converted to f32.
     /// FP8 tensors need their block scales and are refused here
-    /// ([`super::ModelWeights`] dequantizes them).
+    /// ([`crate::ModelWeights`] dequantizes them).
     pub fn load_f32(&self, name: &str, want: &[usize]) -> Result<Vec<f32>, EngineError> {
         let dtype = self.expect_shape(name, want)?;
         if dtype == DType::F8E4M3 {
@@ -189,7 +189,7 @@ pub fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
     match dtype {
         DType::F8E4M3 => bytes
             .iter()
-            .map(|&c| crate::rows::fp8::e4m3_to_f32(c))
+            .map(|&c| flashtier::rows::fp8::e4m3_to_f32(c))
             .collect(),
         DType::Bf16 => bytes
             .chunks_exact(2)

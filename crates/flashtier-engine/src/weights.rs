@@ -2,12 +2,12 @@
 //! MLPs, LM head), shape-checked against the config. Matrices stay in their
 //! stored form ([`Matrix`]); norms and biases are widened to f32.
 //! Expert matrices are not loaded here: they come from an
-//! [`super::ExpertSource`] one step at a time.
+//! [`crate::ExpertSource`] one step at a time.
 
-use super::checkpoint::{Checkpoint, DType, to_f32};
-use super::config::{Mla, ModelConfig, Routing};
-use super::error::EngineError;
-use super::kernels::{MatRef, block_scale, f8_scale_grid};
+use crate::checkpoint::{Checkpoint, DType, to_f32};
+use crate::config::{Mla, ModelConfig, Routing};
+use crate::error::EngineError;
+use crate::kernels::{MatRef, block_scale, f8_scale_grid};
 
 /// A weight matrix as the checkpoint stores it: BF16/F16/F32 bytes, or FP8
 /// E4M3 codes with their F32 block scales. Kept in that form (not widened
@@ -98,7 +98,7 @@ impl Matrix {
                     row.iter()
                         .enumerate()
                         .map(|(j, &code)| {
-                            crate::rows::fp8::e4m3_to_f32(code)
+                            flashtier::rows::fp8::e4m3_to_f32(code)
                                 * block_scale(scales, r / br, j / bc, per_row)
                         })
                         .collect(),

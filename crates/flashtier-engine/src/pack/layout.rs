@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::error::PackError;
-use crate::checkpoint::{Checkpoint, TensorInfo};
+use crate::source::{Checkpoint, TensorInfo};
 
 /// Alignment of each tensor inside a record.
 pub const TENSOR_ALIGN_BYTES: u64 = 4096;

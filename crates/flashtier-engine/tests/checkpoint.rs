@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use flashtier::checkpoint::{Checkpoint, CheckpointError};
+use flashtier_engine::source::{Checkpoint, CheckpointError};
 
 fn write_st(dir: &Path, name: &str, header: &str, data_len: usize) {
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flashtier::engine::{Checkpoint, CheckpointExperts, EngineError, Model, ModelConfig};
+use flashtier_engine::{Checkpoint, CheckpointExperts, EngineError, Model, ModelConfig};
 use safetensors::tensor::{Dtype, TensorView};
 
 fn fixture(name: &str) -> PathBuf {
