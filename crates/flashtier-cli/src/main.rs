@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod kit;
 
 /// flashtier: run language models bigger than memory by streaming their bulky
 /// inference state (MoE experts, embedding rows, KV blocks) from NVMe.

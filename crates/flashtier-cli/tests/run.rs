@@ -11,7 +11,7 @@ use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../flashtier/tests/fixtures/engine")
+        .join("../flashtier-engine/tests/fixtures/engine")
         .join(name)
 }
 
@@ -20,10 +20,14 @@ fn reference(name: &str) -> Value {
         .unwrap()
 }
 
+/// `flashtier run ARGS` with a store cache of its own (runs without
+/// `--store` pack the fixture there).
 fn run(args: &[&str]) -> std::process::Output {
+    let cache = tempfile::tempdir().unwrap();
     Command::new(env!("CARGO_BIN_EXE_flashtier"))
         .arg("run")
         .args(args)
+        .env("FLASHTIER_CACHE", cache.path())
         .output()
         .unwrap()
 }
@@ -41,7 +45,7 @@ fn prompt_text_json_and_logits_match_the_reference() {
         "--max-new",
         "8",
         "--budget",
-        "20K",
+        "64K",
         "--json",
         "--logits-out",
         logits.to_str().unwrap(),

@@ -32,10 +32,12 @@ use flashtier_io::{
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::demo_replay::{RecordingBackend, replay};
+use crate::device::cpu::CpuDevice;
+use crate::device::cpu::experts::PoolExperts;
 use crate::error::EngineError;
+use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
 use crate::pack::{PackOptions, pack_experts};
-use crate::pool_source::{StreamOptions, open_pool_with};
 use crate::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier::experts::Backing;
 
@@ -288,8 +290,7 @@ fn prepare(
                 done,
                 total,
             });
-        })
-        .map_err(|e| EngineError::Demo(e.to_string()))?;
+        })?;
     }
     if !store_path.exists() {
         let expert_total =
@@ -302,8 +303,7 @@ fn prepare(
                 done: d,
                 total: expert_total,
             });
-        })
-        .map_err(|e| EngineError::Demo(e.to_string()))?;
+        })?;
     }
     Ok(())
 }
@@ -319,8 +319,13 @@ fn probe_drive(
 ) -> Result<f64, EngineError> {
     let file = StoreFile::open_read(path, DirectMode::Prefer)?;
     let backend = PosixBackend::new(opts.queue_depth.max(1))?;
-    let len = usize::try_from(store.stride_bytes())
-        .map_err(|_| EngineError::Demo("stride overflow".into()))?;
+    let len = usize::try_from(store.stride_bytes()).map_err(|_| EngineError::Layout {
+        what: format!("expert store {}", path.display()),
+        reason: format!(
+            "stride {} overflows this machine's addresses",
+            store.stride_bytes()
+        ),
+    })?;
     let records = store.record_count().max(1);
     let total = (opts.probe_records * len) as u64;
     let started = Instant::now();
@@ -371,8 +376,8 @@ impl DecodeSetup<'_> {
         progress: &(dyn Fn(DemoProgress) + Sync),
     ) -> Result<DecodeRun, EngineError> {
         let (cfg, ckpt, store, prompt) = (self.cfg, self.ckpt, self.store, self.prompt);
-        let experts = open_pool_with(store, cfg, stream, backend)?;
-        let mut model = Model::with_experts(cfg, ckpt, Box::new(experts))?;
+        let (pool, layout) = open_pool(store, cfg, stream, backend)?;
+        let mut model = Model::new(CpuDevice, cfg, ckpt, PoolExperts::new(pool, layout))?;
         let phase = if stream.backing == Backing::Mapped {
             DemoPhase::Mapped
         } else {

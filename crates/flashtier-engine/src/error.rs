@@ -1,14 +1,22 @@
-//! The engine's error type: every variant names the file, field, tensor or
-//! id at fault, so a model the engine cannot run says exactly why.
+//! The engine's error type: every variant names the file, field, tensor,
+//! record or id at fault, so a model the engine cannot run says exactly why.
 
 use std::path::PathBuf;
+
+use flashtier::experts::Precision;
+
+/// `[a, b, c]` for a shape in an error message.
+fn dims(shape: &[u64]) -> String {
+    let parts: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
 
 /// Why a model could not be loaded or a decode step could not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
     /// A file could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {source}", path = path.display())]
     Io {
         /// File at fault.
         path: PathBuf,
@@ -16,7 +24,7 @@ pub enum EngineError {
         source: std::io::Error,
     },
     /// `config.json` is not valid JSON.
-    #[error("{path}: not valid JSON: {source}")]
+    #[error("{path}: not valid JSON: {source}", path = path.display())]
     Json {
         /// File at fault.
         path: PathBuf,
@@ -35,12 +43,16 @@ pub enum EngineError {
     #[error(transparent)]
     Checkpoint(#[from] crate::source::CheckpointError),
     /// A read outside a tensor, or a tensor too large for this machine.
-    #[error("{path}: {reason}")]
-    Safetensors {
-        /// File at fault.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
+    #[error("tensor `{name}`: bytes {start}+{len} are outside its {tensor_bytes} bytes")]
+    TensorRange {
+        /// Tensor name.
+        name: String,
+        /// First byte asked for, from the tensor's start.
+        start: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The tensor's length.
+        tensor_bytes: u64,
     },
     /// A tensor the model needs is in no checkpoint file.
     #[error("tensor `{name}` is missing from the checkpoint")]
@@ -49,22 +61,57 @@ pub enum EngineError {
         name: String,
     },
     /// A tensor has the wrong shape for the config.
-    #[error("tensor `{name}` has shape {got:?}, the config implies {want:?}")]
+    #[error("tensor `{name}` has shape {got}, the config implies {want}", got = dims(got), want = dims(want))]
     TensorShape {
         /// Tensor name.
         name: String,
         /// Shape in the file.
-        got: Vec<usize>,
+        got: Vec<u64>,
         /// Shape the config implies.
-        want: Vec<usize>,
+        want: Vec<u64>,
     },
     /// A tensor has a dtype the engine does not compute with.
-    #[error("tensor `{name}` has dtype {dtype}; the engine supports BF16, F16 and F32")]
+    #[error(
+        "tensor `{name}` has dtype {dtype}; the engine computes with BF16, F16, F32 and F8_E4M3 blocks"
+    )]
     TensorDtype {
         /// Tensor name.
         name: String,
         /// The dtype string from the safetensors header.
         dtype: String,
+    },
+    /// A matrix or record whose bytes do not fit its shape.
+    #[error("{what}: {reason}")]
+    Layout {
+        /// What was being built.
+        what: String,
+        /// Why it does not fit.
+        reason: String,
+    },
+    /// An expert store whose record layout does not match the model.
+    #[error("expert store {store}: {reason}", store = store.display())]
+    ExpertLayout {
+        /// The store file.
+        store: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// A low-bit copy reached the exact-record kernels.
+    #[error("record {record} is a {precision:?} copy; the engine computes with exact records only")]
+    LowBitRecord {
+        /// Record index.
+        record: usize,
+        /// The copy it holds.
+        precision: Precision,
+    },
+    /// A device operation got operands of the wrong shape (a bug in the
+    /// caller: shapes are checked when the weights load).
+    #[error("{op}: operands do not fit: {what}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// The shapes involved.
+        what: String,
     },
     /// A token id is outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
@@ -82,46 +129,32 @@ pub enum EngineError {
         /// The limit.
         max: usize,
     },
-    /// An expert id or layer is outside the model.
-    #[error("expert ({layer}, {expert}) is outside the model ({layers} layers, {experts} experts)")]
+    /// An expert id or layer no store record can have.
+    #[error("expert ({layer}, {expert}) is outside any store")]
     ExpertOutOfRange {
         /// Layer asked for.
         layer: usize,
         /// Expert asked for.
         expert: usize,
-        /// Layers in the model.
-        layers: usize,
-        /// Experts per layer.
-        experts: usize,
     },
-    /// The expert budget cannot hold the experts one layer of one token needs.
-    #[error(
-        "expert budget of {budget_bytes} bytes cannot hold the {need_bytes} bytes one token's \
-         top-{top_k} experts of one layer need"
-    )]
-    BudgetTooSmall {
-        /// The budget.
-        budget_bytes: u64,
-        /// Bytes one step needs.
-        need_bytes: u64,
-        /// Experts per token.
-        top_k: usize,
-    },
-    /// The expert source (store, pool) failed.
-    #[error("expert source: {0}")]
-    Experts(String),
     /// The attention tier failed.
     #[error("attention: {0}")]
     Attention(String),
     /// The expert pool failed (read, checksum, budget, record lookup).
     #[error(transparent)]
     Pool(#[from] flashtier::experts::ExpertsError),
-    /// A demo step (synthetic checkpoint, packing) failed.
-    #[error("demo: {0}")]
-    Demo(String),
-    /// Reading expert bytes failed.
+    /// Packing the experts (for the store cache or the demo) failed.
+    #[error(transparent)]
+    Pack(#[from] crate::pack::PackError),
+    /// Writing a synthetic checkpoint failed.
+    #[error(transparent)]
+    Synth(#[from] crate::synth::SynthError),
+    /// Reading bytes failed.
     #[error(transparent)]
     StoreIo(#[from] flashtier_io::IoError),
+    /// An expert store file is not usable.
+    #[error(transparent)]
+    Format(#[from] flashtier_format::FormatError),
 }
 
 impl EngineError {

@@ -49,7 +49,6 @@ fn tiny_demo_streams_and_maps_the_same_tokens() {
 /// agree with each other and with the checkpoint source.
 #[test]
 fn tiny_fp8_deepseek_streams_and_maps_the_same_tokens() {
-    use flashtier_engine::Model;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = DemoOptions::new(dir.path());
     opts.spec = SynthSpec::tiny(SynthArch::DeepSeek, Dtype::F8E4M3, 5);
@@ -60,10 +59,12 @@ fn tiny_fp8_deepseek_streams_and_maps_the_same_tokens() {
     let report = run_decode_demo(&opts, &|_| {}).unwrap();
     assert!(report.same_tokens);
     assert_eq!(report.streamed.generated_ids.len(), 5);
-    // The checkpoint source (dense FP8 weights dequantized, experts read
-    // with their block scales) decodes the same tokens as the store.
+    // A fresh load of the demo's store (dense FP8 weights from the
+    // checkpoint, experts with their block scales) decodes the same tokens.
     let model_dir = dir.path().join("model");
-    let mut m = Model::load(&model_dir, None).unwrap();
+    let store = dir.path().join("experts.ftstore");
+    let load = flashtier_engine::load::LoadOptions::store(&store);
+    let mut m = flashtier_engine::load::load_cpu(&model_dir, &load).unwrap();
     // The demo's prompt (see `run_decode_demo`).
     let vocab = m.config().vocab_size as u32;
     let prompt: Vec<u32> = (0..opts.prompt_len as u32)

@@ -5,16 +5,21 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod common;
 
-use flashtier_engine::{Checkpoint, CheckpointExperts, EngineError, Model, ModelConfig};
+use flashtier::experts::ExpertsError;
+use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::device::cpu::CpuDevice;
+use flashtier_engine::load::{LoadOptions, cpu_experts};
+use flashtier_engine::{EngineError, Model, ModelConfig};
 use safetensors::tensor::{Dtype, TensorView};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/engine")
-        .join(name)
+use common::fixture;
+
+/// Load `dir` with a throwaway store cache.
+fn load(dir: &std::path::Path) -> Result<Model<CpuDevice>, EngineError> {
+    let cache = tempfile::tempdir().unwrap();
+    common::load(dir, cache.path())
 }
 
 /// A copy of the mixtral fixture whose tensors `edit` may change or drop.
@@ -46,7 +51,7 @@ fn edited_mixtral(
 #[test]
 fn missing_tensor_is_named() {
     let dir = edited_mixtral(|n, _, _, _| n != "model.layers.1.self_attn.k_proj.weight");
-    match Model::load(dir.path(), None).unwrap_err() {
+    match load(dir.path()).unwrap_err() {
         EngineError::MissingTensor { name } => {
             assert_eq!(name, "model.layers.1.self_attn.k_proj.weight")
         }
@@ -54,8 +59,15 @@ fn missing_tensor_is_named() {
     }
     let dir =
         edited_mixtral(|n, _, _, _| n != "model.layers.2.block_sparse_moe.experts.5.w2.weight");
-    match Model::load(dir.path(), None).unwrap_err() {
-        EngineError::MissingTensor { name } => assert!(name.ends_with("experts.5.w2.weight")),
+    // A missing expert tensor stops the packing of the store cache, naming it.
+    match load(dir.path()).unwrap_err() {
+        EngineError::Pack(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("block_sparse_moe.experts.5.w2.weight"),
+                "{text}"
+            );
+        }
         other => panic!("{other}"),
     }
 }
@@ -68,11 +80,11 @@ fn wrong_shape_and_dtype_are_named() {
         }
         true
     });
-    match Model::load(dir.path(), None).unwrap_err() {
+    match load(dir.path()).unwrap_err() {
         EngineError::TensorShape { name, got, want } => {
             assert_eq!(
                 (name.as_str(), got, want),
-                ("model.norm.weight", vec![32, 2], vec![64])
+                ("model.norm.weight", vec![32u64, 2], vec![64u64])
             );
         }
         other => panic!("{other}"),
@@ -85,7 +97,7 @@ fn wrong_shape_and_dtype_are_named() {
         }
         true
     });
-    match Model::load(dir.path(), None).unwrap_err() {
+    match load(dir.path()).unwrap_err() {
         EngineError::TensorDtype { name, dtype } => {
             assert_eq!(
                 (name.as_str(), dtype.as_str()),
@@ -105,7 +117,7 @@ fn truncated_or_garbled_files_are_errors() {
     let path = dir.path().join("model.safetensors");
     for cut in [4, 100, bytes.len() - 1] {
         std::fs::write(&path, &bytes[..cut]).unwrap();
-        let err = Model::load(dir.path(), None).unwrap_err();
+        let err = load(dir.path()).unwrap_err();
         assert!(
             matches!(err, EngineError::Checkpoint(_)),
             "cut {cut}: {err}"
@@ -115,10 +127,10 @@ fn truncated_or_garbled_files_are_errors() {
     let mut garbled = bytes.clone();
     garbled[8] = b'[';
     std::fs::write(&path, &garbled).unwrap();
-    let err = Model::load(dir.path(), None).unwrap_err();
+    let err = load(dir.path()).unwrap_err();
     assert!(matches!(err, EngineError::Checkpoint(_)), "{err}");
     std::fs::remove_file(&path).unwrap();
-    let err = Model::load(dir.path(), None).unwrap_err();
+    let err = load(dir.path()).unwrap_err();
     assert!(matches!(err, EngineError::Checkpoint(_)), "{err}");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
@@ -126,33 +138,39 @@ fn truncated_or_garbled_files_are_errors() {
 #[test]
 fn bad_requests_are_typed_errors() {
     let dir = fixture("mixtral");
-    let mut model = Model::load(&dir, None).unwrap();
-    match model.forward(320).unwrap_err() {
+    let mut model = load(&dir).unwrap();
+    match model.forward(&[320], false).unwrap_err() {
         EngineError::TokenOutOfRange { id, vocab } => assert_eq!((id, vocab), (320, 320)),
         other => panic!("{other}"),
     }
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    let ckpt = Arc::new(Checkpoint::open(&dir).unwrap());
-    let record = (cfg.expert_weight_count() * 2) as u64;
-    let experts = CheckpointExperts::new(ckpt.clone(), &cfg, 2 * record - 1).unwrap();
-    let mut m = Model::with_experts(&cfg, &ckpt, Box::new(experts)).unwrap();
-    match m.forward(5).unwrap_err() {
-        EngineError::BudgetTooSmall {
-            need_bytes, top_k, ..
-        } => assert_eq!((need_bytes, top_k), (2 * record, 2)),
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let report = common::pack(&dir, tmp.path());
+    // One record fits, a step needs two: the pool says so.
+    let opts = LoadOptions::store(&report.out).budget(2 * report.stride_bytes - 1);
+    let experts = cpu_experts(&cfg, &ckpt, &report.out, &opts).unwrap();
+    let mut m = Model::new(CpuDevice, &cfg, &ckpt, experts).unwrap();
+    match m.forward(&[5], false).unwrap_err() {
+        EngineError::Pool(ExpertsError::PoolTooSmall { capacity, needed }) => {
+            assert_eq!((capacity, needed), (1, 2))
+        }
         other => panic!("{other}"),
     }
+    // The context limit is checked for the whole request, up front.
     let mut small = cfg.clone();
     small.max_positions = 3;
-    let mut m = Model::with_experts(
-        &small,
-        &ckpt,
-        Box::new(CheckpointExperts::new(ckpt.clone(), &small, u64::MAX).unwrap()),
-    )
-    .unwrap();
+    let experts =
+        cpu_experts(&small, &ckpt, &report.out, &LoadOptions::store(&report.out)).unwrap();
+    let mut m = Model::new(CpuDevice, &small, &ckpt, experts).unwrap();
+    let before = m.expert_stats();
     let err = m.generate(&[1, 2, 3], 4, &[], false, |_| {}).unwrap_err();
     assert!(
-        matches!(err, EngineError::ContextFull { len: 4, max: 3 }),
+        matches!(err, EngineError::ContextFull { len: 6, max: 3 }),
         "{err}"
     );
+    assert_eq!(m.expert_stats(), before, "nothing ran before the refusal");
+    // Exactly at the limit it runs: 3 prompt tokens, 1 new token.
+    let ok = m.generate(&[1, 2, 3], 1, &[], false, |_| {}).unwrap();
+    assert_eq!(ok.generated_ids.len(), 1);
 }

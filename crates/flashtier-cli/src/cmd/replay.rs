@@ -11,7 +11,6 @@ use flashtier::experts::trace::RoutingTrace;
 use flashtier::experts::tracegen::TraceFamily;
 use flashtier::experts::{Backing, PolicyKind, StoreSet};
 use flashtier_io::{BackendKind, open_backend};
-use indicatif::{ProgressBar, ProgressStyle};
 
 /// Options of `flashtier replay`.
 #[derive(clap::Args, Debug)]
@@ -107,15 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         prefetch: args.prefetch,
         cold_start: !args.warm,
     };
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(trace.steps.len() as u64)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("replay {bar:40} {pos}/{len} tokens {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = crate::kit::count_bar(trace.steps.len() as u64, "replay", !args.json);
     let report = replay(stores, backend, &trace, &config, &mut |done, _| {
         bar.set_position(done as u64)
     })?;

@@ -1,14 +1,19 @@
-//! `flashtier run`: greedy decoding of a Qwen3-MoE or Mixtral checkpoint with
-//! the experts streamed under a memory budget.
+//! `flashtier run`: greedy decoding of a checkpoint with the experts
+//! streamed from a packed store under a memory budget.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use flashtier::experts::Backing;
-use flashtier_engine::pack::{PackOptions, check_pairing};
-use flashtier_engine::{Checkpoint, Generation, Model, ModelConfig, StreamOptions, open_pool};
-use flashtier_format::Store;
+use flashtier::experts::{Backing, ExpertsError};
+use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::device::cpu::CpuDevice;
+use flashtier_engine::load::{ExpertStore, LoadOptions, cpu_experts, resolve_store};
+use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_engine::store_cache::StoreCache;
+use flashtier_engine::{EngineError, Generation, Model, ModelConfig};
+
+use crate::kit::{self, parse_bytes};
 
 /// Options of `flashtier run`.
 #[derive(clap::Args, Debug)]
@@ -18,17 +23,23 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// Expert store packed from the model; packed there first when the file
-    /// does not exist. Without it, experts are read from the safetensors.
+    /// does not exist. Without it, the experts are packed once into the
+    /// store cache (--cache) and reused by later runs.
     #[arg(long, value_name = "FILE")]
     pub store: Option<PathBuf>,
-    /// Memory budget for experts in bytes (suffixes K, M, G: binary); default: all experts.
+    /// Store cache folder for runs without --store [default: $FLASHTIER_CACHE,
+    /// else $XDG_CACHE_HOME/flashtier, else ~/.cache/flashtier].
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// Memory budget for resident experts (K, M, G, T: powers of 1024);
+    /// default: all experts.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
-    /// Pool backing with --store: `slots` (direct reads into a slot arena) or
-    /// `mapped` (the store memory-mapped, page cache as a second tier).
+    /// Pool backing: `slots` (direct reads into a slot arena) or `mapped`
+    /// (the store memory-mapped, the page cache as a second tier).
     #[arg(long, value_name = "KIND", default_value = "slots")]
     pub backing: Backing,
-    /// Expert reads in flight at most, with --store.
+    /// Expert reads in flight at most.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub queue_depth: usize,
     /// Prompt as comma-separated token ids.
@@ -70,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut model = load_model(&args)?;
+    let (mut model, store) = load_model(&args)?;
     let stop: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
@@ -95,49 +106,99 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let _ = stdout.flush();
             }
         },
-    )?;
+    );
+    let out = out.map_err(|e| explain_pool(e, model.config()))?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &out)?;
     }
-    report(&args, &out)
+    report(&args, &out, &store)
 }
 
-/// The model with experts from the checkpoint, or from `--store` (packed
-/// first when missing, and checked to come from this checkpoint).
-fn load_model(args: &Args) -> anyhow::Result<Model> {
-    let Some(store) = &args.store else {
-        return Model::load(&args.model, args.budget)
-            .with_context(|| format!("loading {}", args.model.display()));
+/// The model with experts from `--store` (packed first when missing) or
+/// from the store cache, paired with this checkpoint.
+fn load_model(args: &Args) -> anyhow::Result<(Model<CpuDevice>, PathBuf)> {
+    let store = match (&args.store, &args.cache) {
+        (Some(path), _) => ExpertStore::File(path.clone()),
+        (None, Some(dir)) => ExpertStore::Cache(StoreCache::at(dir)),
+        (None, None) => ExpertStore::Cache(StoreCache::default_location().ok_or_else(|| {
+            anyhow::anyhow!(
+                "no store cache: set FLASHTIER_CACHE or HOME, or give --store or --cache"
+            )
+        })?),
     };
-    if !store.exists() {
-        let opts = PackOptions::new(&args.model, store);
-        let report = super::pack::experts::pack_with_progress(&opts, !args.json)?;
-        if !args.json {
-            eprintln!("{}", super::pack::experts::report_line(&report));
+    let opts = LoadOptions {
+        store,
+        budget_bytes: args.budget,
+        backing: args.backing,
+        queue_depth: args.queue_depth,
+        backend: None,
+    };
+    let show = !args.json;
+    let path = match (&opts.store, &args.store) {
+        (ExpertStore::File(path), _) if !path.exists() => {
+            let report = pack_store(&args.model, path, show)?;
+            report.out
         }
-    }
-    let opened = Store::open(store).with_context(|| format!("opening {}", store.display()))?;
+        _ => {
+            let bar = kit::bytes_bar(0, "packing", show);
+            let path = resolve_store(&args.model, &opts, &|done, total| {
+                if bar.length() != Some(total) {
+                    bar.set_length(total);
+                    bar.println(format!(
+                        "packing the experts of {} once into {}",
+                        args.model.display(),
+                        describe_cache(&opts)
+                    ));
+                }
+                bar.set_position(done);
+            })
+            .with_context(|| format!("packing the experts of {}", args.model.display()))?;
+            bar.finish_and_clear();
+            path
+        }
+    };
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
     let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
-    check_pairing(&opened, ckpt.source())?;
-    let budget = args
-        .budget
-        .unwrap_or(opened.stride_bytes() * opened.record_count());
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    let opts = StreamOptions {
-        backing: args.backing,
-        budget_bytes: budget,
-        queue_depth: args.queue_depth,
-    };
-    let stride = opened.stride_bytes();
-    let experts = open_pool(store, &cfg, opts).with_context(|| {
-        format!(
-            "--budget {budget} bytes holds {} records of {stride} bytes; a step needs {} (top-k)",
-            budget / stride.max(1),
-            cfg.top_k
-        )
-    })?;
-    Ok(Model::with_experts(&cfg, &ckpt, Box::new(experts))?)
+    let experts = cpu_experts(&cfg, &ckpt, &path, &opts)
+        .with_context(|| format!("opening the expert store {}", path.display()))?;
+    let model = Model::new(CpuDevice, &cfg, &ckpt, experts)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    Ok((model, path))
+}
+
+/// Pack `model`'s experts into `out` with a progress bar.
+fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport> {
+    let ckpt = flashtier_engine::source::Checkpoint::open(model)
+        .with_context(|| format!("opening {}", model.display()))?;
+    let (_, manifest) = plan_experts(&ckpt)?;
+    drop(ckpt);
+    let bar = kit::bytes_bar(planned_bytes(&manifest), "packing", show);
+    let report = pack_experts(&PackOptions::new(model, out), &|n| bar.inc(n))
+        .with_context(|| format!("packing {} into {}", model.display(), out.display()))?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+fn describe_cache(opts: &LoadOptions) -> String {
+    match &opts.store {
+        ExpertStore::Cache(c) => format!("the store cache {}", c.dir().display()),
+        ExpertStore::File(p) => p.display().to_string(),
+    }
+}
+
+/// A pool that cannot hold one step's experts says how big the budget must
+/// be; every other failure is reported as it is.
+fn explain_pool(e: EngineError, cfg: &ModelConfig) -> anyhow::Error {
+    match e {
+        EngineError::Pool(ExpertsError::PoolTooSmall { .. }) => {
+            anyhow::Error::new(e).context(format!(
+                "--budget must hold at least one token's {} experts of a layer",
+                cfg.top_k
+            ))
+        }
+        other => anyhow::Error::new(other),
+    }
 }
 
 fn load_tokenizer(model: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
@@ -158,7 +219,7 @@ fn write_logits(path: &Path, out: &Generation) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn report(args: &Args, out: &Generation) -> anyhow::Result<()> {
+fn report(args: &Args, out: &Generation, store: &Path) -> anyhow::Result<()> {
     let e = &out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
     let bytes_per_token = e.bytes_read as f64 / steps;
@@ -180,7 +241,8 @@ fn report(args: &Args, out: &Generation) -> anyhow::Result<()> {
             "budget_bytes": args.budget,
             "expert_bytes_read_total": out.total_experts.bytes_read,
             "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
-            "expert_source": if args.store.is_some() { "store" } else { "checkpoint" },
+            "expert_store": store,
+            "device": "cpu",
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
@@ -195,35 +257,4 @@ fn report(args: &Args, out: &Generation) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// `123`, `64K`, `512M`, `2G` (binary multiples) to bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, shift) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a byte count"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("`{s}` overflows"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn byte_counts_parse() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
-        assert_eq!(parse_bytes("3m"), Ok(3 << 20));
-        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
-        assert!(parse_bytes("x").is_err());
-        assert!(parse_bytes("99999999999G").is_err());
-    }
 }

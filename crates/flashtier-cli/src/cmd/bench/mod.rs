@@ -37,14 +37,5 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     }
 }
 
-/// The median of `values` (the mean of the middle two for an even count; 0
-/// when empty). Every bench reports medians of interleaved repetitions.
-pub fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
+/// Every bench reports medians of interleaved repetitions.
+pub use crate::kit::median;

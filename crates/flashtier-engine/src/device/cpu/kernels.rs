@@ -1,4 +1,4 @@
-//! f32 kernels of the forward pass: matrix-vector products (rayon over rows,
+//! The CPU device's f32 kernels: matrix-vector products (rayon over rows,
 //! eight independent accumulators per row so the loop vectorises), RMSNorm,
 //! RoPE in transformers' `rotate_half` convention, SiLU and softmax.
 //!
@@ -8,7 +8,9 @@
 
 use rayon::prelude::*;
 
-use crate::checkpoint::DType;
+use flashtier_format::Dtype;
+
+use crate::matrix::{MatRef, block_scale};
 
 /// Rows per rayon task: small enough to spread a 64-row matrix over two
 /// cores, large enough that task overhead stays under the arithmetic.
@@ -16,101 +18,6 @@ const ROWS_PER_TASK: usize = 16;
 
 /// Lanes of the unrolled dot product.
 const LANES: usize = 8;
-
-/// A row-major weight matrix, borrowed, in its stored element type.
-#[derive(Clone, Copy, Debug)]
-pub enum MatRef<'a> {
-    /// f32 elements.
-    F32(&'a [f32]),
-    /// Little-endian bf16 or f16 (or f32) bytes straight from a checkpoint or store record.
-    Raw(&'a [u8], DType),
-    /// FP8 E4M3 codes with a float32 scale per `block[0] x block[1]` block
-    /// (DeepSeek-V3's `weight_scale_inv`, row-major over the blocks, raw
-    /// little-endian bytes): element `(r, c)` is
-    /// `e4m3(codes[r][c]) * scale[r / block[0]][c / block[1]]`. Built only
-    /// through [`MatRef::f8_block`], which checks the scales' length.
-    F8Block {
-        /// One code per element, row-major.
-        codes: &'a [u8],
-        /// `ceil(rows / block[0]) x ceil(cols / block[1])` f32, little-endian.
-        scales: &'a [u8],
-        /// Block rows and columns.
-        block: [usize; 2],
-        /// Columns of the matrix.
-        cols: usize,
-    },
-}
-
-/// Rows and columns of the scale grid of a `rows x cols` FP8 matrix in
-/// `block` blocks (partial blocks at the edges count whole).
-pub fn f8_scale_grid(rows: usize, cols: usize, [br, bc]: [usize; 2]) -> [usize; 2] {
-    [rows.div_ceil(br), cols.div_ceil(bc)]
-}
-
-/// The scale of block (`row_block`, `col_block`) in a little-endian f32
-/// grid `per_row` blocks wide; NaN past its end (sizes are checked when a
-/// matrix is built, so this is never reached with valid parts).
-pub(super) fn block_scale(
-    scales: &[u8],
-    row_block: usize,
-    col_block: usize,
-    per_row: usize,
-) -> f32 {
-    let at = (row_block * per_row + col_block) * 4;
-    scales
-        .get(at..at + 4)
-        .map_or(f32::NAN, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-impl<'a> MatRef<'a> {
-    /// A block-scaled FP8 matrix of `rows x cols`, or why the parts do not
-    /// fit together.
-    pub fn f8_block(
-        codes: &'a [u8],
-        scales: &'a [u8],
-        rows: usize,
-        cols: usize,
-        block: [usize; 2],
-    ) -> Result<Self, String> {
-        let [br, bc] = block;
-        if br == 0 || bc == 0 {
-            return Err(format!("FP8 block {br}x{bc}"));
-        }
-        let [sr, sc] = f8_scale_grid(rows, cols, block);
-        let want = sr * sc * 4;
-        if codes.len() != rows * cols || scales.len() != want {
-            return Err(format!(
-                "FP8 {rows}x{cols} matrix in {br}x{bc} blocks needs {} code bytes and {want} \
-                 scale bytes, got {} and {}",
-                rows * cols,
-                codes.len(),
-                scales.len()
-            ));
-        }
-        Ok(MatRef::F8Block {
-            codes,
-            scales,
-            block,
-            cols,
-        })
-    }
-}
-
-impl MatRef<'_> {
-    /// Elements held.
-    pub fn len(&self) -> usize {
-        match self {
-            MatRef::F32(w) => w.len(),
-            MatRef::Raw(b, dt) => b.len() / dt.size_bytes(),
-            MatRef::F8Block { codes, .. } => codes.len(),
-        }
-    }
-
-    /// Does it hold no element?
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// `out = W x` for a `out.len() x x.len()` matrix `w`.
 ///
@@ -129,7 +36,7 @@ pub fn matvec(out: &mut [f32], w: MatRef<'_>, x: &[f32]) {
                 *o = match w {
                     MatRef::F32(m) => dot_f32(&m[r * cols..(r + 1) * cols], x),
                     MatRef::Raw(b, dt) => {
-                        let width = dt.size_bytes();
+                        let width = dt.size_bytes() as usize;
                         dot_raw(&b[r * cols * width..(r + 1) * cols * width], dt, x)
                     }
                     MatRef::F8Block {
@@ -186,12 +93,12 @@ fn dot_f8(codes: &[u8], x: &[f32]) -> f32 {
     reduce_lanes(acc) + tail
 }
 
-fn dot_raw(row: &[u8], dtype: DType, x: &[f32]) -> f32 {
+fn dot_raw(row: &[u8], dtype: Dtype, x: &[f32]) -> f32 {
     match dtype {
-        DType::F8E4M3 => dot_f8(row, x),
-        DType::Bf16 => dot_half(row, x, |b| f32::from_bits(u32::from(b) << 16)),
-        DType::F16 => dot_half(row, x, |b| half::f16::from_bits(b).to_f32()),
-        DType::F32 => {
+        Dtype::F8E4M3 => dot_f8(row, x),
+        Dtype::Bf16 => dot_half(row, x, |b| f32::from_bits(u32::from(b) << 16)),
+        Dtype::F16 => dot_half(row, x, |b| half::f16::from_bits(b).to_f32()),
+        Dtype::F32 => {
             let mut acc = [0f32; LANES];
             let mut tail = 0f32;
             let mut cr = row.chunks_exact(4 * LANES);
@@ -208,6 +115,9 @@ fn dot_raw(row: &[u8], dtype: DType, x: &[f32]) -> f32 {
             }
             reduce_lanes(acc) + tail
         }
+        // Refused by every checked constructor of a matrix; NaN rather than
+        // a plausible number if one were ever built by hand.
+        _ => f32::NAN,
     }
 }
 
@@ -267,7 +177,7 @@ pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
 /// cos and sin for one position: `angle = position * inv_freq[i]` in f32,
 /// as transformers computes it, times `factor` (YaRN's attention factor; 1
 /// for plain RoPE). `inv_freq` comes from
-/// [`crate::ModelConfig::rope_inv_freq`].
+/// [`crate::config::ModelConfig::rope_inv_freq`].
 pub fn rope_angles(position: usize, inv_freq: &[f32], factor: f32) -> (Vec<f32>, Vec<f32>) {
     inv_freq
         .iter()
@@ -368,14 +278,14 @@ mod tests {
         let mut a = vec![0f32; rows];
         let mut b = vec![0f32; rows];
         matvec(&mut a, MatRef::F32(&widened), &x);
-        matvec(&mut b, MatRef::Raw(&bytes, DType::Bf16), &x);
+        matvec(&mut b, MatRef::Raw(&bytes, Dtype::Bf16), &x);
         // Same bits on every call and every thread count: the order is fixed by the shape.
         let mut again = vec![0f32; rows];
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap();
-        one.install(|| matvec(&mut again, MatRef::Raw(&bytes, DType::Bf16), &x));
+        one.install(|| matvec(&mut again, MatRef::Raw(&bytes, Dtype::Bf16), &x));
         assert_eq!(again, b);
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() < 1e-5);

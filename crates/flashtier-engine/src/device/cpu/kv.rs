@@ -26,6 +26,7 @@
 
 use half::bf16;
 
+use crate::device::{KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
 use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
 
@@ -34,17 +35,6 @@ pub const BLOCK_TOKENS: usize = 16;
 
 /// Blocks folded per `step_tile` call.
 pub const TILE_BLOCKS: usize = 32;
-
-/// How keys and values are stored for the KV tier's BF16 attention.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KvPrecision {
-    /// One BF16 per value.
-    Bf16,
-    /// A BF16 hi/lo pair per value: f32-accurate attention (see the module docs).
-    #[default]
-    Bf16x2,
-}
 
 /// Keys and values of every layer, BF16 bytes, paged layout.
 #[derive(Debug)]
@@ -62,16 +52,31 @@ pub struct KvCache {
     len: usize,
 }
 
+impl KvState for KvCache {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}
+
 impl KvCache {
-    /// An empty cache for `num_layers` layers of up to `capacity` positions.
-    pub fn new(
-        num_layers: usize,
-        num_q_heads: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        precision: KvPrecision,
-    ) -> Result<Self, EngineError> {
+    /// An empty cache of `spec`'s shape.
+    pub fn new(spec: &KvSpec) -> Result<Self, EngineError> {
+        let KvSpec {
+            layers: num_layers,
+            q_heads: num_q_heads,
+            kv_heads: num_kv_heads,
+            head_dim,
+            capacity,
+            precision,
+        } = *spec;
         let width = match precision {
             KvPrecision::Bf16 => head_dim,
             KvPrecision::Bf16x2 => 2 * head_dim,
@@ -99,21 +104,6 @@ impl KvCache {
         })
     }
 
-    /// Positions held (complete over all layers).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Is the cache empty?
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Positions the cache can hold.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Bytes of one position of one layer (K or V).
     fn position_bytes(&self) -> usize {
         self.dims.num_kv_heads * self.dims.head_dim * 2
@@ -125,22 +115,27 @@ impl KvCache {
     }
 
     /// Append one position's keys and values (`[kv_head, head_dim]` f32) to
-    /// `layer`; the position counts once every layer has it (see
-    /// [`KvCache::advance`]).
+    /// `layer`, after the positions it holds; the position counts once every
+    /// layer has it (see [`KvState::advance`]). A layer may run up to one
+    /// step of rows ahead of the others while a step is in flight.
     pub fn push(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), EngineError> {
         let width = self.dims.num_kv_heads * self.head_dim;
-        if self.len >= self.capacity {
+        let held = self
+            .keys
+            .get(layer)
+            .map_or(0, |b| b.len() / self.position_bytes());
+        if held >= self.capacity {
             return Err(EngineError::ContextFull {
-                len: self.len + 1,
+                len: held + 1,
                 max: self.capacity,
             });
         }
-        let at = self.len * self.position_bytes();
-        let ok = k.len() == width && v.len() == width && layer < self.keys.len();
-        if !ok || self.keys[layer].len() != at {
+        if k.len() != width || v.len() != width || layer >= self.keys.len() || held < self.len {
             return Err(EngineError::Attention(format!(
-                "layer {layer}: push of {} keys at position {} does not fit the cache",
+                "layer {layer}: push of {} keys at position {held} does not fit a cache of \
+                 {} layers, {width} values per position and {} complete positions",
                 k.len(),
+                self.keys.len(),
                 self.len
             )));
         }
@@ -159,11 +154,6 @@ impl KvCache {
             }
         }
         Ok(())
-    }
-
-    /// Mark the position every layer pushed as complete.
-    pub fn advance(&mut self) {
-        self.len += 1;
     }
 
     /// Attention of `q` (`[num_q_heads, head_dim]` f32) over every position
@@ -266,6 +256,24 @@ impl KvCache {
 mod tests {
     use super::*;
 
+    fn spec(
+        layers: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        precision: KvPrecision,
+    ) -> KvSpec {
+        KvSpec {
+            layers,
+            q_heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            precision,
+        }
+    }
+
     /// Plain softmax attention in f64 over exact f32 keys and values.
     fn naive(
         q: &[f32],
@@ -311,7 +319,7 @@ mod tests {
         // 37 positions: several blocks, the last one partial, more than one tile of 2 blocks.
         let positions = 37;
         for (precision, tol) in [(KvPrecision::Bf16x2, 2e-5), (KvPrecision::Bf16, 3e-2)] {
-            let mut cache = KvCache::new(2, qh, kvh, d, 64, precision).unwrap();
+            let mut cache = KvCache::new(&spec(2, qh, kvh, d, 64, precision)).unwrap();
             let (mut ks, mut vs) = (Vec::new(), Vec::new());
             for p in 0..positions {
                 let k: Vec<f32> = (0..kvh * d).map(|i| value(i + 97 * p, 0.3)).collect();
@@ -319,7 +327,7 @@ mod tests {
                 for layer in 0..2 {
                     cache.push(layer, &k, &v).unwrap();
                 }
-                cache.advance();
+                cache.advance(1);
                 ks.push(k);
                 vs.push(v);
             }
@@ -338,9 +346,9 @@ mod tests {
 
     #[test]
     fn capacity_and_width_limits_are_errors() {
-        let mut cache = KvCache::new(1, 2, 1, 4, 1, KvPrecision::Bf16x2).unwrap();
+        let mut cache = KvCache::new(&spec(1, 2, 1, 4, 1, KvPrecision::Bf16x2)).unwrap();
         cache.push(0, &[0.0; 4], &[0.0; 4]).unwrap();
-        cache.advance();
+        cache.advance(1);
         assert!(matches!(
             cache.push(0, &[0.0; 4], &[0.0; 4]),
             Err(EngineError::ContextFull { len: 2, max: 1 })
@@ -349,7 +357,7 @@ mod tests {
             cache.attend(0, &[0.0; 3], &mut [0.0; 3]),
             Err(EngineError::Attention(_))
         ));
-        assert!(KvCache::new(1, 2, 1, 256, 8, KvPrecision::Bf16x2).is_err());
-        assert!(KvCache::new(1, 2, 1, 256, 8, KvPrecision::Bf16).is_ok());
+        assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16x2)).is_err());
+        assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16)).is_ok());
     }
 }

@@ -827,5 +827,4 @@ impl Fields<'_> {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

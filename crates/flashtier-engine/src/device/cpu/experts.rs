@@ -1,0 +1,171 @@
+//! [`PoolExperts`]: the CPU device's expert tier, the tier's
+//! [`ExpertPool`] over a packed expert store, read in place from host
+//! memory (arena slots or the mapped store).
+//!
+//! Per sparse layer of a token: `acquire` the top-k records (pinned until
+//! `finish`), `plan` and `run_tracked` the misses, then hand each record to
+//! the kernel as soon as it is ready: resident records first, the others as
+//! their reads land (the CPU computes one expert while the next is still in
+//! flight). Time spent blocked on reads is the stall. The pool's bound
+//! (`budget_bytes / stride` records) is the memory bound; a step needing
+//! more records than that is [`flashtier::experts::ExpertsError::PoolTooSmall`].
+
+use std::time::Instant;
+
+use flashtier::experts::{ExpertPool, ExpertsError, Precision};
+
+use crate::device::ExpertTier;
+use crate::error::EngineError;
+use crate::experts::{ExpertStats, ExpertView, RecordLayout};
+
+/// Called with (position in the request, the expert's matrices).
+pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
+
+/// Experts served from host memory by an [`ExpertPool`].
+pub struct PoolExperts {
+    pool: ExpertPool,
+    layout: RecordLayout,
+    stall_ns: u64,
+    /// The engine's guess for the next sparse layer, read behind the next
+    /// step's misses.
+    hint: Option<(u32, Vec<u32>)>,
+}
+
+impl std::fmt::Debug for PoolExperts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolExperts")
+            .field("pool", &self.pool)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+impl PoolExperts {
+    /// Serve `pool`'s records, laid out as `layout` says.
+    pub fn new(pool: ExpertPool, layout: RecordLayout) -> Self {
+        Self {
+            pool,
+            layout,
+            stall_ns: 0,
+            hint: None,
+        }
+    }
+
+    /// The pool (stats, read rows).
+    pub fn pool(&self) -> &ExpertPool {
+        &self.pool
+    }
+
+    /// Make `experts` of `layer` available and call `use_expert(i, view)`
+    /// exactly once for each `experts[i]`, ready records first. The caller
+    /// must not depend on the call order for its result.
+    pub fn with_experts(
+        &mut self,
+        layer: usize,
+        experts: &[usize],
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
+        let records = experts
+            .iter()
+            .map(|&e| record_index(&self.pool, layer, e))
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let need = self.pool.acquire(&records)?;
+        let served = (|| {
+            let plan = self.pool.plan(&need)?;
+            self.pool.run_tracked(plan)?;
+            if let Some((layer, experts)) = self.hint.take() {
+                // Behind this step's misses: the drive stays busy while the
+                // CPU computes this layer.
+                self.pool.prefetch(layer, &experts)?;
+            }
+            self.serve(&records, use_expert)
+        })();
+        let finished = self.pool.finish();
+        served?;
+        finished?;
+        Ok(())
+    }
+
+    /// Remember a guess of `layer`'s next experts (read behind the next
+    /// step's misses).
+    pub fn hint(&mut self, layer: usize, experts: &[usize]) {
+        let ids = experts
+            .iter()
+            .filter_map(|&e| u32::try_from(e).ok())
+            .collect();
+        self.hint = u32::try_from(layer).ok().map(|l| (l, ids));
+    }
+
+    /// Serve every record of the open step, ready ones first.
+    fn serve(
+        &mut self,
+        records: &[usize],
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
+        let mut pending: Vec<(usize, usize)> = records.iter().copied().enumerate().collect();
+        while !pending.is_empty() {
+            let mut progressed = false;
+            let mut k = 0;
+            while k < pending.len() {
+                let (pos, r) = pending[k];
+                match self.pool.bytes(r) {
+                    Ok(_) => {
+                        self.use_record(pos, r, use_expert)?;
+                        pending.swap_remove(k);
+                        progressed = true;
+                    }
+                    Err(ExpertsError::NotLanded { .. }) => k += 1,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !progressed {
+                let started = Instant::now();
+                self.pool.wait_ready(pending[0].1)?;
+                self.stall_ns += started.elapsed().as_nanos() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn use_record(
+        &mut self,
+        pos: usize,
+        r: usize,
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
+        let addr = self.pool.addr(r)?;
+        if addr.precision != Precision::Full {
+            return Err(EngineError::LowBitRecord {
+                record: r,
+                precision: addr.precision,
+            });
+        }
+        let view = self.layout.view(self.pool.bytes(r)?)?;
+        use_expert(pos, view)
+    }
+}
+
+/// The pool's record index of (`layer`, `expert`).
+pub(crate) fn record_index(
+    pool: &ExpertPool,
+    layer: usize,
+    expert: usize,
+) -> Result<usize, EngineError> {
+    let (Ok(l), Ok(e)) = (u32::try_from(layer), u32::try_from(expert)) else {
+        return Err(EngineError::ExpertOutOfRange { layer, expert });
+    };
+    Ok(pool.index_of(l, e)?)
+}
+
+impl ExpertTier for PoolExperts {
+    fn stats(&self) -> ExpertStats {
+        let s = self.pool.stats();
+        ExpertStats {
+            hits: s.hits,
+            misses: s.accesses - s.hits,
+            bytes_read: s.bytes_read,
+            prefetch_bytes: s.prefetch_bytes,
+            stall_ns: self.stall_ns,
+        }
+    }
+}

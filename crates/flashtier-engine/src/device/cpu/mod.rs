@@ -1,0 +1,506 @@
+//! The CPU device: the reference every other device is checked against,
+//! and the fallback where there is no GPU. Activations are host `Vec<f32>`,
+//! weights stay in their stored form ([`Matrix`]), the KV cache is the KV
+//! tier's paged BF16 layout ([`kv::KvCache`]) and experts are read in place
+//! from the host expert pool ([`experts::PoolExperts`]).
+//!
+//! Kernels ([`kernels`]) run on rayon's global pool; each reduction runs in
+//! an order fixed by the shapes alone. A step with several rows (a prompt
+//! chunk) runs row by row through attention and the experts, so its output
+//! is bit-identical to feeding the rows one at a time.
+
+pub mod experts;
+pub mod kernels;
+pub mod kv;
+
+use crate::device::{Activation, Device, HeadCopy, KvSpec, RopeSpec, VectorLen};
+use crate::error::EngineError;
+use crate::family::route::{RouteRule, route_row};
+use crate::matrix::{MatRef, Matrix};
+use experts::PoolExperts;
+use kernels::{apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, silu};
+use kv::KvCache;
+
+/// A `rows x cols` f32 activation in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostAct {
+    rows: usize,
+    cols: usize,
+    data: Vec<f32>,
+}
+
+impl HostAct {
+    /// Row-major values.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        &mut self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+impl Activation for HostAct {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+impl VectorLen for Vec<f32> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+}
+
+/// RoPE's inverse frequencies and cos/sin factor; angles are computed per
+/// position (`p as f32 * inv_freq[i]`, as transformers does).
+#[derive(Clone, Debug)]
+pub struct HostRope {
+    inv_freq: Vec<f32>,
+    factor: f32,
+    positions: usize,
+}
+
+/// The CPU device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuDevice;
+
+fn shape_err(op: &'static str, what: String) -> EngineError {
+    EngineError::Shape { op, what }
+}
+
+fn same_shape(op: &'static str, a: &HostAct, b: &HostAct) -> Result<(), EngineError> {
+    if a.rows != b.rows || a.cols != b.cols {
+        return Err(shape_err(
+            op,
+            format!("{}x{} against {}x{}", a.rows, a.cols, b.rows, b.cols),
+        ));
+    }
+    Ok(())
+}
+
+fn mat_len(w: &Matrix) -> (usize, usize) {
+    (w.rows(), w.cols())
+}
+
+impl Device for CpuDevice {
+    type Act = HostAct;
+    type Mat = Matrix;
+    type Vector = Vec<f32>;
+    type Kv = KvCache;
+    type Rope = HostRope;
+    type Routes = Vec<Vec<(usize, f32)>>;
+    type Experts = PoolExperts;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn matrix(&self, m: Matrix) -> Result<Matrix, EngineError> {
+        Ok(m)
+    }
+
+    fn vector(&self, v: Vec<f32>) -> Result<Vec<f32>, EngineError> {
+        Ok(v)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<HostAct, EngineError> {
+        let len = rows
+            .checked_mul(cols)
+            .ok_or_else(|| shape_err("zeros", format!("{rows}x{cols} overflows")))?;
+        Ok(HostAct {
+            rows,
+            cols,
+            data: vec![0.0; len],
+        })
+    }
+
+    fn rope_table(
+        &self,
+        inv_freq: &[f32],
+        factor: f32,
+        positions: usize,
+    ) -> Result<HostRope, EngineError> {
+        Ok(HostRope {
+            inv_freq: inv_freq.to_vec(),
+            factor,
+            positions,
+        })
+    }
+
+    fn kv_cache(&self, spec: &KvSpec) -> Result<KvCache, EngineError> {
+        KvCache::new(spec)
+    }
+
+    fn embed(&self, out: &mut HostAct, table: &Matrix, ids: &[u32]) -> Result<(), EngineError> {
+        if out.rows != ids.len() || out.cols != table.cols() {
+            return Err(shape_err(
+                "embed",
+                format!(
+                    "{} ids of {} into {}x{}",
+                    ids.len(),
+                    table.cols(),
+                    out.rows,
+                    out.cols
+                ),
+            ));
+        }
+        for (r, &id) in ids.iter().enumerate() {
+            let row = table
+                .row_f32(id as usize)
+                .ok_or(EngineError::TokenOutOfRange {
+                    id,
+                    vocab: table.rows(),
+                })?;
+            out.row_mut(r).copy_from_slice(&row);
+        }
+        Ok(())
+    }
+
+    fn linear(&self, out: &mut HostAct, w: &Matrix, x: &HostAct) -> Result<(), EngineError> {
+        let (rows, cols) = mat_len(w);
+        if x.cols != cols || out.cols != rows || out.rows != x.rows {
+            return Err(shape_err(
+                "linear",
+                format!(
+                    "{rows}x{cols} weight, {}x{} input, {}x{} output",
+                    x.rows, x.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        for r in 0..x.rows {
+            let (o, xi) = (
+                &mut out.data[r * rows..(r + 1) * rows],
+                &x.data[r * cols..(r + 1) * cols],
+            );
+            matvec(o, w.mat(), xi);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        out: &mut HostAct,
+        x: &HostAct,
+        w: &Vec<f32>,
+        eps: f32,
+    ) -> Result<(), EngineError> {
+        same_shape("rms_norm", out, x)?;
+        let g = w.len();
+        if g == 0 || x.cols % g != 0 {
+            return Err(shape_err(
+                "rms_norm",
+                format!("{}-wide weight over {} columns", g, x.cols),
+            ));
+        }
+        for (o, xi) in out.data.chunks_exact_mut(g).zip(x.data.chunks_exact(g)) {
+            rms_norm(o, xi, w, eps);
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), EngineError> {
+        same_shape("add", x, y)?;
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) -> Result<(), EngineError> {
+        if b.len() != x.cols {
+            return Err(shape_err(
+                "add_bias",
+                format!("{} biases for {} columns", b.len(), x.cols),
+            ));
+        }
+        for row in x.data.chunks_exact_mut(x.cols.max(1)) {
+            for (a, v) in row.iter_mut().zip(b) {
+                *a += v;
+            }
+        }
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), EngineError> {
+        same_shape("silu_mul", gate, up)?;
+        for (a, u) in gate.data.iter_mut().zip(&up.data) {
+            *a = silu(*a) * u;
+        }
+        Ok(())
+    }
+
+    fn add_gated(&self, acc: &mut HostAct, y: &HostAct, gate: &HostAct) -> Result<(), EngineError> {
+        same_shape("add_gated", acc, y)?;
+        if gate.rows != acc.rows || gate.cols != 1 {
+            return Err(shape_err(
+                "add_gated",
+                format!("gate {}x{} for {} rows", gate.rows, gate.cols, acc.rows),
+            ));
+        }
+        for r in 0..acc.rows {
+            let g = crate::family::route::sigmoid(gate.data[r]);
+            let (a, yr) = (&mut acc.data[r * acc.cols..(r + 1) * acc.cols], y.row(r));
+            for (o, v) in a.iter_mut().zip(yr) {
+                *o += g * v;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut HostAct,
+        table: &HostRope,
+        spec: RopeSpec,
+        first: usize,
+    ) -> Result<(), EngineError> {
+        check_rope(x, table, spec, first)?;
+        for r in 0..x.rows {
+            let (cos, sin) = kernels::rope_angles(first + r, &table.inv_freq, table.factor);
+            let row = x.row_mut(r);
+            for h in 0..spec.heads {
+                let at = h * spec.head_stride + spec.offset;
+                let part = &mut row[at..at + spec.dims];
+                if spec.interleaved {
+                    apply_rope_interleaved(part, spec.dims, &cos, &sin);
+                } else {
+                    apply_rope(part, spec.dims, &cos, &sin);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_heads(
+        &self,
+        dst: &mut HostAct,
+        src: &HostAct,
+        spec: HeadCopy,
+    ) -> Result<(), EngineError> {
+        check_copy(dst, src, spec)?;
+        for r in 0..src.rows {
+            for h in 0..spec.heads {
+                let s = h * spec.src_stride + spec.src_offset;
+                let d = h * spec.dst_stride + spec.dst_offset;
+                let (from, to) = (&src.row(r)[s..s + spec.len], r * dst.cols + d);
+                for (o, v) in dst.data[to..to + spec.len].iter_mut().zip(from) {
+                    *o = v * spec.scale;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        kv: &mut KvCache,
+        layer: usize,
+        q: &HostAct,
+        k: &HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), EngineError> {
+        same_shape("attend", q, out)?;
+        same_shape("attend", k, v)?;
+        if k.rows != q.rows {
+            return Err(shape_err(
+                "attend",
+                format!("{} key rows for {} query rows", k.rows, q.rows),
+            ));
+        }
+        for r in 0..q.rows {
+            kv.push(layer, k.row(r), v.row(r))?;
+            let o = &mut out.data[r * q.cols..(r + 1) * q.cols];
+            kv.attend(layer, q.row(r), o)?;
+        }
+        Ok(())
+    }
+
+    fn route(
+        &self,
+        logits: &HostAct,
+        rule: &RouteRule,
+        bias: Option<&Vec<f32>>,
+    ) -> Result<Self::Routes, EngineError> {
+        if logits.cols != rule.num_experts || bias.is_some_and(|b| b.len() != rule.num_experts) {
+            return Err(shape_err(
+                "route",
+                format!(
+                    "{} logits (bias {:?}) for {} experts",
+                    logits.cols,
+                    bias.map(Vec::len),
+                    rule.num_experts
+                ),
+            ));
+        }
+        Ok((0..logits.rows)
+            .map(|r| route_row(rule, logits.row(r), bias.map(Vec::as_slice)))
+            .collect())
+    }
+
+    fn moe(
+        &self,
+        experts: &mut PoolExperts,
+        layer: usize,
+        x: &HostAct,
+        routes: &Self::Routes,
+        out: &mut HostAct,
+    ) -> Result<(), EngineError> {
+        same_shape("moe", x, out)?;
+        if routes.len() != x.rows {
+            return Err(shape_err(
+                "moe",
+                format!("{} routed rows for {} input rows", routes.len(), x.rows),
+            ));
+        }
+        for (r, chosen) in routes.iter().enumerate() {
+            let y = moe_row(experts, layer, x.row(r), chosen)?;
+            out.row_mut(r).copy_from_slice(&y);
+        }
+        Ok(())
+    }
+
+    fn hint(
+        &self,
+        experts: &mut PoolExperts,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError> {
+        // One token's guess; a prompt chunk's rows would each guess apart.
+        if let [row] = routes.as_slice() {
+            let ids: Vec<usize> = row.iter().map(|(e, _)| *e).collect();
+            experts.hint(layer, &ids);
+        }
+        Ok(())
+    }
+
+    fn copy_row(&self, out: &mut HostAct, x: &HostAct, r: usize) -> Result<(), EngineError> {
+        if out.rows != 1 || out.cols != x.cols || r >= x.rows {
+            return Err(shape_err(
+                "copy_row",
+                format!(
+                    "row {r} of {}x{} into {}x{}",
+                    x.rows, x.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        out.data.copy_from_slice(x.row(r));
+        Ok(())
+    }
+
+    fn to_host(&self, x: &HostAct) -> Result<Vec<f32>, EngineError> {
+        Ok(x.data.clone())
+    }
+
+    fn argmax_rows(&self, x: &HostAct) -> Result<Vec<u32>, EngineError> {
+        Ok((0..x.rows).map(|r| argmax(x.row(r)) as u32).collect())
+    }
+}
+
+/// One token's routed experts: each expert's output filled in whatever
+/// order the tier serves them, summed in ascending expert order.
+fn moe_row(
+    experts: &mut PoolExperts,
+    layer: usize,
+    x: &[f32],
+    chosen: &[(usize, f32)],
+) -> Result<Vec<f32>, EngineError> {
+    let h = x.len();
+    let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
+    let mut outs = vec![vec![0f32; h]; ids.len()];
+    let mut scratch = SwigluScratch::default();
+    experts.with_experts(layer, &ids, &mut |pos, view| {
+        let y = outs.get_mut(pos).ok_or_else(|| EngineError::Layout {
+            what: format!("expert request of {} experts", ids.len()),
+            reason: format!("the tier served position {pos}"),
+        })?;
+        scratch.swiglu(y, view.gate, view.up, view.down, x);
+        Ok(())
+    })?;
+    let mut out = vec![0f32; h];
+    for (y, (_, w)) in outs.iter().zip(chosen) {
+        for (o, yi) in out.iter_mut().zip(y) {
+            *o += yi * w;
+        }
+    }
+    Ok(out)
+}
+
+/// Scratch of one SwiGLU: the gate and up activations.
+#[derive(Default)]
+struct SwigluScratch {
+    act: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl SwigluScratch {
+    /// `out = down(silu(gate x) * up x)`.
+    fn swiglu(
+        &mut self,
+        out: &mut [f32],
+        gate: MatRef<'_>,
+        up: MatRef<'_>,
+        down: MatRef<'_>,
+        x: &[f32],
+    ) {
+        let inter = gate.len() / x.len().max(1);
+        self.act.resize(inter, 0.0);
+        self.up.resize(inter, 0.0);
+        matvec(&mut self.act, gate, x);
+        matvec(&mut self.up, up, x);
+        for (a, u) in self.act.iter_mut().zip(&self.up) {
+            *a = silu(*a) * u;
+        }
+        matvec(out, down, &self.act);
+    }
+}
+
+fn check_rope(x: &HostAct, t: &HostRope, spec: RopeSpec, first: usize) -> Result<(), EngineError> {
+    let last_col = spec.heads.saturating_sub(1) * spec.head_stride + spec.offset + spec.dims;
+    if spec.dims % 2 != 0
+        || spec.dims / 2 > t.inv_freq.len()
+        || (spec.heads > 0 && last_col > x.cols)
+    {
+        return Err(shape_err(
+            "rope",
+            format!(
+                "{spec:?} over {} columns and {} frequencies",
+                x.cols,
+                t.inv_freq.len()
+            ),
+        ));
+    }
+    if first + x.rows > t.positions {
+        return Err(EngineError::ContextFull {
+            len: first + x.rows,
+            max: t.positions,
+        });
+    }
+    Ok(())
+}
+
+fn check_copy(dst: &HostAct, src: &HostAct, s: HeadCopy) -> Result<(), EngineError> {
+    let end = |stride: usize, off: usize| s.heads.saturating_sub(1) * stride + off + s.len;
+    if dst.rows != src.rows
+        || (s.heads > 0
+            && (end(s.src_stride, s.src_offset) > src.cols
+                || end(s.dst_stride, s.dst_offset) > dst.cols))
+    {
+        return Err(shape_err(
+            "copy_heads",
+            format!(
+                "{s:?} from {}x{} to {}x{}",
+                src.rows, src.cols, dst.rows, dst.cols
+            ),
+        ));
+    }
+    Ok(())
+}

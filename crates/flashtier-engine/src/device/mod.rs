@@ -1,0 +1,257 @@
+//! The compute-device seam. A model family describes its forward pass once,
+//! as a sequence of [`Device`] operations on activations; a device supplies
+//! the memory (activations, resident weights, the KV cache, the expert tier)
+//! and the kernels. [`cpu::CpuDevice`] is the reference; the CUDA device is
+//! a second implementation of the same trait, not a second forward pass.
+//!
+//! Shapes: an activation is `rows x cols` f32, one row per token of the
+//! step (1 while decoding, up to the prefill chunk for a prompt). Weights
+//! are `[out, in]` row-major, so `linear` computes `out[r] = W x[r]`.
+//! Operations validate shapes and return [`EngineError::Shape`] on a
+//! mismatch; they never read or write outside their buffers.
+//!
+//! Determinism: every operation reduces in an order fixed by the shapes
+//! alone, and routed experts are summed in ascending expert id, so the same
+//! inputs give bit-identical outputs on a device whatever the expert
+//! budget, the order reads land in, or the thread count.
+
+pub mod cpu;
+
+use crate::error::EngineError;
+use crate::experts::ExpertStats;
+use crate::family::route::RouteRule;
+use crate::matrix::Matrix;
+
+/// An activation: `rows x cols` f32 in the device's memory.
+pub trait Activation {
+    /// Rows (tokens).
+    fn rows(&self) -> usize;
+    /// Columns (features).
+    fn cols(&self) -> usize;
+}
+
+/// A resident f32 vector (norm weights, biases).
+pub trait VectorLen {
+    /// Elements.
+    fn len(&self) -> usize;
+    /// Is it empty?
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The KV cache of one sequence.
+pub trait KvState {
+    /// Positions every layer holds.
+    fn len(&self) -> usize;
+    /// Is it empty?
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions it can hold.
+    fn capacity(&self) -> usize;
+    /// Mark `n` positions that every layer pushed as complete.
+    fn advance(&mut self, n: usize);
+}
+
+/// The expert tier a device reads expert matrices from.
+pub trait ExpertTier {
+    /// Counters so far.
+    fn stats(&self) -> ExpertStats;
+}
+
+/// How the KV cache stores keys and values for the BF16 decode attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KvPrecision {
+    /// One BF16 per value (half the memory; logits differ from an f32
+    /// reference by about 1e-2).
+    Bf16,
+    /// Each f32 value as a BF16 hi/lo pair in a head twice as wide:
+    /// attention on values accurate to about 2^-17 relative (see
+    /// [`cpu::kv`]). Needs twice the head width within the tier's limit.
+    #[default]
+    Bf16x2,
+}
+
+/// What a KV cache holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads (`q_heads` is a multiple).
+    pub kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Positions at most.
+    pub capacity: usize,
+    /// Storage of keys and values.
+    pub precision: KvPrecision,
+}
+
+/// Which columns of each row RoPE rotates: `heads` groups of `dims`
+/// columns, group `h` starting at `h * head_stride + offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeSpec {
+    /// Groups per row.
+    pub heads: usize,
+    /// Columns from one group to the next.
+    pub head_stride: usize,
+    /// First rotated column of a group.
+    pub offset: usize,
+    /// Rotated columns per group (even).
+    pub dims: usize,
+    /// Pairs are `(x0, x1), (x2, x3)...` written back evens first
+    /// (DeepSeek), instead of the two halves (`rotate_half`).
+    pub interleaved: bool,
+}
+
+/// A strided copy of head slices: for each row and head `h < heads`,
+/// `dst[h * dst_stride + dst_offset..][..len] =
+/// scale * src[h * src_stride + src_offset..][..len]`. A `src_stride` of 0
+/// broadcasts one slice to every head.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeadCopy {
+    /// Heads.
+    pub heads: usize,
+    /// Columns per head copied.
+    pub len: usize,
+    /// Source columns from one head to the next (0: broadcast).
+    pub src_stride: usize,
+    /// First source column of head 0.
+    pub src_offset: usize,
+    /// Destination columns from one head to the next.
+    pub dst_stride: usize,
+    /// First destination column of head 0.
+    pub dst_offset: usize,
+    /// Factor applied to every copied value.
+    pub scale: f32,
+}
+
+/// A compute device. See the module docs for shapes and determinism.
+pub trait Device {
+    /// Activations.
+    type Act: Activation;
+    /// A resident weight matrix in its stored form.
+    type Mat;
+    /// A resident f32 vector.
+    type Vector: VectorLen;
+    /// The KV cache of one sequence.
+    type Kv: KvState;
+    /// RoPE's cos/sin for every position.
+    type Rope;
+    /// Routing decisions of one step: per row, the chosen experts and weights.
+    type Routes;
+    /// The expert tier.
+    type Experts: ExpertTier;
+
+    /// Short name (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+
+    /// Make `m` resident.
+    fn matrix(&self, m: Matrix) -> Result<Self::Mat, EngineError>;
+    /// Make `v` resident.
+    fn vector(&self, v: Vec<f32>) -> Result<Self::Vector, EngineError>;
+    /// A zeroed `rows x cols` activation.
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Act, EngineError>;
+    /// cos and sin for positions `0..positions`: `angle = p * inv_freq[i]`
+    /// in f32, both scaled by `factor`.
+    fn rope_table(
+        &self,
+        inv_freq: &[f32],
+        factor: f32,
+        positions: usize,
+    ) -> Result<Self::Rope, EngineError>;
+    /// An empty KV cache.
+    fn kv_cache(&self, spec: &KvSpec) -> Result<Self::Kv, EngineError>;
+
+    /// `out[r] = table[ids[r]]`.
+    fn embed(&self, out: &mut Self::Act, table: &Self::Mat, ids: &[u32])
+    -> Result<(), EngineError>;
+    /// `out[r] = W x[r]`.
+    fn linear(&self, out: &mut Self::Act, w: &Self::Mat, x: &Self::Act) -> Result<(), EngineError>;
+    /// RMSNorm of every `w.len()`-wide group of columns (the whole row, or
+    /// each head for Qwen3's qk-norm): `x / rms(x) * w`.
+    fn rms_norm(
+        &self,
+        out: &mut Self::Act,
+        x: &Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+    ) -> Result<(), EngineError>;
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError>;
+    /// `x[r] += b` for every row.
+    fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
+    /// `gate = silu(gate) * up`.
+    fn silu_mul(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), EngineError>;
+    /// `acc[r] += sigmoid(gate[r][0]) * y[r]` (`gate` is `rows x 1`).
+    fn add_gated(
+        &self,
+        acc: &mut Self::Act,
+        y: &Self::Act,
+        gate: &Self::Act,
+    ) -> Result<(), EngineError>;
+    /// Rotate the columns `spec` names of row `r` by position `first + r`.
+    fn rope(
+        &self,
+        x: &mut Self::Act,
+        table: &Self::Rope,
+        spec: RopeSpec,
+        first: usize,
+    ) -> Result<(), EngineError>;
+    /// The strided head copy `spec` (columns outside it keep their values).
+    fn copy_heads(
+        &self,
+        dst: &mut Self::Act,
+        src: &Self::Act,
+        spec: HeadCopy,
+    ) -> Result<(), EngineError>;
+    /// Append each row's keys and values to `layer` (positions `len..len +
+    /// rows`), then attend row `r`'s queries over positions `0..=len + r`
+    /// (causal) with scale `1/sqrt(head_dim)`. `q`, `out`: `rows x q_heads
+    /// * head_dim`; `k`, `v`: `rows x kv_heads * head_dim`.
+    fn attend(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), EngineError>;
+    /// Choose each row's experts from its router logits (`rows x experts`).
+    fn route(
+        &self,
+        logits: &Self::Act,
+        rule: &RouteRule,
+        bias: Option<&Self::Vector>,
+    ) -> Result<Self::Routes, EngineError>;
+    /// `out[r] = sum over row r's chosen experts e, ascending e, of
+    /// weight_e * down_e(silu(gate_e x[r]) * up_e x[r])`, with the expert
+    /// matrices from `experts`.
+    fn moe(
+        &self,
+        experts: &mut Self::Experts,
+        layer: usize,
+        x: &Self::Act,
+        routes: &Self::Routes,
+        out: &mut Self::Act,
+    ) -> Result<(), EngineError>;
+    /// Tell the tier which experts `layer` will probably ask for next, so
+    /// it may start reading them; never changes what is computed.
+    fn hint(
+        &self,
+        experts: &mut Self::Experts,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError>;
+    /// `out` (`1 x cols`) = row `r` of `x`.
+    fn copy_row(&self, out: &mut Self::Act, x: &Self::Act, r: usize) -> Result<(), EngineError>;
+    /// Copy `x` to the host, row-major.
+    fn to_host(&self, x: &Self::Act) -> Result<Vec<f32>, EngineError>;
+    /// Index of each row's largest value (lowest index on ties).
+    fn argmax_rows(&self, x: &Self::Act) -> Result<Vec<u32>, EngineError>;
+}

@@ -1,0 +1,104 @@
+//! Grouped-query attention, as Qwen3-MoE (per-head qk RMSNorm), Qwen2-MoE
+//! (q/k/v bias) and Mixtral (neither) run it: q/k/v projections, the
+//! optional bias and qk-norm, RoPE on whole heads (`rotate_half`), the KV
+//! cache's causal attention, and `o_proj`.
+
+use crate::config::ModelConfig;
+use crate::device::{Device, RopeSpec};
+use crate::error::EngineError;
+use crate::family::Step;
+use crate::loader::Loader;
+
+/// One layer's attention weights.
+pub struct GqaWeights<D: Device> {
+    /// `[q_heads * head_dim, hidden]`.
+    pub q_proj: D::Mat,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub k_proj: D::Mat,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub v_proj: D::Mat,
+    /// `[hidden, q_heads * head_dim]`.
+    pub o_proj: D::Mat,
+    /// Qwen3's per-head query and key norms `[head_dim]`.
+    pub qk_norm: Option<[D::Vector; 2]>,
+    /// Qwen2-MoE's query, key and value biases.
+    pub qkv_bias: Option<[D::Vector; 3]>,
+}
+
+impl<D: Device> GqaWeights<D> {
+    /// Load `{prefix}.self_attn.*` as `cfg` shapes it.
+    pub fn load(l: &Loader<'_, D>, cfg: &ModelConfig, prefix: &str) -> Result<Self, EngineError> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (q_width, kv_width) = (cfg.num_q_heads * d, cfg.num_kv_heads * d);
+        let a = format!("{prefix}.self_attn");
+        let qk_norm = if cfg.qk_norm {
+            Some([
+                l.vector(&format!("{a}.q_norm.weight"), &[d])?,
+                l.vector(&format!("{a}.k_norm.weight"), &[d])?,
+            ])
+        } else {
+            None
+        };
+        let qkv_bias = if cfg.qkv_bias {
+            Some([
+                l.vector(&format!("{a}.q_proj.bias"), &[q_width])?,
+                l.vector(&format!("{a}.k_proj.bias"), &[kv_width])?,
+                l.vector(&format!("{a}.v_proj.bias"), &[kv_width])?,
+            ])
+        } else {
+            None
+        };
+        Ok(Self {
+            q_proj: l.matrix(&format!("{a}.q_proj.weight"), [q_width, h])?,
+            k_proj: l.matrix(&format!("{a}.k_proj.weight"), [kv_width, h])?,
+            v_proj: l.matrix(&format!("{a}.v_proj.weight"), [kv_width, h])?,
+            o_proj: l.matrix(&format!("{a}.o_proj.weight"), [h, q_width])?,
+            qk_norm,
+            qkv_bias,
+        })
+    }
+
+    /// Attention of the step's rows at `layer`; returns `rows x hidden`.
+    pub fn forward(
+        &self,
+        st: &mut Step<'_, D>,
+        layer: usize,
+        x: &D::Act,
+    ) -> Result<D::Act, EngineError> {
+        let (dev, c) = (st.dev, st.cfg);
+        let (n, d) = (st.rows, c.head_dim);
+        let mut q = dev.zeros(n, c.num_q_heads * d)?;
+        let mut k = dev.zeros(n, c.num_kv_heads * d)?;
+        let mut v = dev.zeros(n, c.num_kv_heads * d)?;
+        dev.linear(&mut q, &self.q_proj, x)?;
+        dev.linear(&mut k, &self.k_proj, x)?;
+        dev.linear(&mut v, &self.v_proj, x)?;
+        if let Some([qb, kb, vb]) = &self.qkv_bias {
+            dev.add_bias(&mut q, qb)?;
+            dev.add_bias(&mut k, kb)?;
+            dev.add_bias(&mut v, vb)?;
+        }
+        if let Some([qn, kn]) = &self.qk_norm {
+            let mut normed = dev.zeros(n, c.num_q_heads * d)?;
+            dev.rms_norm(&mut normed, &q, qn, c.rms_norm_eps)?;
+            q = normed;
+            let mut normed = dev.zeros(n, c.num_kv_heads * d)?;
+            dev.rms_norm(&mut normed, &k, kn, c.rms_norm_eps)?;
+            k = normed;
+        }
+        let whole_heads = |heads| RopeSpec {
+            heads,
+            head_stride: d,
+            offset: 0,
+            dims: d,
+            interleaved: false,
+        };
+        dev.rope(&mut q, st.rope, whole_heads(c.num_q_heads), st.first)?;
+        dev.rope(&mut k, st.rope, whole_heads(c.num_kv_heads), st.first)?;
+        let mut heads = dev.zeros(n, c.num_q_heads * d)?;
+        dev.attend(st.kv, layer, &q, &k, &v, &mut heads)?;
+        let mut out = dev.zeros(n, c.hidden_size)?;
+        dev.linear(&mut out, &self.o_proj, &heads)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,128 @@
+//! The store cache: where `flashtier run` keeps the expert store it packs
+//! from a checkpoint given without `--store`, so the engine's one expert
+//! source (the pool over a packed store) also serves plain checkpoints.
+//!
+//! Location: `$FLASHTIER_CACHE`, else `$XDG_CACHE_HOME/flashtier`, else
+//! `$HOME/.cache/flashtier`; stores live in its `stores/` folder, one per
+//! checkpoint folder, named `{folder name}-{xxh3 of the canonical path}.ftstore`.
+//! A cached store is reused only while it pairs with the checkpoint
+//! ([`crate::pack::check_pairing`]: config checksum, file lengths, header
+//! checksums); otherwise it is packed again. Packing is the packer's own
+//! (bounded memory, temporary file renamed into place when complete).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use flashtier_format::{Store, xxh3_64};
+
+use crate::error::EngineError;
+use crate::pack::{
+    PackOptions, PackReport, check_pairing, pack_experts, plan_experts, planned_bytes,
+};
+use crate::source::Checkpoint;
+
+/// What [`StoreCache::ensure`] found or did.
+#[derive(Clone, Debug)]
+pub enum CachedStore {
+    /// A store packed earlier from this checkpoint.
+    Reused(PathBuf),
+    /// Packed now.
+    Packed(PackReport),
+}
+
+impl CachedStore {
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        match self {
+            CachedStore::Reused(p) => p,
+            CachedStore::Packed(r) => &r.out,
+        }
+    }
+}
+
+/// A folder of expert stores packed from checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreCache {
+    dir: PathBuf,
+}
+
+impl StoreCache {
+    /// A cache in `dir`.
+    pub fn at(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The default location (see the module docs), or `None` when neither
+    /// `FLASHTIER_CACHE`, `XDG_CACHE_HOME` nor `HOME` is set.
+    pub fn default_location() -> Option<Self> {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let dir = var("FLASHTIER_CACHE")
+            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("flashtier")))
+            .or_else(|| var("HOME").map(|d| d.join(".cache").join("flashtier")))?;
+        Some(Self { dir })
+    }
+
+    /// The cache folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the store of the checkpoint in `model` lives.
+    pub fn path_for(&self, model: &Path) -> Result<PathBuf, EngineError> {
+        let canonical = model.canonicalize().map_err(|source| EngineError::Io {
+            path: model.to_path_buf(),
+            source,
+        })?;
+        let name = canonical
+            .file_name()
+            .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+        let hash = xxh3_64(canonical.as_os_str().as_encoded_bytes());
+        Ok(self
+            .dir
+            .join("stores")
+            .join(format!("{name}-{hash:016x}.ftstore")))
+    }
+
+    /// The store of `model`: the cached one while it pairs with the
+    /// checkpoint, else packed now (`progress(done, total)` sees the bytes
+    /// packed of the planned total).
+    pub fn ensure(
+        &self,
+        model: &Path,
+        progress: &(dyn Fn(u64, u64) + Sync),
+    ) -> Result<CachedStore, EngineError> {
+        let path = self.path_for(model)?;
+        if path.exists() && pairs(&path, model)? {
+            return Ok(CachedStore::Reused(path));
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| EngineError::Io {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        let (_, manifest) = plan_experts(&Checkpoint::open(model)?)?;
+        let total = planned_bytes(&manifest);
+        let done = AtomicU64::new(0);
+        let report = pack_experts(&PackOptions::new(model, &path), &|n| {
+            progress(done.fetch_add(n, Ordering::Relaxed) + n, total);
+        })?;
+        Ok(CachedStore::Packed(report))
+    }
+}
+
+/// Whether the store at `path` was packed from the checkpoint in `model`
+/// (a store that cannot be read at all counts as stale and is repacked).
+fn pairs(path: &Path, model: &Path) -> Result<bool, EngineError> {
+    let Ok(store) = Store::open(path) else {
+        return Ok(false);
+    };
+    let ckpt = Checkpoint::open(model)?;
+    Ok(check_pairing(&store, &ckpt).is_ok())
+}
