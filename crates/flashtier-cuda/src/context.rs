@@ -183,7 +183,10 @@ mod tests {
     #[test]
     fn open_without_driver_is_a_typed_error() {
         if driver_present() {
-            eprintln!("skipped: a CUDA driver is present; this test covers machines without one");
+            flashtier_io::skip::notice(
+                "open_without_driver_is_a_typed_error",
+                "a CUDA driver is present; this test covers machines without one",
+            );
             return;
         }
         match Gpu::open(0) {

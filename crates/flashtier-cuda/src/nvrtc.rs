@@ -136,7 +136,10 @@ mod tests {
     #[test]
     fn kernels_compile_for_sm90() {
         if !nvrtc_present() {
-            eprintln!("skipped: libnvrtc not found (no CUDA runtime compiler on this machine)");
+            flashtier_io::skip::notice(
+                "kernels_compile_for_sm90",
+                "libnvrtc not found (no CUDA runtime compiler on this machine)",
+            );
             return;
         }
         for d in [16, 64, 80, 128, 256] {

@@ -43,6 +43,7 @@ mod queue;
 pub mod region;
 pub mod sim;
 mod sim_plan;
+pub mod skip;
 pub mod slots;
 pub mod uring;
 mod uring_local;

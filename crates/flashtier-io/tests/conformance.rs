@@ -22,11 +22,17 @@ fn backends(queue_depth: usize) -> anyhow::Result<Vec<Box<dyn StorageBackend>>> 
     ];
     match UringBackend::new(queue_depth) {
         Ok(b) => out.push(Box::new(b)),
-        Err(e) => eprintln!("SKIP uring conformance: io_uring unavailable here: {e}"),
+        Err(e) => flashtier_io::skip::notice(
+            "uring conformance",
+            &format!("io_uring unavailable here: {e}"),
+        ),
     }
     match UringLocal::new(queue_depth) {
         Ok(b) => out.push(Box::new(b)),
-        Err(e) => eprintln!("SKIP uring-local conformance: io_uring unavailable here: {e}"),
+        Err(e) => flashtier_io::skip::notice(
+            "uring-local conformance",
+            &format!("io_uring unavailable here: {e}"),
+        ),
     }
     Ok(out)
 }
@@ -232,7 +238,10 @@ fn misaligned_direct_reads_and_small_landings_are_errors() -> anyhow::Result<()>
             b.name()
         );
         if !file.is_direct() {
-            eprintln!("SKIP misaligned direct read: the temp file system refuses O_DIRECT");
+            flashtier_io::skip::notice(
+                "misaligned direct read",
+                "the temp file system refuses O_DIRECT",
+            );
             continue;
         }
         let off = file.offset_align().max(512) / 2;
@@ -367,7 +376,10 @@ fn open_backend_builds_each_kind() -> anyhow::Result<()> {
         assert_eq!(b.queue_depth(), 4);
         let uring = matches!(kind, BackendKind::Uring | BackendKind::UringLocal);
         if uring && b.name() == "posix" {
-            eprintln!("SKIP: io_uring unavailable, open_backend fell back to posix");
+            flashtier_io::skip::notice(
+                "open_backend io_uring",
+                "io_uring unavailable, open_backend fell back to posix",
+            );
         } else {
             assert_eq!(b.name(), kind.as_str());
         }
@@ -487,7 +499,10 @@ fn uring_split_ops_resubmit_until_exact() -> anyhow::Result<()> {
     let (threaded, local) = match (threaded, local) {
         (Ok(t), Ok(l)) => (t, l),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("SKIP uring resubmission: io_uring unavailable here: {e}");
+            flashtier_io::skip::notice(
+                "uring resubmission",
+                &format!("io_uring unavailable here: {e}"),
+            );
             return Ok(());
         }
     };
@@ -552,7 +567,7 @@ fn deleted_open_files(dir: &Path) -> usize {
 #[test]
 fn dropped_files_are_closed_and_their_space_freed() -> anyhow::Result<()> {
     if !Path::new("/proc/self/fd").exists() {
-        eprintln!("SKIP dropped-file check: no /proc/self/fd here");
+        flashtier_io::skip::notice("dropped-file check", "no /proc/self/fd here");
         return Ok(());
     }
     for b in backends(2)? {

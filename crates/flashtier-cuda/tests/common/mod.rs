@@ -10,12 +10,12 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
             if nvrtc_present() {
                 Some(g)
             } else {
-                eprintln!("skipped {test}: libnvrtc not found, kernels cannot be compiled");
+                flashtier_io::skip::notice(test, "libnvrtc not found, kernels cannot be compiled");
                 None
             }
         }
         Err(e @ (CudaError::NoDriver | CudaError::NoDevice { .. })) => {
-            eprintln!("skipped {test}: {e}");
+            flashtier_io::skip::notice(test, &e.to_string());
             None
         }
         Err(e) => panic!("{test}: opening the GPU failed: {e}"),
