@@ -63,27 +63,11 @@ pub struct DemoOptions {
 }
 
 impl DemoOptions {
-    /// The default demo: a Qwen3-MoE shape with 4.5 MiB BF16 expert records
-    /// (hidden 1024, expert width 768), 48 experts, top-8, 3 sparse layers
-    /// (648 MiB of experts), a small vocabulary and attention so the experts
-    /// dominate; 25% budget, queue depth 4, 24 tokens.
+    /// The default demo: Qwen3-30B-A3B's shape scaled to 1 GiB (see
+    /// [`crate::synth::shape`]: 128 experts, top-8, widths, layers and
+    /// vocabulary scaled together); 25% budget, queue depth 4, 24 tokens.
     pub fn new(work_dir: &Path) -> Self {
-        let spec = SynthSpec {
-            arch: SynthArch::Qwen3Moe,
-            layers: 3,
-            experts: 48,
-            experts_per_token: 8,
-            hidden: 1024,
-            intermediate: 768,
-            dense_intermediate: 1024,
-            heads: 8,
-            kv_heads: 2,
-            head_dim: 64,
-            vocab: 2048,
-            dtype: Dtype::Bf16,
-            shards: 1,
-            seed: 7,
-        };
+        let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, 1 << 30, 7);
         Self {
             work_dir: work_dir.to_path_buf(),
             spec,

@@ -2,8 +2,8 @@
 //! demo, benchmarks and tests: no download, deterministic from a seed.
 //!
 //! [`SynthSpec`] describes the model (family, layers, experts, dimensions,
-//! dtype, shards, seed); [`SynthSpec::for_target_bytes`] picks dimensions for
-//! a size; [`write_checkpoint`] writes `config.json`, the safetensors files
+//! dtype, shards, seed); [`SynthSpec::scaled_to`] scales a real model's shape
+//! to a size (see [`shape`]); [`write_checkpoint`] writes `config.json`, the safetensors files
 //! and, when sharded, `model.safetensors.index.json`. Every tensor's bytes
 //! depend only on the seed and the tensor's name ([`SynthSpec::tensor_bytes`]
 //! regenerates one). Values are small uniform weights (scaled by
@@ -101,6 +101,12 @@ pub struct SynthSpec {
     pub vocab: u64,
     /// Element type of the matrices (BF16, F16, F32 or F8_E4M3 + scales).
     pub dtype: Dtype,
+    /// Leading dense layers (DeepSeek's `first_k_dense_replace`; at most
+    /// `layers - 1`; ignored by the other families).
+    pub dense_layers: u32,
+    /// Expert groups and the groups a token may choose from (DeepSeek's
+    /// `n_group`, `topk_group`; `[1, 1]` is plain top-k).
+    pub expert_groups: [u32; 2],
     /// Number of safetensors files (1 = `model.safetensors`).
     pub shards: u32,
     /// Seed of every tensor's values.
@@ -133,6 +139,21 @@ pub enum Init {
     NearOne(f32),
     /// Positive FP8 block scales around this value.
     Scale(f32),
+    /// Row `r` holds the values row `(r + shift) % rows` of the tensor whose
+    /// name hashes to `of` would hold with `Uniform(scale)` (the LM head
+    /// made of shifted embedding rows).
+    ShiftedRows {
+        /// Uniform scale of the source tensor.
+        scale: f32,
+        /// xxh3 of the source tensor's name.
+        of: u64,
+        /// Rows to shift by.
+        shift: u64,
+        /// Rows of both tensors.
+        rows: u64,
+        /// Columns of both tensors.
+        cols: u64,
+    },
 }
 
 /// One tensor of a synthetic checkpoint.
@@ -173,64 +194,31 @@ impl SynthSpec {
             head_dim: 32,
             vocab: 128,
             dtype,
+            dense_layers: 1,
+            expert_groups: [1, 1],
             shards: 2,
             seed,
         }
     }
 
-    /// A model of about `target_bytes` on disk: expert records of a few MB
-    /// (hidden 1024, expert intermediate 768, 32 experts) for targets of a few
-    /// hundred MB and more, smaller dimensions for small targets; the layer
-    /// count fills the target.
-    #[must_use]
-    pub fn for_target_bytes(arch: SynthArch, dtype: Dtype, target_bytes: u64, seed: u64) -> Self {
-        let mut s = Self {
-            arch,
-            layers: 1,
-            experts: 32,
-            experts_per_token: 4,
-            hidden: 1024,
-            intermediate: 768,
-            dense_intermediate: 2048,
-            heads: 16,
-            kv_heads: 4,
-            head_dim: 64,
-            vocab: 8192,
-            dtype,
-            shards: 1,
-            seed,
-        };
-        while s.hidden > 64 && s.layer_bytes().saturating_mul(2) + s.fixed_bytes() > target_bytes {
-            s.hidden /= 2;
-            s.intermediate /= 2;
-            s.dense_intermediate /= 2;
-            s.vocab = (s.vocab / 2).max(256);
-            s.experts = (s.experts / 2).max(4);
-            s.heads = (s.hidden / s.head_dim).max(1) as u32;
-            s.kv_heads = (s.heads / 4).max(1);
+    /// DeepSeek's leading dense layers as written (none with one layer).
+    pub(crate) fn leading_dense(&self) -> u32 {
+        if self.arch == SynthArch::DeepSeek {
+            self.dense_layers.min(self.layers.saturating_sub(1))
+        } else {
+            0
         }
-        let room = target_bytes.saturating_sub(s.fixed_bytes());
-        s.layers = (room / s.layer_bytes().max(1)).clamp(1, 4096) as u32;
-        s.shards = s.total_bytes().div_ceil(400 << 20).clamp(1, 64) as u32;
-        s
     }
 
-    fn layer_bytes(&self) -> u64 {
-        let l = u32::from(self.arch == SynthArch::DeepSeek);
-        self.layer_tensors(l)
-            .iter()
-            .map(SynthTensor::len_bytes)
-            .sum()
-    }
-
-    fn fixed_bytes(&self) -> u64 {
-        2 * self.vocab * self.hidden * self.dtype.size_bytes().max(2)
+    /// The first layer with experts.
+    pub(crate) fn first_sparse_layer(&self) -> u32 {
+        self.leading_dense()
     }
 
     /// Bytes of one expert record's tensors (before 4096 alignment).
     #[must_use]
     pub fn expert_bytes(&self) -> u64 {
-        let layer = u32::from(self.arch == SynthArch::DeepSeek && self.layers > 1);
+        let layer = self.first_sparse_layer();
         let marker = match self.arch {
             SynthArch::Mixtral => ".block_sparse_moe.experts.0.",
             _ => ".mlp.experts.0.",
@@ -272,6 +260,19 @@ impl SynthSpec {
                 "kv_heads must divide heads, experts_per_token <= experts".into(),
             ));
         }
+        let [groups, chosen] = self.expert_groups;
+        let per_group = self.experts / groups.max(1);
+        if groups == 0
+            || chosen == 0
+            || chosen > groups
+            || self.experts % groups != 0
+            || (groups > 1 && (per_group < 2 || chosen * per_group < self.experts_per_token))
+        {
+            return Err(SynthError::Invalid(format!(
+                "expert groups {groups} (choose {chosen}) do not fit {} experts, top-{}",
+                self.experts, self.experts_per_token
+            )));
+        }
         if !matches!(
             self.dtype,
             Dtype::Bf16 | Dtype::F16 | Dtype::F32 | Dtype::F8E4M3
@@ -287,6 +288,7 @@ impl SynthSpec {
 
 mod plan;
 pub use plan::config_json;
+pub mod shape;
 mod values;
 pub use values::fill_tensor;
 

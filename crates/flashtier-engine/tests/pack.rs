@@ -306,7 +306,7 @@ fn synthetic_checkpoints_are_deterministic() {
         ..spec.clone()
     };
     assert_ne!(spec.tensor_bytes(name), other.tensor_bytes(name));
-    let sized = SynthSpec::for_target_bytes(SynthArch::Qwen3Moe, Dtype::Bf16, 64 << 20, 1);
+    let sized = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, 64 << 20, 1);
     let total = sized.total_bytes();
     assert!(
         total <= 64 << 20 && total > 16 << 20,

@@ -184,23 +184,12 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
     Ok(report)
 }
 
-/// The demo's model: the decode engine's demo shape (experts dominate, the
-/// dense part stays small so two cores decode it quickly) with as many
-/// experts per layer as fill `size_bytes`, at least 32 so that 25% of the
-/// experts holds several tokens' worth of records.
-pub fn demo_spec(root: &Path, args: &Args) -> SynthSpec {
-    let mut spec = DemoOptions::new(root).spec;
-    spec.arch = args.arch;
-    spec.dtype = args.dtype;
-    spec.seed = args.seed;
-    spec.experts = 1;
-    let dense = spec
-        .total_bytes()
-        .saturating_sub(spec.expert_bytes() * u64::from(spec.layers));
-    let per_expert = (spec.expert_bytes() * u64::from(spec.layers)).max(1);
-    let experts = args.size.saturating_sub(dense) / per_expert;
-    spec.experts = u32::try_from(experts).unwrap_or(u32::MAX).clamp(32, 4096);
-    spec
+/// The demo's model: the family's reference model (Qwen3-30B-A3B,
+/// Qwen1.5-MoE-A2.7B, Mixtral-8x7B, DeepSeek-V3) scaled to `--size`, widths,
+/// layers and vocabulary by one factor, expert count and top-k as the real
+/// model's.
+pub fn demo_spec(args: &Args) -> SynthSpec {
+    SynthSpec::scaled_to(args.arch, args.dtype, args.size, args.seed)
 }
 
 /// Step 4: replay a synthetic decode routing trace under the budget.
@@ -360,7 +349,7 @@ fn human_decode(x: &DemoReport) {
 /// Run the demo.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let ws = Workspace::new(args.dir.as_deref(), args.keep)?;
-    let spec = demo_spec(&ws.root, &args);
+    let spec = demo_spec(&args);
     let show = !args.json;
     let synth = generate(&spec, &ws, show)?;
     let packed = pack(&ws, show)?;
@@ -430,7 +419,7 @@ mod tests {
     #[test]
     fn a_small_demo_runs_end_to_end() -> anyhow::Result<()> {
         let ws = Workspace::new(None, false)?;
-        let spec = SynthSpec::for_target_bytes(SynthArch::Qwen3Moe, Dtype::Bf16, 4 << 20, 5);
+        let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, 4 << 20, 5);
         let synth = generate(&spec, &ws, false)?;
         let packed = pack(&ws, false)?;
         let checked = verify(&ws, false)?;

@@ -8,9 +8,34 @@ use super::{Init, SynthArch, SynthSpec, SynthTensor};
 /// Block size of FP8 weight scales (rows and columns).
 const FP8_BLOCK: u64 = 128;
 
+/// Scale of the matrices that write into the residual stream (`o_proj`,
+/// `down_proj`) relative to 1/sqrt(fan-in): small, so the residual stays
+/// dominated by the token's embedding (see [`SynthSpec::tensors`]).
+const RESIDUAL_WRITE_SCALE: f32 = 0.05;
+
+/// Successor shift of the LM head: row `r` is the embedding of token
+/// `r + shift` (an odd prime, coprime to every vocabulary size used).
+const SUCCESSOR_SHIFT: u64 = 7919;
+
 impl SynthSpec {
     fn matrix(&self, out: &mut Vec<SynthTensor>, name: String, rows: u64, cols: u64) {
-        let scale = 1.0 / (cols as f32).sqrt();
+        self.scaled_matrix(out, name, rows, cols, 1.0);
+    }
+
+    /// A matrix whose output is added to the residual stream.
+    fn out_matrix(&self, out: &mut Vec<SynthTensor>, name: String, rows: u64, cols: u64) {
+        self.scaled_matrix(out, name, rows, cols, RESIDUAL_WRITE_SCALE);
+    }
+
+    fn scaled_matrix(
+        &self,
+        out: &mut Vec<SynthTensor>,
+        name: String,
+        rows: u64,
+        cols: u64,
+        k: f32,
+    ) {
+        let scale = k / (cols as f32).sqrt();
         out.push(SynthTensor {
             name: name.clone(),
             dtype: self.dtype,
@@ -53,7 +78,7 @@ impl SynthSpec {
         };
         self.matrix(out, format!("{prefix}{g}.weight"), inter, self.hidden);
         self.matrix(out, format!("{prefix}{u}.weight"), inter, self.hidden);
-        self.matrix(out, format!("{prefix}{d}.weight"), self.hidden, inter);
+        self.out_matrix(out, format!("{prefix}{d}.weight"), self.hidden, inter);
     }
 
     /// DeepSeek-V3's latent attention dimensions for this spec:
@@ -61,7 +86,8 @@ impl SynthSpec {
     pub(crate) fn mla_dims(&self) -> (u64, u64, u64, u64, u64) {
         let d = self.head_dim;
         let rope = (d / 2).max(2) & !1;
-        let q_lora = (self.hidden / 2).max(8);
+        // DeepSeek-V3's ratio: q_lora_rank 1536 of hidden 7168.
+        let q_lora = (self.hidden * 3 / 14).div_ceil(16).max(1) * 16;
         let kv_lora = (4 * d).min(self.hidden / 2).max(8);
         (q_lora, kv_lora, d, rope, d)
     }
@@ -101,7 +127,7 @@ impl SynthSpec {
             heads * (nope + v),
             kv_lora,
         );
-        self.matrix(out, format!("{a}o_proj.weight"), self.hidden, heads * v);
+        self.out_matrix(out, format!("{a}o_proj.weight"), self.hidden, heads * v);
     }
 
     fn attention(&self, out: &mut Vec<SynthTensor>, p: &str) {
@@ -113,7 +139,7 @@ impl SynthSpec {
         self.matrix(out, format!("{p}self_attn.q_proj.weight"), q, self.hidden);
         self.matrix(out, format!("{p}self_attn.k_proj.weight"), kv, self.hidden);
         self.matrix(out, format!("{p}self_attn.v_proj.weight"), kv, self.hidden);
-        self.matrix(out, format!("{p}self_attn.o_proj.weight"), self.hidden, q);
+        self.out_matrix(out, format!("{p}self_attn.o_proj.weight"), self.hidden, q);
         match self.arch {
             SynthArch::Qwen3Moe => {
                 self.vector(
@@ -187,7 +213,7 @@ impl SynthSpec {
                     );
                 }
             }
-            SynthArch::DeepSeek if layer == 0 && self.layers > 1 => {
+            SynthArch::DeepSeek if layer < self.leading_dense() => {
                 self.mlp(
                     &mut out,
                     &format!("{p}mlp."),
@@ -237,12 +263,23 @@ impl SynthSpec {
     }
 
     /// Every tensor of the model, in file order.
+    ///
+    /// Random weights make greedy decoding collapse into a repeated token,
+    /// and a repeated token routes to the same experts every step, which no
+    /// real text does. So the synthetic model is a "successor" model: the
+    /// residual stream stays dominated by the token's embedding (the
+    /// matrices writing into it are small), and LM head row `r` is the
+    /// embedding of token `r + SUCCESSOR_SHIFT`, so the greedy next token of
+    /// `t` is `t - SUCCESSOR_SHIFT` (mod vocab): tokens never repeat within a
+    /// vocabulary's worth of steps and routing follows the token, as it does
+    /// for real text. The layers still compute everything a real one does.
     #[must_use]
     pub fn tensors(&self) -> Vec<SynthTensor> {
         let mut out = Vec::new();
-        let embed_init = Init::Uniform(0.05);
+        let embed = "model.embed_tokens.weight";
+        let embed_init = Init::Uniform(1.0);
         out.push(SynthTensor {
-            name: "model.embed_tokens.weight".into(),
+            name: embed.into(),
             dtype: self.plain_dtype(),
             shape: vec![self.vocab, self.hidden],
             init: embed_init,
@@ -256,7 +293,18 @@ impl SynthSpec {
             self.hidden,
             Init::NearOne(0.05),
         );
-        self.router(&mut out, "lm_head.weight".into(), self.vocab);
+        out.push(SynthTensor {
+            name: "lm_head.weight".into(),
+            dtype: self.plain_dtype(),
+            shape: vec![self.vocab, self.hidden],
+            init: Init::ShiftedRows {
+                scale: 1.0,
+                of: flashtier_format::xxh3_64(embed.as_bytes()),
+                shift: SUCCESSOR_SHIFT % self.vocab.max(1),
+                rows: self.vocab,
+                cols: self.hidden,
+            },
+        });
         out
     }
 }
@@ -316,7 +364,8 @@ pub fn config_json(spec: &SynthSpec) -> serde_json::Value {
             "qk_nope_head_dim": mla.2, "qk_rope_head_dim": mla.3, "v_head_dim": mla.4,
             "rope_interleave": true, "attention_bias": false,
             "moe_intermediate_size": spec.intermediate, "intermediate_size": spec.dense_intermediate,
-            "first_k_dense_replace": u32::from(spec.layers > 1), "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+            "first_k_dense_replace": spec.leading_dense(), "moe_layer_freq": 1,
+            "n_group": spec.expert_groups[0], "topk_group": spec.expert_groups[1],
             "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
             "norm_topk_prob": true, "rms_norm_eps": 1e-6,
         }),

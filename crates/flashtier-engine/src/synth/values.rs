@@ -21,21 +21,40 @@ fn splitmix64(x: u64) -> u64 {
 fn value(init: Init, r: u64) -> f32 {
     let u = (r >> 40) as f32 / (1u64 << 24) as f32;
     match init {
-        Init::Uniform(s) => (2.0 * u - 1.0) * s,
+        Init::Uniform(s) | Init::ShiftedRows { scale: s, .. } => (2.0 * u - 1.0) * s,
         Init::NearOne(s) => 1.0 + (2.0 * u - 1.0) * s,
         Init::Scale(s) => s * (0.5 + u),
     }
+}
+
+fn tensor_key(name_hash: u64, seed: u64) -> u64 {
+    name_hash ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The random word of element `index` of the tensor keyed `key`.
+fn element(key: u64, index: u64) -> u64 {
+    splitmix64(key ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03))
 }
 
 /// Fill `out` with the bytes of tensor `t` starting at byte `start` of the
 /// tensor (`start` a multiple of the element size; `out` a whole number of
 /// elements).
 pub fn fill_tensor(seed: u64, t: &SynthTensor, start: u64, out: &mut [u8]) {
-    let key = xxh3_64(t.name.as_bytes()) ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let key = match t.init {
+        Init::ShiftedRows { of, .. } => tensor_key(of, seed),
+        _ => tensor_key(xxh3_64(t.name.as_bytes()), seed),
+    };
     let size = t.dtype.size_bytes() as usize;
     let first = start / size as u64;
     for (i, elem) in out.chunks_exact_mut(size).enumerate() {
-        let r = splitmix64(key ^ (first + i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let at = first + i as u64;
+        let index = match t.init {
+            Init::ShiftedRows {
+                shift, rows, cols, ..
+            } => ((at / cols.max(1) + shift) % rows.max(1)) * cols + at % cols.max(1),
+            _ => at,
+        };
+        let r = element(key, index);
         let x = value(t.init, r);
         match t.dtype {
             Dtype::F32 => elem.copy_from_slice(&x.to_le_bytes()),

@@ -151,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     anyhow::ensure!(tool == "fio" || tool == "dd", "--tool must be fio or dd");
     let ws = Workspace::new(args.dir.as_deref(), false)?;
-    let spec = SynthSpec::for_target_bytes(SynthArch::Qwen3Moe, Dtype::Bf16, args.size, 0);
+    let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, args.size, 0);
     generate(&spec, &ws, !args.json)?;
     let ckpt = Checkpoint::open(&ws.model)?;
     let file_len = StoreWriterPlan::new(plan_experts(&ckpt)?.1)?.file_len();
