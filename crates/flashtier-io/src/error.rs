@@ -47,6 +47,21 @@ pub enum IoError {
         /// Bytes actually available.
         got: usize,
     },
+    /// A mapped file no longer covers an extent: it was truncated while
+    /// mapped (touching the extent would raise SIGBUS).
+    #[error(
+        "{path}: extent at offset {offset} length {len} lies past the end of the file, now {file_bytes} bytes (truncated while mapped)"
+    )]
+    Truncated {
+        /// File mapped.
+        path: PathBuf,
+        /// Byte offset of the extent.
+        offset: u64,
+        /// Length of the extent in bytes.
+        len: usize,
+        /// The file's length now.
+        file_bytes: u64,
+    },
     /// A write failed in the kernel.
     #[error("write {path} at offset {offset} length {len}: {source}")]
     Write {

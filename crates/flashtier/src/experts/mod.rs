@@ -113,10 +113,14 @@ pub enum ExpertsError {
         source: flashtier_io::IoError,
     },
     /// A record's bytes did not match its checksum; the record is not resident.
-    #[error("expert record {record}: {source}")]
+    #[error("expert record {record} at offset {offset} length {len}: {source}")]
     Checksum {
         /// Record index.
         record: usize,
+        /// File offset of the record.
+        offset: u64,
+        /// Payload bytes checked.
+        len: usize,
         /// The format layer's checksum error (names file, index, key).
         source: flashtier_format::FormatError,
     },

@@ -1,6 +1,10 @@
 //! The store files behind a pool: the exact store and, optionally, its 3-bit
 //! and 2-bit companions, each opened for direct reads (slots backing),
 //! buffered reads and a map (mapped backing).
+//!
+//! A mapped store must not be modified in place while it is mapped (replacing
+//! it by rename is safe); see [`flashtier_io::mapped`] for what is checked and
+//! what window remains.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -55,6 +59,20 @@ impl OpenStore {
     pub fn read_bytes(&self) -> usize {
         self.store.stride_bytes() as usize
     }
+
+    /// Check `payload` against record `index`'s checksum: a mismatch is
+    /// [`ExpertsError::Checksum`] naming the file, index, key, offset and
+    /// length. Both backings verify through here.
+    pub fn verify(&self, index: usize, payload: &[u8]) -> Result<(), ExpertsError> {
+        self.store
+            .verify_record(index as u64, payload)
+            .map_err(|source| ExpertsError::Checksum {
+                record: index,
+                offset: self.store.record_offset(index as u64).unwrap_or(0),
+                len: payload.len(),
+                source,
+            })
+    }
 }
 
 /// The exact store and its low-bit companions.
@@ -105,6 +123,21 @@ impl StoreSet {
             }
             Precision::Q3 => self.q3 = Some(low),
             Precision::Q2 => self.q2 = Some(low),
+        }
+        Ok(())
+    }
+
+    /// Check every map for changes since the last check (one fstat each) and
+    /// advance its epoch where it may have changed (see
+    /// [`MappedFile::check_epoch`]). A no-op for unmapped stores.
+    pub fn check_epochs(&mut self) -> Result<(), ExpertsError> {
+        for s in [Some(&mut self.full), self.q3.as_mut(), self.q2.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(map) = &mut s.map {
+                map.check_epoch()?;
+            }
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! Handing out ready records: addresses (with their precision) and bytes,
-//! only after the read landed and the checksum matched.
+//! only after the read landed and the checksum matched (mapped: in the
+//! current epoch of the map, and after checking that the file still covers
+//! the record).
 
 use super::{ExpertPool, RecordAddr, Residency};
 use crate::experts::ExpertsError;
@@ -14,13 +16,12 @@ impl ExpertPool {
             .get(e.precision)
             .ok_or(ExpertsError::NoStore(e.precision))?;
         let len_bytes = store.payload_bytes();
-        let (host_addr, device_addr) = match (&self.arena, &store.map) {
-            (Some(a), _) => (
+        let (host_addr, device_addr) = match &self.arena {
+            Some(a) => (
                 a.slot_host_addr(e.slot as usize),
                 a.slot_device_addr(e.slot as usize),
             ),
-            (None, Some(m)) => (m.addr(store.offset(r)? as usize), None),
-            (None, None) => (None, None),
+            None => (Some(self.view(r, e)?.as_ptr() as u64), None),
         };
         let host_addr = host_addr.ok_or(ExpertsError::NotResident { record: r })?;
         Ok(RecordAddr {
@@ -37,7 +38,6 @@ impl ExpertPool {
         self.ensure_ready(r, false)?;
         let e = self.entries[r];
         self.view(r, e)
-            .ok_or(ExpertsError::NotResident { record: r })
     }
 
     /// Wait until `r` is ready (its read landed and verified).
@@ -48,7 +48,7 @@ impl ExpertPool {
     fn ensure_ready(&mut self, r: usize, block: bool) -> Result<(), ExpertsError> {
         self.check_record(r)?;
         match self.entries[r].residency {
-            Residency::Ready => Ok(()),
+            Residency::Ready => self.recheck(r),
             Residency::Loading if block || self.is_landed(r) => {
                 self.complete(r)?;
                 if self.entries[r].residency == Residency::Ready {

@@ -38,7 +38,8 @@ impl ExpertPool {
     /// Decide the reads for `need` (from [`ExpertPool::acquire`]). Mapped
     /// backing: records whose pages are all in the page cache (`mincore`) are
     /// verified in place and become ready without a read; the others get a
-    /// `madvise(WILLNEED)` at once and a verifying read in `run`.
+    /// `madvise(WILLNEED)` at once and a read in `run`, after which their
+    /// bytes in the map are verified.
     pub fn plan(&mut self, need: &[usize]) -> Result<ReadPlan, ExpertsError> {
         if !self.step_open {
             return Err(ExpertsError::Lifecycle("plan without an open step"));
@@ -62,53 +63,6 @@ impl ExpertPool {
             }
         }
         Ok(plan)
-    }
-
-    /// Mapped: admit `r` from the page cache when all its pages are there.
-    fn admit_cached(&mut self, r: usize) -> Result<bool, ExpertsError> {
-        let started = Instant::now();
-        let e = self.entries[r];
-        let store = self
-            .stores
-            .get(e.precision)
-            .ok_or(ExpertsError::NoStore(e.precision))?;
-        let Some(map) = &store.map else {
-            return Ok(false);
-        };
-        let offset = store.offset(r)? as usize;
-        let len = store.payload_bytes();
-        if !map.is_resident(offset, len)? {
-            return Ok(false);
-        }
-        let bytes = map
-            .bytes(offset, len)
-            .ok_or(ExpertsError::NotResident { record: r })?;
-        if let Err(source) = store.store.verify_record(r as u64, bytes) {
-            self.stats.failed_reads += 1;
-            self.fail(r);
-            return Err(ExpertsError::Checksum { record: r, source });
-        }
-        self.entries[r].residency = Residency::Ready;
-        let layer = self.stores.layer_of(r);
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.tracker
-            .record(layer, e.precision, ReadSource::PageCache, len as u64, ns);
-        Ok(true)
-    }
-
-    /// Mapped: ask the kernel to start reading a cold record's pages
-    /// (`madvise(WILLNEED)`) as soon as it is planned; the verifying read that
-    /// `run` issues then finds them in flight or cached.
-    fn advise_will_need(&self, r: usize) -> Result<(), ExpertsError> {
-        let e = self.entries[r];
-        let store = self
-            .stores
-            .get(e.precision)
-            .ok_or(ExpertsError::NoStore(e.precision))?;
-        if let Some(map) = &store.map {
-            map.will_need(store.offset(r)? as usize, store.read_bytes())?;
-        }
-        Ok(())
     }
 
     fn check_plan(&self, plan: &ReadPlan) -> Result<(), ExpertsError> {
@@ -282,8 +236,9 @@ impl ExpertPool {
             return Ok(());
         }
         match result {
-            Ok(()) => {
+            Ok(epoch) => {
                 self.entries[r].residency = Residency::Ready;
+                self.entries[r].epoch = epoch;
                 let len = self.read_bytes(e.precision) as u64;
                 let ns = u64::try_from(landed_at.saturating_duration_since(inf.started).as_nanos())
                     .unwrap_or(u64::MAX);
@@ -300,12 +255,16 @@ impl ExpertPool {
         }
     }
 
+    /// Collect `r`'s read and verify the bytes that will be served: the slot
+    /// (slots), or the record in the map once the scratch read landed
+    /// (mapped; the scratch copy only brought the pages in). Returns the map's
+    /// epoch of the check (0 for slots).
     fn collect_and_verify(
         &mut self,
         r: usize,
         e: Entry,
         ticket: Option<flashtier_io::Ticket>,
-    ) -> Result<(), ExpertsError> {
+    ) -> Result<u64, ExpertsError> {
         let store = self
             .stores
             .get(e.precision)
@@ -316,13 +275,6 @@ impl ExpertPool {
             key,
             source,
         };
-        let payload = store.payload_bytes();
-        let verify = |bytes: &[u8]| {
-            store
-                .store
-                .verify_record(r as u64, bytes)
-                .map_err(|source| ExpertsError::Checksum { record: r, source })
-        };
         match (&mut self.arena, ticket) {
             (Some(arena), _) => {
                 arena
@@ -331,20 +283,14 @@ impl ExpertPool {
                     .map_err(read_err)?;
                 let bytes = arena
                     .table()
-                    .bytes(e.slot as usize, payload)
+                    .bytes(e.slot as usize, store.payload_bytes())
                     .ok_or(ExpertsError::NotResident { record: r })?;
-                verify(bytes)
+                store.verify(r, bytes)?;
+                Ok(0)
             }
             (None, Some(t)) => {
-                let landed = t.wait().map_err(read_err)?;
-                let buf = landed
-                    .first()
-                    .and_then(|l| l.buf.as_ref())
-                    .ok_or(ExpertsError::NotResident { record: r })?;
-                verify(
-                    buf.get(..payload)
-                        .ok_or(ExpertsError::NotResident { record: r })?,
-                )
+                drop(t.wait().map_err(read_err)?);
+                self.check_mapped(r)
             }
             (None, None) => Err(ExpertsError::NotResident { record: r }),
         }
@@ -385,13 +331,25 @@ impl ExpertPool {
         first_err.map_or(Ok(()), Err)
     }
 
-    pub(super) fn view(&self, r: usize, e: Entry) -> Option<&[u8]> {
-        let store = self.stores.get(e.precision)?;
+    /// The payload bytes of ready record `r` (mapped: after checking that the
+    /// file still covers them).
+    pub(super) fn view(&self, r: usize, e: Entry) -> Result<&[u8], ExpertsError> {
+        let store = self
+            .stores
+            .get(e.precision)
+            .ok_or(ExpertsError::NoStore(e.precision))?;
         let len = store.payload_bytes();
-        match (&self.arena, &store.map) {
+        let bytes = match (&self.arena, &store.map) {
             (Some(a), _) => a.table().bytes(e.slot as usize, len),
-            (None, Some(m)) => m.bytes(usize::try_from(store.offset(r).ok()?).ok()?, len),
+            (None, Some(m)) => Some(m.bytes_within(store.offset(r)? as usize, len).map_err(
+                |source| ExpertsError::Read {
+                    record: r,
+                    key: self.stores.key_name(r),
+                    source,
+                },
+            )?),
             (None, None) => None,
-        }
+        };
+        bytes.ok_or(ExpertsError::NotResident { record: r })
     }
 }

@@ -1,11 +1,12 @@
 //! `ExpertPool`: the resident set of expert records under a byte budget.
 //!
 //! Lifecycle of a step (one layer's routed experts, typically):
-//! 1. [`ExpertPool::acquire`] pins the step's records (they cannot be evicted
-//!    until [`ExpertPool::finish`]), counts hits, makes room for misses by
-//!    evicting unpinned records through the policy, and returns the records
-//!    that are not ready yet. A step needing more records than the pool holds
-//!    is [`ExpertsError::PoolTooSmall`].
+//! 1. [`ExpertPool::acquire`] checks mapped stores for changes (one fstat
+//!    each), pins the step's records (they cannot be evicted until
+//!    [`ExpertPool::finish`]), counts hits, makes room for misses by evicting
+//!    unpinned records through the policy, and returns the records that are
+//!    not ready yet. A step needing more records than the pool holds is
+//!    [`ExpertsError::PoolTooSmall`].
 //! 2. [`ExpertPool::set_precision`] may pick a low-bit copy for a miss.
 //! 3. [`ExpertPool::plan`] decides the reads (mapped: records whose pages are
 //!    in the page cache are admitted without one).
@@ -15,11 +16,16 @@
 //! 5. [`ExpertPool::finish`] collects landed reads and unpins the step.
 //!
 //! Safety of bytes: a record's address or bytes are handed out only in state
-//! `Ready`: its read landed and the store's checksum matched. A failed read or
-//! checksum leaves the record non-resident and returns the error. A slot is
-//! never the target of a second read before the first one landed (the slot
-//! table refuses it; eviction of a record whose read is in flight waits for
-//! it first).
+//! `Ready`: its read landed and the store's checksum matched over the bytes
+//! that are served (the slot; mapped: the record in the map, on every
+//! admission, and again before a ready record is reused after its store
+//! changed: the `mapped` submodule). A failed read or checksum leaves the record
+//! non-resident and returns the error. A slot is never the target of a second
+//! read before the first one landed (the slot table refuses it; eviction of a
+//! record whose read is in flight waits for it first). A mapped store must
+//! not be modified in place while mapped (rename-replacing it is safe);
+//! [`flashtier_io::mapped`] lists what that backing checks and the windows
+//! it leaves.
 //!
 //! Bounds: capacity = `budget_bytes / exact stride` records (slots backing:
 //! that many arena slots; mapped: that many admitted records). Reads in
@@ -29,6 +35,7 @@
 mod access;
 mod audit;
 mod io;
+mod mapped;
 mod prefetch;
 
 use std::collections::HashMap;
@@ -122,6 +129,9 @@ pub struct PoolStats {
     pub prefetch_used_bytes: u64,
     /// Reads that failed (I/O error or checksum).
     pub failed_reads: u64,
+    /// Mapped: ready records verified again before reuse because their map's
+    /// epoch advanced (the store changed, or was written moments ago).
+    pub rechecked_hits: u64,
     /// Per (layer, precision, source) rows.
     pub reads: Vec<ReadRow>,
 }
@@ -147,6 +157,8 @@ pub(crate) struct Entry {
     /// A cancelled prefetch: dropped when its read lands.
     cancelled: bool,
     pinned_step: u64,
+    /// Mapped: the map's epoch the record was verified in.
+    epoch: u64,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -245,6 +257,7 @@ impl ExpertPool {
             prefetched: false,
             cancelled: false,
             pinned_step: 0,
+            epoch: 0,
         };
         let layer_of: Vec<u32> = (0..records).map(|r| stores.layer_of(r)).collect();
         Ok(Self {
@@ -328,6 +341,7 @@ impl ExpertPool {
                 needed: distinct.len(),
             });
         }
+        self.stores.check_epochs()?;
         self.step += 1;
         self.step_open = true;
         self.step_failed.clear();
@@ -358,6 +372,7 @@ impl ExpertPool {
         let layer = self.stores.layer_of(r);
         match e.residency {
             Residency::Ready => {
+                self.recheck(r)?;
                 self.stats.hits += 1;
                 self.policy.on_hit(r);
                 self.tracker
