@@ -204,10 +204,9 @@ impl MappedFile {
     }
 
     /// The bytes of `[offset, offset + len)`, or `None` when outside the map.
-    /// Unchecked: touching them faults if the file was truncated since; use
-    /// [`MappedFile::bytes_within`] for bytes a caller will read.
-    #[must_use]
-    pub fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+    /// Unchecked against the file's length (touching them faults if the file
+    /// was truncated since): callers go through [`MappedFile::bytes_within`].
+    fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
         self.map.get(offset..offset.checked_add(len)?)
     }
 

@@ -28,7 +28,10 @@ pub struct Args {
     /// Eviction policy: layer-clock (default) | s3-fifo | sieve | lru.
     #[arg(long, default_value = "default")]
     pub policy: PolicyKind,
-    /// Backing: slots (direct reads into an arena) | mapped (mmap + page cache).
+    /// Backing: slots (direct reads into an arena) | mapped (mmap + page
+    /// cache; the store must not be modified in place while mapped, replacing
+    /// it by rename is safe: a changed record fails its checksum, a truncated
+    /// store is an error, a truncation racing a read can still raise SIGBUS).
     #[arg(long, default_value = "slots")]
     pub backing: Backing,
     /// I/O backend: uring (falls back to posix) | posix | sim.

@@ -36,7 +36,11 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
     /// Pool backing: `slots` (direct reads into a slot arena) or `mapped`
-    /// (the store memory-mapped, the page cache as a second tier).
+    /// (the store memory-mapped, the page cache as a second tier). A mapped
+    /// store must not be modified in place while the run reads it (replacing
+    /// it by rename is safe): a changed record fails its checksum and a
+    /// truncated store is an error, but a truncation that races a read can
+    /// still end the process with SIGBUS.
     #[arg(long, value_name = "KIND", default_value = "slots")]
     pub backing: Backing,
     /// Expert reads in flight at most.
