@@ -22,7 +22,8 @@
 //! Remaining windows (not closed here): a truncation that lands between the
 //! length check and the touch of the pages still raises SIGBUS; bytes
 //! rewritten in place between a check and their use are seen as rewritten
-//! (the pool checks once per step and per hand-out, not per byte read); writes
+//! (the pool checks the epoch once per step and the length at every
+//! hand-out, not per byte read); writes
 //! through another process's shared writable map update the times only when
 //! the kernel notices the page going dirty; and a drive error on a page the
 //! kernel dropped and reads back on use is delivered as SIGBUS, which a
