@@ -97,7 +97,10 @@ fn a_record_is_verified_in_the_map_not_in_its_scratch_read() {
     let need = p.acquire(&[r]).expect("acquire");
     let plan = p.plan(&need).expect("plan");
     if plan.reads().is_empty() {
-        eprintln!("SKIP: the file system kept the pages cached (fadvise DONTNEED ignored)");
+        flashtier_io::skip::notice(
+            "a_record_is_verified_in_the_map_not_in_its_scratch_read",
+            "the file system kept the store's pages cached (fadvise DONTNEED ignored)",
+        );
         return;
     }
     let flags = p.run_tracked(plan).expect("start the read");
