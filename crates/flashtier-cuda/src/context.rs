@@ -136,6 +136,14 @@ impl Gpu {
             .map_err(CudaError::driver("create stream"))
     }
 
+    /// Free and total device memory, bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        cudarc::driver::result::mem_get_info().map_err(CudaError::driver("cuMemGetInfo"))
+    }
+
     /// Block until the compute stream has finished everything queued on it.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream

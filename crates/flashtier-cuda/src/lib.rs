@@ -11,6 +11,9 @@
 //!   time for the device's own architecture (CUBIN for `sm_90` on Hopper):
 //!   tiled split-KV decode attention (flash-decoding, log-sum-exp merge) and
 //!   the FP8 -> BF16 row dequant.
+//! - [`ops`]: the decode engine's kernels (matrix-vector products over
+//!   stored weights, routing, routed experts from HBM slots or pinned
+//!   memory, RMSNorm, RoPE, f32 KV-cache attention) behind checked launches.
 //! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
 //!
 //! ```no_run
@@ -28,6 +31,7 @@ pub mod dequant;
 pub mod error;
 pub mod measure;
 pub mod nvrtc;
+pub mod ops;
 pub mod pinned;
 pub mod plan;
 pub mod sink;

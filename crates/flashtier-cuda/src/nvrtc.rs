@@ -131,6 +131,27 @@ fn program_log(prog: nvrtcProgram) -> String {
 mod tests {
     use super::*;
 
+    /// The decode engine's kernels compile for Hopper without spills.
+    #[test]
+    fn decode_kernels_compile_for_sm90() {
+        if !nvrtc_present() {
+            flashtier_io::skip::notice(
+                "decode_kernels_compile_for_sm90",
+                "libnvrtc not found (no CUDA runtime compiler on this machine)",
+            );
+            return;
+        }
+        let c = compile_cubin("decode", crate::ops::DECODE_SRC, "sm_90", &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.image.is_empty());
+        eprintln!("decode:\n{}", c.log);
+        assert!(
+            !c.log.contains("bytes spill stores") || c.log.contains(" 0 bytes spill stores"),
+            "{}",
+            c.log
+        );
+    }
+
     /// The kernels compile for Hopper with every head dimension the host
     /// accepts. Needs NVRTC only (no GPU); skips where it is absent.
     #[test]

@@ -128,6 +128,51 @@ impl PinnedMemory {
     pub fn device_address(&self) -> u64 {
         self.device_ptr
     }
+
+    /// Bytes allocated.
+    #[must_use]
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    /// Host address of the first byte.
+    #[must_use]
+    pub fn host_address(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Does `offset..offset + len` lie inside the allocation?
+    #[must_use]
+    pub fn contains(&self, offset: usize, len: usize) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.len_bytes)
+    }
+
+    /// Pinned memory shared between a tier that lands reads in it (the
+    /// returned region memory, e.g. an expert arena's) and the copies and
+    /// kernels that read it (the `Arc`, which keeps it alive).
+    pub fn shared(gpu: &Gpu, len: usize) -> Result<(Arc<Self>, Box<dyn RegionMemory>), CudaError> {
+        let mem = Arc::new(Self::new(gpu, len)?);
+        Ok((mem.clone(), Box::new(SharedPinned(mem))))
+    }
+}
+
+/// Region memory over a shared [`PinnedMemory`].
+struct SharedPinned(Arc<PinnedMemory>);
+
+// SAFETY: delegates to the `PinnedMemory`, whose allocation the Arc keeps
+// alive, 4096-aligned and unmoved for as long as this value exists.
+unsafe impl RegionMemory for SharedPinned {
+    fn base_ptr(&self) -> *mut u8 {
+        self.0.ptr
+    }
+    fn len_bytes(&self) -> usize {
+        self.0.len_bytes
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.0.device_ptr)
+    }
 }
 
 /// The SPEC's device-address check.

@@ -152,6 +152,27 @@ pub enum EngineError {
     /// Reading bytes failed.
     #[error(transparent)]
     StoreIo(#[from] flashtier_io::IoError),
+    /// The model does not fit in the GPU's free memory.
+    #[error(
+        "the GPU has {free_bytes} of {total_bytes} bytes free; the model needs {need_bytes} \
+         ({weights_bytes} of resident weights, {experts_bytes} of HBM expert slots): give a \
+         smaller --budget-hbm, or run on the CPU"
+    )]
+    DeviceMemory {
+        /// Bytes needed.
+        need_bytes: u64,
+        /// Of which resident weights.
+        weights_bytes: u64,
+        /// Of which expert slots.
+        experts_bytes: u64,
+        /// Free device memory.
+        free_bytes: u64,
+        /// Device memory.
+        total_bytes: u64,
+    },
+    /// The GPU failed, or there is none.
+    #[error(transparent)]
+    Cuda(#[from] flashtier_cuda::CudaError),
     /// An expert store file is not usable.
     #[error(transparent)]
     Format(#[from] flashtier_format::FormatError),

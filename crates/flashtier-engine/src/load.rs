@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flashtier::experts::Backing;
+use flashtier::experts::{Backing, StoreSet};
 use flashtier_format::Store;
 use flashtier_io::{PosixBackend, StorageBackend};
 
@@ -13,6 +13,8 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::device::cpu::CpuDevice;
 use crate::device::cpu::experts::PoolExperts;
+use crate::device::cuda::CudaDevice;
+use crate::device::cuda::experts::{CudaExperts, TierBudgets};
 use crate::error::EngineError;
 use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
@@ -128,4 +130,129 @@ pub fn load_cpu(model: &Path, opts: &LoadOptions) -> Result<Model<CpuDevice>, En
     let store = resolve_store(model, opts, &|_, _| {})?;
     let experts = cpu_experts(&cfg, &ckpt, &store, opts)?;
     Model::new(CpuDevice, &cfg, &ckpt, experts)
+}
+
+/// How [`load_cuda`] places a model on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// The expert tiers' budgets.
+    pub budgets: TierBudgets,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            budgets: TierBudgets {
+                hbm_bytes: None,
+                ram_bytes: 0,
+                in_place: false,
+            },
+        }
+    }
+}
+
+/// Bytes of the checkpoint's tensors that stay resident (every tensor but
+/// the routed experts', which the store serves).
+pub fn resident_weight_bytes(ckpt: &Checkpoint) -> u64 {
+    ckpt.source()
+        .tensors()
+        .iter()
+        .filter(|(name, _)| !is_routed_expert_tensor(name))
+        .map(|(_, t)| t.len_bytes)
+        .sum()
+}
+
+/// Whether `name` is a routed expert's tensor (`...experts.E.*` per expert,
+/// or the fused `...experts.gate_up_proj` / `down_proj`), which the store
+/// serves; shared experts (`shared_expert.`, `shared_experts.`) stay.
+fn is_routed_expert_tensor(name: &str) -> bool {
+    let Some(at) = name.find(".experts.") else {
+        return false;
+    };
+    let rest = &name[at + ".experts.".len()..];
+    rest.split('.')
+        .next()
+        .is_some_and(|p| p.parse::<u64>().is_ok())
+        || rest.starts_with("gate_up_proj")
+        || rest.starts_with("down_proj")
+}
+
+/// The CUDA device's expert tiers for `store` under `opts` and `gpu`.
+pub fn cuda_experts(
+    dev: &CudaDevice,
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    store: &Path,
+    opts: &LoadOptions,
+    gpu: &GpuOptions,
+) -> Result<CudaExperts, EngineError> {
+    let opened = Store::open(store)?;
+    check_pairing(&opened, ckpt.source())?;
+    let backend = match &opts.backend {
+        Some(b) => b.clone(),
+        None => Arc::new(PosixBackend::new(opts.queue_depth.max(1))?),
+    };
+    let stores = StoreSet::open(store, false)?;
+    // The layout check needs a pool; a one-record host pool reads nothing.
+    let probe = StreamOptions {
+        backing: Backing::Slots,
+        budget_bytes: opened.stride_bytes(),
+        queue_depth: 1,
+    };
+    let (_, layout) = open_pool(store, cfg, probe, backend.clone())?;
+    CudaExperts::new(
+        dev.gpu(),
+        stores,
+        backend,
+        layout,
+        cfg.num_layers,
+        cfg.num_experts,
+        cfg.top_k,
+        gpu.budgets,
+    )
+}
+
+/// Refuse a model whose resident weights, HBM expert slots and a first KV
+/// allocation do not fit in the device's free memory, naming the bytes.
+fn check_fits(
+    dev: &CudaDevice,
+    ckpt: &Checkpoint,
+    store: &Path,
+    gpu: &GpuOptions,
+) -> Result<(), EngineError> {
+    let opened = Store::open(store)?;
+    let all = opened.stride_bytes() * opened.record_count();
+    let slots = gpu.budgets.hbm_bytes.map_or(all, |b| b.min(all));
+    let weights = resident_weight_bytes(ckpt);
+    let need = weights + slots;
+    let (free, total) = dev.gpu().memory_info()?;
+    if need > free as u64 {
+        return Err(EngineError::DeviceMemory {
+            need_bytes: need,
+            weights_bytes: weights,
+            experts_bytes: slots,
+            free_bytes: free as u64,
+            total_bytes: total as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Load the model in `model` on GPU `gpu.ordinal`: resident weights in HBM,
+/// experts from `opts.store` through the GPU's tiers.
+pub fn load_cuda(
+    model: &Path,
+    opts: &LoadOptions,
+    gpu: &GpuOptions,
+) -> Result<Model<CudaDevice>, EngineError> {
+    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
+    let ckpt = Checkpoint::open(model)?;
+    let store = resolve_store(model, opts, &|_, _| {})?;
+    let dev = CudaDevice::open(gpu.ordinal)?;
+    check_fits(&dev, &ckpt, &store, gpu)?;
+    let experts = cuda_experts(&dev, &cfg, &ckpt, &store, opts, gpu)?;
+    Model::new(dev, &cfg, &ckpt, experts)
 }

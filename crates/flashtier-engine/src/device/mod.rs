@@ -16,6 +16,7 @@
 //! budget, the order reads land in, or the thread count.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::error::EngineError;
 use crate::experts::ExpertStats;

@@ -1,0 +1,700 @@
+// Kernels of the GPU decode engine: f32 activations and accumulation over
+// weights in their stored form (BF16, F16, F32, or FP8 E4M3 codes with F32
+// block scales). Every reduction runs in a fixed order (per-lane strided
+// sums, then a butterfly over the warp, then warps in index order), so the
+// same inputs give the same bits on every run. Compiled by NVRTC for the
+// device's own architecture; no headers.
+//
+// Dtype codes (`DT`): 0 BF16, 1 F16, 2 F32, 3 FP8 E4M3 (unscaled codes; the
+// block scale is applied per 8-element chunk).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define MAX_ROWS 8
+#define MAX_DIM_PER_LANE 8   // head_dim <= 256
+#define ATTN_WARPS 4
+#define INFINITY __int_as_float(0x7f800000)
+
+static __device__ __forceinline__ float bf16_to_f32(u32 b) { return __int_as_float(b << 16); }
+
+static __device__ __forceinline__ float f16_to_f32(u32 h) {
+    float f;
+    const unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+
+// e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities;
+// 0x7F / 0xFF are NaN, 0x7E is 448. Exact in f32.
+static __device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    const u32 sign = (b & 0x80u) << 24;
+    const u32 exp = (b >> 3) & 0xFu;
+    const u32 man = b & 0x7u;
+    if (exp == 0xFu && man == 0x7u) return __int_as_float(0x7fc00000 | sign);
+    if (exp == 0u) {
+        const float v = (float)man * 0.001953125f;
+        return __int_as_float(__float_as_int(v) | sign);
+    }
+    return __int_as_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Element `i` of a row of dtype DT.
+template <int DT>
+static __device__ __forceinline__ float elem(const u8* row, int i) {
+    if (DT == 0) return bf16_to_f32(((const u16*)row)[i]);
+    if (DT == 1) return f16_to_f32(((const u16*)row)[i]);
+    if (DT == 2) return ((const float*)row)[i];
+    return e4m3_to_f32(row[i]);
+}
+
+// Elements 8c..8c+8 of a row (16-byte aligned chunks for BF16/F16, 32 for
+// F32, 8 for FP8).
+template <int DT>
+static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
+    if (DT == 0 || DT == 1) {
+        const uint4 q = *(const uint4*)(row + (long long)c * 16);
+        const u32 part[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (DT == 0) {
+                w[2 * k] = bf16_to_f32(part[k] & 0xFFFFu);
+                w[2 * k + 1] = bf16_to_f32(part[k] >> 16);
+            } else {
+                w[2 * k] = f16_to_f32(part[k] & 0xFFFFu);
+                w[2 * k + 1] = f16_to_f32(part[k] >> 16);
+            }
+        }
+    } else if (DT == 2) {
+        const float4 a = *(const float4*)(row + (long long)c * 32);
+        const float4 b = *(const float4*)(row + (long long)c * 32 + 16);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else {
+        const uint2 q = *(const uint2*)(row + (long long)c * 8);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            w[k] = e4m3_to_f32((q.x >> (8 * k)) & 0xFFu);
+            w[4 + k] = e4m3_to_f32((q.y >> (8 * k)) & 0xFFu);
+        }
+    }
+}
+
+// How a matrix is stored: `row_bytes` between rows; for FP8, the F32 scale
+// grid (`sc_cols` scales per grid row) of `br x bc` blocks.
+struct Mat {
+    const u8* w;
+    long long row_bytes;
+    const float* scales;
+    int sc_cols;
+    int br;
+    int bc;
+};
+
+// acc[r] = dot(row `m` of `a`, x[r]) for r < rows, one warp; `k` columns.
+// With `vec` the row and x are read in aligned 8-element chunks.
+template <int DT>
+static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, const float* x,
+                                                 long long x_stride, int rows, int vec,
+                                                 float* acc) {
+    const int lane = threadIdx.x & (WARP - 1);
+    const u8* row = a.w + (long long)m * a.row_bytes;
+    const float* srow = DT == 3 ? a.scales + (long long)(m / a.br) * a.sc_cols : a.scales;
+#pragma unroll
+    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
+    if (vec) {
+        const int chunks = k / 8;
+        for (int c = lane; c < chunks; c += WARP) {
+            float w[8];
+            load8<DT>(row, c, w);
+            const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
+#pragma unroll
+            for (int r = 0; r < MAX_ROWS; ++r) {
+                if (r < rows) {
+                    const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
+                    const float4 p = xr[0], q = xr[1];
+                    float d = w[0] * p.x;
+                    d = fmaf(w[1], p.y, d);
+                    d = fmaf(w[2], p.z, d);
+                    d = fmaf(w[3], p.w, d);
+                    d = fmaf(w[4], q.x, d);
+                    d = fmaf(w[5], q.y, d);
+                    d = fmaf(w[6], q.z, d);
+                    d = fmaf(w[7], q.w, d);
+                    acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+                }
+            }
+        }
+    } else {
+        for (int i = lane; i < k; i += WARP) {
+            float w = elem<DT>(row, i);
+            if (DT == 3) w *= srow[i / a.bc];
+#pragma unroll
+            for (int r = 0; r < MAX_ROWS; ++r)
+                if (r < rows) acc[r] = fmaf(w, x[r * x_stride + i], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// out[r * out_stride + i] = W[i] . x[r] for i < m, r < rows (<= 8). One
+// warp per output row.
+template <int DT>
+static __device__ void gemv(Mat a, int m, int k, const float* x, long long x_stride, int rows,
+                            int vec, float* out, long long out_stride) {
+    const int warp = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
+    if (warp >= m) return;
+    float acc[MAX_ROWS];
+    warp_dots<DT>(a, warp, k, x, x_stride, rows, vec, acc);
+    if ((threadIdx.x & (WARP - 1)) == 0) {
+#pragma unroll
+        for (int r = 0; r < MAX_ROWS; ++r)
+            if (r < rows) out[r * out_stride + warp] = acc[r];
+    }
+}
+
+#define GEMV(NAME, DT)                                                                         \
+    extern "C" __global__ void NAME(const u8* w, long long row_bytes, const float* scales,    \
+                                    int sc_cols, int br, int bc, int m, int k, const float* x, \
+                                    long long x_stride, int rows, int vec, float* out,         \
+                                    long long out_stride) {                                    \
+        Mat a = {w, row_bytes, scales, sc_cols, br, bc};                                       \
+        gemv<DT>(a, m, k, x, x_stride, rows, vec, out, out_stride);                            \
+    }
+GEMV(gemv_bf16, 0)
+GEMV(gemv_f16, 1)
+GEMV(gemv_f32, 2)
+GEMV(gemv_fp8, 3)
+
+// ---------------------------------------------------------------------------
+// Routed experts. An expert record lives at `table[layer_base + id]` (a
+// device address; 0 means "not resident", which writes NaN rather than read
+// anything); its matrices sit at fixed byte offsets inside the record.
+
+struct Expert {
+    long long gate_off, up_off, down_off;        // matrix offsets in the record
+    long long gate_soff, up_soff, down_soff;     // FP8 scale offsets
+    int gu_sc_cols, dn_sc_cols, br, bc;          // FP8 scale grids
+};
+
+static __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// act[p][i] = silu(gate_i . x[r]) * (up_i . x[r]) for pair p = r * top_k + j,
+// expert ids[p]. grid: (ceil(inter / warps), pairs).
+template <int DT>
+static __device__ void moe_gate_up(const u64* table, int layer_base, const int* ids, int top_k,
+                                   const float* x, int hidden, int inter, Expert e, int vec,
+                                   float* act) {
+    const int p = blockIdx.y;
+    const int i = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
+    if (i >= inter) return;
+    const int r = p / top_k;
+    const u64 base = table[layer_base + ids[p]];
+    if (base == 0) {
+        if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const u8* rec = (const u8*)base;
+    const long long rb = (long long)hidden * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+    Mat g = {rec + e.gate_off, rb, (const float*)(rec + e.gate_soff), e.gu_sc_cols, e.br, e.bc};
+    Mat u = {rec + e.up_off, rb, (const float*)(rec + e.up_soff), e.gu_sc_cols, e.br, e.bc};
+    float ag[MAX_ROWS], au[MAX_ROWS];
+    const float* xr = x + (long long)r * hidden;
+    warp_dots<DT>(g, i, hidden, xr, hidden, 1, vec, ag);
+    warp_dots<DT>(u, i, hidden, xr, hidden, 1, vec, au);
+    if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = silu(ag[0]) * au[0];
+}
+
+// y[p][i] = down_i . act[p], grid: (ceil(hidden / warps), pairs).
+template <int DT>
+static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
+                                const float* act, int hidden, int inter, Expert e, int vec,
+                                float* y) {
+    const int p = blockIdx.y;
+    const int i = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
+    if (i >= hidden) return;
+    const u64 base = table[layer_base + ids[p]];
+    if (base == 0) {
+        if ((threadIdx.x & (WARP - 1)) == 0) y[(long long)p * hidden + i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const u8* rec = (const u8*)base;
+    const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+    Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols, e.br, e.bc};
+    float acc[MAX_ROWS];
+    warp_dots<DT>(d, i, inter, act + (long long)p * inter, inter, 1, vec, acc);
+    if ((threadIdx.x & (WARP - 1)) == 0) y[(long long)p * hidden + i] = acc[0];
+}
+
+#define MOE(DT, SUFFIX)                                                                         \
+    extern "C" __global__ void moe_gate_up_##SUFFIX(const u64* table, int layer_base,          \
+                                                    const int* ids, int top_k, const float* x,  \
+                                                    int hidden, int inter, Expert e, int vec,   \
+                                                    float* act) {                               \
+        moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act);          \
+    }                                                                                           \
+    extern "C" __global__ void moe_down_##SUFFIX(const u64* table, int layer_base,             \
+                                                 const int* ids, const float* act, int hidden,  \
+                                                 int inter, Expert e, int vec, float* y) {      \
+        moe_down<DT>(table, layer_base, ids, act, hidden, inter, e, vec, y);                    \
+    }
+MOE(0, bf16)
+MOE(1, f16)
+MOE(2, f32)
+MOE(3, fp8)
+
+// out[r][c] = sum over j < top_k (experts in ascending id, as routed) of
+// w[r][j] * y[r * top_k + j][c]. grid: (ceil(hidden / 256), rows).
+extern "C" __global__ void moe_combine(const float* y, const float* w, int top_k, int hidden,
+                                       float* out) {
+    const int r = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hidden) return;
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+        const long long p = (long long)r * top_k + j;
+        acc = fmaf(y[p * hidden + c], w[p], acc);
+    }
+    out[(long long)r * hidden + c] = acc;
+}
+
+// ---------------------------------------------------------------------------
+// Routing: one block of 256 threads per row, E <= 1024 experts, top_k <= 32.
+
+#define ROUTE_THREADS 256
+#define MAX_EXPERTS 1024
+#define MAX_TOPK 32
+
+// Block-wide max of (value, -index): ties go to the lower index.
+static __device__ void block_argmax(float v, int idx, float* sv, int* si, float* out_v,
+                                    int* out_i) {
+    const int t = threadIdx.x;
+    sv[t] = v;
+    si[t] = idx;
+    __syncthreads();
+    for (int s = ROUTE_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            const float a = sv[t], b = sv[t + s];
+            const int ia = si[t], ib = si[t + s];
+            if (b > a || (b == a && ib < ia) || (a != a && b == b)) {
+                sv[t] = b;
+                si[t] = ib;
+            }
+        }
+        __syncthreads();
+    }
+    *out_v = sv[0];
+    *out_i = si[0];
+    __syncthreads();
+}
+
+// The best of this thread's strided slice of s[0..n): (value, index).
+static __device__ void thread_best(const float* s, int n, float* v, int* idx) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
+        const float x = s[e];
+        if (x > bv || (x == bv && e < bi)) {
+            bv = x;
+            bi = e;
+        }
+    }
+    *v = bv;
+    *idx = bi;
+}
+
+// Top-k of s (destroyed: chosen entries become -inf) into sel_i.
+static __device__ void top_k_into(float* s, int n, int k, int* sel_i, float* sv, int* si) {
+    for (int t = 0; t < k; ++t) {
+        float v;
+        int i;
+        thread_best(s, n, &v, &i);
+        float bv;
+        int bi;
+        block_argmax(v, i, sv, si, &bv, &bi);
+        if (threadIdx.x == 0) {
+            sel_i[t] = bi < n ? bi : 0;
+            if (bi < n) s[bi] = -INFINITY;
+        }
+        __syncthreads();
+    }
+}
+
+// Write the chosen (id, weight) pairs sorted by id (thread 0).
+static __device__ void write_sorted(int* sel_i, float* sel_w, int k, int* ids, float* weights) {
+    for (int a = 1; a < k; ++a) {
+        const int ki = sel_i[a];
+        const float kw = sel_w[a];
+        int b = a - 1;
+        while (b >= 0 && sel_i[b] > ki) {
+            sel_i[b + 1] = sel_i[b];
+            sel_w[b + 1] = sel_w[b];
+            --b;
+        }
+        sel_i[b + 1] = ki;
+        sel_w[b + 1] = kw;
+    }
+    for (int a = 0; a < k; ++a) {
+        ids[a] = sel_i[a];
+        weights[a] = sel_w[a];
+    }
+}
+
+// Softmax over E logits, the top k, renormalised to sum 1 when `norm`.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+route_softmax(const float* logits, int n, int k, int norm, int* ids, float* weights) {
+    __shared__ float s[MAX_EXPERTS];
+    __shared__ float p[MAX_EXPERTS];
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    __shared__ int sel_i[MAX_TOPK];
+    __shared__ float sel_w[MAX_TOPK];
+    const int row = blockIdx.x;
+    const float* l = logits + (long long)row * n;
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) s[e] = l[e];
+    __syncthreads();
+    float v;
+    int i;
+    thread_best(s, n, &v, &i);
+    float mx;
+    int unused;
+    block_argmax(v, i, sv, si, &mx, &unused);
+    float part = 0.f;
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
+        p[e] = expf(s[e] - mx);
+        part += p[e];
+    }
+    sv[threadIdx.x] = part;
+    __syncthreads();
+    for (int st = ROUTE_THREADS / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) sv[threadIdx.x] += sv[threadIdx.x + st];
+        __syncthreads();
+    }
+    const float total = sv[0];
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
+        p[e] = p[e] / total;
+        s[e] = p[e];
+    }
+    __syncthreads();
+    top_k_into(s, n, k, sel_i, sv, si);
+    if (threadIdx.x == 0) {
+        float sum = 0.f;
+        for (int a = 0; a < k; ++a) {
+            sel_w[a] = p[sel_i[a]];
+            sum += sel_w[a];
+        }
+        if (norm)
+            for (int a = 0; a < k; ++a) sel_w[a] = sel_w[a] / sum;
+        write_sorted(sel_i, sel_w, k, ids + (long long)row * k, weights + (long long)row * k);
+    }
+}
+
+// DeepSeek-V3: sigmoid scores; the choice ranks score + bias within the
+// `topk_group` best of `n_group` groups (a group scores its two best
+// choices); weights are the scores (renormalised when `norm`) times `scaling`.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n_group,
+                     int topk_group, float scaling, int norm, int* ids, float* weights) {
+    __shared__ float score[MAX_EXPERTS];
+    __shared__ float choice[MAX_EXPERTS];
+    __shared__ float gscore[ROUTE_THREADS];
+    __shared__ int keep[ROUTE_THREADS];
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    __shared__ int sel_i[MAX_TOPK];
+    __shared__ float sel_w[MAX_TOPK];
+    const int row = blockIdx.x;
+    const float* l = logits + (long long)row * n;
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
+        score[e] = 1.f / (1.f + expf(-l[e]));
+        choice[e] = score[e] + (bias ? bias[e] : 0.f);
+    }
+    __syncthreads();
+    const int per = n / n_group;
+    if (threadIdx.x < n_group) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = threadIdx.x * per; e < (threadIdx.x + 1) * per; ++e) {
+            const float c = choice[e];
+            if (c > b1) {
+                b2 = b1;
+                b1 = c;
+            } else if (c > b2) {
+                b2 = c;
+            }
+        }
+        gscore[threadIdx.x] = b1 + b2;
+        keep[threadIdx.x] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int t = 0; t < topk_group; ++t) {
+            int best = -1;
+            for (int g = 0; g < n_group; ++g)
+                if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+            if (best >= 0) keep[best] = 1;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS)
+        if (!keep[e / per]) choice[e] = -INFINITY;
+    __syncthreads();
+    top_k_into(choice, n, k, sel_i, sv, si);
+    if (threadIdx.x == 0) {
+        float sum = 0.f;
+        for (int a = 0; a < k; ++a) {
+            sel_w[a] = score[sel_i[a]];
+            sum += sel_w[a];
+        }
+        sum += 1e-20f;
+        for (int a = 0; a < k; ++a) {
+            if (norm) sel_w[a] = sel_w[a] / sum;
+            sel_w[a] = sel_w[a] * scaling;
+        }
+        write_sorted(sel_i, sel_w, k, ids + (long long)row * k, weights + (long long)row * k);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Elementwise and small kernels.
+
+// RMSNorm of each `group`-wide slice: out = w * (x * 1 / sqrt(mean(x^2) + eps)).
+// grid: (groups per row, rows), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
+    __shared__ float part[256];
+    const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float inv = 1.f / sqrtf(part[0] / (float)group + eps);
+    for (int i = threadIdx.x; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+}
+
+extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+extern "C" __global__ void add_bias(float* x, const float* b, int cols, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % cols];
+}
+
+extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) g[i] = silu(g[i]) * u[i];
+}
+
+// acc[r][c] += sigmoid(gate[r]) * y[r][c].
+extern "C" __global__ void add_gated(float* acc, const float* y, const float* gate, int cols,
+                                     long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = 1.f / (1.f + expf(-gate[i / cols]));
+    acc[i] = fmaf(g, y[i], acc[i]);
+}
+
+// dst[r][h * ds + doff + i] = scale * src[r][h * ss + soff + i]. grid: rows.
+extern "C" __global__ void copy_heads(const float* src, int src_cols, int ss, int soff, float* dst,
+                                      int dst_cols, int ds, int doff, int heads, int len,
+                                      float scale) {
+    const int r = blockIdx.x;
+    for (int t = threadIdx.x; t < heads * len; t += blockDim.x) {
+        const int h = t / len, i = t % len;
+        dst[(long long)r * dst_cols + h * ds + doff + i] =
+            src[(long long)r * src_cols + h * ss + soff + i] * scale;
+    }
+}
+
+// RoPE on `dims` columns at `h * head_stride + offset` of each head, for
+// row r at position first + r; cos/sin from tables [positions][dims / 2].
+// grid: (heads, rows), threads >= dims / 2.
+extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset, int dims,
+                                int interleaved, const float* cos_t, const float* sin_t,
+                                int first) {
+    __shared__ float v[512];
+    const int h = blockIdx.x, r = blockIdx.y;
+    const int half = dims / 2;
+    float* at = x + (long long)r * cols + h * head_stride + offset;
+    for (int i = threadIdx.x; i < dims; i += blockDim.x) v[i] = at[i];
+    __syncthreads();
+    const long long pos = first + r;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
+        float a, b;
+        if (interleaved) {
+            a = v[2 * i];
+            b = v[2 * i + 1];
+        } else {
+            a = v[i];
+            b = v[half + i];
+        }
+        at[i] = a * c - b * s;
+        at[half + i] = b * c + a * s;
+    }
+}
+
+// out[r] = table[ids[r]] widened; FP8 rows times their block scales.
+template <int DT>
+static __device__ void embed_rows(Mat a, const int* ids, int cols, float* out) {
+    const int r = blockIdx.y;
+    const int id = ids[r];
+    const u8* row = a.w + (long long)id * a.row_bytes;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        float v = elem<DT>(row, c);
+        if (DT == 3) v *= a.scales[(long long)(id / a.br) * a.sc_cols + c / a.bc];
+        out[(long long)r * cols + c] = v;
+    }
+}
+
+#define EMBED(NAME, DT)                                                                      \
+    extern "C" __global__ void NAME(const u8* w, long long row_bytes, const float* scales,  \
+                                    int sc_cols, int br, int bc, const int* ids, int cols,  \
+                                    float* out) {                                            \
+        Mat a = {w, row_bytes, scales, sc_cols, br, bc};                                     \
+        embed_rows<DT>(a, ids, cols, out);                                                   \
+    }
+EMBED(embed_bf16, 0)
+EMBED(embed_f16, 1)
+EMBED(embed_f32, 2)
+EMBED(embed_fp8, 3)
+
+// Index of each row's largest value (the lowest on ties). grid: rows.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+argmax_rows(const float* x, int cols, int* out) {
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float v;
+    int i;
+    thread_best(row, cols, &v, &i);
+    float bv;
+    int bi;
+    block_argmax(v, i, sv, si, &bv, &bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi;
+}
+
+// ---------------------------------------------------------------------------
+// KV cache (f32, [position][kv_head][dim] per layer) and decode attention.
+
+// K[first + r] = k[r], V[first + r] = v[r] for each row (width = kv_heads * dim).
+extern "C" __global__ void kv_append(const float* k, const float* v, float* K, float* V,
+                                     int width, int first, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long long at = (long long)first * width + i;
+    K[at] = k[i];
+    V[at] = v[i];
+}
+
+// Partial attention of query head h of row r over positions
+// [s * chunk, min(len, (s + 1) * chunk)), len = first + r + 1 (causal):
+// (m, l, o) of the online softmax. grid: (q_heads, rows, splits),
+// ATTN_WARPS warps; part layout [(r * q_heads + h) * splits + s][2 + dim].
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
+attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_heads, int dim,
+             int group, int first, float scale, int chunk, float* part) {
+    __shared__ float wm[ATTN_WARPS];
+    __shared__ float wl[ATTN_WARPS];
+    __shared__ float wo[ATTN_WARPS][MAX_DIM_PER_LANE * WARP];
+    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int q_heads = gridDim.x;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int len = first + r + 1;
+    const int start = s * chunk;
+    const int end = min(len, start + chunk);
+    const int kvh = h / group;
+    const int per_lane = (dim + WARP - 1) / WARP;
+    float qv[MAX_DIM_PER_LANE], o[MAX_DIM_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+        const int d = lane + WARP * j;
+        qv[j] = (j < per_lane && d < dim) ? q[(long long)r * q_cols + h * dim + d] : 0.f;
+        o[j] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    const long long row_stride = (long long)kv_heads * dim;
+    for (int p = start + warp; p < end; p += ATTN_WARPS) {
+        const float* kp = K + p * row_stride + (long long)kvh * dim;
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+            const int d = lane + WARP * j;
+            if (j < per_lane && d < dim) dot = fmaf(qv[j], kp[d], dot);
+        }
+        dot = warp_sum(dot) * scale;
+        const float mn = fmaxf(m, dot);
+        const float corr = expf(m - mn);
+        const float pe = expf(dot - mn);
+        l = l * corr + pe;
+        const float* vp = V + p * row_stride + (long long)kvh * dim;
+#pragma unroll
+        for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+            const int d = lane + WARP * j;
+            if (j < per_lane && d < dim) o[j] = fmaf(pe, vp[d], o[j] * corr);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_DIM_PER_LANE; ++j) wo[warp][lane + WARP * j] = o[j];
+    __syncthreads();
+    float* out = part + ((long long)(r * q_heads + h) * splits + s) * (2 + dim);
+    float M = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, wm[w]);
+    if (threadIdx.x == 0) {
+        float L = 0.f;
+        for (int w = 0; w < ATTN_WARPS; ++w)
+            if (wm[w] != -INFINITY) L += wl[w] * expf(wm[w] - M);
+        out[0] = M;
+        out[1] = L;
+    }
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.f;
+        for (int w = 0; w < ATTN_WARPS; ++w)
+            if (wm[w] != -INFINITY) acc += wo[w][d] * expf(wm[w] - M);
+        out[2 + d] = acc;
+    }
+}
+
+// out[r][h * dim + d] = (sum_s o_s[d] e^(m_s - M)) / (sum_s l_s e^(m_s - M)).
+// grid: (q_heads, rows).
+extern "C" __global__ void attn_merge(const float* part, int dim, int splits, float* out,
+                                      int out_cols) {
+    const int h = blockIdx.x, r = blockIdx.y, q_heads = gridDim.x;
+    const float* base = part + (long long)(r * q_heads + h) * splits * (2 + dim);
+    float M = -INFINITY;
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, base[s * (2 + dim)]);
+    float L = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float ms = base[s * (2 + dim)];
+        if (ms != -INFINITY) L += base[s * (2 + dim) + 1] * expf(ms - M);
+    }
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const float ms = base[s * (2 + dim)];
+            if (ms != -INFINITY) acc += base[s * (2 + dim) + 2 + d] * expf(ms - M);
+        }
+        out[(long long)r * out_cols + h * dim + d] = acc / L;
+    }
+}

@@ -1,0 +1,424 @@
+//! Matrix-vector products, embeddings, RMSNorm, RoPE and the elementwise
+//! kernels, with their shape checks.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::buffers::{DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg, warp_rows_cfg};
+use crate::error::CudaError;
+
+fn shape(what: &'static str, why: String) -> CudaError {
+    CudaError::invalid(what, why)
+}
+
+fn same(what: &'static str, a: &DevAct, b: &DevAct) -> Result<(), CudaError> {
+    if a.rows() != b.rows() || a.cols() != b.cols() {
+        return Err(shape(
+            what,
+            format!(
+                "{}x{} against {}x{}",
+                a.rows(),
+                a.cols(),
+                b.rows(),
+                b.cols()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// FP8 scale-grid arguments of a matrix (`sc_cols`, block rows, block cols).
+fn scale_args(w: &DevMatrix) -> (i32, i32, i32) {
+    match w.ty() {
+        WeightType::Fp8 { block: [br, bc] } => {
+            let [_, sc] = w.ty().scale_grid(w.rows(), w.cols());
+            (sc as i32, br as i32, bc as i32)
+        }
+        _ => (0, 1, 1),
+    }
+}
+
+impl DecodeKernels {
+    /// `out[r] = W x[r]` for every row of `x` (passes of up to
+    /// [`MAX_GEMV_ROWS`] rows, each reading the weights once).
+    pub fn gemv(&self, out: &mut DevAct, w: &DevMatrix, x: &DevAct) -> Result<(), CudaError> {
+        let (m, k) = (w.rows(), w.cols());
+        if x.cols() != k || out.cols() != m || out.rows() != x.rows() {
+            return Err(shape(
+                "gemv",
+                format!(
+                    "{m}x{k} weight, {}x{} input, {}x{} output",
+                    x.rows(),
+                    x.cols(),
+                    out.rows(),
+                    out.cols()
+                ),
+            ));
+        }
+        let gpu = &self.gpu;
+        let f = self.func(&format!("gemv_{}", w.ty().suffix()))?;
+        let (sc_cols, br, bc) = scale_args(w);
+        let row_bytes = (k * w.ty().elem_bytes()) as i64;
+        let vec = i32::from(k % 8 == 0);
+        let (w_ptr, s_ptr) = (addr(gpu, w.data(), 0), addr(gpu, w.scales(), 0));
+        let cfg = warp_rows_cfg(m, 1)?;
+        let (mi, ki) = (m as i32, k as i32);
+        let stride = k as i64;
+        let out_stride = m as i64;
+        for start in (0..x.rows()).step_by(MAX_GEMV_ROWS) {
+            let rows = (x.rows() - start).min(MAX_GEMV_ROWS) as i32;
+            let x_ptr = addr(gpu, x.buf(), start * k);
+            let o_ptr = addr(gpu, out.buf(), start * m);
+            let mut b = gpu.stream().launch_builder(f);
+            b.arg(&w_ptr)
+                .arg(&row_bytes)
+                .arg(&s_ptr)
+                .arg(&sc_cols)
+                .arg(&br)
+                .arg(&bc)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&x_ptr)
+                .arg(&stride)
+                .arg(&rows)
+                .arg(&vec)
+                .arg(&o_ptr)
+                .arg(&out_stride);
+            // SAFETY: matches `gemv_*` in decode.cu. The weight buffer holds
+            // m rows of `row_bytes` (checked at upload), the scale grid
+            // covers every (row / br, col / bc) of an FP8 matrix, rows
+            // `start..start + rows` of x (k wide) and out (m wide) lie in
+            // their buffers (checked above); vector loads need k % 8 == 0,
+            // which `vec` says, and every buffer starts 256-byte aligned.
+            unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch gemv"))?;
+        }
+        Ok(())
+    }
+
+    /// `out[r] = table[ids[r]]` widened to f32 (FP8 rows scaled). `ids`
+    /// must be below `table.rows()`, which the caller checked on the host.
+    pub fn embed(&self, out: &mut DevAct, table: &DevMatrix, ids: &[u32]) -> Result<(), CudaError> {
+        if out.rows() != ids.len() || out.cols() != table.cols() {
+            return Err(shape(
+                "embed",
+                format!(
+                    "{} ids of width {} into {}x{}",
+                    ids.len(),
+                    table.cols(),
+                    out.rows(),
+                    out.cols()
+                ),
+            ));
+        }
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= table.rows()) {
+            return Err(shape("embed", format!("id {bad} of {} rows", table.rows())));
+        }
+        let gpu = &self.gpu;
+        let ids_dev: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let ids_dev = gpu
+            .stream()
+            .clone_htod(&ids_dev)
+            .map_err(CudaError::driver("upload token ids"))?;
+        let f = self.func(&format!("embed_{}", table.ty().suffix()))?;
+        let (sc_cols, br, bc) = scale_args(table);
+        let row_bytes = (table.cols() * table.ty().elem_bytes()) as i64;
+        let cols = table.cols() as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                table.cols().div_ceil(256).min(64) as u32,
+                dim(ids.len(), "y")?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(table.data())
+            .arg(&row_bytes)
+            .arg(table.scales())
+            .arg(&sc_cols)
+            .arg(&br)
+            .arg(&bc)
+            .arg(&ids_dev)
+            .arg(&cols)
+            .arg(out.buf_mut());
+        // SAFETY: matches `embed_*`; every id is below the table's rows
+        // (checked above), so each row read lies in the table, and out holds
+        // ids.len() rows of cols.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch embed"))?;
+        Ok(())
+    }
+
+    /// RMSNorm of every `w.len()`-wide group of columns.
+    pub fn rms_norm(
+        &self,
+        out: &mut DevAct,
+        x: &DevAct,
+        w: &DevVector,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        same("rms_norm", out, x)?;
+        let g = w.len();
+        if x.cols() % g != 0 {
+            return Err(shape(
+                "rms_norm",
+                format!("{g}-wide weight over {} columns", x.cols()),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (dim(x.cols() / g, "x")?, dim(x.rows(), "y")?, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (cols, group) = (x.cols() as i32, g as i32);
+        let mut b = self.gpu.stream().launch_builder(self.func("rms_norm")?);
+        b.arg(x.buf())
+            .arg(w.data())
+            .arg(&cols)
+            .arg(&group)
+            .arg(&eps)
+            .arg(out.buf_mut());
+        // SAFETY: matches `rms_norm`; each block reads one group of one row
+        // of x and writes the same range of out (same shape, checked).
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rms_norm"))?;
+        Ok(())
+    }
+
+    /// `x += y`.
+    pub fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), CudaError> {
+        same("add", x, y)?;
+        let n = (x.rows() * x.cols()) as i64;
+        let mut b = self.gpu.stream().launch_builder(self.func("add_inplace")?);
+        b.arg(x.buf_mut()).arg(y.buf()).arg(&n);
+        // SAFETY: matches `add_inplace`; both hold n elements.
+        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
+            .map_err(CudaError::driver("launch add"))?;
+        Ok(())
+    }
+
+    /// `x[r] += bias` for every row.
+    pub fn add_bias(&self, x: &mut DevAct, bias: &DevVector) -> Result<(), CudaError> {
+        if bias.len() != x.cols() {
+            return Err(shape(
+                "add_bias",
+                format!("{} biases for {} columns", bias.len(), x.cols()),
+            ));
+        }
+        let n = (x.rows() * x.cols()) as i64;
+        let cols = x.cols() as i32;
+        let mut b = self.gpu.stream().launch_builder(self.func("add_bias")?);
+        b.arg(x.buf_mut()).arg(bias.data()).arg(&cols).arg(&n);
+        // SAFETY: matches `add_bias`; x holds n elements, the bias cols.
+        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
+            .map_err(CudaError::driver("launch add_bias"))?;
+        Ok(())
+    }
+
+    /// `gate = silu(gate) * up`.
+    pub fn silu_mul(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), CudaError> {
+        same("silu_mul", gate, up)?;
+        let n = (gate.rows() * gate.cols()) as i64;
+        let mut b = self.gpu.stream().launch_builder(self.func("silu_mul")?);
+        b.arg(gate.buf_mut()).arg(up.buf()).arg(&n);
+        // SAFETY: matches `silu_mul`; both hold n elements.
+        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
+            .map_err(CudaError::driver("launch silu_mul"))?;
+        Ok(())
+    }
+
+    /// `acc[r] += sigmoid(gate[r][0]) * y[r]`.
+    pub fn add_gated(&self, acc: &mut DevAct, y: &DevAct, gate: &DevAct) -> Result<(), CudaError> {
+        same("add_gated", acc, y)?;
+        if gate.rows() != acc.rows() || gate.cols() != 1 {
+            return Err(shape(
+                "add_gated",
+                format!(
+                    "gate {}x{} for {} rows",
+                    gate.rows(),
+                    gate.cols(),
+                    acc.rows()
+                ),
+            ));
+        }
+        let n = (acc.rows() * acc.cols()) as i64;
+        let cols = acc.cols() as i32;
+        let mut b = self.gpu.stream().launch_builder(self.func("add_gated")?);
+        b.arg(acc.buf_mut())
+            .arg(y.buf())
+            .arg(gate.buf())
+            .arg(&cols)
+            .arg(&n);
+        // SAFETY: matches `add_gated`; acc and y hold n elements, gate one per row.
+        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
+            .map_err(CudaError::driver("launch add_gated"))?;
+        Ok(())
+    }
+
+    /// For each row and head `h`: `dst[h * ds + doff..][..len] = scale *
+    /// src[h * ss + soff..][..len]` (`ss` 0 broadcasts one slice).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the copy's geometry, named as the kernel names it"
+    )]
+    pub fn copy_heads(
+        &self,
+        dst: &mut DevAct,
+        src: &DevAct,
+        heads: usize,
+        len: usize,
+        (ss, soff): (usize, usize),
+        (ds, doff): (usize, usize),
+        scale: f32,
+    ) -> Result<(), CudaError> {
+        let end = |stride: usize, off: usize| heads.saturating_sub(1) * stride + off + len;
+        if dst.rows() != src.rows()
+            || heads == 0
+            || len == 0
+            || end(ss, soff) > src.cols()
+            || end(ds, doff) > dst.cols()
+        {
+            return Err(shape(
+                "copy_heads",
+                format!(
+                    "{heads} heads of {len} from {}x{} to {}x{}",
+                    src.rows(),
+                    src.cols(),
+                    dst.rows(),
+                    dst.cols()
+                ),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (dim(src.rows(), "x")?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let a = [src.cols(), ss, soff, dst.cols(), ds, doff, heads, len].map(|v| v as i32);
+        let mut b = self.gpu.stream().launch_builder(self.func("copy_heads")?);
+        b.arg(src.buf())
+            .arg(&a[0])
+            .arg(&a[1])
+            .arg(&a[2])
+            .arg(dst.buf_mut())
+            .arg(&a[3])
+            .arg(&a[4])
+            .arg(&a[5])
+            .arg(&a[6])
+            .arg(&a[7])
+            .arg(&scale);
+        // SAFETY: matches `copy_heads`; the last head's slice ends inside
+        // both rows (checked above).
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch copy_heads"))?;
+        Ok(())
+    }
+
+    /// Rotate `dims` columns at `h * head_stride + offset` of `heads`
+    /// heads of row r by position `first + r`.
+    #[allow(clippy::too_many_arguments, reason = "the rotation's geometry")]
+    pub fn rope(
+        &self,
+        x: &mut DevAct,
+        table: &RopeTable,
+        heads: usize,
+        head_stride: usize,
+        offset: usize,
+        dims: usize,
+        interleaved: bool,
+        first: usize,
+    ) -> Result<(), CudaError> {
+        let last = heads.saturating_sub(1) * head_stride + offset + dims;
+        if dims == 0
+            || dims % 2 != 0
+            || dims > 512
+            || dims / 2 > table.half()
+            || heads == 0
+            || last > x.cols()
+        {
+            return Err(shape(
+                "rope",
+                format!(
+                    "{heads} heads of {dims} at {offset} over {} columns",
+                    x.cols()
+                ),
+            ));
+        }
+        if first + x.rows() > table.positions() {
+            return Err(shape(
+                "rope",
+                format!(
+                    "positions up to {} of a {}-position table",
+                    first + x.rows(),
+                    table.positions()
+                ),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (dim(heads, "x")?, dim(x.rows(), "y")?, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (cos, sin) = table.tables();
+        let a = [
+            x.cols(),
+            head_stride,
+            offset,
+            dims,
+            usize::from(interleaved),
+        ]
+        .map(|v| v as i32);
+        let first = first as i32;
+        let mut b = self.gpu.stream().launch_builder(self.func("rope")?);
+        b.arg(x.buf_mut())
+            .arg(&a[0])
+            .arg(&a[1])
+            .arg(&a[2])
+            .arg(&a[3])
+            .arg(&a[4])
+            .arg(cos)
+            .arg(sin)
+            .arg(&first);
+        // SAFETY: matches `rope`; each head's `dims` columns lie in the row
+        // (checked), dims <= 512 fits the kernel's shared buffer, and every
+        // position's half-width table row exists.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rope"))?;
+        Ok(())
+    }
+
+    /// Index of each row's largest value (lowest index on ties), on the host.
+    pub fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, CudaError> {
+        let stream = self.gpu.stream();
+        let mut out = stream
+            .alloc_zeros::<i32>(x.rows())
+            .map_err(CudaError::driver("allocate argmax output"))?;
+        let cols = x.cols() as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (dim(x.rows(), "x")?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(self.func("argmax_rows")?);
+        b.arg(x.buf()).arg(&cols).arg(&mut out);
+        // SAFETY: matches `argmax_rows`; one block per row of x, one output each.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch argmax_rows"))?;
+        let host = stream
+            .clone_dtoh(&out)
+            .map_err(CudaError::driver("copy argmax"))?;
+        Ok(host.into_iter().map(|v| v as u32).collect())
+    }
+
+    /// `out` (`1 x cols`) = row `r` of `x`.
+    pub fn copy_row(&self, out: &mut DevAct, x: &DevAct, r: usize) -> Result<(), CudaError> {
+        if out.rows() != 1 || out.cols() != x.cols() || r >= x.rows() {
+            return Err(shape(
+                "copy_row",
+                format!("row {r} of {}x{}", x.rows(), x.cols()),
+            ));
+        }
+        let c = x.cols();
+        let src = x.buf().slice(r * c..(r + 1) * c);
+        self.gpu
+            .stream()
+            .memcpy_dtod(&src, out.buf_mut())
+            .map_err(CudaError::driver("copy a row"))
+    }
+}

@@ -1,0 +1,155 @@
+//! The decode engine's kernels (`kernels/decode.cu`, compiled by NVRTC for
+//! the device), behind safe launch functions that check every shape and
+//! every byte range before a launch: a kernel never reads or writes outside
+//! the buffers it is given.
+//!
+//! - [`buffers`]: activations (recycled), weight matrices, vectors, RoPE tables.
+//! - [`dense`]: matrix-vector products for up to [`MAX_GEMV_ROWS`] rows per
+//!   pass (more rows run in passes), embeddings, RMSNorm, RoPE and the
+//!   elementwise kernels.
+//! - [`route`]: softmax and grouped-sigmoid top-k routing on the device.
+//! - [`experts`]: the HBM expert slots, the device table of record
+//!   addresses, and the routed-expert kernels.
+//! - [`attn`]: the f32 KV cache and split decode attention.
+//!
+//! All work is queued on the [`Gpu`]'s compute stream, in issue order.
+
+pub mod attn;
+pub mod buffers;
+pub mod dense;
+pub mod experts;
+pub mod route;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig};
+
+use crate::context::Gpu;
+use crate::error::CudaError;
+use crate::nvrtc::load_module;
+
+/// Source of the decode kernels.
+pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
+
+/// Rows one matrix-vector pass reads the weights for.
+pub const MAX_GEMV_ROWS: usize = 8;
+
+/// Threads of the one-warp-per-output-row kernels.
+const WARPS_PER_BLOCK: usize = 8;
+
+const KERNELS: &[&str] = &[
+    "gemv_bf16",
+    "gemv_f16",
+    "gemv_f32",
+    "gemv_fp8",
+    "moe_gate_up_bf16",
+    "moe_gate_up_f16",
+    "moe_gate_up_f32",
+    "moe_gate_up_fp8",
+    "moe_down_bf16",
+    "moe_down_f16",
+    "moe_down_f32",
+    "moe_down_fp8",
+    "moe_combine",
+    "route_softmax",
+    "route_sigmoid_groups",
+    "rms_norm",
+    "add_inplace",
+    "add_bias",
+    "silu_mul",
+    "add_gated",
+    "copy_heads",
+    "rope",
+    "embed_bf16",
+    "embed_f16",
+    "embed_f32",
+    "embed_fp8",
+    "argmax_rows",
+    "kv_append",
+    "attn_partial",
+    "attn_merge",
+];
+
+/// The compiled decode kernels of one device.
+pub struct DecodeKernels {
+    gpu: Gpu,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+}
+
+impl std::fmt::Debug for DecodeKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeKernels")
+            .field("kernels", &self.funcs.len())
+            .finish()
+    }
+}
+
+impl DecodeKernels {
+    /// Compile and load the kernels for the device of `gpu`.
+    pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
+        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &[])?;
+        let mut funcs = HashMap::with_capacity(KERNELS.len());
+        for &name in KERNELS {
+            let f = module
+                .load_function(name)
+                .map_err(CudaError::driver(format!("load kernel {name}")))?;
+            funcs.insert(name, f);
+        }
+        Ok(Self {
+            gpu: gpu.clone(),
+            _module: module,
+            funcs,
+        })
+    }
+
+    /// The device.
+    #[must_use]
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))
+    }
+}
+
+/// Device address of element `offset` of `buf`.
+pub(crate) fn addr<T>(gpu: &Gpu, buf: &CudaSlice<T>, offset: usize) -> u64 {
+    let (p, _sync) = buf.device_ptr(gpu.stream());
+    p + (offset * std::mem::size_of::<T>()) as u64
+}
+
+/// A 1-D launch of `n` threads in blocks of `block`.
+pub(crate) fn linear_cfg(n: usize, block: u32) -> Result<LaunchConfig, CudaError> {
+    let blocks = n.div_ceil(block as usize);
+    let blocks = u32::try_from(blocks.max(1))
+        .map_err(|_| CudaError::invalid("launch", format!("{n} threads")))?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// A grid dimension from a count, or an error.
+pub(crate) fn dim(n: usize, what: &'static str) -> Result<u32, CudaError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|d| (1..=65_535).contains(d))
+        .ok_or_else(|| CudaError::invalid("launch", format!("{what} grid dimension {n}")))
+}
+
+/// Blocks of [`WARPS_PER_BLOCK`] warps covering `rows` output rows.
+pub(crate) fn warp_rows_cfg(rows: usize, y: usize) -> Result<LaunchConfig, CudaError> {
+    let x = u32::try_from(rows.div_ceil(WARPS_PER_BLOCK).max(1))
+        .map_err(|_| CudaError::invalid("launch", format!("{rows} rows")))?;
+    Ok(LaunchConfig {
+        grid_dim: (x, dim(y, "y")?, 1),
+        block_dim: ((WARPS_PER_BLOCK * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}

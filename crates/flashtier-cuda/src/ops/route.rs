@@ -1,0 +1,206 @@
+//! Routing on the device: from router logits to each row's chosen experts
+//! (ascending id, the order their outputs are summed in) and weights, as
+//! the engine's host reference (`flashtier_engine::family::route`) defines
+//! them. One block per row.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::buffers::{DevAct, DevVector};
+use super::{DecodeKernels, dim};
+use crate::error::CudaError;
+
+/// Most experts a router may score.
+pub const MAX_EXPERTS: usize = 1024;
+/// Most experts a row may choose.
+pub const MAX_TOP_K: usize = 32;
+/// Most expert groups.
+pub const MAX_GROUPS: usize = 256;
+
+/// Each row's chosen experts and weights, on the device.
+pub struct DevRoutes {
+    rows: usize,
+    top_k: usize,
+    pub(crate) ids: CudaSlice<i32>,
+    pub(crate) weights: CudaSlice<f32>,
+}
+
+impl std::fmt::Debug for DevRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevRoutes({} rows x top-{})", self.rows, self.top_k)
+    }
+}
+
+impl DevRoutes {
+    /// Rows routed.
+    #[must_use]
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Experts per row.
+    #[must_use]
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// The chosen ids and weights on the host, row-major (synchronises the
+    /// compute stream).
+    pub fn to_host(&self, k: &DecodeKernels) -> Result<(Vec<u32>, Vec<f32>), CudaError> {
+        let stream = k.gpu().stream();
+        let ids = stream
+            .clone_dtoh(&self.ids)
+            .map_err(CudaError::driver("copy routed ids"))?;
+        let w = stream
+            .clone_dtoh(&self.weights)
+            .map_err(CudaError::driver("copy routed weights"))?;
+        Ok((ids.into_iter().map(|v| v as u32).collect(), w))
+    }
+}
+
+fn check(logits: &DevAct, top_k: usize) -> Result<(), CudaError> {
+    let e = logits.cols();
+    if e == 0 || e > MAX_EXPERTS || top_k == 0 || top_k > MAX_TOP_K || top_k > e {
+        return Err(CudaError::invalid(
+            "routing",
+            format!("top-{top_k} of {e} experts (at most {MAX_TOP_K} of {MAX_EXPERTS})"),
+        ));
+    }
+    Ok(())
+}
+
+impl DecodeKernels {
+    fn routes(&self, rows: usize, top_k: usize) -> Result<DevRoutes, CudaError> {
+        let stream = self.gpu.stream();
+        Ok(DevRoutes {
+            rows,
+            top_k,
+            ids: stream
+                .alloc_zeros::<i32>(rows * top_k)
+                .map_err(CudaError::driver("allocate routed ids"))?,
+            weights: stream
+                .alloc_zeros::<f32>(rows * top_k)
+                .map_err(CudaError::driver("allocate routed weights"))?,
+        })
+    }
+
+    fn route_cfg(rows: usize) -> Result<LaunchConfig, CudaError> {
+        Ok(LaunchConfig {
+            grid_dim: (dim(rows, "x")?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+
+    /// Routes made on the host: `ids` and `weights` row-major, `top_k` a row.
+    pub fn routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<DevRoutes, CudaError> {
+        if top_k == 0 || ids.len() != weights.len() || ids.len() % top_k != 0 {
+            return Err(CudaError::invalid(
+                "routes",
+                format!(
+                    "{} ids and {} weights of top-{top_k}",
+                    ids.len(),
+                    weights.len()
+                ),
+            ));
+        }
+        let stream = self.gpu.stream();
+        let host_ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        Ok(DevRoutes {
+            rows: ids.len() / top_k,
+            top_k,
+            ids: stream
+                .clone_htod(&host_ids)
+                .map_err(CudaError::driver("upload routed ids"))?,
+            weights: stream
+                .clone_htod(weights)
+                .map_err(CudaError::driver("upload routed weights"))?,
+        })
+    }
+
+    /// Softmax over each row's logits, the top `top_k`, renormalised when `norm`.
+    pub fn route_softmax(
+        &self,
+        logits: &DevAct,
+        top_k: usize,
+        norm: bool,
+    ) -> Result<DevRoutes, CudaError> {
+        check(logits, top_k)?;
+        let mut r = self.routes(logits.rows(), top_k)?;
+        let (n, k, nm) = (logits.cols() as i32, top_k as i32, i32::from(norm));
+        let mut b = self
+            .gpu
+            .stream()
+            .launch_builder(self.func("route_softmax")?);
+        b.arg(logits.buf())
+            .arg(&n)
+            .arg(&k)
+            .arg(&nm)
+            .arg(&mut r.ids)
+            .arg(&mut r.weights);
+        // SAFETY: matches `route_softmax`; one block per row reads its n
+        // logits (n <= MAX_EXPERTS, the kernel's shared arrays) and writes
+        // top_k ids and weights (top_k <= MAX_TOP_K) into buffers of
+        // rows x top_k.
+        unsafe { b.launch(Self::route_cfg(logits.rows())?) }
+            .map_err(CudaError::driver("launch route_softmax"))?;
+        Ok(r)
+    }
+
+    /// DeepSeek-V3's grouped sigmoid routing (see the kernel).
+    #[allow(clippy::too_many_arguments, reason = "the routing rule's parameters")]
+    pub fn route_sigmoid_groups(
+        &self,
+        logits: &DevAct,
+        bias: Option<&DevVector>,
+        top_k: usize,
+        n_group: usize,
+        topk_group: usize,
+        scaling: f32,
+        norm: bool,
+    ) -> Result<DevRoutes, CudaError> {
+        check(logits, top_k)?;
+        let e = logits.cols();
+        let ok = n_group > 0
+            && n_group <= MAX_GROUPS
+            && e % n_group == 0
+            && topk_group > 0
+            && topk_group <= n_group
+            && top_k <= topk_group * (e / n_group)
+            && bias.is_none_or(|b| b.len() == e);
+        if !ok {
+            return Err(CudaError::invalid(
+                "routing",
+                format!("{n_group} groups (choose {topk_group}) of {e} experts, top-{top_k}"),
+            ));
+        }
+        let mut r = self.routes(logits.rows(), top_k)?;
+        let stream = self.gpu.stream();
+        let zero_bias = stream
+            .alloc_zeros::<f32>(e)
+            .map_err(CudaError::driver("allocate zero bias"))?;
+        let bias_buf = bias.map_or(&zero_bias, DevVector::data);
+        let a = [e, top_k, n_group, topk_group].map(|v| v as i32);
+        let nm = i32::from(norm);
+        let mut b = stream.launch_builder(self.func("route_sigmoid_groups")?);
+        b.arg(logits.buf())
+            .arg(bias_buf)
+            .arg(&a[0])
+            .arg(&a[1])
+            .arg(&a[2])
+            .arg(&a[3])
+            .arg(&scaling)
+            .arg(&nm)
+            .arg(&mut r.ids)
+            .arg(&mut r.weights);
+        // SAFETY: matches `route_sigmoid_groups`; as `route_softmax`, plus a
+        // bias of e values and n_group <= MAX_GROUPS (one thread per group).
+        unsafe { b.launch(Self::route_cfg(logits.rows())?) }
+            .map_err(CudaError::driver("launch route_sigmoid_groups"))?;
+        Ok(r)
+    }
+}

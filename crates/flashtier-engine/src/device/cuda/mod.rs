@@ -1,0 +1,419 @@
+//! The CUDA device: the engine's forward pass on an NVIDIA GPU, through the
+//! kernels of `flashtier-cuda` (loaded dynamically: this builds, and says
+//! "no CUDA driver", on a machine without one).
+//!
+//! Memory: activations are f32 in HBM, drawn from a recycling pool; weights
+//! stay in their stored form (BF16/F16/F32 bytes, FP8 codes with F32 block
+//! scales) in HBM; the KV cache is f32 in HBM; experts come from
+//! [`experts::CudaExperts`] (HBM slots over a pinned RAM tier over the
+//! drive). Kernels accumulate in f32 in a fixed order, so a run's output
+//! does not depend on the budgets or on the order reads land in.
+//!
+//! Host syncs per layer: none when every expert is resident in HBM; one
+//! (the routed ids) when experts stream, to decide residency.
+
+pub mod experts;
+
+use std::rc::Rc;
+
+use flashtier_cuda::Gpu;
+use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::attn::DevKvCache;
+use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::route::DevRoutes;
+use flashtier_format::Dtype;
+
+use crate::config::Routing;
+use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
+use crate::error::EngineError;
+use crate::family::route::RouteRule;
+use crate::matrix::{Matrix, MatrixData};
+use experts::CudaExperts;
+
+impl Activation for DevAct {
+    fn rows(&self) -> usize {
+        DevAct::rows(self)
+    }
+    fn cols(&self) -> usize {
+        DevAct::cols(self)
+    }
+}
+
+impl VectorLen for DevVector {
+    fn len(&self) -> usize {
+        DevVector::len(self)
+    }
+}
+
+impl KvState for DevKvCache {
+    fn len(&self) -> usize {
+        DevKvCache::len(self)
+    }
+    fn capacity(&self) -> usize {
+        DevKvCache::capacity(self)
+    }
+    fn advance(&mut self, n: usize) {
+        DevKvCache::advance(self, n);
+    }
+}
+
+/// One NVIDIA GPU.
+pub struct CudaDevice {
+    gpu: Gpu,
+    kernels: DecodeKernels,
+    pool: Rc<ActPool>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("gpu", &self.gpu.info().name)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Open GPU `ordinal` and compile the kernels for it.
+    pub fn open(ordinal: usize) -> Result<Self, EngineError> {
+        let gpu = Gpu::open(ordinal)?;
+        let kernels = DecodeKernels::new(&gpu)?;
+        Ok(Self {
+            gpu,
+            kernels,
+            pool: ActPool::new(),
+        })
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The kernels.
+    pub fn kernels(&self) -> &DecodeKernels {
+        &self.kernels
+    }
+
+    /// Wait for everything queued.
+    pub fn synchronize(&self) -> Result<(), EngineError> {
+        Ok(self.gpu.synchronize()?)
+    }
+}
+
+fn weight_type(dtype: Dtype) -> Result<WeightType, EngineError> {
+    match dtype {
+        Dtype::Bf16 => Ok(WeightType::Bf16),
+        Dtype::F16 => Ok(WeightType::F16),
+        Dtype::F32 => Ok(WeightType::F32),
+        other => Err(EngineError::Layout {
+            what: "a weight matrix on the GPU".into(),
+            reason: format!("dtype {} has no kernel", other.name()),
+        }),
+    }
+}
+
+impl Device for CudaDevice {
+    type Act = DevAct;
+    type Mat = DevMatrix;
+    type Vector = DevVector;
+    type Kv = DevKvCache;
+    type Rope = RopeTable;
+    type Routes = DevRoutes;
+    type Experts = CudaExperts;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn matrix(&self, m: Matrix) -> Result<DevMatrix, EngineError> {
+        let (rows, cols) = (m.rows(), m.cols());
+        let up = match m.data() {
+            MatrixData::Raw { bytes, dtype } => {
+                DevMatrix::upload(&self.gpu, rows, cols, weight_type(*dtype)?, bytes, None)
+            }
+            MatrixData::F8 {
+                codes,
+                scales,
+                block,
+            } => DevMatrix::upload(
+                &self.gpu,
+                rows,
+                cols,
+                WeightType::Fp8 { block: *block },
+                codes,
+                Some(scales),
+            ),
+        };
+        Ok(up?)
+    }
+
+    fn vector(&self, v: Vec<f32>) -> Result<DevVector, EngineError> {
+        Ok(DevVector::upload(&self.gpu, &v)?)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<DevAct, EngineError> {
+        Ok(self.pool.take(&self.gpu, rows, cols)?)
+    }
+
+    fn rope_table(
+        &self,
+        inv_freq: &[f32],
+        factor: f32,
+        positions: usize,
+    ) -> Result<RopeTable, EngineError> {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            let (c, s) = crate::device::cpu::kernels::rope_angles(p, inv_freq, factor);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        Ok(RopeTable::upload(&self.gpu, positions, half, &cos, &sin)?)
+    }
+
+    fn kv_cache(&self, spec: &KvSpec) -> Result<DevKvCache, EngineError> {
+        Ok(DevKvCache::new(
+            &self.gpu,
+            spec.layers,
+            spec.kv_heads,
+            spec.head_dim,
+            spec.capacity,
+        )?)
+    }
+
+    fn embed(&self, out: &mut DevAct, table: &DevMatrix, ids: &[u32]) -> Result<(), EngineError> {
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows()) {
+            return Err(EngineError::TokenOutOfRange {
+                id,
+                vocab: table.rows(),
+            });
+        }
+        Ok(self.kernels.embed(out, table, ids)?)
+    }
+
+    fn linear(&self, out: &mut DevAct, w: &DevMatrix, x: &DevAct) -> Result<(), EngineError> {
+        Ok(self.kernels.gemv(out, w, x)?)
+    }
+
+    fn rms_norm(
+        &self,
+        out: &mut DevAct,
+        x: &DevAct,
+        w: &DevVector,
+        eps: f32,
+    ) -> Result<(), EngineError> {
+        Ok(self.kernels.rms_norm(out, x, w, eps)?)
+    }
+
+    fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), EngineError> {
+        Ok(self.kernels.add(x, y)?)
+    }
+
+    fn add_bias(&self, x: &mut DevAct, b: &DevVector) -> Result<(), EngineError> {
+        Ok(self.kernels.add_bias(x, b)?)
+    }
+
+    fn silu_mul(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), EngineError> {
+        Ok(self.kernels.silu_mul(gate, up)?)
+    }
+
+    fn add_gated(&self, acc: &mut DevAct, y: &DevAct, gate: &DevAct) -> Result<(), EngineError> {
+        Ok(self.kernels.add_gated(acc, y, gate)?)
+    }
+
+    fn rope(
+        &self,
+        x: &mut DevAct,
+        table: &RopeTable,
+        spec: RopeSpec,
+        first: usize,
+    ) -> Result<(), EngineError> {
+        if first + x.rows() > table.positions() {
+            return Err(EngineError::ContextFull {
+                len: first + x.rows(),
+                max: table.positions(),
+            });
+        }
+        Ok(self.kernels.rope(
+            x,
+            table,
+            spec.heads,
+            spec.head_stride,
+            spec.offset,
+            spec.dims,
+            spec.interleaved,
+            first,
+        )?)
+    }
+
+    fn copy_heads(&self, dst: &mut DevAct, src: &DevAct, s: HeadCopy) -> Result<(), EngineError> {
+        Ok(self.kernels.copy_heads(
+            dst,
+            src,
+            s.heads,
+            s.len,
+            (s.src_stride, s.src_offset),
+            (s.dst_stride, s.dst_offset),
+            s.scale,
+        )?)
+    }
+
+    fn attend(
+        &self,
+        kv: &mut DevKvCache,
+        layer: usize,
+        q: &DevAct,
+        k: &DevAct,
+        v: &DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        let d = kv.dim();
+        let scale = 1.0 / (d as f32).sqrt();
+        let q_heads = q.cols() / d.max(1);
+        Ok(self
+            .kernels
+            .attend(kv, layer, q_heads, q, k, v, scale, out)?)
+    }
+
+    fn route(
+        &self,
+        logits: &DevAct,
+        rule: &RouteRule,
+        bias: Option<&DevVector>,
+    ) -> Result<DevRoutes, EngineError> {
+        let r = match rule.routing {
+            Routing::Softmax => {
+                self.kernels
+                    .route_softmax(logits, rule.top_k, rule.norm_topk_prob)?
+            }
+            Routing::SigmoidGroups {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+            } => self.kernels.route_sigmoid_groups(
+                logits,
+                bias,
+                rule.top_k,
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                rule.norm_topk_prob,
+            )?,
+        };
+        Ok(r)
+    }
+
+    fn moe(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        if !experts.resident_all() {
+            let (ids, _) = routes.to_host(&self.kernels)?;
+            let cap = experts.step_capacity();
+            let mut distinct = ids.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if distinct.len() > cap {
+                return self.moe_in_groups(experts, layer, x, routes, &ids, out);
+            }
+            experts.ensure(layer, &ids)?;
+        } else {
+            experts.ensure(layer, &[])?;
+        }
+        self.moe_rows(experts, layer, x, routes, out)
+    }
+
+    fn hint(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        routes: &DevRoutes,
+    ) -> Result<(), EngineError> {
+        if experts.resident_all() || routes.rows() != 1 {
+            return Ok(());
+        }
+        let (ids, _) = routes.to_host(&self.kernels)?;
+        experts.hint(layer, &ids);
+        Ok(())
+    }
+
+    fn copy_row(&self, out: &mut DevAct, x: &DevAct, r: usize) -> Result<(), EngineError> {
+        Ok(self.kernels.copy_row(out, x, r)?)
+    }
+
+    fn to_host(&self, x: &DevAct) -> Result<Vec<f32>, EngineError> {
+        Ok(x.to_host(self.gpu.stream())?)
+    }
+
+    fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, EngineError> {
+        Ok(self.kernels.argmax_rows(x)?)
+    }
+}
+
+impl CudaDevice {
+    /// The routed experts of every row, all of whose records are readable.
+    fn moe_rows(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        let spec = *experts.spec();
+        let pairs = x.rows() * routes.top_k();
+        let mut act = self.zeros(pairs, spec.inter)?;
+        let mut y = self.zeros(pairs, spec.hidden)?;
+        let base = experts.entry(layer, 0);
+        let per_layer = experts.experts_per_layer();
+        self.kernels.moe(
+            experts.slots(),
+            base,
+            per_layer,
+            routes,
+            &spec,
+            x,
+            &mut act,
+            &mut y,
+            out,
+        )?;
+        experts.consumed()
+    }
+
+    /// A step whose rows need more distinct experts than the tiers hold at
+    /// once (a long prompt chunk under a small budget): rows one at a time.
+    fn moe_in_groups(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        ids: &[u32],
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        let k = routes.top_k();
+        let h = x.cols();
+        let (_, weights) = routes.to_host(&self.kernels)?;
+        let xs = x.to_host(self.gpu.stream())?;
+        let mut all = Vec::with_capacity(x.rows() * h);
+        for r in 0..x.rows() {
+            let row_ids = &ids[r * k..(r + 1) * k];
+            experts.ensure(layer, row_ids)?;
+            let mut xr = self.zeros(1, h)?;
+            xr.upload(self.gpu.stream(), &xs[r * h..(r + 1) * h])?;
+            let one = self
+                .kernels
+                .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
+            let mut yr = self.zeros(1, h)?;
+            self.moe_rows(experts, layer, &xr, &one, &mut yr)?;
+            all.extend(yr.to_host(self.gpu.stream())?);
+        }
+        out.upload(self.gpu.stream(), &all)?;
+        Ok(())
+    }
+}
