@@ -241,7 +241,11 @@ pub fn refuse_inputs(out: &Path, inputs: &[PathBuf]) -> Result<(), PersistError>
         let canonical = std::fs::canonicalize(input).unwrap_or_else(|_| input.clone());
         let how = if canonical == target {
             let linked = out.symlink_metadata().is_ok_and(|m| m.is_symlink());
-            if linked { "a symlink to" } else { "the same path as" }
+            if linked {
+                "a symlink to"
+            } else {
+                "the same path as"
+            }
         } else if target_id == Some((meta.dev(), meta.ino())) {
             "a hard link to"
         } else {
@@ -254,6 +258,46 @@ pub fn refuse_inputs(out: &Path, inputs: &[PathBuf]) -> Result<(), PersistError>
         });
     }
     Ok(())
+}
+
+/// What is at `path`: absent, or a regular file beginning with `kind`'s
+/// magic; anything else (a directory, a file without the magic) is
+/// [`PersistError::NotReplaceable`]. Without the lock this is an early check
+/// only; [`Output::existing`] is the one that counts.
+pub fn existing(path: &Path, kind: FileKind) -> Result<Existing, PersistError> {
+    let inspect = |source| PersistError::Inspect {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Absent),
+        Err(e) => return Err(inspect(e)),
+    };
+    let refuse = |found: String| PersistError::NotReplaceable {
+        path: path.to_path_buf(),
+        expected: kind.name,
+        found,
+    };
+    if meta.is_dir() {
+        return Err(refuse("it is a directory".into()));
+    }
+    if !meta.is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    let mut head = Vec::with_capacity(kind.magic.len());
+    File::open(path)
+        .and_then(|f| f.take(kind.magic.len() as u64).read_to_end(&mut head))
+        .map_err(inspect)?;
+    if head != kind.magic {
+        let magic = String::from_utf8_lossy(kind.magic);
+        return Err(refuse(format!(
+            "a {}-byte file that does not start with the magic {}",
+            meta.len(),
+            magic.trim_end_matches('\0')
+        )));
+    }
+    Ok(Existing::SameKind)
 }
 
 /// A locked output being written; see the module docs.
@@ -308,43 +352,9 @@ impl Output {
         &self.target
     }
 
-    /// What is at the output now: absent, or a regular file with `kind`'s
-    /// magic; anything else is [`PersistError::NotReplaceable`].
+    /// What is at the output now: see [`existing`].
     pub fn existing(&self, kind: FileKind) -> Result<Existing, PersistError> {
-        let path = &self.target;
-        let inspect = |source| PersistError::Inspect {
-            path: path.clone(),
-            source,
-        };
-        let meta = match path.symlink_metadata() {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Absent),
-            Err(e) => return Err(inspect(e)),
-        };
-        let refuse = |found: String| PersistError::NotReplaceable {
-            path: path.clone(),
-            expected: kind.name,
-            found,
-        };
-        if meta.is_dir() {
-            return Err(refuse("it is a directory".into()));
-        }
-        if !meta.is_file() {
-            return Err(refuse("it is not a regular file".into()));
-        }
-        let mut head = Vec::with_capacity(kind.magic.len());
-        File::open(path)
-            .and_then(|f| f.take(kind.magic.len() as u64).read_to_end(&mut head))
-            .map_err(inspect)?;
-        if head != kind.magic {
-            let magic = String::from_utf8_lossy(kind.magic);
-            return Err(refuse(format!(
-                "a {}-byte file that does not start with the magic {}",
-                meta.len(),
-                magic.trim_end_matches('\0')
-            )));
-        }
-        Ok(Existing::SameKind)
+        existing(&self.target, kind)
     }
 
     /// Create the temp file (replacing an earlier one of this `Output`) and

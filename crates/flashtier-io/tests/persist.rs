@@ -170,7 +170,10 @@ fn a_symlinked_output_is_written_at_its_target() {
     let link = dir.path().join("out.bin");
     std::os::unix::fs::symlink(far.join("real.bin"), &link).unwrap();
     let err = Output::lock(&link, Wait::Block).unwrap_err();
-    assert!(matches!(err, PersistError::Resolve { .. }), "dangling: {err}");
+    assert!(
+        matches!(err, PersistError::Resolve { .. }),
+        "dangling: {err}"
+    );
     std::fs::write(far.join("real.bin"), b"TESTMAG1 old").unwrap();
     let mut out = Output::lock(&link, Wait::Block).unwrap();
     assert_eq!(out.target(), far.join("real.bin").canonicalize().unwrap());
@@ -185,7 +188,11 @@ fn a_symlinked_output_is_written_at_its_target() {
 fn stale_temp_files_of_killed_writers_are_removed_under_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("out.bin");
-    for name in [".out.bin.aB3xY9.tmp", ".out.bin.x.aB3xY9.tmp", "out.bin.tmp"] {
+    for name in [
+        ".out.bin.aB3xY9.tmp",
+        ".out.bin.x.aB3xY9.tmp",
+        "out.bin.tmp",
+    ] {
         std::fs::write(dir.path().join(name), b"stale").unwrap();
     }
     let out = Output::lock(&path, Wait::Block).unwrap();

@@ -174,7 +174,11 @@ fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);
     let bar = kit::bytes_bar(planned_bytes(&manifest), "packing", show);
-    let report = pack_experts(&PackOptions::new(model, out), &|n| bar.inc(n))
+    // Another `run` may be packing the same store: wait for it, then use
+    // its store instead of packing again.
+    let mut opts = PackOptions::new(model, out);
+    opts.reuse_existing = true;
+    let report = pack_experts(&opts, &|n| bar.inc(n))
         .with_context(|| format!("packing {} into {}", model.display(), out.display()))?;
     bar.finish_and_clear();
     Ok(report)
