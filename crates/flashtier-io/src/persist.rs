@@ -105,13 +105,13 @@ pub enum Existing {
 #[non_exhaustive]
 pub enum PersistError {
     /// The output is (or resolves to) a file the writer reads.
-    #[error("refusing to write {out}: it is {how} {input}, which this command reads")]
+    #[error("refusing to write {out}: {how} {input}, which this command reads")]
     OutputIsInput {
         /// The output as given.
         out: PathBuf,
         /// The input it would overwrite.
         input: PathBuf,
-        /// "the same path as", "a symlink to", "a hard link to".
+        /// "it is", "it is a symlink to", "it is a hard link to".
         how: &'static str,
     },
     /// The output exists and is not a file of the writer's kind.
@@ -135,7 +135,7 @@ pub enum PersistError {
         lock: PathBuf,
     },
     /// The output path names no file, or its folder cannot be resolved.
-    #[error("output {path}: {source}")]
+    #[error("cannot resolve the output path {path}: {source}")]
     Resolve {
         /// The path at fault.
         path: PathBuf,
@@ -167,6 +167,14 @@ pub enum PersistError {
         path: PathBuf,
         /// Its folder.
         dir: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// Writing the temp file failed.
+    #[error("write {path}: {source}")]
+    Write {
+        /// The temp file (removed since).
+        path: PathBuf,
         /// OS error.
         source: std::io::Error,
     },
@@ -242,12 +250,12 @@ pub fn refuse_inputs(out: &Path, inputs: &[PathBuf]) -> Result<(), PersistError>
         let how = if canonical == target {
             let linked = out.symlink_metadata().is_ok_and(|m| m.is_symlink());
             if linked {
-                "a symlink to"
+                "it is a symlink to"
             } else {
-                "the same path as"
+                "it is"
             }
         } else if target_id == Some((meta.dev(), meta.ino())) {
-            "a hard link to"
+            "it is a hard link to"
         } else {
             continue;
         };
@@ -496,6 +504,26 @@ fn flock_blocking(file: &File) -> std::io::Result<()> {
             r => return r.map_err(Into::into),
         }
     }
+}
+
+/// Write `bytes` as the whole of `path` through an [`Output`] (lock, temp
+/// file, fsync, rename, folder fsync): no partial file is ever visible
+/// under `path` and a failure leaves no temp file. No kind check: for
+/// outputs such as JSON reports that the caller may replace whatever they
+/// hold (refuse the caller's inputs with [`refuse_inputs`] first).
+pub fn write_file(path: &Path, bytes: &[u8], wait: Wait) -> Result<(), PersistError> {
+    use std::io::Write as _;
+    let mut out = Output::lock(path, wait)?;
+    out.create_temp()?;
+    if let Some(temp) = out.temp.as_mut() {
+        temp.file
+            .write_all(bytes)
+            .map_err(|source| PersistError::Write {
+                path: temp.path.to_path_buf(),
+                source,
+            })?;
+    }
+    out.commit()
 }
 
 /// `fsync` a folder so a rename in it is durable. File systems that cannot

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use flashtier_io::persist::{Existing, FileKind, Output, PersistError, Wait, refuse_inputs};
+use flashtier_io::persist::{
+    Existing, FileKind, Output, PersistError, Wait, refuse_inputs, write_file,
+};
 
 const KIND: FileKind = FileKind {
     name: "test file",
@@ -148,10 +150,10 @@ fn outputs_that_resolve_to_an_input_are_refused() {
     std::fs::hard_link(&input, &hard).unwrap();
     let dotted = dir.path().join(".").join("model.safetensors");
     for (out, how) in [
-        (&input, "the same path as"),
-        (&dotted, "the same path as"),
-        (&sym, "a symlink to"),
-        (&hard, "a hard link to"),
+        (&input, "it is /"),
+        (&dotted, "it is /"),
+        (&sym, "it is a symlink to"),
+        (&hard, "it is a hard link to"),
     ] {
         let err = refuse_inputs(out, &inputs).unwrap_err();
         assert!(matches!(err, PersistError::OutputIsInput { .. }), "{err}");
@@ -209,4 +211,16 @@ fn commit_without_a_temp_file_is_an_error_not_an_empty_output() {
     let err = out.commit().unwrap_err();
     assert!(matches!(err, PersistError::NoTemp { .. }), "{err}");
     assert!(names(dir.path()).is_empty());
+}
+
+#[test]
+fn write_file_replaces_the_whole_file_and_leaves_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("logits.json");
+    write_file(&path, b"{\"a\": 1}", Wait::Block).unwrap();
+    write_file(&path, b"{}", Wait::Block).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+    assert_eq!(names(dir.path()), ["logits.json"]);
+    let err = write_file(&dir.path().join("missing/x.json"), b"{}", Wait::Block).unwrap_err();
+    assert!(matches!(err, PersistError::Resolve { .. }), "{err}");
 }
