@@ -223,10 +223,8 @@ fn no_wait_fails_at_once_while_another_process_writes_the_store() {
     assert_eq!(names(tmp.path()), ["qwen3_moe"]);
 }
 
-#[test]
-fn two_runs_that_auto_pack_one_store_both_use_one_complete_store() {
-    let tmp = tempfile::tempdir().unwrap();
-    let m = fixture_copy("qwen3_moe", tmp.path());
+/// The prompt ids of a fixture copy's reference, and its greedy tokens.
+fn reference_prompt(m: &Path) -> (String, Value) {
     let reference: Value =
         serde_json::from_slice(&std::fs::read(m.join("reference.json")).unwrap()).unwrap();
     let ids: Vec<String> = reference["prompt_ids"]
@@ -235,34 +233,47 @@ fn two_runs_that_auto_pack_one_store_both_use_one_complete_store() {
         .iter()
         .map(Value::to_string)
         .collect();
-    let ids = ids.join(",");
-    let store = tmp.path().join("experts.ftstore");
-    let args = [
-        "run",
-        "--model",
-        path(&m),
-        "--store",
-        path(&store),
-        "--prompt-ids",
-        &ids,
-        "--max-new",
-        "8",
-        "--json",
-    ];
+    (ids.join(","), reference["greedy_ids"].clone())
+}
+
+/// Three `run`s at once with `store_args`: all succeed with the reference
+/// tokens.
+fn three_runs_agree(m: &Path, store_args: &[&str]) {
+    let (ids, want) = reference_prompt(m);
+    let mut args = vec!["run", "--model", path(m), "--prompt-ids", &ids];
+    args.extend_from_slice(store_args);
+    args.extend_from_slice(&["--max-new", "8", "--json"]);
     let children: Vec<Child> = (0..3).map(|_| spawn(&args)).collect();
-    let outs: Vec<Output> = children.into_iter().map(finish).collect();
-    let mut tokens = Vec::new();
-    for out in &outs {
-        ok(out);
+    for out in children.into_iter().map(finish) {
+        ok(&out);
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        tokens.push(v["generated_ids"].clone());
+        assert_eq!(v["generated_ids"], want);
     }
-    assert!(
-        tokens.iter().all(|t| *t == reference["greedy_ids"]),
-        "{tokens:?}"
-    );
+}
+
+#[test]
+fn two_runs_that_auto_pack_one_store_both_use_one_complete_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = fixture_copy("qwen3_moe", tmp.path());
+    let store = tmp.path().join("experts.ftstore");
+    three_runs_agree(&m, &["--store", path(&store)]);
     ok(&finish(spawn(&["verify", path(&store)])));
     assert_eq!(names(tmp.path()), ["experts.ftstore", "qwen3_moe"]);
+}
+
+#[test]
+fn two_runs_that_fill_the_store_cache_both_use_one_complete_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = fixture_copy("qwen3_moe", tmp.path());
+    let cache = tmp.path().join("cache");
+    three_runs_agree(&m, &["--cache", path(&cache)]);
+    let stores = names(&cache.join("stores"));
+    assert_eq!(stores.len(), 1, "{stores:?}");
+    assert!(stores[0].ends_with(".ftstore"), "{stores:?}");
+    ok(&finish(spawn(&[
+        "verify",
+        path(&cache.join("stores").join(&stores[0])),
+    ])));
 }
 
 #[test]
