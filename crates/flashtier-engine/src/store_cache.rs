@@ -110,10 +110,18 @@ impl StoreCache {
         let (_, manifest) = plan_experts(&Checkpoint::open(model)?)?;
         let total = planned_bytes(&manifest);
         let done = AtomicU64::new(0);
-        let report = pack_experts(&PackOptions::new(model, &path), &|n| {
+        // Two runs of one checkpoint: the second waits for the first's
+        // pack and keeps its store.
+        let mut opts = PackOptions::new(model, &path);
+        opts.reuse_existing = true;
+        let report = pack_experts(&opts, &|n| {
             progress(done.fetch_add(n, Ordering::Relaxed) + n, total);
         })?;
-        Ok(CachedStore::Packed(report))
+        Ok(if report.reused {
+            CachedStore::Reused(report.out)
+        } else {
+            CachedStore::Packed(report)
+        })
     }
 }
 

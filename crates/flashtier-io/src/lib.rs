@@ -25,6 +25,7 @@
 //! ```
 
 // Kept apart from the list below so parallel branches that extend it merge cleanly.
+pub mod persist;
 pub mod prealloc;
 pub mod seqcopy;
 
@@ -61,6 +62,7 @@ pub use file::{DirectMode, StoreFile};
 pub use locked::{LockError, LockedMap, memlock_limit_bytes};
 pub use mapped::MappedFile;
 pub use open::{BackendKind, open_backend};
+pub use persist::{Output, PersistError, Wait};
 pub use posix::PosixBackend;
 pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};

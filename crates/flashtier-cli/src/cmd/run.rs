@@ -62,7 +62,8 @@ pub struct Args {
     /// bytes_read_per_token, stall_fraction, ...) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Write {"prompt_logits": [[...] per prompt position]} to FILE.
+    /// Write {"prompt_logits": [[...] per prompt position]} to FILE (not a
+    /// file of the model or the store).
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
 }
@@ -84,6 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if prompt.is_empty() {
         bail!("the prompt is empty");
+    }
+    if let Some(path) = &args.logits_out {
+        flashtier_io::persist::refuse_inputs(path, &input_files(&args))?;
     }
     let (mut model, store) = load_model(&args)?;
     let stop: Vec<u32> = if args.ignore_eos {
@@ -178,7 +182,11 @@ fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);
     let bar = kit::bytes_bar(planned_bytes(&manifest), "packing", show);
-    let report = pack_experts(&PackOptions::new(model, out), &|n| bar.inc(n))
+    // Another `run` may be packing the same store: wait for it, then use
+    // its store instead of packing again.
+    let mut opts = PackOptions::new(model, out);
+    opts.reuse_existing = true;
+    let report = pack_experts(&opts, &|n| bar.inc(n))
         .with_context(|| format!("packing {} into {}", model.display(), out.display()))?;
     bar.finish_and_clear();
     Ok(report)
@@ -217,10 +225,32 @@ fn load_tokenizer(model: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
 }
 
+/// The files `run` reads: the model folder's config, tokenizer, index and
+/// safetensors files, and the store (`--logits-out` may be none of them).
+fn input_files(args: &Args) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.model)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            name.ends_with(".json") || name.ends_with(".safetensors")
+        })
+        .collect();
+    files.extend(args.store.clone());
+    files
+}
+
+/// Written whole or not at all (temp file, fsync, rename).
 fn write_logits(path: &Path, out: &Generation) -> anyhow::Result<()> {
     let json = serde_json::json!({ "prompt_logits": out.prompt_logits });
     let text = serde_json::to_string(&json)?;
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    flashtier_io::persist::write_file(path, text.as_bytes(), flashtier_io::Wait::Block)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn report(args: &Args, out: &Generation, store: &Path) -> anyhow::Result<()> {

@@ -14,6 +14,10 @@ pub enum PackError {
     /// Writing the store failed.
     #[error(transparent)]
     Io(#[from] flashtier_io::IoError),
+    /// The output was refused (an input of the pack, or a file of another
+    /// kind), is locked by another writer, or could not be persisted.
+    #[error(transparent)]
+    Persist(#[from] flashtier_io::PersistError),
     /// The store format refused the plan (or the store, when pairing).
     #[error(transparent)]
     Format(#[from] flashtier_format::FormatError),

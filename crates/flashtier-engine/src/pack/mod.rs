@@ -4,8 +4,17 @@
 //! its expert tensors ([`layout`]), plans a store with one record per
 //! (layer, expert), and streams the records through a bounded pipeline
 //! ([`write`]): memory stays at `depth` records whatever the checkpoint's
-//! size. The store is written to `OUT.tmp` and renamed to `OUT` only when
-//! complete.
+//! size.
+//!
+//! The output goes through [`flashtier_io::persist`]: `OUT` may not be, or
+//! link to, a file of the checkpoint (config.json, the safetensors files,
+//! the index); a lock beside `OUT` makes a second pack of the same `OUT`
+//! wait ([`PackOptions::wait`]); under it, an existing `OUT` is replaced only
+//! when it is an exact expert store (or a damaged file with the store
+//! magic), and with [`PackOptions::reuse_existing`] a complete store of the
+//! same plan already there is kept instead of packed again. The store is
+//! written to a unique temp file in `OUT`'s folder, synced and renamed over
+//! `OUT` only when complete; a failed pack removes it.
 //!
 //! Non-expert tensors (embeddings, attention, norms, routers, shared experts,
 //! dense layers) stay in the original safetensors files: duplicating them
@@ -51,6 +60,7 @@ use flashtier_format::{
     StoreKind, StoreWriterPlan, xxh3_64,
 };
 use flashtier_io::DirectMode;
+use flashtier_io::persist::{Output, Wait, refuse_inputs};
 
 pub use error::PackError;
 pub use layout::{
@@ -58,6 +68,7 @@ pub use layout::{
 };
 
 use crate::source::Checkpoint;
+use flashtier::experts::lowbit_pack::existing_store;
 
 /// Options of [`pack_experts`].
 #[derive(Clone, Debug)]
@@ -79,12 +90,19 @@ pub struct PackOptions {
     pub direct_source: bool,
     /// Writer threads.
     pub writers: usize,
+    /// Whether to wait for another writer of `out` (or fail at once).
+    pub wait: Wait,
+    /// Keep a complete store at `out` whose manifest is the one this pack
+    /// would write (another writer packed it meanwhile) instead of packing
+    /// again. Off by default: an explicit pack rewrites its output.
+    pub reuse_existing: bool,
 }
 
 impl PackOptions {
     /// Defaults: O_DIRECT preferred for the store, buffered checkpoint reads,
     /// 8 record buffers, 2 readers, 4 writers
-    /// (queue depth 4, as fio's reference run).
+    /// (queue depth 4, as fio's reference run); wait for another writer of
+    /// `out`; always pack.
     #[must_use]
     pub fn new(model_dir: &Path, out: &Path) -> Self {
         Self {
@@ -95,6 +113,8 @@ impl PackOptions {
             readers: 2,
             direct_source: false,
             writers: 4,
+            wait: Wait::Block,
+            reuse_existing: false,
         }
     }
 }
@@ -118,6 +138,9 @@ pub struct PackReport {
     pub file_len_bytes: u64,
     /// Whether the store was written with O_DIRECT.
     pub direct: bool,
+    /// Whether a complete store already at `out` was kept
+    /// ([`PackOptions::reuse_existing`]) instead of packing.
+    pub reused: bool,
     /// Wall time of the whole pack.
     pub elapsed: Duration,
 }
@@ -289,6 +312,16 @@ pub fn planned_bytes(manifest: &Manifest) -> u64 {
         .saturating_mul(manifest.keys.len() as u64)
 }
 
+/// The files a pack of `ckpt` reads (an output may be none of them).
+fn checkpoint_inputs(ckpt: &Checkpoint) -> Vec<PathBuf> {
+    let mut inputs = vec![
+        ckpt.dir().join("config.json"),
+        ckpt.dir().join("model.safetensors.index.json"),
+    ];
+    inputs.extend(ckpt.files().iter().map(|f| f.path.clone()));
+    inputs
+}
+
 /// Pack the experts of `opts.model_dir` into `opts.out`. `progress` is
 /// called with the payload bytes of each record as it is written.
 pub fn pack_experts(
@@ -297,11 +330,28 @@ pub fn pack_experts(
 ) -> Result<PackReport, PackError> {
     let t0 = Instant::now();
     let ckpt = Checkpoint::open(&opts.model_dir)?;
+    refuse_inputs(&opts.out, &checkpoint_inputs(&ckpt))?;
     let (layout, manifest) = plan_experts(&ckpt)?;
     let plan = StoreWriterPlan::new(manifest)?;
-    let mut tmp = opts.out.clone().into_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
+    let mut output = Output::lock(&opts.out, opts.wait)?;
+    let existing = existing_store(output.target(), false)?;
+    let report = |h: &flashtier_format::Header, direct: bool, reused: bool| PackReport {
+        out: opts.out.clone(),
+        family: layout.family,
+        dtype: layout.dtype,
+        records: h.record_count,
+        payload_bytes: h.payload_bytes,
+        stride_bytes: h.record_stride_bytes,
+        file_len_bytes: h.file_len,
+        direct,
+        reused,
+        elapsed: t0.elapsed(),
+    };
+    if let Some(store) = existing.filter(|s| opts.reuse_existing && s.manifest() == plan.manifest())
+    {
+        return Ok(report(store.header(), false, true));
+    }
+    let tmp = output.create_temp()?.to_path_buf();
     let src = write::RecordSource {
         ckpt: &ckpt,
         layout: &layout,
@@ -313,24 +363,8 @@ pub fn pack_experts(
         writers: opts.writers,
     };
     let direct = write::write_store(&src, &plan, &tmp, opts.direct, shape, progress)?;
-    std::fs::rename(&tmp, &opts.out).map_err(|source| {
-        PackError::Io(flashtier_io::IoError::Open {
-            path: opts.out.clone(),
-            source,
-        })
-    })?;
-    let h = plan.header();
-    Ok(PackReport {
-        out: opts.out.clone(),
-        family: layout.family,
-        dtype: layout.dtype,
-        records: h.record_count,
-        payload_bytes: h.payload_bytes,
-        stride_bytes: h.record_stride_bytes,
-        file_len_bytes: h.file_len,
-        direct,
-        elapsed: t0.elapsed(),
-    })
+    output.commit()?;
+    Ok(report(plan.header(), direct, false))
 }
 
 /// Check that `store` was packed from `ckpt`: same config.json, same

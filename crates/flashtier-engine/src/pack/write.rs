@@ -9,7 +9,9 @@
 //! (allocated once, recycled through a channel), so memory is `depth *
 //! stride` bytes whatever the checkpoint's size, and reading record i+1..
 //! overlaps writing record i. The tail and then the header are written last,
-//! so an interrupted pack leaves a file without a valid header.
+//! so an interrupted pack leaves a file without a valid header (and the
+//! file is the output's temp file, renamed over the output only by
+//! [`flashtier_io::persist::Output::commit`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,8 +51,9 @@ struct Filled {
     checksum: u64,
 }
 
-/// Write every record, the tail and the header of `plan` to `path`.
-/// Returns whether the file was written with O_DIRECT.
+/// Write every record, the tail and the header of `plan` into the empty
+/// file `path` (the output's temp file, reopened here with the O_DIRECT
+/// policy `direct`). Returns whether the file was written with O_DIRECT.
 pub(crate) fn write_store(
     src: &RecordSource<'_>,
     plan: &StoreWriterPlan,
@@ -59,16 +62,7 @@ pub(crate) fn write_store(
     shape: PipelineShape,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<bool, PackError> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(PackError::Io(flashtier_io::IoError::Open {
-                path: path.to_path_buf(),
-                source: e,
-            }));
-        }
-        _ => {}
-    }
-    let file = StoreFile::open_rw(path, direct, true)?;
+    let file = StoreFile::open_rw(path, direct, false)?;
     // Allocate the file up front: direct writes into allocated extents are
     // overwrites, which file systems such as ext4 run in parallel (extending
     // writes and writes into holes are serialised on the inode lock).

@@ -54,6 +54,9 @@ pub enum LowbitError {
     /// I/O failed.
     #[error(transparent)]
     Io(#[from] flashtier_io::IoError),
+    /// The output was refused, locked by another writer, or not persisted.
+    #[error(transparent)]
+    Persist(#[from] flashtier_io::PersistError),
 }
 
 /// Bits and group size of a companion.

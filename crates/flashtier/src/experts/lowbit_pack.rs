@@ -7,13 +7,19 @@
 //! packed codes), each on a 64-byte boundary; other tensors keep their name,
 //! dtype and bytes. `manifest.extra["lowbit"]` holds the bits, the group
 //! size, the source store's payload size and the measured error against the
-//! source. The file is written to `OUT.tmp` and renamed when complete.
+//! source. The file is written through [`flashtier_io::persist`]: under a
+//! lock beside `OUT`, into a unique temp file renamed over `OUT` when
+//! complete, and only over an older companion (never over the source store,
+//! an exact store or a file that is not a store).
 //!
 //! Bound: one source and one companion record in memory.
 
 use std::path::{Path, PathBuf};
 
-use flashtier_format::{Dtype, Manifest, RecordLayout, Store, StoreWriterPlan, TensorLayout};
+use flashtier_format::{
+    Dtype, MAGIC, Manifest, RecordLayout, Store, StoreKind, StoreWriterPlan, TensorLayout,
+};
+use flashtier_io::persist::{Existing, FileKind, Output, PersistError, Wait, refuse_inputs};
 use flashtier_io::{DirectMode, StoreFile};
 use half::{bf16, f16};
 
@@ -40,6 +46,61 @@ pub struct LowbitReport {
     pub copied_tensors: usize,
     /// Error of the dequantized values against the source, over every record.
     pub error: QuantError,
+}
+
+/// The key of `manifest.extra` that marks a low-bit companion.
+pub const LOWBIT_EXTRA_KEY: &str = "lowbit";
+
+/// What an exact expert store starts with (for replacing one).
+pub const EXACT_STORE_KIND: FileKind = FileKind {
+    name: "flashtier expert store",
+    magic: &MAGIC,
+};
+
+/// What a low-bit companion starts with (for replacing one).
+pub const COMPANION_STORE_KIND: FileKind = FileKind {
+    name: "flashtier low-bit companion store",
+    magic: &MAGIC,
+};
+
+/// Whether `store` is a low-bit companion (its manifest has the
+/// [`LOWBIT_EXTRA_KEY`] entry).
+#[must_use]
+pub fn is_companion(store: &Store) -> bool {
+    store.manifest().extra.contains_key(LOWBIT_EXTRA_KEY)
+}
+
+/// The store at `path`, when a writer of an exact store (`companion`
+/// false) or of a companion may replace or reuse it. `Ok(None)`: nothing
+/// there, or a damaged file with the store magic (ours; replace it).
+/// Refused: anything without the magic, a store of another kind, an exact
+/// store where a companion is written and the reverse.
+pub fn existing_store(path: &Path, companion: bool) -> Result<Option<Store>, PersistError> {
+    let kind = if companion {
+        COMPANION_STORE_KIND
+    } else {
+        EXACT_STORE_KIND
+    };
+    if flashtier_io::persist::existing(path, kind)? == Existing::Absent {
+        return Ok(None);
+    }
+    let Ok(store) = Store::open(path) else {
+        return Ok(None);
+    };
+    let found = if store.kind() != StoreKind::Experts {
+        format!("it is a {} store", store.kind())
+    } else if is_companion(&store) && !companion {
+        "it is a low-bit companion store".to_string()
+    } else if !is_companion(&store) && companion {
+        "it is an exact expert store".to_string()
+    } else {
+        return Ok(Some(store));
+    };
+    Err(PersistError::NotReplaceable {
+        path: path.to_path_buf(),
+        expected: kind.name,
+        found,
+    })
 }
 
 /// The conventional companion path: `experts.ftstore` -> `experts.q3.ftstore`.
@@ -198,30 +259,26 @@ fn lowbit_extra(spec: LowbitSpec, source: &Store, error: &QuantError) -> serde_j
     })
 }
 
-/// Write the `spec` companion of the exact store `src` to `out`;
-/// `progress(done, total)` after each record.
-pub fn write_companion(
-    src: &Path,
-    out: &Path,
+/// Write every record, the tail and the header of the companion of
+/// `source` into `file`; the companion's layout and its measured error.
+fn write_body(
+    source: &Store,
     spec: LowbitSpec,
+    file: &StoreFile,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<LowbitReport, LowbitError> {
-    let source = Store::open(src)?;
-    let src_file = std::fs::File::open(src).map_err(|source| flashtier_io::IoError::Open {
-        path: src.to_path_buf(),
-        source,
+) -> Result<(RecordLayout, QuantError), LowbitError> {
+    let src_file = std::fs::File::open(source.path()).map_err(|e| flashtier_io::IoError::Open {
+        path: source.path().to_path_buf(),
+        source: e,
     })?;
     let layout = companion_layout(&source.manifest().record, spec);
     let mut manifest: Manifest = source.manifest().clone();
     manifest.record = layout.clone();
     manifest.extra.insert(
-        "lowbit".into(),
-        lowbit_extra(spec, &source, &QuantError::default()),
+        LOWBIT_EXTRA_KEY.into(),
+        lowbit_extra(spec, source, &QuantError::default()),
     );
     let plan = StoreWriterPlan::new(manifest.clone())?;
-    let tmp = out.with_extension("ftstore.tmp");
-    let file = StoreFile::open_rw(&tmp, DirectMode::Off, true)?;
-    file.set_len(0)?;
     let mut src_buf = vec![0u8; source.payload_bytes() as usize];
     let mut error = QuantError::default();
     let mut sums = Vec::with_capacity(source.record_count() as usize);
@@ -247,7 +304,7 @@ pub fn write_companion(
     // re-planning with it moves no record.
     manifest
         .extra
-        .insert("lowbit".into(), lowbit_extra(spec, &source, &error));
+        .insert(LOWBIT_EXTRA_KEY.into(), lowbit_extra(spec, source, &error));
     let last = StoreWriterPlan::new(manifest)?;
     if last.tail_offset() != plan.tail_offset() {
         return Err(LowbitError::Layout("re-planning moved the records".into()));
@@ -255,11 +312,40 @@ pub fn write_companion(
     file.write_all_at(&last.tail_bytes(&sums)?, last.tail_offset())?;
     file.set_len(last.file_len())?;
     file.write_all_at(&last.header_bytes(&sums)?, 0)?;
-    file.sync_data()?;
-    std::fs::rename(&tmp, out).map_err(|source| flashtier_io::IoError::Open {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    Ok((layout, error))
+}
+
+/// Write the `spec` companion of the exact store `src` to `out`;
+/// `progress(done, total)` after each record. Waits for another writer of
+/// `out`; see [`write_companion_with`].
+pub fn write_companion(
+    src: &Path,
+    out: &Path,
+    spec: LowbitSpec,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LowbitReport, LowbitError> {
+    write_companion_with(src, out, spec, Wait::Block, progress)
+}
+
+/// [`write_companion`], waiting for another writer of `out` or failing
+/// at once per `wait`. Refuses an `out` that is (or links to) `src`, and an
+/// existing `out` that is not a low-bit companion.
+pub fn write_companion_with(
+    src: &Path,
+    out: &Path,
+    spec: LowbitSpec,
+    wait: Wait,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LowbitReport, LowbitError> {
+    refuse_inputs(out, &[src.to_path_buf()])?;
+    let source = Store::open(src)?;
+    let mut output = Output::lock(out, wait)?;
+    existing_store(output.target(), true)?;
+    let tmp = output.create_temp()?.to_path_buf();
+    let file = StoreFile::open_rw(&tmp, DirectMode::Off, false)?;
+    let (layout, error) = write_body(&source, spec, &file, progress)?;
+    drop(file);
+    output.commit()?;
     Ok(LowbitReport {
         path: out.to_path_buf(),
         spec,

@@ -13,6 +13,10 @@ pub enum RowError {
     /// A read failed (file, offset and length inside).
     #[error(transparent)]
     Io(#[from] IoError),
+    /// A shard's output was refused, locked by another writer, or not
+    /// persisted.
+    #[error(transparent)]
+    Persist(#[from] flashtier_io::PersistError),
     /// A packed shard is invalid, mismatched, truncated or corrupt.
     #[error(transparent)]
     Shard(#[from] RowShardError),

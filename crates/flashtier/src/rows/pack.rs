@@ -4,20 +4,32 @@
 //! [`pack_shard`] copies rows `[lo, hi)` of a [`TableSource`] into the
 //! layout of `flashtier_format::row_shard`: whole rows (weight then scale) in
 //! 4096-byte blocks, a checksum per block, the header last. It streams in
-//! chunks of at most [`CHUNK_BLOCKS`] blocks (16 MiB), writes to a temporary
-//! name and renames into place after `fsync`, so a crash never leaves a file
-//! that validates but is incomplete.
+//! chunks of at most [`CHUNK_BLOCKS`] blocks (16 MiB) through
+//! [`flashtier_io::persist`]: under a lock beside the output (a second
+//! writer of the same shard waits, or fails with [`Wait::Fail`]), into a
+//! unique temp file that is renamed into place after `fsync`, so a crash
+//! never leaves a file that validates but is incomplete, and a failed pack
+//! leaves no temp file. The output may not be (or link to) the table it
+//! reads, and may replace only an older row shard.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use flashtier_format::row_shard::{
-    ROW_SHARD_BLOCK_BYTES, RowShardHeader, block_checksum, checksums_digest, encode_checksums,
+    ROW_SHARD_BLOCK_BYTES, ROW_SHARD_MAGIC, RowShardHeader, block_checksum, checksums_digest,
+    encode_checksums,
 };
+use flashtier_io::persist::{FileKind, Output, Wait, refuse_inputs};
 use flashtier_io::{DirectMode, StoreFile};
 
 use crate::rows::{RowError, RowGeometry, TableSource};
+
+/// What a packed row shard starts with (for replacing one).
+pub const ROW_SHARD_KIND: FileKind = FileKind {
+    name: "flashtier row shard",
+    magic: &ROW_SHARD_MAGIC,
+};
 
 /// Blocks written per chunk (bounds the packer's memory to 16 MiB + rows).
 pub const CHUNK_BLOCKS: u64 = 4096;
@@ -34,15 +46,22 @@ pub type FillRows<'a> = dyn FnMut(u64, u64, &mut Vec<u8>) -> Result<(), RowError
 
 /// Write a shard with `header`'s geometry; `fill(local_row, n, out)` appends
 /// `n` rows (stride bytes each) starting at owned row `lo + local_row`.
-/// `progress(rows_done)` is called after each chunk.
+/// `progress(rows_done)` is called after each chunk. Waits for (or per
+/// `wait`, refuses) another writer of `out`; replaces only a row shard.
 pub fn write_shard(
     out: &Path,
     mut header: RowShardHeader,
+    wait: Wait,
     fill: &mut FillRows<'_>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RowShardHeader, RowError> {
-    let tmp = PathBuf::from(format!("{}.tmp-pack", out.display()));
-    let file = File::create(&tmp).map_err(|e| out_err(&tmp, e))?;
+    let mut output = Output::lock(out, wait)?;
+    output.existing(ROW_SHARD_KIND)?;
+    let tmp = output.create_temp()?.to_path_buf();
+    let file = File::options()
+        .write(true)
+        .open(&tmp)
+        .map_err(|e| out_err(&tmp, e))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&vec![0u8; header.data_offset() as usize])
         .map_err(|e| out_err(&tmp, e))?;
@@ -78,13 +97,13 @@ pub fn write_shard(
     w.seek(SeekFrom::Start(0)).map_err(|e| out_err(&tmp, e))?;
     w.write_all(&header.encode())
         .map_err(|e| out_err(&tmp, e))?;
-    let file = w.into_inner().map_err(|e| out_err(&tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| out_err(&tmp, e))?;
-    std::fs::rename(&tmp, out).map_err(|e| out_err(out, e))?;
+    drop(w.into_inner().map_err(|e| out_err(&tmp, e.into_error()))?);
+    output.commit()?;
     Ok(header)
 }
 
-/// Pack rows `[lo, hi)` of `source` for `layer` into `out`.
+/// Pack rows `[lo, hi)` of `source` for `layer` into `out`, waiting for
+/// another writer of `out`.
 pub fn pack_shard(
     source: &TableSource,
     layer: u64,
@@ -93,6 +112,24 @@ pub fn pack_shard(
     out: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RowShardHeader, RowError> {
+    pack_shard_with(source, layer, lo, hi, out, Wait::Block, progress)
+}
+
+/// [`pack_shard`], waiting for another writer of `out` or failing at once
+/// per `wait`. Refuses an `out` that is (or links to) the table's files.
+pub fn pack_shard_with(
+    source: &TableSource,
+    layer: u64,
+    lo: u64,
+    hi: u64,
+    out: &Path,
+    wait: Wait,
+    progress: &mut dyn FnMut(u64),
+) -> Result<RowShardHeader, RowError> {
+    refuse_inputs(
+        out,
+        &[source.weights.path.clone(), source.scales.path.clone()],
+    )?;
     source.validate()?;
     let g = source.geometry;
     let header = RowShardHeader::new(layer, lo, hi, source.rows, g.weight_bytes, g.scale_bytes)?;
@@ -113,7 +150,7 @@ pub fn pack_shard(
         }
         Ok(())
     };
-    write_shard(out, header, &mut fill, progress)
+    write_shard(out, header, wait, &mut fill, progress)
 }
 
 /// Row `id` of the synthetic table `seed` (weight then scale bytes): random
@@ -184,5 +221,5 @@ pub fn write_synthetic_packed(
         }
         Ok(())
     };
-    write_shard(out, header, &mut fill, progress)
+    write_shard(out, header, Wait::Block, &mut fill, progress)
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_io::DirectMode;
+use flashtier_io::persist::Wait;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Options of `flashtier pack experts`.
@@ -15,9 +16,15 @@ pub struct Args {
     /// model.safetensors.index.json.
     #[arg(long)]
     pub model: PathBuf,
-    /// Store file to write (replaced if it exists).
+    /// Store file to write. An existing OUT is replaced only if it is an
+    /// expert store; OUT may not be a file of the checkpoint. Written to a
+    /// temp file beside OUT and renamed over it when complete.
     #[arg(long)]
     pub out: PathBuf,
+    /// Fail at once if another flashtier process is writing OUT (or a
+    /// companion) instead of waiting for it.
+    #[arg(long)]
+    pub no_wait: bool,
     /// O_DIRECT for the store: prefer | require | off.
     #[arg(long, default_value = "prefer")]
     pub direct: DirectMode,
@@ -35,7 +42,8 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub writers: usize,
     /// Also write group-quantized low-bit companions, e.g. `3,2` writes
-    /// OUT-stem.q3.ftstore and OUT-stem.q2.ftstore (docs/lowbit-format.md).
+    /// OUT-stem.q3.ftstore and OUT-stem.q2.ftstore (docs/lowbit-format.md),
+    /// each replacing only an older companion.
     #[arg(long, value_delimiter = ',')]
     pub lowbit: Vec<u32>,
     /// Elements per quantization group of the low-bit companions.
@@ -92,6 +100,7 @@ pub fn report_json(r: &PackReport) -> serde_json::Value {
         "record_stride_bytes": r.stride_bytes,
         "file_len_bytes": r.file_len_bytes,
         "direct": r.direct,
+        "reused": r.reused,
         "elapsed_s": r.elapsed.as_secs_f64(),
         "write_bytes_per_s": r.file_len_bytes as f64 / r.elapsed.as_secs_f64().max(1e-9),
     })
@@ -99,6 +108,15 @@ pub fn report_json(r: &PackReport) -> serde_json::Value {
 
 /// One-line human summary of a pack.
 pub fn report_line(r: &PackReport) -> String {
+    if r.reused {
+        return format!(
+            "using {}: another writer packed it ({} experts, {}, {})",
+            r.out.display(),
+            r.records,
+            r.family.name(),
+            r.dtype
+        );
+    }
     let secs = r.elapsed.as_secs_f64().max(1e-9);
     format!(
         "packed {} experts ({}, {}) into {}: {:.1} MiB in {:.2} s ({:.0} MiB/s, {})",
@@ -121,6 +139,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.readers = args.readers.clamp(1, 16);
     opts.direct_source = args.direct_source;
     opts.writers = args.writers.clamp(1, 16);
+    opts.wait = wait(&args);
+    check_lowbit_outputs(&args)?;
     let report = pack_with_progress(&opts, !args.json)?;
     let lowbit = write_lowbit(&args, &report)?;
     if args.json {
@@ -142,13 +162,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn wait(args: &Args) -> Wait {
+    if args.no_wait {
+        Wait::Fail
+    } else {
+        Wait::Block
+    }
+}
+
+/// Refuse, before packing, `--lowbit` outputs that exist and are not
+/// companions (each is checked again under its lock when written).
+fn check_lowbit_outputs(args: &Args) -> anyhow::Result<()> {
+    use flashtier::experts::lowbit_pack::{companion_path, existing_store};
+    for &bits in &args.lowbit {
+        existing_store(&companion_path(&args.out, bits), true)?;
+    }
+    Ok(())
+}
+
 /// Write the `--lowbit` companions of a packed store.
 fn write_lowbit(
     args: &Args,
     report: &PackReport,
 ) -> anyhow::Result<Vec<flashtier::experts::lowbit_pack::LowbitReport>> {
     use flashtier::experts::lowbit::LowbitSpec;
-    use flashtier::experts::lowbit_pack::{companion_path, write_companion};
+    use flashtier::experts::lowbit_pack::{companion_path, write_companion_with};
     let mut out = Vec::new();
     for &bits in &args.lowbit {
         let spec = LowbitSpec::new(bits, args.lowbit_group)?;
@@ -159,7 +197,7 @@ fn write_lowbit(
             ProgressBar::new(report.records)
         };
         bar.set_message(format!("q{bits}"));
-        let r = write_companion(&report.out, &path, spec, &mut |done, _| {
+        let r = write_companion_with(&report.out, &path, spec, wait(args), &mut |done, _| {
             bar.set_position(done)
         })
         .with_context(|| format!("writing {}", path.display()))?;

@@ -8,8 +8,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use flashtier::rows::pack::pack_shard;
+use flashtier::rows::pack::pack_shard_with;
 use flashtier::rows::{RowGeometry, TableSource, owned_range};
+use flashtier_io::persist::Wait;
 
 /// Options of `flashtier pack rows`.
 #[derive(clap::Args, Debug)]
@@ -50,9 +51,15 @@ pub struct Args {
     /// Layer id recorded in the header (checked when the shard is attached).
     #[arg(long, default_value_t = 0)]
     pub layer: u64,
-    /// Output shard file.
+    /// Output shard file. An existing OUT is replaced only if it is a row
+    /// shard; OUT may not be the table's file. Written to a temp file beside
+    /// OUT and renamed over it when complete.
     #[arg(long)]
     pub out: PathBuf,
+    /// Fail at once if another flashtier process is writing OUT instead of
+    /// waiting for it.
+    #[arg(long)]
+    pub no_wait: bool,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -104,7 +111,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     bar.set_message(format!("packing rows [{lo}, {hi})"));
     let t0 = std::time::Instant::now();
-    let header = pack_shard(&src, a.layer, lo, hi, &a.out, &mut |done| {
+    let wait = if a.no_wait { Wait::Fail } else { Wait::Block };
+    let header = pack_shard_with(&src, a.layer, lo, hi, &a.out, wait, &mut |done| {
         bar.set_position(done)
     })
     .with_context(|| format!("packing {}", a.out.display()))?;
