@@ -276,3 +276,71 @@ fn a_fifo_is_refused_at_once() {
     let out = flashtier(&["inspect", "/dev/null"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("character device"));
 }
+
+/// `verify --model` refuses a store whose manifest was edited after packing
+/// (a tensor's dtype, shape or name), even with every checksum recomputed so
+/// that the record scan alone passes.
+#[test]
+fn verify_with_the_model_catches_an_edited_manifest() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = packed_store(tmp.path(), false);
+    let model = tmp.path().join("model");
+    let ok = flashtier(&["verify", s(&store), "--model", s(&model)]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let st = Store::open(&store).expect("open");
+    let file = std::fs::File::open(&store).expect("file");
+    let records: Vec<Vec<u8>> = (0..st.record_count())
+        .map(|i| {
+            let mut r = vec![0u8; st.payload_bytes() as usize];
+            st.read_record(&file, i, &mut r).expect("record");
+            r
+        })
+        .collect();
+    type Edit = fn(&mut flashtier_format::Manifest);
+    let edits: [(&str, Edit, &str); 3] = [
+        (
+            "dtype",
+            |m| m.record.tensors[0].dtype = Dtype::F16,
+            "the manifest says F16",
+        ),
+        (
+            "shape",
+            |m| m.record.tensors[1].shape.reverse(),
+            "up_proj.weight",
+        ),
+        (
+            "name",
+            |m| m.record.tensors[2].name = "down.weight".into(),
+            "down.weight",
+        ),
+    ];
+    for (what, edit, want) in edits {
+        let mut m = st.manifest().clone();
+        edit(&mut m);
+        let image = flashtier_format::StoreWriterPlan::new(m)
+            .expect("plan")
+            .image(&records)
+            .expect("image");
+        let edited = tmp.path().join(format!("{what}.ftstore"));
+        std::fs::write(&edited, image).expect("write");
+        let scan = flashtier(&["verify", s(&edited)]);
+        assert!(
+            scan.status.success(),
+            "{what}: the edited store must still verify alone"
+        );
+        let out = flashtier(&["verify", s(&edited), "--model", s(&model)]);
+        assert!(
+            !out.status.success(),
+            "{what}: verify --model accepted the edit"
+        );
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            msg.contains("record 0 (layer=0 expert=0)") && msg.contains(want),
+            "{what}: {msg}"
+        );
+    }
+}
