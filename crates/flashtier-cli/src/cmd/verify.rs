@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 pub use flashtier::verify::VerifyReport;
-use flashtier::verify::{QUEUE_WINDOWS, sniff};
+use flashtier::verify::{Progress, QUEUE_WINDOWS, sniff};
 use flashtier_format::{FileKind, Store};
 use flashtier_io::{DirectMode, PosixBackend};
 
@@ -34,12 +34,20 @@ pub struct Args {
     pub json: bool,
 }
 
-fn progress_bar(show: bool) -> indicatif::ProgressBar {
-    if show {
+/// Run `verify` with a progress bar in bytes (hidden unless `show`).
+fn with_progress<T>(show: bool, verify: impl FnOnce(Progress<'_>) -> T) -> T {
+    let bar = if show {
         bytes_bar(0, "verifying")
     } else {
         indicatif::ProgressBar::hidden()
-    }
+    };
+    let mut progress = |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let out = verify(&mut progress);
+    bar.finish_and_clear();
+    out
 }
 
 /// Check every record of the record store at `path` (the demo's step 3).
@@ -49,14 +57,9 @@ pub fn verify_store(
     show: bool,
 ) -> anyhow::Result<(Store, VerifyReport)> {
     let backend = PosixBackend::new(QUEUE_WINDOWS)?;
-    let bar = progress_bar(show);
-    let mut progress = |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
-    let out = flashtier::experts::verify::verify_store(path, &backend, direct, &mut progress);
-    bar.finish_and_clear();
-    Ok(out?)
+    Ok(with_progress(show, |p| {
+        flashtier::experts::verify::verify_store(path, &backend, direct, p)
+    })?)
 }
 
 /// Verify `args.file` by its kind; the pairing with `--model` for stores.
@@ -78,23 +81,14 @@ fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
         return Ok(report);
     }
     let backend = PosixBackend::new(QUEUE_WINDOWS)?;
-    let bar = progress_bar(!args.json);
-    let mut progress = |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
     let (path, direct) = (args.file.as_path(), args.direct);
-    let report = match kind {
+    with_progress(!args.json, |p| match kind {
         FileKind::RowShard => {
-            flashtier::rows::verify::verify_shard(path, &backend, direct, &mut progress)?.1
+            Ok(flashtier::rows::verify::verify_shard(path, &backend, direct, p)?.1)
         }
-        FileKind::KvStore => {
-            flashtier::kv::verify::verify_kv(path, &backend, direct, &mut progress)?.1
-        }
+        FileKind::KvStore => Ok(flashtier::kv::verify::verify_kv(path, &backend, direct, p)?.1),
         other => anyhow::bail!("{}: cannot verify a {}", path.display(), other.name()),
-    };
-    bar.finish_and_clear();
-    Ok(report)
+    })
 }
 
 /// Run `flashtier verify`.
