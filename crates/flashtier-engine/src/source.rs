@@ -2,14 +2,39 @@
 //! or shards listed by `model.safetensors.index.json`.
 //!
 //! Each safetensors header (an 8-byte little-endian length, then that many
-//! bytes of JSON) is parsed here, without mapping the file: header length at
-//! most [`MAX_HEADER_BYTES`], every tensor's `data_offsets` inside the file,
-//! and its length equal to shape times element size for the dtypes whose
-//! size is known. Tensor bytes are then read with positional reads into the
-//! caller's buffer, so the reader holds no more than the headers in memory:
-//! buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the page cache
-//! so packing a checkpoint larger than memory does not evict everything else
-//! ([`Checkpoint::read_tensor_part_direct`]).
+//! bytes of JSON) is parsed here ([`header`]), without mapping the file:
+//! header length at most [`MAX_HEADER_BYTES`], every tensor's `data_offsets`
+//! inside the file, its length equal to shape times element size for the
+//! dtypes whose size is known, and the tensors tiling the data section
+//! exactly (below). Tensor bytes are then read with positional reads into
+//! the caller's buffer, so the reader holds no more than the headers in
+//! memory: buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the
+//! page cache so packing a checkpoint larger than memory does not evict
+//! everything else ([`Checkpoint::read_tensor_part_direct`]).
+//!
+//! # Tiling: no overlap, no gap, no trailing bytes
+//! Sorted by offset, the first tensor starts at byte 0 of the data section,
+//! each next one where the previous ends, and the last ends at the end of the
+//! file; empty tensors sit on a boundary. Anything else is refused:
+//! [`CheckpointError::OverlappingTensors`] (an expert aliasing `lm_head`),
+//! [`CheckpointError::DataGap`], [`CheckpointError::TrailingData`]. The
+//! evidence that real files never need slack:
+//! - the `safetensors` 0.8 writer (`tensor.rs`, `prepare`) assigns
+//!   `data_offsets` back to back from 0 and pads only the JSON header, with
+//!   spaces, to a multiple of 8 bytes, so the data section starts 8-aligned
+//!   and needs no padding of its own; the Python `safetensors.torch.save_file`
+//!   that transformers calls is this same Rust writer;
+//! - its reader (`Metadata::validate`, `SafeTensors::read_metadata`) refuses
+//!   any tensor that does not start where the previous one ended
+//!   (`InvalidOffset`) and any file longer than its tensors
+//!   (`MetadataIncompleteBuffer`), so a file with a gap, an overlap or
+//!   trailing bytes is one that transformers itself cannot load;
+//! - every checkpoint under `tests/fixtures/engine/` (written by transformers
+//!   5.17 with torch 2.11, one of them sharded) and every synthetic one
+//!   ([`crate::synth`]) tiles exactly, with its header padded to 8 bytes.
+//!
+//! The padding the format does have lives inside the header's length, so it
+//! needs no allowance here.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -19,84 +44,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
+mod error;
+mod header;
+
+pub use error::CheckpointError;
+use header::open_weight_file;
+
 /// Largest safetensors header accepted (the JSON of a big checkpoint shard is
 /// a few MB).
 pub const MAX_HEADER_BYTES: u64 = 256 << 20;
-
-/// Why a checkpoint could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CheckpointError {
-    /// A file could not be opened or read.
-    #[error("read {path} at offset {offset} length {len}: {source}")]
-    Io {
-        /// File.
-        path: PathBuf,
-        /// Byte offset.
-        offset: u64,
-        /// Length in bytes.
-        len: u64,
-        /// OS error.
-        source: std::io::Error,
-    },
-    /// Opening a file for direct reads failed.
-    #[error(transparent)]
-    Direct(#[from] flashtier_io::IoError),
-    /// Neither `model.safetensors` nor `model.safetensors.index.json` exists.
-    #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
-    NoWeights {
-        /// Checkpoint folder.
-        dir: PathBuf,
-    },
-    /// A JSON file (config, index, safetensors header) is malformed.
-    #[error("{path}: {what}")]
-    Json {
-        /// File.
-        path: PathBuf,
-        /// What is wrong.
-        what: String,
-    },
-    /// A safetensors header breaks the format.
-    #[error("{path}: tensor {tensor}: {why}")]
-    BadTensor {
-        /// File.
-        path: PathBuf,
-        /// Tensor name.
-        tensor: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// A tensor the index lists (or the caller asks for) is not there.
-    #[error("tensor {tensor} not found in the checkpoint ({where_})")]
-    MissingTensor {
-        /// Tensor name.
-        tensor: String,
-        /// Where it was expected.
-        where_: String,
-    },
-    /// A destination buffer of the wrong size for a tensor.
-    #[error("tensor {tensor}: buffer of {got} bytes for {len_bytes} bytes")]
-    BufferSize {
-        /// Tensor name.
-        tensor: String,
-        /// Tensor length.
-        len_bytes: u64,
-        /// Buffer length.
-        got: u64,
-    },
-    /// A byte range past the end of a tensor.
-    #[error("tensor {tensor}: {len} bytes at byte {at} run past its {len_bytes} bytes")]
-    PartOutOfRange {
-        /// Tensor name.
-        tensor: String,
-        /// Start of the range within the tensor.
-        at: u64,
-        /// Length of the range.
-        len: u64,
-        /// Tensor length.
-        len_bytes: u64,
-    },
-}
 
 /// One tensor of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -377,7 +333,7 @@ fn weight_file_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
             let Some(file) = file else {
                 return Err(CheckpointError::Json {
                     path: index.clone(),
-                    what: format!("weight_map[{tensor:?}] is not a plain file name"),
+                    what: format!("weight_map entry {tensor} is not a plain file name"),
                 });
             };
             names.push(file.to_string());
@@ -391,122 +347,5 @@ fn weight_file_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
     }
     Err(CheckpointError::NoWeights {
         dir: dir.to_path_buf(),
-    })
-}
-
-type Entries = Vec<(String, TensorInfo)>;
-
-fn open_weight_file(
-    dir: &Path,
-    name: String,
-    index: usize,
-) -> Result<(WeightFile, Entries), CheckpointError> {
-    let path = dir.join(&name);
-    let file = File::open(&path).map_err(io_err(&path, 0, 0))?;
-    let len_bytes = file.metadata().map_err(io_err(&path, 0, 0))?.len();
-    let mut len_word = [0u8; 8];
-    file.read_exact_at(&mut len_word, 0)
-        .map_err(io_err(&path, 0, 8))?;
-    let header_len = u64::from_le_bytes(len_word);
-    let bad = |why: String| CheckpointError::BadTensor {
-        path: path.clone(),
-        tensor: "<header>".into(),
-        why,
-    };
-    if header_len > MAX_HEADER_BYTES || header_len.saturating_add(8) > len_bytes {
-        return Err(bad(format!(
-            "header length {header_len} exceeds the file ({len_bytes} bytes) or {MAX_HEADER_BYTES}"
-        )));
-    }
-    // Bounded by MAX_HEADER_BYTES just above.
-    let mut header = vec![0u8; 8 + header_len as usize];
-    file.read_exact_at(&mut header, 0)
-        .map_err(io_err(&path, 0, 8 + header_len))?;
-    let json: serde_json::Value =
-        serde_json::from_slice(&header[8..]).map_err(|e| CheckpointError::Json {
-            path: path.clone(),
-            what: format!("safetensors header: {e}"),
-        })?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| bad("header is not a JSON object".into()))?;
-    let data_start = 8 + header_len;
-    let mut entries = Vec::with_capacity(obj.len());
-    for (tname, v) in obj {
-        if tname == "__metadata__" {
-            continue;
-        }
-        let info = parse_entry(&path, tname, v, index, data_start, len_bytes)?;
-        entries.push((tname.clone(), info));
-    }
-    Ok((
-        WeightFile {
-            direct: Mutex::new(None),
-            name,
-            path,
-            len_bytes,
-            header,
-            file,
-        },
-        entries,
-    ))
-}
-
-fn parse_entry(
-    path: &Path,
-    tname: &str,
-    v: &serde_json::Value,
-    file: usize,
-    data_start: u64,
-    file_len: u64,
-) -> Result<TensorInfo, CheckpointError> {
-    let bad = |why: String| CheckpointError::BadTensor {
-        path: path.to_path_buf(),
-        tensor: tname.to_string(),
-        why,
-    };
-    let dtype = v
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .ok_or_else(|| bad("no dtype".into()))?;
-    let shape: Vec<u64> = v
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
-        .ok_or_else(|| bad("shape is not a list of integers".into()))?;
-    let offs: Vec<u64> = v
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
-        .ok_or_else(|| bad("data_offsets is not a list of integers".into()))?;
-    let [begin, end] = offs[..] else {
-        return Err(bad(format!(
-            "data_offsets has {} entries, not 2",
-            offs.len()
-        )));
-    };
-    let abs_end = data_start
-        .checked_add(end)
-        .filter(|&e| e <= file_len && begin <= end);
-    if abs_end.is_none() {
-        return Err(bad(format!(
-            "data_offsets [{begin}, {end}] outside the file ({file_len} bytes, data from {data_start})"
-        )));
-    }
-    let len_bytes = end - begin;
-    if let Some(size) = dtype_size_bytes(dtype) {
-        let want = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
-        if want != Some(len_bytes) {
-            return Err(bad(format!(
-                "{len_bytes} bytes, but shape {shape:?} of {dtype} needs {want:?}"
-            )));
-        }
-    }
-    Ok(TensorInfo {
-        file,
-        dtype: dtype.to_string(),
-        shape,
-        offset: data_start + begin,
-        len_bytes,
     })
 }

@@ -94,3 +94,155 @@ fn malformed_json_and_missing_files_are_named() {
     let err = Checkpoint::open(&d.path().join("nowhere")).expect_err("no config");
     assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
 }
+
+#[test]
+fn overlapping_tensors_are_refused_naming_both() {
+    // An expert tensor aliasing lm_head: bytes [8, 16) belong to both.
+    let d = dir_with(
+        r#"{"lm_head.weight":{"dtype":"BF16","shape":[2,4],"data_offsets":[0,16]},
+            "model.layers.0.mlp.experts.0.down_proj.weight":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}}"#,
+        16,
+    );
+    let err = Checkpoint::open(d.path()).expect_err("overlap");
+    match &err {
+        CheckpointError::OverlappingTensors {
+            path,
+            first,
+            first_begin,
+            first_end,
+            second,
+            second_begin,
+            second_end,
+        } => {
+            assert!(path.ends_with("model.safetensors"));
+            assert_eq!(
+                (first.as_str(), *first_begin, *first_end),
+                ("lm_head.weight", 0, 16)
+            );
+            assert_eq!(
+                (second.as_str(), *second_begin, *second_end),
+                ("model.layers.0.mlp.experts.0.down_proj.weight", 8, 16)
+            );
+        }
+        other => panic!("not an overlap error: {other}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("lm_head.weight") && msg.contains("[0, 16)") && msg.contains("[8, 16)"),
+        "{msg}"
+    );
+    // The same bytes claimed twice, in either header order.
+    let d = dir_with(
+        r#"{"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
+        4,
+    );
+    let err = Checkpoint::open(d.path()).expect_err("same range twice");
+    assert!(
+        matches!(err, CheckpointError::OverlappingTensors { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_gap_between_tensors_is_refused() {
+    // Four bytes of slack between two tensors: no safetensors writer leaves
+    // them (the data section starts 8-aligned and tensors follow each other).
+    let d = dir_with(
+        r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}"#,
+        12,
+    );
+    let err = Checkpoint::open(d.path()).expect_err("gap");
+    match &err {
+        CheckpointError::DataGap {
+            before,
+            after,
+            begin,
+            end,
+            ..
+        } => {
+            assert_eq!((before.as_str(), after.as_str()), ("tensor a", "b"));
+            assert_eq!((*begin, *end), (4, 8));
+        }
+        other => panic!("not a gap error: {other}"),
+    }
+    // A data section that does not start with a tensor.
+    let d = dir_with(
+        r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}"#,
+        12,
+    );
+    let err = Checkpoint::open(d.path()).expect_err("leading gap");
+    assert!(
+        matches!(
+            err,
+            CheckpointError::DataGap {
+                begin: 0,
+                end: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn trailing_bytes_after_the_last_tensor_are_refused() {
+    let d = dir_with(
+        r#"{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#,
+        16,
+    );
+    let err = Checkpoint::open(d.path()).expect_err("trailing");
+    assert!(
+        matches!(
+            err,
+            CheckpointError::TrailingData {
+                covered: 8,
+                data_len: 16,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_tensors_on_a_boundary_and_any_header_order_are_accepted() {
+    let d = dir_with(
+        r#"{"z":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+        8,
+    );
+    let c = Checkpoint::open(d.path()).expect("open");
+    assert_eq!(c.tensors().len(), 3);
+    assert_eq!(c.tensor("e").expect("e").len_bytes, 0);
+}
+
+/// Every checkpoint transformers wrote for the fixtures (one of them in two
+/// shards) and every synthetic family still opens under the tiling rule.
+#[test]
+fn real_fixtures_and_synthetic_checkpoints_open() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine");
+    let mut opened = 0;
+    for entry in std::fs::read_dir(&root).expect("fixtures") {
+        let dir = entry.expect("entry").path();
+        if dir.join("config.json").exists() {
+            let c = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            assert!(!c.tensors().is_empty());
+            opened += 1;
+        }
+    }
+    assert!(opened >= 7, "only {opened} fixtures found");
+    use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
+    use flashtier_format::Dtype;
+    for arch in [
+        SynthArch::Qwen3Moe,
+        SynthArch::Qwen2Moe,
+        SynthArch::Mixtral,
+        SynthArch::DeepSeek,
+    ] {
+        for dtype in [Dtype::Bf16, Dtype::F8E4M3] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let model = tmp.path().join("m");
+            write_checkpoint(&SynthSpec::tiny(arch, dtype, 3), &model, &mut |_| {}).expect("synth");
+            Checkpoint::open(&model).unwrap_or_else(|e| panic!("{arch:?} {dtype}: {e}"));
+        }
+    }
+}

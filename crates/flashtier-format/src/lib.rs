@@ -28,6 +28,7 @@ pub mod checksum;
 pub mod error;
 pub mod group;
 pub mod header;
+pub mod kind;
 pub mod kv_header;
 pub mod manifest;
 pub mod row_shard;
@@ -36,6 +37,7 @@ pub mod store;
 pub use checksum::{ChecksumAlgo, Xxh3Stream, xxh3_64};
 pub use error::FormatError;
 pub use header::{ALIGN_BYTES, FORMAT_VERSION, HEADER_BYTES, Header, MAGIC, StoreKind};
+pub use kind::{FileKind, UnknownKind};
 pub use manifest::{
     Dtype, Manifest, ModelInfo, RecordKey, RecordLayout, SourceCheckpoint, SourceFile, TensorLayout,
 };

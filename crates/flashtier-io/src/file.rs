@@ -76,6 +76,7 @@ impl StoreFile {
             path: path.to_path_buf(),
             source,
         };
+        refuse_special(path).map_err(open_err)?;
         let direct_file = if mode == DirectMode::Off {
             None
         } else {
@@ -272,6 +273,37 @@ impl StoreFile {
             source,
         })
     }
+}
+
+/// Refuse a path that exists and is not a regular file, from its metadata
+/// alone: opening a FIFO for reading blocks until a writer appears, and a
+/// device node, socket or directory is no store. A missing path passes (the
+/// open reports it, or creates the file).
+fn refuse_special(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{what}; a store must be a regular file"),
+    ))
 }
 
 /// `(mem_align, offset_align)` for direct I/O on `file`.

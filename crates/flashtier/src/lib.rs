@@ -10,3 +10,4 @@
 pub mod experts;
 pub mod kv;
 pub mod rows;
+pub mod verify;

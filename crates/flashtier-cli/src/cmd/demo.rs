@@ -171,7 +171,7 @@ pub fn pack(ws: &Workspace, show: bool) -> anyhow::Result<PackReport> {
 /// Step 3: verify every record and the pairing with the checkpoint.
 pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
     let (store, report) = verify_store(&ws.store, DirectMode::Prefer, show)?;
-    if let Some(first) = report.bad.first() {
+    if let Some(first) = report.first_bad() {
         anyhow::bail!(
             "verification failed: record {} ({}): {}",
             first.index,
@@ -284,7 +284,7 @@ fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
     println!("2. {}", report_line(&d.packed));
     println!(
         "3. verified all {} records ({:.1} MiB, checksums and padding) and the pairing with the checkpoint",
-        d.checked.records,
+        d.checked.units,
         mib(d.checked.bytes)
     );
     let r = &d.replayed;
@@ -424,8 +424,8 @@ mod tests {
         let packed = pack(&ws, false)?;
         let checked = verify(&ws, false)?;
         assert!(synth.bytes > 0 && synth.bytes <= 4 << 20);
-        assert_eq!(packed.records, checked.records);
-        assert!(checked.bad.is_empty());
+        assert_eq!(packed.records, checked.units);
+        assert!(checked.ok());
         Ok(())
     }
 }

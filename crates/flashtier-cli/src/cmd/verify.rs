@@ -1,30 +1,29 @@
-//! `flashtier verify`: check every record of a store against its checksum.
-//!
-//! Records are read with O_DIRECT (where the file system allows it) through
-//! the posix backend, in batches of [`BATCH_RECORDS`] whole strides, so
-//! memory stays at `BATCH_RECORDS * stride` bytes. Besides each payload's
-//! checksum, the padding after the payload must be zero.
+//! `flashtier verify`: check every record or block of a flashtier file
+//! against its checksum. The file's kind comes from its magic
+//! ([`flashtier::verify::sniff`]); the checks live in the library
+//! ([`flashtier::experts::verify`] for expert stores and low-bit companions,
+//! [`flashtier::rows::verify`] for row shards, [`flashtier::kv::verify`] for
+//! KV stores) and read through the posix backend, O_DIRECT where the file
+//! system allows it. This module dispatches, draws the progress bar and
+//! prints.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use flashtier_format::Store;
-use flashtier_io::{
-    AlignedBuf, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile,
-};
+pub use flashtier::verify::VerifyReport;
+use flashtier::verify::{Progress, QUEUE_WINDOWS, sniff};
+use flashtier_format::{FileKind, Store};
+use flashtier_io::{DirectMode, PosixBackend};
 
 use super::pack::experts::bytes_bar;
-
-/// Records read per batch.
-pub const BATCH_RECORDS: usize = 8;
 
 /// Options of `flashtier verify`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Store file.
+    /// The file: an expert store, a low-bit companion, a packed row shard
+    /// or a KV store.
     pub file: PathBuf,
-    /// Also check the store was packed from this checkpoint folder.
+    /// Also check an expert store against this checkpoint folder: its
+    /// files, and every record's keys, tensor names, dtypes and shapes.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// O_DIRECT for reading records: prefer | require | off.
@@ -35,163 +34,97 @@ pub struct Args {
     pub json: bool,
 }
 
-/// One bad record.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct BadRecord {
-    /// Record index.
-    pub index: u64,
-    /// Its key, e.g. `layer=3 expert=7`.
-    pub key: String,
-    /// What is wrong.
-    pub error: String,
+/// Run `verify` with a progress bar in bytes (hidden unless `show`).
+fn with_progress<T>(show: bool, verify: impl FnOnce(Progress<'_>) -> T) -> T {
+    let bar = if show {
+        bytes_bar(0, "verifying")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut progress = |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let out = verify(&mut progress);
+    bar.finish_and_clear();
+    out
 }
 
-/// What a verification found.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct VerifyReport {
-    /// The store.
-    pub file: PathBuf,
-    /// Records checked.
-    pub records: u64,
-    /// Bytes read.
-    pub bytes: u64,
-    /// Bad records, in index order.
-    pub bad: Vec<BadRecord>,
-    /// Whether reads bypassed the page cache.
-    pub direct: bool,
-    /// Wall time.
-    #[serde(skip)]
-    pub elapsed: Duration,
-}
-
-impl VerifyReport {
-    /// JSON for scripts.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "file": self.file,
-            "ok": self.bad.is_empty(),
-            "records": self.records,
-            "bad_records": self.bad.len(),
-            "first_bad": self.bad.first(),
-            "bytes": self.bytes,
-            "direct": self.direct,
-            "elapsed_s": self.elapsed.as_secs_f64(),
-        })
-    }
-}
-
-fn check_landed(store: &Store, index: u64, buf: &[u8]) -> Option<BadRecord> {
-    let payload = store.payload_bytes() as usize;
-    let key = store
-        .key_of(index)
-        .map(|k| store.manifest().key_name(k))
-        .unwrap_or_default();
-    let (body, pad) = buf.split_at(payload.min(buf.len()));
-    if let Err(e) = store.verify_record(index, body) {
-        return Some(BadRecord {
-            index,
-            key,
-            error: e.to_string(),
-        });
-    }
-    if pad.iter().any(|&b| b != 0) {
-        let error = format!(
-            "{}: record {index} ({key}): padding after the payload is not zero",
-            store.path().display()
-        );
-        return Some(BadRecord { index, key, error });
-    }
-    None
-}
-
-/// Open (validating header and tables) and check every record of `path`.
+/// Check every record of the record store at `path` (the demo's step 3).
 pub fn verify_store(
     path: &Path,
     direct: DirectMode,
     show: bool,
 ) -> anyhow::Result<(Store, VerifyReport)> {
-    let t0 = Instant::now();
-    let store = Store::open(path)?;
-    let file = StoreFile::open_read(path, direct)?;
-    let backend = PosixBackend::new(4)?;
-    let stride =
-        usize::try_from(store.stride_bytes()).context("record stride exceeds the address space")?;
-    let count = store.record_count();
-    let bar = if show {
-        bytes_bar(count * store.stride_bytes(), "verifying")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let mut spare: Vec<AlignedBuf> = Vec::new();
-    let mut bad = Vec::new();
-    let mut next = 0u64;
-    while next < count {
-        let batch = (count - next).min(BATCH_RECORDS as u64);
-        let mut reqs = Vec::with_capacity(batch as usize);
-        for i in next..next + batch {
-            let buf = spare.pop().unwrap_or_else(|| AlignedBuf::zeroed(stride));
-            let offset = store.record_offset(i)?;
-            reqs.push(ReadReq {
-                file: file.clone(),
-                offset,
-                len: stride,
-                landing: Landing::Host(buf),
-                tag: i,
-            });
-        }
-        for landed in backend.read(reqs)? {
-            if let Some(buf) = landed.buf {
-                bad.extend(check_landed(&store, landed.tag, &buf));
-                spare.push(buf);
-            }
-            bar.inc(stride as u64);
-        }
-        next += batch;
+    let backend = PosixBackend::new(QUEUE_WINDOWS)?;
+    Ok(with_progress(show, |p| {
+        flashtier::experts::verify::verify_store(path, &backend, direct, p)
+    })?)
+}
+
+/// Verify `args.file` by its kind; the pairing with `--model` for stores.
+fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
+    let kind = sniff(&args.file)?;
+    if args.model.is_some() && kind != FileKind::Store {
+        anyhow::bail!(
+            "{}: --model applies to expert stores; this file is a {}",
+            args.file.display(),
+            kind.name()
+        );
     }
-    bar.finish_and_clear();
-    let report = VerifyReport {
-        file: path.to_path_buf(),
-        records: count,
-        bytes: count * store.stride_bytes(),
-        bad,
-        direct: file.is_direct(),
-        elapsed: t0.elapsed(),
-    };
-    Ok((store, report))
+    if kind == FileKind::Store {
+        let (store, report) = verify_store(&args.file, args.direct, !args.json)?;
+        if let Some(model) = &args.model {
+            let ckpt = flashtier_engine::source::Checkpoint::open(model)?;
+            flashtier_engine::pack::check_pairing(&store, &ckpt)?;
+        }
+        return Ok(report);
+    }
+    let backend = PosixBackend::new(QUEUE_WINDOWS)?;
+    let (path, direct) = (args.file.as_path(), args.direct);
+    with_progress(!args.json, |p| match kind {
+        FileKind::RowShard => {
+            Ok(flashtier::rows::verify::verify_shard(path, &backend, direct, p)?.1)
+        }
+        FileKind::KvStore => Ok(flashtier::kv::verify::verify_kv(path, &backend, direct, p)?.1),
+        other => anyhow::bail!("{}: cannot verify a {}", path.display(), other.name()),
+    })
 }
 
 /// Run `flashtier verify`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (store, report) = verify_store(&args.file, args.direct, !args.json)?;
-    if let Some(model) = &args.model {
-        let ckpt = flashtier_engine::source::Checkpoint::open(model)?;
-        flashtier_engine::pack::check_pairing(&store, &ckpt)?;
-    }
+    let report = verify_any(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     }
-    if let Some(first) = report.bad.first() {
+    if let Some(first) = report.first_bad() {
         anyhow::bail!(
-            "{} of {} records bad; first bad record {} ({}): {}",
-            report.bad.len(),
-            report.records,
+            "{} of {} {}s bad; first bad {} {} ({}) at offset {} length {}: {}",
+            report.bad_count,
+            report.units,
+            report.unit,
+            report.unit,
             first.index,
             first.key,
+            first.offset,
+            first.len_bytes,
             first.error
         );
     }
     if !args.json {
         let secs = report.elapsed.as_secs_f64().max(1e-9);
+        let mib = report.bytes as f64 / f64::from(1 << 20);
         println!(
-            "ok: {} records verified in {} ({:.1} MiB at {:.0} MiB/s{})",
-            report.records,
+            "ok: {} {}s of {} ({}) verified ({mib:.1} MiB at {:.0} MiB/s, {})",
+            report.units,
+            report.unit,
             args.file.display(),
-            report.bytes as f64 / f64::from(1 << 20),
-            report.bytes as f64 / f64::from(1 << 20) / secs,
+            report.kind,
+            mib / secs,
             if report.direct {
-                ", O_DIRECT"
+                "O_DIRECT"
             } else {
-                ", buffered"
+                "buffered"
             }
         );
     }

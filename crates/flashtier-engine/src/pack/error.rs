@@ -87,7 +87,36 @@ pub enum PackError {
         /// What differs.
         why: String,
     },
+    /// A store whose manifest disagrees with its checkpoint's headers about
+    /// one record (boxed: it names six things).
+    #[error(transparent)]
+    RecordMismatch(Box<RecordMismatch>),
     /// A packing thread failed outside I/O (it panicked).
     #[error("packing thread failed: {0}")]
     Thread(String),
+}
+
+/// A store whose manifest disagrees with its checkpoint's headers about one
+/// record: its key, or a tensor's name, dtype, shape or place.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "store {store} does not match checkpoint {dir}: record {record} ({key}), tensor {tensor} \
+     (checkpoint tensor {source_tensor}): {why}"
+)]
+#[non_exhaustive]
+pub struct RecordMismatch {
+    /// The store file.
+    pub store: PathBuf,
+    /// The checkpoint folder.
+    pub dir: PathBuf,
+    /// Record index.
+    pub record: u64,
+    /// Its key in the manifest, e.g. `layer=3 expert=7`.
+    pub key: String,
+    /// The record tensor at fault (as the manifest names it).
+    pub tensor: String,
+    /// The checkpoint tensor it comes from.
+    pub source_tensor: String,
+    /// What differs.
+    pub why: String,
 }

@@ -48,6 +48,7 @@
 
 pub mod error;
 pub mod layout;
+mod pairing;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use flashtier_format::manifest::hex_u64;
 use flashtier_format::{
-    Dtype, FORMAT_VERSION, Manifest, ModelInfo, RecordLayout, SourceCheckpoint, SourceFile, Store,
+    Dtype, FORMAT_VERSION, Manifest, ModelInfo, RecordLayout, SourceCheckpoint, SourceFile,
     StoreKind, StoreWriterPlan, xxh3_64,
 };
 use flashtier_io::DirectMode;
@@ -66,6 +67,7 @@ pub use error::PackError;
 pub use layout::{
     ExpertFamily, ExpertLayout, ExpertSource, TENSOR_ALIGN_BYTES, expert_layout, source_name,
 };
+pub use pairing::check_pairing;
 
 use crate::source::Checkpoint;
 use flashtier::experts::lowbit_pack::existing_store;
@@ -365,43 +367,4 @@ pub fn pack_experts(
     let direct = write::write_store(&src, &plan, &tmp, opts.direct, shape, progress)?;
     output.commit()?;
     Ok(report(plan.header(), direct, false))
-}
-
-/// Check that `store` was packed from `ckpt`: same config.json, same
-/// safetensors files (names, lengths, header checksums).
-pub fn check_pairing(store: &Store, ckpt: &Checkpoint) -> Result<(), PackError> {
-    let mismatch = |why: String| PackError::SourceMismatch {
-        store: store.path().to_path_buf(),
-        dir: ckpt.dir().to_path_buf(),
-        why,
-    };
-    let Some(src) = &store.manifest().source else {
-        return Err(mismatch(
-            "the store's manifest names no source checkpoint".into(),
-        ));
-    };
-    let config = hex_u64(xxh3_64(ckpt.config_bytes()));
-    if src.config_xxh3 != config {
-        return Err(mismatch(format!(
-            "config.json checksum {config}, packed from {}",
-            src.config_xxh3
-        )));
-    }
-    let names: Vec<&str> = ckpt.files().iter().map(|f| f.name.as_str()).collect();
-    let packed: Vec<&str> = src.files.iter().map(|f| f.name.as_str()).collect();
-    if names != packed {
-        return Err(mismatch(format!(
-            "safetensors files {names:?}, packed from {packed:?}"
-        )));
-    }
-    for (f, p) in ckpt.files().iter().zip(&src.files) {
-        let sum = hex_u64(xxh3_64(&f.header));
-        if f.len_bytes != p.len_bytes || sum != p.header_xxh3 {
-            return Err(mismatch(format!(
-                "{}: {} bytes, header {sum}; packed from {} bytes, header {}",
-                f.name, f.len_bytes, p.len_bytes, p.header_xxh3
-            )));
-        }
-    }
-    Ok(())
 }

@@ -54,6 +54,7 @@ pub mod testing;
 pub mod trace;
 pub mod tracegen;
 pub mod tracking;
+pub mod verify;
 
 pub use arena::{ArenaError, ExpertArena, HostMemory};
 pub use policy::PolicyKind;

@@ -29,11 +29,14 @@ pub struct OpenStore {
 
 impl OpenStore {
     fn open(path: &Path, mapped: bool) -> Result<Self, ExpertsError> {
-        let store = Store::open(path)?;
+        // Through flashtier-io first: it refuses a FIFO or device node
+        // before anything blocks reading it.
+        let buffered = StoreFile::open_read(path, DirectMode::Off)?;
+        let store = Store::read_from(path, buffered.file())?;
         store.expect_kind(StoreKind::Experts)?;
         Ok(Self {
             direct: StoreFile::open_read(path, DirectMode::Prefer)?,
-            buffered: StoreFile::open_read(path, DirectMode::Off)?,
+            buffered,
             map: if mapped {
                 Some(MappedFile::open(path)?)
             } else {

@@ -54,3 +54,4 @@
 pub mod attention;
 pub mod restore;
 pub mod swap;
+pub mod verify;

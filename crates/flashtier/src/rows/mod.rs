@@ -48,6 +48,7 @@ pub mod pool;
 pub mod source;
 pub mod stats;
 pub mod store;
+pub mod verify;
 
 mod fetch;
 mod shard;
