@@ -141,6 +141,23 @@ impl PinnedMemory {
         self.ptr as u64
     }
 
+    /// Copy `src` into the allocation at `offset` (exclusive access: nothing
+    /// else can read or write it meanwhile).
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
+        if !self.contains(offset, src.len()) {
+            return Err(CudaError::invalid(
+                "pinned write",
+                format!("{} bytes at {offset} of {}", src.len(), self.len_bytes),
+            ));
+        }
+        // SAFETY: `offset..offset + src.len()` lies inside the live
+        // allocation (checked), `&mut self` excludes every other access
+        // through this value, and `src` cannot overlap pinned memory that
+        // only raw pointers reach.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+        Ok(())
+    }
+
     /// Does `offset..offset + len` lie inside the allocation?
     #[must_use]
     pub fn contains(&self, offset: usize, len: usize) -> bool {

@@ -49,6 +49,7 @@ pub mod config;
 pub mod demo;
 mod demo_replay;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod family;

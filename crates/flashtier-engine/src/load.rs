@@ -217,7 +217,7 @@ pub fn cuda_experts(
 
 /// Refuse a model whose resident weights, HBM expert slots and a first KV
 /// allocation do not fit in the device's free memory, naming the bytes.
-fn check_fits(
+pub(crate) fn check_fits(
     dev: &CudaDevice,
     ckpt: &Checkpoint,
     store: &Path,

@@ -49,6 +49,8 @@ pub struct Generation {
     pub prompt_logits: Vec<Vec<f32>>,
     /// New tokens, in order.
     pub generated_ids: Vec<u32>,
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
     /// Seconds spent on the prompt.
     pub prefill_secs: f64,
     /// Seconds spent producing the new tokens after the first.
@@ -243,6 +245,7 @@ impl<D: Device> Model<D> {
             }
         }
         out.prefill_secs = started.elapsed().as_secs_f64();
+        out.prompt_tokens = prompt.len();
         let decode_stats = self.experts.stats();
         let decode_started = Instant::now();
         let mut next = last_argmax(&last, vocab);

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use flashtier::experts::{Backing, ExpertsError};
-use flashtier_engine::checkpoint::Checkpoint;
-use flashtier_engine::device::cpu::CpuDevice;
-use flashtier_engine::load::{ExpertStore, LoadOptions, cpu_experts, resolve_store};
+use flashtier_engine::device::cuda::experts::TierBudgets;
+use flashtier_engine::engine::{self, Chosen, Engine, Placement};
+use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_engine::store_cache::StoreCache;
-use flashtier_engine::{EngineError, Generation, Model, ModelConfig};
+use flashtier_engine::{EngineError, Generation};
 
 use crate::kit::{self, parse_bytes};
 
@@ -31,10 +31,22 @@ pub struct Args {
     /// else $XDG_CACHE_HOME/flashtier, else ~/.cache/flashtier].
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
+    /// Where to decode: `cuda` (GPU 0; `cuda:N`), `cpu`, or `auto` (the GPU
+    /// when there is a driver and a device, else the CPU, saying why).
+    #[arg(long, value_name = "DEVICE", default_value = "auto")]
+    pub device: Placement,
     /// Memory budget for resident experts (K, M, G, T: powers of 1024);
-    /// default: all experts.
+    /// default: all experts. On the GPU, the HBM budget unless
+    /// --budget-hbm is given.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub budget: Option<u64>,
+    /// GPU: HBM for expert slots (default: all records, loaded up front).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub budget_hbm: Option<u64>,
+    /// GPU: pinned host RAM for experts, the tier between HBM and the drive
+    /// (0: only the staging one step needs).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "0")]
+    pub budget_ram: u64,
     /// Pool backing: `slots` (direct reads into a slot arena) or `mapped`
     /// (the store memory-mapped, the page cache as a second tier). A mapped
     /// store must not be modified in place while the run reads it (replacing
@@ -89,7 +101,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         flashtier_io::persist::refuse_inputs(path, &input_files(&args))?;
     }
-    let (mut model, store) = load_model(&args)?;
+    let (mut model, store, chosen) = load_model(&args)?;
+    if let (Some(why), false) = (&chosen.fallback, args.json) {
+        eprintln!("decoding on the CPU: {why}");
+    }
     let stop: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
@@ -115,16 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         },
     );
-    let out = out.map_err(|e| explain_pool(e, model.config()))?;
+    let out = out.map_err(|e| explain_pool(e, &args))?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &out)?;
     }
-    report(&args, &out, &store)
+    report(&args, &out, &store, &model, &chosen)
 }
 
 /// The model with experts from `--store` (packed first when missing) or
 /// from the store cache, paired with this checkpoint.
-fn load_model(args: &Args) -> anyhow::Result<(Model<CpuDevice>, PathBuf)> {
+fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
         (None, Some(dir)) => ExpertStore::Cache(StoreCache::at(dir)),
@@ -165,14 +180,18 @@ fn load_model(args: &Args) -> anyhow::Result<(Model<CpuDevice>, PathBuf)> {
             path
         }
     };
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    let ckpt = Checkpoint::open(&args.model)
-        .with_context(|| format!("opening {}", args.model.display()))?;
-    let experts = cpu_experts(&cfg, &ckpt, &path, &opts)
-        .with_context(|| format!("opening the expert store {}", path.display()))?;
-    let model = Model::new(CpuDevice, &cfg, &ckpt, experts)
+    let gpu = GpuOptions {
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: args.budget_hbm.or(args.budget),
+            ram_bytes: args.budget_ram,
+            in_place: false,
+        },
+    };
+    let (model, chosen) = engine::open(&args.model, &path, &opts, args.device, &gpu)
+        .map_err(|e| explain_pool(e, args))
         .with_context(|| format!("loading {}", args.model.display()))?;
-    Ok((model, path))
+    Ok((model, path, chosen))
 }
 
 /// Pack `model`'s experts into `out` with a progress bar.
@@ -201,14 +220,17 @@ fn describe_cache(opts: &LoadOptions) -> String {
 
 /// A pool that cannot hold one step's experts says how big the budget must
 /// be; every other failure is reported as it is.
-fn explain_pool(e: EngineError, cfg: &ModelConfig) -> anyhow::Error {
+fn explain_pool(e: EngineError, args: &Args) -> anyhow::Error {
+    let flag = if args.budget_hbm.is_some() {
+        "--budget-hbm"
+    } else {
+        "--budget"
+    };
     match e {
-        EngineError::Pool(ExpertsError::PoolTooSmall { .. }) => {
-            anyhow::Error::new(e).context(format!(
-                "--budget must hold at least one token's {} experts of a layer",
-                cfg.top_k
-            ))
-        }
+        EngineError::Pool(ExpertsError::PoolTooSmall { needed, .. }) => anyhow::Error::new(e)
+            .context(format!(
+                "{flag} must hold at least one step's {needed} expert records"
+            )),
         other => anyhow::Error::new(other),
     }
 }
@@ -253,7 +275,13 @@ fn write_logits(path: &Path, out: &Generation) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn report(args: &Args, out: &Generation, store: &Path) -> anyhow::Result<()> {
+fn report(
+    args: &Args,
+    out: &Generation,
+    store: &Path,
+    model: &Engine,
+    chosen: &Chosen,
+) -> anyhow::Result<()> {
     let e = &out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
     let bytes_per_token = e.bytes_read as f64 / steps;
@@ -276,14 +304,22 @@ fn report(args: &Args, out: &Generation, store: &Path) -> anyhow::Result<()> {
             "expert_bytes_read_total": out.total_experts.bytes_read,
             "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
             "expert_store": store,
-            "device": "cpu",
+            "device": chosen.device,
+            "gpu": chosen.gpu_name,
+            "device_fallback": chosen.fallback,
+            "gpu_tiers": model.gpu_tiers().map(|(t, path, resident)| serde_json::json!({
+                "tiers": t, "expert_path": path, "all_resident": resident,
+                "budget_hbm_bytes": args.budget_hbm.or(args.budget), "budget_ram_bytes": args.budget_ram,
+            })),
+            "prefill_tokens_per_sec": if out.prefill_secs > 0.0 { out.prompt_tokens as f64 / out.prefill_secs } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         println!();
         println!(
-            "{} tokens; {:.2} tok/s; expert hit rate {:.1}%; {:.0} bytes read per token; stall {:.1}%",
+            "{} tokens on {}; {:.2} tok/s; expert hit rate {:.1}%; {:.0} bytes read per token; stall {:.1}%",
             out.generated_ids.len(),
+            chosen.gpu_name.as_deref().unwrap_or("the CPU"),
             out.tokens_per_sec(),
             100.0 * e.hit_rate(),
             bytes_per_token,

@@ -1,0 +1,568 @@
+//! The decode engine's kernels against f64 references on random shapes:
+//! every weight dtype (FP8 blocks with partial edges), row counts across a
+//! pass boundary, vector and scalar paths, routing, routed experts from HBM
+//! slots and from pinned memory in place, and split attention over several
+//! chunks. Skips with a printed reason where there is no GPU.
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_arguments,
+    reason = "test helpers: a broken kernel must fail the test loudly"
+)]
+
+mod common;
+
+use std::sync::Arc;
+
+use flashtier_cuda::PinnedMemory;
+use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::attn::DevKvCache;
+use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::experts::{ExpertSlots, ExpertSpec};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use common::{bf16, f32_of, gpu_or_skip};
+
+fn e4m3(b: u8) -> f32 {
+    flashtier_cuda::dequant::e4m3_to_f32(b)
+}
+
+/// A random matrix of `ty` as stored bytes, its scales, and its f64 values.
+fn random_matrix(
+    rng: &mut SmallRng,
+    rows: usize,
+    cols: usize,
+    ty: WeightType,
+) -> (Vec<u8>, Option<Vec<u8>>, Vec<f64>) {
+    let n = rows * cols;
+    match ty {
+        WeightType::Bf16 => {
+            let bits: Vec<u16> = (0..n).map(|_| bf16(rng.random_range(-1.0..1.0))).collect();
+            let vals = bits.iter().map(|&b| f64::from(f32_of(b))).collect();
+            (
+                bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+                None,
+                vals,
+            )
+        }
+        WeightType::F16 => {
+            let h: Vec<half::f16> = (0..n)
+                .map(|_| half::f16::from_f32(rng.random_range(-1.0..1.0)))
+                .collect();
+            let vals = h.iter().map(|v| f64::from(v.to_f32())).collect();
+            (h.iter().flat_map(|v| v.to_le_bytes()).collect(), None, vals)
+        }
+        WeightType::F32 => {
+            let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            (
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                None,
+                v.iter().map(|&x| f64::from(x)).collect(),
+            )
+        }
+        WeightType::Fp8 { block: [br, bc] } => {
+            let codes: Vec<u8> = (0..n)
+                .map(|_| {
+                    let c: u8 = rng.random();
+                    if c & 0x7F == 0x7F { c - 1 } else { c }
+                })
+                .collect();
+            let [sr, sc] = ty.scale_grid(rows, cols);
+            let scales: Vec<f32> = (0..sr * sc)
+                .map(|_| rng.random_range(0.001..0.01))
+                .collect();
+            let vals = (0..n)
+                .map(|i| {
+                    let (r, c) = (i / cols, i % cols);
+                    f64::from(e4m3(codes[i])) * f64::from(scales[(r / br) * sc + c / bc])
+                })
+                .collect();
+            (
+                codes,
+                Some(scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
+                vals,
+            )
+        }
+    }
+}
+
+fn act(
+    k: &DecodeKernels,
+    pool: &std::rc::Rc<ActPool>,
+    rows: usize,
+    cols: usize,
+    vals: &[f32],
+) -> DevAct {
+    let mut a = pool.take(k.gpu(), rows, cols).unwrap();
+    a.upload(k.gpu().stream(), vals).unwrap();
+    a
+}
+
+fn worst_rel(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().map(|v| v.abs()).fold(1e-6, f64::max);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).abs() / scale)
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn gemv_matches_f64_for_every_dtype_and_row_count() {
+    let Some(gpu) = gpu_or_skip("gemv_matches_f64_for_every_dtype_and_row_count") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0x6e76);
+    let types = [
+        WeightType::Bf16,
+        WeightType::F16,
+        WeightType::F32,
+        WeightType::Fp8 { block: [16, 16] },
+        WeightType::Fp8 { block: [128, 128] },
+    ];
+    for ty in types {
+        for (m, kk) in [(37, 64), (300, 2048), (5, 40), (33, 29), (129, 136)] {
+            if matches!(ty, WeightType::Fp8 { .. }) && kk % 8 != 0 {
+                continue;
+            }
+            for rows in [1, 3, 8, 11] {
+                let (bytes, scales, w) = random_matrix(&mut rng, m, kk, ty);
+                let dm = DevMatrix::upload(&gpu, m, kk, ty, &bytes, scales.as_deref()).unwrap();
+                let x: Vec<f32> = (0..rows * kk)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let xa = act(&k, &pool, rows, kk, &x);
+                let mut out = pool.take(&gpu, rows, m).unwrap();
+                k.gemv(&mut out, &dm, &xa).unwrap();
+                let got = out.to_host(gpu.stream()).unwrap();
+                let want: Vec<f64> = (0..rows * m)
+                    .map(|i| {
+                        let (r, o) = (i / m, i % m);
+                        (0..kk)
+                            .map(|c| w[o * kk + c] * f64::from(x[r * kk + c]))
+                            .sum()
+                    })
+                    .collect();
+                let err = worst_rel(&got, &want);
+                assert!(err < 1e-5, "{ty:?} {m}x{kk} rows {rows}: {err:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn norms_rope_and_elementwise_match_the_reference() {
+    let Some(gpu) = gpu_or_skip("norms_rope_and_elementwise_match_the_reference") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let (rows, heads, d) = (3, 4, 48);
+    let cols = heads * d;
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    let w: Vec<f32> = (0..d).map(|_| rng.random_range(0.5..1.5)).collect();
+    let xa = act(&k, &pool, rows, cols, &x);
+    let wv = DevVector::upload(&gpu, &w).unwrap();
+    let mut out = pool.take(&gpu, rows, cols).unwrap();
+    k.rms_norm(&mut out, &xa, &wv, 1e-6).unwrap();
+    let got = out.to_host(gpu.stream()).unwrap();
+    let mut want = vec![0f64; rows * cols];
+    for g in 0..rows * heads {
+        let s = &x[g * d..(g + 1) * d];
+        let ms: f64 = s.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        for i in 0..d {
+            want[g * d + i] = f64::from(w[i]) * f64::from(s[i]) * inv;
+        }
+    }
+    assert!(worst_rel(&got, &want) < 1e-5);
+    // RoPE, both pairings, on the second half of each head.
+    let (positions, half) = (16, 8);
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / 16.0))
+        .collect();
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for p in 0..positions {
+        for f in &inv {
+            cos.push((p as f32 * f).cos());
+            sin.push((p as f32 * f).sin());
+        }
+    }
+    let table = RopeTable::upload(&gpu, positions, half, &cos, &sin).unwrap();
+    for interleaved in [false, true] {
+        let mut xr = act(&k, &pool, rows, cols, &x);
+        k.rope(&mut xr, &table, heads, d, 32, 16, interleaved, 5)
+            .unwrap();
+        let got = xr.to_host(gpu.stream()).unwrap();
+        let mut want: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+        for r in 0..rows {
+            for h in 0..heads {
+                let at = r * cols + h * d + 32;
+                for i in 0..half {
+                    let (c, s) = (
+                        f64::from(cos[(5 + r) * half + i]),
+                        f64::from(sin[(5 + r) * half + i]),
+                    );
+                    let (a, b) = if interleaved {
+                        (f64::from(x[at + 2 * i]), f64::from(x[at + 2 * i + 1]))
+                    } else {
+                        (f64::from(x[at + i]), f64::from(x[at + half + i]))
+                    };
+                    want[at + i] = a * c - b * s;
+                    want[at + half + i] = b * c + a * s;
+                }
+            }
+        }
+        assert!(worst_rel(&got, &want) < 1e-5, "interleaved {interleaved}");
+    }
+    // add_gated: acc += sigmoid(gate) * y; copy_heads with a broadcast.
+    let y: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let g: Vec<f32> = (0..rows).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let mut acc = act(&k, &pool, rows, cols, &x);
+    k.add_gated(
+        &mut acc,
+        &act(&k, &pool, rows, cols, &y),
+        &act(&k, &pool, rows, 1, &g),
+    )
+    .unwrap();
+    let got = acc.to_host(gpu.stream()).unwrap();
+    let want: Vec<f64> = (0..rows * cols)
+        .map(|i| f64::from(x[i]) + f64::from(y[i]) / (1.0 + (-f64::from(g[i / cols])).exp()))
+        .collect();
+    assert!(worst_rel(&got, &want) < 1e-5);
+    let mut dst = pool.take(&gpu, rows, heads * 8).unwrap();
+    k.copy_heads(&mut dst, &xa, heads, 8, (0, 3), (8, 0), 2.0)
+        .unwrap();
+    let got = dst.to_host(gpu.stream()).unwrap();
+    for r in 0..rows {
+        for h in 0..heads {
+            for i in 0..8 {
+                assert_eq!(got[r * heads * 8 + h * 8 + i], 2.0 * x[r * cols + 3 + i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn routing_picks_the_reference_experts() {
+    let Some(gpu) = gpu_or_skip("routing_picks_the_reference_experts") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let (rows, e, top) = (5, 128, 8);
+    let logits: Vec<f32> = (0..rows * e).map(|_| rng.random_range(-4.0..4.0)).collect();
+    let la = act(&k, &pool, rows, e, &logits);
+    let routes = k.route_softmax(&la, top, true).unwrap();
+    let (ids, w) = routes.to_host(&k).unwrap();
+    for r in 0..rows {
+        let l = &logits[r * e..(r + 1) * e];
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
+        let mut want: Vec<usize> = order[..top].to_vec();
+        want.sort_unstable();
+        let got: Vec<usize> = ids[r * top..(r + 1) * top]
+            .iter()
+            .map(|&i| i as usize)
+            .collect();
+        assert_eq!(got, want, "row {r}");
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let denom: f64 = want.iter().map(|&i| f64::from(l[i] - max).exp()).sum();
+        for (j, &i) in want.iter().enumerate() {
+            let p = f64::from(l[i] - max).exp() / denom;
+            assert!(
+                (f64::from(w[r * top + j]) - p).abs() < 1e-6,
+                "row {r} expert {i}"
+            );
+        }
+    }
+    // Grouped sigmoid routing: 8 groups of 16, choose 4 groups, top-8.
+    let bias: Vec<f32> = (0..e).map(|_| rng.random_range(-0.1..0.1)).collect();
+    let bv = DevVector::upload(&gpu, &bias).unwrap();
+    let routes = k
+        .route_sigmoid_groups(&la, Some(&bv), top, 8, 4, 2.5, true)
+        .unwrap();
+    let (ids, w) = routes.to_host(&k).unwrap();
+    for r in 0..rows {
+        let l = &logits[r * e..(r + 1) * e];
+        let score: Vec<f64> = l
+            .iter()
+            .map(|&x| 1.0 / (1.0 + f64::from(-x).exp()))
+            .collect();
+        let choice: Vec<f64> = score
+            .iter()
+            .zip(&bias)
+            .map(|(s, b)| s + f64::from(*b))
+            .collect();
+        let mut gs: Vec<(usize, f64)> = choice
+            .chunks(16)
+            .map(|g| {
+                let mut v = g.to_vec();
+                v.sort_by(|a, b| b.total_cmp(a));
+                v[0] + v[1]
+            })
+            .enumerate()
+            .collect();
+        gs.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let kept: Vec<usize> = gs[..4].iter().map(|g| g.0).collect();
+        let mut cand: Vec<usize> = (0..e).filter(|i| kept.contains(&(i / 16))).collect();
+        cand.sort_by(|a, b| choice[*b].total_cmp(&choice[*a]));
+        let mut want: Vec<usize> = cand[..top].to_vec();
+        want.sort_unstable();
+        let got: Vec<usize> = ids[r * top..(r + 1) * top]
+            .iter()
+            .map(|&i| i as usize)
+            .collect();
+        assert_eq!(got, want, "grouped row {r}");
+        let total: f32 = w[r * top..(r + 1) * top].iter().sum();
+        assert!(
+            (total - 2.5).abs() < 1e-4,
+            "grouped row {r}: weights sum to {total}"
+        );
+    }
+}
+
+/// One expert record: gate | up | down at 4096-aligned offsets, FP8 scales after.
+fn record(
+    rng: &mut SmallRng,
+    h: usize,
+    i: usize,
+    ty: WeightType,
+) -> (Vec<u8>, ExpertSpec, [Vec<f64>; 3]) {
+    let align = |n: usize| n.div_ceil(4096) * 4096;
+    let (g, gs, gv) = random_matrix(rng, i, h, ty);
+    let (u, us, uv) = random_matrix(rng, i, h, ty);
+    let (d, ds, dv) = random_matrix(rng, h, i, ty);
+    let mut rec = Vec::new();
+    let mut offs = [0usize; 3];
+    for (k, m) in [&g, &u, &d].into_iter().enumerate() {
+        offs[k] = rec.len();
+        rec.extend_from_slice(m);
+        rec.resize(align(rec.len()), 0);
+    }
+    let mut soffs = [0usize; 3];
+    for (k, s) in [gs, us, ds].into_iter().enumerate() {
+        if let Some(s) = s {
+            soffs[k] = rec.len();
+            rec.extend_from_slice(&s);
+            rec.resize(align(rec.len()), 0);
+        }
+    }
+    let spec = ExpertSpec {
+        hidden: h,
+        inter: i,
+        ty,
+        matrices: offs,
+        scales: soffs,
+    };
+    (rec, spec, [gv, uv, dv])
+}
+
+#[test]
+fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
+    let Some(gpu) = gpu_or_skip("routed_experts_match_f64_from_hbm_slots_and_in_place") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(99);
+    for ty in [
+        WeightType::Bf16,
+        WeightType::Fp8 { block: [16, 16] },
+        WeightType::F32,
+    ] {
+        let (h, i, experts, rows, top) = (64, 40, 6, 3, 2);
+        let recs: Vec<_> = (0..experts).map(|_| record(&mut rng, h, i, ty)).collect();
+        let spec = recs[0].1;
+        let stride = recs[0].0.len().div_ceil(4096) * 4096;
+        let mut pinned = PinnedMemory::new(&gpu, stride * experts).unwrap();
+        for (e, (bytes, _, _)) in recs.iter().enumerate() {
+            pinned.write(e * stride, bytes).unwrap();
+        }
+        let shared = Arc::new(pinned);
+        let x: Vec<f32> = (0..rows * h).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let ids: Vec<u32> = vec![0, 3, 1, 5, 2, 3];
+        let wts: Vec<f32> = (0..rows * top)
+            .map(|_| rng.random_range(0.1..1.0))
+            .collect();
+        let routes = k.routes_from_host(&ids, &wts, top).unwrap();
+        let mut want = vec![0f64; rows * h];
+        for r in 0..rows {
+            for j in 0..top {
+                let [gv, uv, dv] = &recs[ids[r * top + j] as usize].2;
+                let xr = &x[r * h..(r + 1) * h];
+                let a: Vec<f64> = (0..i)
+                    .map(|o| {
+                        let g: f64 = (0..h).map(|c| gv[o * h + c] * f64::from(xr[c])).sum();
+                        let u: f64 = (0..h).map(|c| uv[o * h + c] * f64::from(xr[c])).sum();
+                        g / (1.0 + (-g).exp()) * u
+                    })
+                    .collect();
+                for o in 0..h {
+                    let y: f64 = (0..i).map(|c| dv[o * i + c] * a[c]).sum();
+                    want[r * h + o] += f64::from(wts[r * top + j]) * y;
+                }
+            }
+        }
+        for in_place in [false, true] {
+            let mut slots = ExpertSlots::new(
+                &gpu,
+                if in_place { 0 } else { 3 },
+                stride,
+                recs[0].0.len(),
+                experts,
+            )
+            .unwrap();
+            let xa = act(&k, &pool, rows, h, &x);
+            let mut out = pool.take(&gpu, rows, h).unwrap();
+            let mut a = pool.take(&gpu, rows * top, i).unwrap();
+            let mut y = pool.take(&gpu, rows * top, h).unwrap();
+            if in_place {
+                for e in 0..experts {
+                    slots
+                        .point_to_pinned(e, &shared, e * stride, recs[0].0.len())
+                        .unwrap();
+                }
+                slots.publish().unwrap();
+                k.moe(
+                    &slots, 0, experts, &routes, &spec, &xa, &mut a, &mut y, &mut out,
+                )
+                .unwrap();
+            } else {
+                // Three slots for six experts: rows one at a time, each row's
+                // two experts loaded into free slots.
+                let mut all = Vec::new();
+                for r in 0..rows {
+                    for e in 0..experts {
+                        slots.clear(e).unwrap();
+                    }
+                    for j in 0..top {
+                        let e = ids[r * top + j] as usize;
+                        slots.load(j, &shared, e * stride, recs[0].0.len()).unwrap();
+                        slots.point_to_slot(e, j).unwrap();
+                    }
+                    slots.publish().unwrap();
+                    let one = k
+                        .routes_from_host(
+                            &ids[r * top..(r + 1) * top],
+                            &wts[r * top..(r + 1) * top],
+                            top,
+                        )
+                        .unwrap();
+                    let xr = act(&k, &pool, 1, h, &x[r * h..(r + 1) * h]);
+                    let mut ar = pool.take(&gpu, top, i).unwrap();
+                    let mut yr = pool.take(&gpu, top, h).unwrap();
+                    let mut or = pool.take(&gpu, 1, h).unwrap();
+                    k.moe(
+                        &slots, 0, experts, &one, &spec, &xr, &mut ar, &mut yr, &mut or,
+                    )
+                    .unwrap();
+                    slots.consumed().unwrap();
+                    all.extend(or.to_host(gpu.stream()).unwrap());
+                }
+                out.upload(gpu.stream(), &all).unwrap();
+            }
+            let got = out.to_host(gpu.stream()).unwrap();
+            let err = worst_rel(&got, &want);
+            assert!(err < 1e-5, "{ty:?} in_place {in_place}: {err:e}");
+        }
+    }
+}
+
+#[test]
+fn split_attention_matches_f64() {
+    let Some(gpu) = gpu_or_skip("split_attention_matches_f64") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(5);
+    for (qh, kvh, d) in [(8, 2, 64), (4, 4, 192), (4, 2, 16)] {
+        let mut kv = DevKvCache::new(&gpu, 2, kvh, d, 1024).unwrap();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        // 600 positions in steps of 1, 7, 250 and more: growth, chunks, prefill rows.
+        let mut held = 0;
+        for step in [1usize, 7, 250, 1, 341] {
+            let k_new: Vec<f32> = (0..step * kvh * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let v_new: Vec<f32> = (0..step * kvh * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let q: Vec<f32> = (0..step * qh * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            ks.extend_from_slice(&k_new);
+            vs.extend_from_slice(&v_new);
+            let mut out = pool.take(&gpu, step, qh * d).unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            for layer in 0..2 {
+                let (qa, ka, va) = (
+                    act(&k, &pool, step, qh * d, &q),
+                    act(&k, &pool, step, kvh * d, &k_new),
+                    act(&k, &pool, step, kvh * d, &v_new),
+                );
+                k.attend(&mut kv, layer, qh, &qa, &ka, &va, scale, &mut out)
+                    .unwrap();
+            }
+            kv.advance(step);
+            let got = out.to_host(gpu.stream()).unwrap();
+            let mut want = vec![0f64; step * qh * d];
+            for r in 0..step {
+                let len = held + r + 1;
+                for h in 0..qh {
+                    let g = h / (qh / kvh);
+                    let qv = &q[(r * qh + h) * d..(r * qh + h + 1) * d];
+                    let scores: Vec<f64> = (0..len)
+                        .map(|p| {
+                            let kp = &ks[(p * kvh + g) * d..(p * kvh + g + 1) * d];
+                            qv.iter()
+                                .zip(kp)
+                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .sum::<f64>()
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let ws: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let sum: f64 = ws.iter().sum();
+                    for (p, w) in ws.iter().enumerate() {
+                        for i in 0..d {
+                            want[(r * qh + h) * d + i] +=
+                                w / sum * f64::from(vs[(p * kvh + g) * d + i]);
+                        }
+                    }
+                }
+            }
+            let err = worst_rel(&got, &want);
+            assert!(
+                err < 1e-5,
+                "{qh}/{kvh} heads of {d}, step {step} at {held}: {err:e}"
+            );
+            held += step;
+        }
+    }
+}
+
+#[test]
+fn argmax_takes_the_lowest_index_on_ties() {
+    let Some(gpu) = gpu_or_skip("argmax_takes_the_lowest_index_on_ties") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut v = vec![0.5f32; 2 * 1000];
+    v[17] = 3.0;
+    v[900] = 3.0;
+    v[1000 + 999] = 7.0;
+    let a = act(&k, &pool, 2, 1000, &v);
+    assert_eq!(k.argmax_rows(&a).unwrap(), vec![17, 999]);
+}
