@@ -98,13 +98,16 @@ pub fn kv_spec(cfg: &ModelConfig) -> KvSpec {
 }
 
 impl<D: Device> Model<D> {
-    /// Load the resident weights of `ckpt` onto `dev`; experts come from `experts`.
+    /// Load the resident weights of `ckpt` onto `dev`; experts come from
+    /// `experts`. The config's counts are first held against the
+    /// checkpoint's tensors ([`crate::config::bounds::check`]).
     pub fn new(
         dev: D,
         cfg: &ModelConfig,
         ckpt: &Checkpoint,
         experts: D::Experts,
     ) -> Result<Self, EngineError> {
+        crate::config::bounds::check(cfg, ckpt)?;
         let weights = Weights::load(&dev, ckpt, cfg)?;
         let spec = kv_spec(cfg);
         let kv = dev.kv_cache(&spec)?;
@@ -224,7 +227,7 @@ impl<D: Device> Model<D> {
             return Ok(out);
         }
         // The last new token is never fed back, so it takes no position.
-        let need = self.kv.len() + prompt.len() + max_new.saturating_sub(1);
+        let need = (self.kv.len() + prompt.len()).saturating_add(max_new.saturating_sub(1));
         if need > self.kv.capacity() {
             return Err(EngineError::ContextFull {
                 len: need,

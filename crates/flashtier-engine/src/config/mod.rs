@@ -22,12 +22,21 @@
 //! `n_shared_experts` ungated shared experts, `first_k_dense_replace` dense
 //! layers, and the hub's FP8 (`quantization_config` with `quant_method:
 //! fp8`, `weight_block_size`).
+//!
+//! Bounds: every count is at most [`bounds::MAX_CONFIG_COUNT`] (so the
+//! parser's own sums and products of two counts cannot overflow) and
+//! `num_hidden_layers` at most [`bounds::MAX_LAYERS`] (the parser keeps a
+//! flag per layer); a field of the wrong type says so, "missing" means
+//! absent or null. [`bounds::check`] then holds every count against the
+//! checkpoint's tensors before any weight is read.
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
 use crate::error::EngineError;
+
+pub mod bounds;
 
 /// The model families the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +240,15 @@ impl ModelConfig {
         };
         let hidden_size = c.positive("hidden_size")?;
         let num_layers = c.positive("num_hidden_layers")?;
+        if num_layers > bounds::MAX_LAYERS {
+            return Err(EngineError::config(
+                "num_hidden_layers",
+                format!(
+                    "{num_layers} is over the limit of {} layers",
+                    bounds::MAX_LAYERS
+                ),
+            ));
+        }
         let mla = match arch {
             Arch::DeepseekV3 => Some(mla(&c)?),
             _ => None,
@@ -294,9 +312,7 @@ impl ModelConfig {
             ),
             Arch::DeepseekV3 => (
                 false,
-                c.opt_usize("n_shared_experts")?
-                    .filter(|&n| n > 0)
-                    .map(|n| n * expert_intermediate),
+                shared_experts_width(&c, expert_intermediate)?,
             ),
             Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
@@ -401,6 +417,23 @@ impl ModelConfig {
             _ => base,
         }
     }
+}
+
+/// DeepSeek-V3's shared experts as one MLP: `n_shared_experts x
+/// moe_intermediate_size` wide (`None` without shared experts).
+fn shared_experts_width(
+    c: &Fields<'_>,
+    expert_intermediate: usize,
+) -> Result<Option<usize>, EngineError> {
+    let Some(n) = c.opt_usize("n_shared_experts")?.filter(|&n| n > 0) else {
+        return Ok(None);
+    };
+    n.checked_mul(expert_intermediate).map(Some).ok_or_else(|| {
+        EngineError::config(
+            "n_shared_experts",
+            format!("{n} x moe_intermediate_size {expert_intermediate} overflows"),
+        )
+    })
 }
 
 /// The latent-attention dimensions of a DeepSeek-V3 config.
@@ -744,14 +777,27 @@ impl Fields<'_> {
             .ok_or_else(|| EngineError::config(field, "not a string"))
     }
 
+    /// A count: a non-negative integer of at most
+    /// [`bounds::MAX_CONFIG_COUNT`].
     fn opt_usize(&self, field: &str) -> Result<Option<usize>, EngineError> {
-        self.get(field)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| EngineError::config(field, format!("{v} is not a count")))
-            })
-            .transpose()
+        let Some(v) = self.get(field) else {
+            return Ok(None);
+        };
+        let n = v
+            .as_u64()
+            .ok_or_else(|| EngineError::config(field, format!("{v} is not a count")))?;
+        if n > bounds::MAX_CONFIG_COUNT {
+            return Err(EngineError::config(
+                field,
+                format!(
+                    "{n} is over the limit of {} for a count",
+                    bounds::MAX_CONFIG_COUNT
+                ),
+            ));
+        }
+        usize::try_from(n)
+            .map(Some)
+            .map_err(|_| EngineError::config(field, format!("{n} overflows this machine's sizes")))
     }
 
     fn opt_positive(&self, field: &str) -> Result<Option<usize>, EngineError> {
