@@ -108,7 +108,7 @@ impl<D: Device> Model<D> {
         experts: D::Experts,
     ) -> Result<Self, EngineError> {
         crate::config::bounds::check(cfg, ckpt)?;
-        let weights = Weights::load(&dev, ckpt, cfg)?;
+        // The cache checks its limits before the weights take any memory.
         let spec = kv_spec(cfg);
         let kv = dev.kv_cache(&spec)?;
         let rope = dev.rope_table(
@@ -116,6 +116,7 @@ impl<D: Device> Model<D> {
             cfg.rope_attention_factor(),
             spec.capacity,
         )?;
+        let weights = Weights::load(&dev, ckpt, cfg)?;
         Ok(Self {
             rule: RouteRule::of(cfg),
             cfg: cfg.clone(),

@@ -102,17 +102,17 @@ impl StoreCache {
         if path.exists() && pairs(&path, model)? {
             return Ok(CachedStore::Reused(path));
         }
+        let ckpt = Checkpoint::open(model)?;
+        // A config the checkpoint contradicts is refused before anything is packed.
+        bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
+        let (_, manifest) = plan_experts(&ckpt)?;
+        drop(ckpt);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| EngineError::Io {
                 path: parent.to_path_buf(),
                 source,
             })?;
         }
-        let ckpt = Checkpoint::open(model)?;
-        // A config the checkpoint contradicts is refused before anything is packed.
-        bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
-        let (_, manifest) = plan_experts(&ckpt)?;
-        drop(ckpt);
         let total = planned_bytes(&manifest);
         let done = AtomicU64::new(0);
         // Two runs of one checkpoint: the second waits for the first's

@@ -132,13 +132,21 @@ impl Tensors<'_> {
     /// Dimension `axis` of tensor `name` is `want`, which the config's
     /// `field` (= `value`) implies by `rule`; `want` is `None` when the
     /// config's product overflows.
-    fn dim(&self, name: &str, axis: usize, want: Option<usize>, rule: Rule<'_>) -> Result<(), EngineError> {
+    fn dim(
+        &self,
+        name: &str,
+        axis: usize,
+        want: Option<usize>,
+        rule: Rule<'_>,
+    ) -> Result<(), EngineError> {
         let shape = self.shape(name)?;
         let got = shape.get(axis).copied();
         if got.is_some() && got == want.map(|w| w as u64) {
             return Ok(());
         }
-        let which = ["rows", "columns", "dimension 2"].get(axis).unwrap_or(&"a dimension");
+        let which = ["rows", "columns", "dimension 2"]
+            .get(axis)
+            .unwrap_or(&"a dimension");
         Err(mismatch(
             rule.field,
             rule.value,
@@ -178,8 +186,18 @@ fn check_gqa(cfg: &ModelConfig, t: &Tensors<'_>) -> Result<(), EngineError> {
     let d = cfg.head_dim;
     let q = format!("{a}.q_proj.weight");
     let how = "num_attention_heads x head_dim";
-    t.dim(&q, 0, cfg.num_q_heads.checked_mul(d), rule("num_attention_heads", cfg.num_q_heads, how))?;
-    t.dim(&q, 1, Some(cfg.hidden_size), rule("hidden_size", cfg.hidden_size, "hidden_size"))?;
+    t.dim(
+        &q,
+        0,
+        cfg.num_q_heads.checked_mul(d),
+        rule("num_attention_heads", cfg.num_q_heads, how),
+    )?;
+    t.dim(
+        &q,
+        1,
+        Some(cfg.hidden_size),
+        rule("hidden_size", cfg.hidden_size, "hidden_size"),
+    )?;
     let how = "num_key_value_heads x head_dim";
     t.dim(
         &format!("{a}.k_proj.weight"),
@@ -197,7 +215,12 @@ fn check_mla(cfg: &ModelConfig, m: &Mla, t: &Tensors<'_>) -> Result<(), EngineEr
     let heads_rule = rule("num_attention_heads", heads, how);
     match m.q_lora_rank {
         Some(r) => {
-            t.dim(&format!("{a}.q_a_proj.weight"), 0, Some(r), rule("q_lora_rank", r, "q_lora_rank"))?;
+            t.dim(
+                &format!("{a}.q_a_proj.weight"),
+                0,
+                Some(r),
+                rule("q_lora_rank", r, "q_lora_rank"),
+            )?;
             t.dim(&format!("{a}.q_b_proj.weight"), 0, qk_rows, heads_rule)?;
         }
         None => t.dim(&format!("{a}.q_proj.weight"), 0, qk_rows, heads_rule)?,
@@ -261,19 +284,29 @@ fn sparse_rule(cfg: &ModelConfig, raw: &serde_json::Value) -> (&'static str, Str
     (field, value)
 }
 
-fn check_ffn(cfg: &ModelConfig, t: &Tensors<'_>, raw: &serde_json::Value) -> Result<(), EngineError> {
+fn check_ffn(
+    cfg: &ModelConfig,
+    t: &Tensors<'_>,
+    raw: &serde_json::Value,
+) -> Result<(), EngineError> {
     let (mut dense, mut sparse) = (None, None);
     for (i, &is_sparse) in cfg.sparse_layers.iter().enumerate() {
         match (is_sparse, router(cfg, t, i)) {
             (true, Some(r)) => sparse = sparse.or(Some((i, r))),
             (false, None) => dense = dense.or(Some(i)),
             (true, None) | (false, Some(_)) => {
-                let (is, has) = if is_sparse { ("sparse", "no") } else { ("dense", "a") };
+                let (is, has) = if is_sparse {
+                    ("sparse", "no")
+                } else {
+                    ("dense", "a")
+                };
                 let (field, value) = sparse_rule(cfg, raw);
                 return Err(mismatch(
                     field,
                     value,
-                    format!("layer {i} is {is} by the config and the checkpoint has {has} router for it"),
+                    format!(
+                        "layer {i} is {is} by the config and the checkpoint has {has} router for it"
+                    ),
                 ));
             }
         }
@@ -281,7 +314,12 @@ fn check_ffn(cfg: &ModelConfig, t: &Tensors<'_>, raw: &serde_json::Value) -> Res
     if let Some(i) = dense {
         let n = cfg.dense_intermediate;
         let name = format!("model.layers.{i}.mlp.gate_proj.weight");
-        t.dim(&name, 0, Some(n), rule("intermediate_size", n, "intermediate_size"))?;
+        t.dim(
+            &name,
+            0,
+            Some(n),
+            rule("intermediate_size", n, "intermediate_size"),
+        )?;
     }
     match sparse {
         Some((i, router)) => check_experts(cfg, t, i, &router),
@@ -289,10 +327,20 @@ fn check_ffn(cfg: &ModelConfig, t: &Tensors<'_>, raw: &serde_json::Value) -> Res
     }
 }
 
-fn check_experts(cfg: &ModelConfig, t: &Tensors<'_>, i: usize, router: &str) -> Result<(), EngineError> {
+fn check_experts(
+    cfg: &ModelConfig,
+    t: &Tensors<'_>,
+    i: usize,
+    router: &str,
+) -> Result<(), EngineError> {
     let (n, w) = (cfg.num_experts, cfg.expert_intermediate);
     let field = experts_field(cfg.arch);
-    t.dim(router, 0, Some(n), rule(field, n, "one router row per expert"))?;
+    t.dim(
+        router,
+        0,
+        Some(n),
+        rule(field, n, "one router row per expert"),
+    )?;
     let width_field = match cfg.arch {
         Arch::Mixtral => "intermediate_size",
         _ => "moe_intermediate_size",
@@ -302,7 +350,12 @@ fn check_experts(cfg: &ModelConfig, t: &Tensors<'_>, i: usize, router: &str) -> 
     let fused = format!("{block}experts.gate_up_proj");
     if t.has(&fused) {
         t.dim(&fused, 0, Some(n), rule(field, n, "one slice per expert"))?;
-        t.dim(&fused, 1, w.checked_mul(2), rule(width_field, w, "2 x the expert width"))?;
+        t.dim(
+            &fused,
+            1,
+            w.checked_mul(2),
+            rule(width_field, w, "2 x the expert width"),
+        )?;
     } else {
         let prefix = format!("{block}experts.");
         let experts = checkpoint_experts(t, &prefix);
@@ -335,9 +388,21 @@ fn check_shared(cfg: &ModelConfig, t: &Tensors<'_>, block: &str) -> Result<(), E
         ("shared_expert", rule(f, width, f))
     } else {
         let n = width / cfg.expert_intermediate.max(1);
-        ("shared_experts", rule("n_shared_experts", n, "n_shared_experts x moe_intermediate_size"))
+        (
+            "shared_experts",
+            rule(
+                "n_shared_experts",
+                n,
+                "n_shared_experts x moe_intermediate_size",
+            ),
+        )
     };
-    t.dim(&format!("{block}{name}.gate_proj.weight"), 0, Some(width), r)
+    t.dim(
+        &format!("{block}{name}.gate_proj.weight"),
+        0,
+        Some(width),
+        r,
+    )
 }
 
 /// The expert indices under `prefix` (`model.layers.L.mlp.experts.`).
@@ -365,7 +430,10 @@ fn describe_ids(ids: &BTreeSet<u64>) -> String {
 fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
     let attention = match &cfg.mla {
         Some(m) => {
-            let widest_head = m.qk_head_dim().max(m.qk_nope_head_dim + m.v_head_dim).max(cfg.head_dim);
+            let widest_head = m
+                .qk_head_dim()
+                .max(m.qk_nope_head_dim + m.v_head_dim)
+                .max(cfg.head_dim);
             cfg.num_q_heads.checked_mul(widest_head)
         }
         None => cfg.num_q_heads.checked_mul(cfg.head_dim),
@@ -379,8 +447,7 @@ fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
         cfg.shared_expert_intermediate.unwrap_or(0),
     ];
     let widest = attention.map(|a| widths.iter().fold(a, |w, &x| w.max(x)));
-    let bytes = widest
-        .and_then(|w| (w as u64).checked_mul(PREFILL_CHUNK as u64 * 4));
+    let bytes = widest.and_then(|w| (w as u64).checked_mul(PREFILL_CHUNK as u64 * 4));
     match bytes {
         Some(b) if b <= MAX_ACTIVATION_BYTES => Ok(()),
         value => Err(EngineError::TooLarge {
@@ -403,8 +470,14 @@ mod tests {
     fn layer_sets_are_described() {
         let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
         assert_eq!(layer_mismatch(3, 0, &set(&[0, 1, 2])), None);
-        assert_eq!(layer_mismatch(61, 1, &set(&(0..62).collect::<Vec<_>>())), None);
-        assert_eq!(layer_mismatch(61, 1, &set(&(0..61).collect::<Vec<_>>())), None);
+        assert_eq!(
+            layer_mismatch(61, 1, &set(&(0..62).collect::<Vec<_>>())),
+            None
+        );
+        assert_eq!(
+            layer_mismatch(61, 1, &set(&(0..61).collect::<Vec<_>>())),
+            None
+        );
         let four = layer_mismatch(4, 0, &set(&[0, 1, 2])).unwrap_or_default();
         assert!(four.contains("3 layers"), "{four}");
         assert!(layer_mismatch(2, 0, &set(&[0, 1, 2])).is_some());
@@ -412,7 +485,15 @@ mod tests {
         assert!(gap.contains("without model.layers.1"), "{gap}");
         assert!(layer_mismatch(1, 0, &set(&[])).is_some());
         assert_eq!(
-            checkpoint_layers(["model.layers.10.x", "model.layers.2.y", "model.norm.weight", "model.layers.z.w"].into_iter()),
+            checkpoint_layers(
+                [
+                    "model.layers.10.x",
+                    "model.layers.2.y",
+                    "model.norm.weight",
+                    "model.layers.z.w"
+                ]
+                .into_iter()
+            ),
             set(&[2, 10])
         );
     }

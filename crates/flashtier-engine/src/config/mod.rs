@@ -310,10 +310,7 @@ impl ModelConfig {
                 c.opt_usize("shared_expert_intermediate_size")?
                     .filter(|&n| n > 0),
             ),
-            Arch::DeepseekV3 => (
-                false,
-                shared_experts_width(&c, expert_intermediate)?,
-            ),
+            Arch::DeepseekV3 => (false, shared_experts_width(&c, expert_intermediate)?),
             Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
         let (rope_theta, yarn) = rope(&c)?;

@@ -401,7 +401,13 @@ fn absurd_counts_and_wrong_types_are_named() {
     }
     let (_, reason) = reason_of(&with(qwen_v4(), "num_hidden_layers", json!(70_000)));
     assert!(reason.contains("65536 layers"), "{reason}");
-    for bad in [json!("64"), json!(64.5), json!(-3), json!(1e30), json!(true)] {
+    for bad in [
+        json!("64"),
+        json!(64.5),
+        json!(-3),
+        json!(1e30),
+        json!(true),
+    ] {
         let (field, reason) = reason_of(&with(qwen_v4(), "hidden_size", bad.clone()));
         assert_eq!(field, "hidden_size");
         assert!(

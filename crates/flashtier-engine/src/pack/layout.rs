@@ -68,8 +68,8 @@ pub fn check_config_counts(ckpt: &Checkpoint) -> Result<(), PackError> {
     for field in COUNT_FIELDS {
         count(field)?;
     }
-    let layers = count("num_hidden_layers")?
-        .ok_or_else(|| err("num_hidden_layers", "missing".into()))?;
+    let layers =
+        count("num_hidden_layers")?.ok_or_else(|| err("num_hidden_layers", "missing".into()))?;
     let extra = count("num_nextn_predict_layers")?.unwrap_or(0);
     let present = checkpoint_layers(ckpt.tensors().keys().map(String::as_str));
     match layer_mismatch(layers, extra, &present) {

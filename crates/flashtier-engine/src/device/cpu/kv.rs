@@ -92,7 +92,12 @@ fn check_limits(spec: &KvSpec, width: usize) -> Result<usize, EngineError> {
         unit,
     };
     if spec.layers > MAX_LAYERS {
-        return Err(too_large("KV cache layers", Some(spec.layers), MAX_LAYERS, "layers"));
+        return Err(too_large(
+            "KV cache layers",
+            Some(spec.layers),
+            MAX_LAYERS,
+            "layers",
+        ));
     }
     if spec.capacity > MAX_POSITIONS {
         return Err(too_large(
@@ -107,7 +112,9 @@ fn check_limits(spec: &KvSpec, width: usize) -> Result<usize, EngineError> {
         .try_fold(spec.capacity as u64, |n, &x| n.checked_mul(x as u64));
     if full.is_none() {
         return Err(EngineError::TooLarge {
-            what: "KV cache at full capacity (positions x layers x kv heads x head width x K and V)".into(),
+            what:
+                "KV cache at full capacity (positions x layers x kv heads x head width x K and V)"
+                    .into(),
             value: None,
             limit: u64::MAX,
             unit: "bytes",
@@ -424,15 +431,28 @@ mod tests {
     fn sizes_a_config_sets_are_capped_before_allocating() {
         let e = KvCache::new(&spec(2, 2, 1, 8, 1_000_000_000_000, KvPrecision::Bf16)).unwrap_err();
         assert!(
-            matches!(e, EngineError::TooLarge { unit: "positions", .. }),
+            matches!(
+                e,
+                EngineError::TooLarge {
+                    unit: "positions",
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("max_position_embeddings"), "{e}");
         let e = KvCache::new(&spec(2, 1 << 40, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
-        assert!(matches!(e, EngineError::TooLarge { unit: "values", .. }), "{e}");
+        assert!(
+            matches!(e, EngineError::TooLarge { unit: "values", .. }),
+            "{e}"
+        );
         let e = KvCache::new(&spec(1 << 40, 2, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
-        assert!(matches!(e, EngineError::TooLarge { unit: "layers", .. }), "{e}");
-        let e = KvCache::new(&spec(2, 2, usize::MAX / 4, 8, 1 << 20, KvPrecision::Bf16)).unwrap_err();
+        assert!(
+            matches!(e, EngineError::TooLarge { unit: "layers", .. }),
+            "{e}"
+        );
+        let e =
+            KvCache::new(&spec(2, 2, usize::MAX / 4, 8, 1 << 20, KvPrecision::Bf16)).unwrap_err();
         assert!(e.to_string().contains("more than 2^64"), "{e}");
         assert!(KvCache::new(&spec(2, 2, 1, 8, MAX_POSITIONS, KvPrecision::Bf16)).is_ok());
     }
