@@ -2,7 +2,7 @@
 //! and PyTorch SDPA, same shapes, same run.
 
 use anyhow::Context;
-use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s, median};
+use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s};
 use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, KvLayout, UtilKernels};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -182,7 +182,7 @@ fn bench_shape(
             .all(|&b| half::bf16::from_bits(b).is_finite()),
         "attention output holds non-finite values"
     );
-    let secs = median(&mut times);
+    let secs = crate::kit::median(&times);
     let bytes = kv_bytes + io_bytes;
     let bps = bytes as f64 / secs;
     Ok((
