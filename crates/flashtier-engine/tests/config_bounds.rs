@@ -89,9 +89,14 @@ fn a_layer_count_the_tensors_contradict_is_named() {
     }
 }
 
+/// A fixture, the config edits, the field the error names, and text its
+/// message holds.
+type Case<'a> = (&'a str, &'a [(&'a str, Value)], &'a str, &'a str);
+
 #[test]
 fn counts_are_held_against_the_tensors_that_carry_them() {
-    let cases: [(&str, &[(&str, Value)], &str, &str); 9] = [
+    // (fixture, config edit, field named, text the message holds)
+    let cases: [Case<'_>; 9] = [
         (
             "mixtral",
             &[("vocab_size", json!(321))],
