@@ -70,7 +70,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
     for layout in &args.layouts {
         anyhow::ensure!(
             layout == "paged" || layout == "slot",
-            "unknown layout {layout:?} (paged | slot)"
+            "unknown layout `{layout}` (paged | slot)"
         );
         for &batch in &args.batches {
             for &context in &args.contexts {
