@@ -171,24 +171,25 @@ fn run_refuses_a_config_the_checkpoint_contradicts_without_aborting() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let model = edited(dir.path(), "mixtral", field, value);
-        let out = flashtier(
-            &[
-                "run",
-                "--model",
-                model.to_str().unwrap(),
-                "--prompt-ids",
-                "1,2",
-                "--max-new",
-                "2",
-            ],
-            dir.path(),
-        );
-        let text = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{field}: {text}");
-        assert!(
-            text.contains(field) && text.contains(want),
-            "{field}: {text}"
-        );
+        let store = dir.path().join("experts.ftstore");
+        // From the store cache, and with a --store to pack first.
+        for store_args in [&[][..], &["--store", store.to_str().unwrap()][..]] {
+            let mut args = vec!["run", "--model", model.to_str().unwrap()];
+            args.extend(["--prompt-ids", "1,2", "--max-new", "2"]);
+            args.extend(store_args);
+            let out = flashtier(&args, dir.path());
+            let text = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{field}: {text}");
+            assert!(
+                text.contains(field) && text.contains(want),
+                "{field}: {text}"
+            );
+            assert!(!store.exists(), "{field}: nothing may be packed");
+            assert!(
+                !dir.path().join("stores").exists(),
+                "{field}: nothing may be packed"
+            );
+        }
     }
 }
 

@@ -125,6 +125,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The model with experts from `--store` (packed first when missing) or
 /// from the store cache, paired with this checkpoint.
 fn load_model(args: &Args) -> anyhow::Result<(Model<CpuDevice>, PathBuf)> {
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    let ckpt = Checkpoint::open(&args.model)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    // Counts the checkpoint contradicts are refused before anything is packed.
+    flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
         (None, Some(dir)) => ExpertStore::Cache(StoreCache::at(dir)),
@@ -165,9 +170,6 @@ fn load_model(args: &Args) -> anyhow::Result<(Model<CpuDevice>, PathBuf)> {
             path
         }
     };
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    let ckpt = Checkpoint::open(&args.model)
-        .with_context(|| format!("opening {}", args.model.display()))?;
     let experts = cpu_experts(&cfg, &ckpt, &path, &opts)
         .with_context(|| format!("opening the expert store {}", path.display()))?;
     let model = Model::new(CpuDevice, &cfg, &ckpt, experts)
