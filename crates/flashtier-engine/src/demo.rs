@@ -26,12 +26,11 @@ use std::time::Instant;
 
 use flashtier_format::{Dtype, Store};
 use flashtier_io::{
-    AlignedBuf, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile,
+    LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents, record_extents,
 };
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::demo_replay::{RecordingBackend, replay};
 use crate::device::cpu::CpuDevice;
 use crate::device::cpu::experts::PoolExperts;
 use crate::error::EngineError;
@@ -204,9 +203,18 @@ pub fn run_decode_demo(
             rep as u64,
             progress,
         )?);
-        let logger = Arc::new(RecordingBackend::new(opts.queue_depth)?);
+        let logger = Arc::new(LoggingBackend::new(Arc::new(PosixBackend::new(
+            opts.queue_depth.max(1),
+        )?)));
         let streamed = run.decode(stream(Backing::Slots), logger.clone(), opts, progress)?;
-        let replay_bw = replay(&store_path, &logger.reads(), opts.queue_depth)?;
+        let replay_bw = read_extents(
+            &store_path,
+            &logger.reads(),
+            opts.queue_depth,
+            Refill::Sliding,
+            &mut |_| {},
+        )?
+        .bytes_per_sec();
         let bound = io_bound(replay_bw, streamed.miss_bytes_per_token);
         reps.push((streamed.tokens_per_sec / bound, replay_bw, streamed));
     }
@@ -301,46 +309,23 @@ fn probe_drive(
     round: u64,
     progress: &(dyn Fn(DemoProgress) + Sync),
 ) -> Result<f64, EngineError> {
-    let file = StoreFile::open_read(path, DirectMode::Prefer)?;
-    let backend = PosixBackend::new(opts.queue_depth.max(1))?;
-    let len = usize::try_from(store.stride_bytes()).map_err(|_| EngineError::Layout {
-        what: format!("expert store {}", path.display()),
-        reason: format!(
-            "stride {} overflows this machine's addresses",
-            store.stride_bytes()
-        ),
-    })?;
-    let records = store.record_count().max(1);
-    let total = (opts.probe_records * len) as u64;
-    let started = Instant::now();
-    let mut done = 0u64;
-    let mut i = 0u64;
-    while done < total {
-        let mut batch = Vec::with_capacity(opts.queue_depth);
-        for _ in 0..opts.queue_depth.max(1) {
-            let r = (i * 0x9E37_79B9 + round * 0x85EB_CA6B) % records;
-            i += 1;
-            let offset = store
-                .record_offset(r)
-                .map_err(flashtier::experts::ExpertsError::from)?;
-            let landing = Landing::Host(AlignedBuf::zeroed(len));
-            batch.push(ReadReq {
-                file: file.clone(),
-                offset,
-                len,
-                landing,
-                tag: r,
-            });
-        }
-        backend.read(batch)?;
-        done += (opts.queue_depth.max(1) * len) as u64;
+    let extents = record_extents(store, opts.probe_records, round)?;
+    let total = extents.iter().map(|e| e.len as u64).sum();
+    let mut report = |done| {
         progress(DemoProgress {
             phase: DemoPhase::Drive,
-            done: done.min(total),
+            done,
             total,
-        });
-    }
-    Ok(done as f64 / started.elapsed().as_secs_f64())
+        })
+    };
+    let read = read_extents(
+        path,
+        &extents,
+        opts.queue_depth,
+        Refill::Batches,
+        &mut report,
+    )?;
+    Ok(read.bytes_per_sec())
 }
 
 /// What both decodes share.

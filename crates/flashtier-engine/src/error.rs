@@ -6,9 +6,14 @@ use std::path::PathBuf;
 use flashtier::experts::Precision;
 
 /// `[a, b, c]` for a shape in an error message.
-fn dims(shape: &[u64]) -> String {
+pub(crate) fn dims(shape: &[u64]) -> String {
     let parts: Vec<String> = shape.iter().map(u64::to_string).collect();
     format!("[{}]", parts.join(", "))
+}
+
+/// A size for an error message; `None` is a product past u64.
+fn over_u64(value: Option<u64>) -> String {
+    value.map_or_else(|| "more than 2^64".to_string(), |v| v.to_string())
 }
 
 /// Why a model could not be loaded or a decode step could not run.
@@ -38,6 +43,30 @@ pub enum EngineError {
         field: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A config count the checkpoint's tensors contradict
+    /// ([`crate::config::bounds`]).
+    #[error("config field `{field}` is {value}, but {found}")]
+    ConfigMismatch {
+        /// The JSON field.
+        field: String,
+        /// Its value in config.json.
+        value: String,
+        /// What the checkpoint has instead.
+        found: String,
+    },
+    /// A size a file or flag sets is over the engine's limit for it; refused
+    /// before anything of that size is allocated.
+    #[error("{what}: {value} {unit} is over the limit of {limit} {unit}", value = over_u64(*value))]
+    TooLarge {
+        /// What would have been allocated, and which field or flag sets it.
+        what: String,
+        /// The size asked for (`None`: more than 2^64).
+        value: Option<u64>,
+        /// The limit.
+        limit: u64,
+        /// Unit of both (`bytes`, `positions`, `values`).
+        unit: &'static str,
     },
     /// The checkpoint (config.json, index, safetensors headers) could not be read.
     #[error(transparent)]

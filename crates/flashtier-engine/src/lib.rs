@@ -47,7 +47,6 @@
 pub mod checkpoint;
 pub mod config;
 pub mod demo;
-mod demo_replay;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -63,6 +62,5 @@ pub mod store_cache;
 pub mod synth;
 
 pub use config::{Arch, ModelConfig};
-pub use demo_replay::{RecordingBackend, replay};
 pub use error::EngineError;
 pub use model::{Generation, Model};

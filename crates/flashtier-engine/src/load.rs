@@ -105,6 +105,7 @@ pub fn cpu_experts(
     store: &Path,
     opts: &LoadOptions,
 ) -> Result<PoolExperts, EngineError> {
+    crate::config::bounds::check(cfg, ckpt)?;
     let opened = Store::open(store)?;
     check_pairing(&opened, ckpt.source())?;
     let budget = opts

@@ -100,14 +100,17 @@ pub fn kv_spec(cfg: &ModelConfig) -> KvSpec {
 }
 
 impl<D: Device> Model<D> {
-    /// Load the resident weights of `ckpt` onto `dev`; experts come from `experts`.
+    /// Load the resident weights of `ckpt` onto `dev`; experts come from
+    /// `experts`. The config's counts are first held against the
+    /// checkpoint's tensors ([`crate::config::bounds::check`]).
     pub fn new(
         dev: D,
         cfg: &ModelConfig,
         ckpt: &Checkpoint,
         experts: D::Experts,
     ) -> Result<Self, EngineError> {
-        let weights = Weights::load(&dev, ckpt, cfg)?;
+        crate::config::bounds::check(cfg, ckpt)?;
+        // The cache checks its limits before the weights take any memory.
         let spec = kv_spec(cfg);
         let kv = dev.kv_cache(&spec)?;
         let rope = dev.rope_table(
@@ -115,6 +118,7 @@ impl<D: Device> Model<D> {
             cfg.rope_attention_factor(),
             spec.capacity,
         )?;
+        let weights = Weights::load(&dev, ckpt, cfg)?;
         Ok(Self {
             rule: RouteRule::of(cfg),
             cfg: cfg.clone(),
@@ -226,7 +230,7 @@ impl<D: Device> Model<D> {
             return Ok(out);
         }
         // The last new token is never fed back, so it takes no position.
-        let need = self.kv.len() + prompt.len() + max_new.saturating_sub(1);
+        let need = (self.kv.len() + prompt.len()).saturating_add(max_new.saturating_sub(1));
         if need > self.kv.capacity() {
             return Err(EngineError::ContextFull {
                 len: need,

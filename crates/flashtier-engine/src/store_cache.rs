@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flashtier_format::{Store, xxh3_64};
 
+use crate::config::{ModelConfig, bounds};
 use crate::error::EngineError;
 use crate::pack::{
     PackOptions, PackReport, check_pairing, pack_experts, plan_experts, planned_bytes,
@@ -101,13 +102,17 @@ impl StoreCache {
         if path.exists() && pairs(&path, model)? {
             return Ok(CachedStore::Reused(path));
         }
+        let ckpt = Checkpoint::open(model)?;
+        // A config the checkpoint contradicts is refused before anything is packed.
+        bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
+        let (_, manifest) = plan_experts(&ckpt)?;
+        drop(ckpt);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| EngineError::Io {
                 path: parent.to_path_buf(),
                 source,
             })?;
         }
-        let (_, manifest) = plan_experts(&Checkpoint::open(model)?)?;
         let total = planned_bytes(&manifest);
         let done = AtomicU64::new(0);
         // Two runs of one checkpoint: the second waits for the first's

@@ -68,7 +68,7 @@ impl std::str::FromStr for SynthArch {
             "mixtral" => Ok(Self::Mixtral),
             "deepseek" | "deepseek_v3" => Ok(Self::DeepSeek),
             other => Err(format!(
-                "unknown arch {other:?} (qwen3_moe | qwen2_moe | mixtral | deepseek)"
+                "unknown arch `{other}` (qwen3_moe | qwen2_moe | mixtral | deepseek)"
             )),
         }
     }
@@ -253,7 +253,11 @@ impl SynthSpec {
             self.experts_per_token,
         ];
         if dims.contains(&0) || counts.contains(&0) {
-            return Err(SynthError::Invalid(format!("zero dimension in {self:?}")));
+            return Err(SynthError::Invalid(format!(
+                "a zero dimension or count: hidden, intermediate, dense intermediate, head_dim, \
+                 vocab {dims:?}; layers, experts, heads, kv heads, shards, experts per token \
+                 {counts:?}"
+            )));
         }
         if self.heads % self.kv_heads != 0 || self.experts_per_token > self.experts {
             return Err(SynthError::Invalid(

@@ -12,6 +12,8 @@ use flashtier::experts::tracegen::TraceFamily;
 use flashtier::experts::{Backing, PolicyKind, StoreSet};
 use flashtier_io::{BackendKind, open_backend};
 
+use crate::kit::{count_bar, parse_bytes};
+
 /// Options of `flashtier replay`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -22,7 +24,7 @@ pub struct Args {
     /// zipf | local | correlated | drift | decode, generated for the store's shape.
     #[arg(long)]
     pub trace: String,
-    /// Memory budget for resident records (bytes; K, M, G, Ki, Mi, Gi suffixes).
+    /// Memory budget for resident records in bytes (K, M, G, T: powers of 1024).
     #[arg(long, value_parser = parse_bytes)]
     pub budget: u64,
     /// Eviction policy: layer-clock (default) | s3-fifo | sieve | lru.
@@ -57,33 +59,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Parse `123`, `64K`, `1.5G`, `512Mi` into bytes (K = 1000, Ki = 1024).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| format!("bad byte count {s:?}"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().trim_end_matches('b') {
-        "" => 1.0,
-        "k" => 1e3,
-        "m" => 1e6,
-        "g" => 1e9,
-        "t" => 1e12,
-        "ki" => 1024.0,
-        "mi" => 1024.0 * 1024.0,
-        "gi" => 1024.0 * 1024.0 * 1024.0,
-        "ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown byte unit {other:?} in {s:?}")),
-    };
-    let bytes = value * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("byte count {s:?} out of range"));
-    }
-    Ok(bytes as u64)
-}
-
 fn load_trace(args: &Args, stores: &StoreSet) -> anyhow::Result<RoutingTrace> {
     if let Some(name) = args.trace.strip_prefix("synth:") {
         let family: TraceFamily = name.parse().map_err(anyhow::Error::msg)?;
@@ -109,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         prefetch: args.prefetch,
         cold_start: !args.warm,
     };
-    let bar = crate::kit::count_bar(trace.steps.len() as u64, "replay", !args.json);
+    let bar = count_bar(trace.steps.len() as u64, "replay", !args.json);
     let report = replay(stores, backend, &trace, &config, &mut |done, _| {
         bar.set_position(done as u64)
     })?;
@@ -164,19 +139,5 @@ fn print_report(r: &ReplayReport) {
             mb(r.prefetch_bytes as f64),
             mb(r.prefetch_used_bytes as f64)
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn byte_counts() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64K"), Ok(64_000));
-        assert_eq!(parse_bytes("2Mi"), Ok(2 << 20));
-        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
-        assert!(parse_bytes("12X").is_err() && parse_bytes("").is_err());
     }
 }

@@ -11,7 +11,8 @@ use flashtier_engine::engine::{self, Chosen, Engine, Placement};
 use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_engine::store_cache::StoreCache;
-use flashtier_engine::{EngineError, Generation};
+use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::{EngineError, Generation, ModelConfig};
 
 use crate::kit::{self, parse_bytes};
 
@@ -140,6 +141,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The model with experts from `--store` (packed first when missing) or
 /// from the store cache, paired with this checkpoint.
 fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    let ckpt = Checkpoint::open(&args.model)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    // Counts the checkpoint contradicts are refused before anything is packed.
+    flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
+    drop(ckpt);
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
         (None, Some(dir)) => ExpertStore::Cache(StoreCache::at(dir)),

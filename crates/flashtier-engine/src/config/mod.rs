@@ -22,12 +22,27 @@
 //! `n_shared_experts` ungated shared experts, `first_k_dense_replace` dense
 //! layers, and the hub's FP8 (`quantization_config` with `quant_method:
 //! fp8`, `weight_block_size`).
+//!
+//! Bounds: every count is at most [`bounds::MAX_CONFIG_COUNT`] (so the
+//! parser's own sums and products of two counts cannot overflow) and
+//! `num_hidden_layers` at most [`bounds::MAX_LAYERS`] (the parser keeps a
+//! flag per layer); a field of the wrong type says so, "missing" means
+//! absent or null. [`bounds::check`] then holds every count against the
+//! checkpoint's tensors before any weight is read.
 
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::EngineError;
+use deepseek::{fp8_block, mla, routing, shared_experts_width};
+use fields::Fields;
+use rope::{rope, yarn_mscale};
+
+pub mod bounds;
+mod deepseek;
+mod fields;
+mod rope;
 
 /// The model families the engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,14 +123,6 @@ pub struct Yarn {
     pub attention_factor: f64,
     /// DeepSeek's softmax correction: `mscale_all_dim` (0 = none).
     pub mscale_all_dim: f64,
-}
-
-fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
 }
 
 impl Arch {
@@ -231,6 +238,15 @@ impl ModelConfig {
         };
         let hidden_size = c.positive("hidden_size")?;
         let num_layers = c.positive("num_hidden_layers")?;
+        if num_layers > bounds::MAX_LAYERS {
+            return Err(EngineError::config(
+                "num_hidden_layers",
+                format!(
+                    "{num_layers} is over the limit of {} layers",
+                    bounds::MAX_LAYERS
+                ),
+            ));
+        }
         let mla = match arch {
             Arch::DeepseekV3 => Some(mla(&c)?),
             _ => None,
@@ -292,12 +308,7 @@ impl ModelConfig {
                 c.opt_usize("shared_expert_intermediate_size")?
                     .filter(|&n| n > 0),
             ),
-            Arch::DeepseekV3 => (
-                false,
-                c.opt_usize("n_shared_experts")?
-                    .filter(|&n| n > 0)
-                    .map(|n| n * expert_intermediate),
-            ),
+            Arch::DeepseekV3 => (false, shared_experts_width(&c, expert_intermediate)?),
             Arch::Qwen3Moe | Arch::Mixtral => (false, None),
         };
         let (rope_theta, yarn) = rope(&c)?;
@@ -401,116 +412,6 @@ impl ModelConfig {
             _ => base,
         }
     }
-}
-
-/// The latent-attention dimensions of a DeepSeek-V3 config.
-fn mla(c: &Fields<'_>) -> Result<Mla, EngineError> {
-    let m = Mla {
-        q_lora_rank: c.opt_positive("q_lora_rank")?,
-        kv_lora_rank: c.positive("kv_lora_rank")?,
-        qk_nope_head_dim: c.positive("qk_nope_head_dim")?,
-        qk_rope_head_dim: c.positive("qk_rope_head_dim")?,
-        v_head_dim: c.positive("v_head_dim")?,
-        rope_interleave: c.opt_bool("rope_interleave")?.unwrap_or(true),
-    };
-    if m.qk_rope_head_dim % 2 != 0 {
-        return Err(EngineError::config(
-            "qk_rope_head_dim",
-            format!("{} is odd (RoPE)", m.qk_rope_head_dim),
-        ));
-    }
-    Ok(m)
-}
-
-/// `quantization_config`: absent, or FP8 E4M3 in float32-scaled blocks
-/// (`quant_method: fp8`, `weight_block_size: [rows, cols]`), the format
-/// DeepSeek-V3 ships in.
-fn fp8_block(c: &Fields<'_>) -> Result<Option<[usize; 2]>, EngineError> {
-    let Some(q) = c.get("quantization_config") else {
-        return Ok(None);
-    };
-    let field = "quantization_config";
-    let text = |k: &str| q.get(k).and_then(Value::as_str);
-    if text("quant_method") != Some("fp8") {
-        return Err(EngineError::config(
-            field,
-            format!("{q} is not supported (FP8 blocks: quant_method fp8)"),
-        ));
-    }
-    if let Some(fmt) = text("fmt").filter(|f| *f != "e4m3") {
-        return Err(EngineError::config(
-            "quantization_config.fmt",
-            format!("`{fmt}` is not supported (e4m3)"),
-        ));
-    }
-    let block: Option<Vec<usize>> = q
-        .get("weight_block_size")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-                .filter(|n| *n > 0)
-                .collect()
-        });
-    match block.as_deref() {
-        Some(&[r, c]) => Ok(Some([r, c])),
-        _ => Err(EngineError::config(
-            "quantization_config.weight_block_size",
-            "needs two positive block sizes (per-tensor FP8 scales are not supported)",
-        )),
-    }
-}
-
-/// DeepSeek-V3's grouped sigmoid routing.
-fn routing(c: &Fields<'_>, num_experts: usize, top_k: usize) -> Result<Routing, EngineError> {
-    for (field, want) in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")] {
-        if let Some(v) = c.get(field) {
-            if v.as_str() != Some(want) {
-                return Err(EngineError::config(
-                    field,
-                    format!("{v} is not supported ({want}, DeepSeek-V3's)"),
-                ));
-            }
-        }
-    }
-    if c.opt_usize("moe_layer_freq")?.is_some_and(|f| f != 1) {
-        return Err(EngineError::config(
-            "moe_layer_freq",
-            "only 1 is supported (every layer after first_k_dense_replace is sparse)",
-        ));
-    }
-    let n_group = c.opt_positive("n_group")?.unwrap_or(1);
-    let topk_group = c.opt_positive("topk_group")?.unwrap_or(n_group);
-    if num_experts % n_group != 0 || num_experts / n_group < 2 {
-        return Err(EngineError::config(
-            "n_group",
-            format!("{n_group} groups of {num_experts} experts: need at least 2 experts per group"),
-        ));
-    }
-    if topk_group > n_group || top_k > topk_group * (num_experts / n_group) {
-        return Err(EngineError::config(
-            "topk_group",
-            format!(
-                "{topk_group} of {n_group} groups cannot hold num_experts_per_tok {top_k} experts"
-            ),
-        ));
-    }
-    let routed_scaling_factor = c
-        .get("routed_scaling_factor")
-        .map(|v| {
-            v.as_f64()
-                .filter(|f| f.is_finite() && *f > 0.0)
-                .ok_or_else(|| {
-                    EngineError::config("routed_scaling_factor", "not a positive number")
-                })
-        })
-        .transpose()?
-        .unwrap_or(1.0) as f32;
-    Ok(Routing::SigmoidGroups {
-        n_group,
-        topk_group,
-        routed_scaling_factor,
-    })
 }
 
 /// Query heads, key/value heads and head width (present or derived).
@@ -628,201 +529,6 @@ fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
         None => Ok(Vec::new()),
         Some(Value::Array(list)) => list.iter().map(id).collect(),
         Some(v) => Ok(vec![id(v)?]),
-    }
-}
-
-/// `rope_theta` (4.x) or `rope_parameters.rope_theta` (5.x), and the
-/// scaling: plain RoPE or YaRN (`rope_scaling` with `type` or `rope_type`
-/// `yarn` in 4.x, `rope_parameters` in 5.x). YaRN scales cos and sin by its
-/// attention factor; DeepSeek-V3 also corrects the softmax scale
-/// ([`ModelConfig::attention_scale`]).
-fn rope(c: &Fields<'_>) -> Result<(f64, Option<Yarn>), EngineError> {
-    let mut yarn_fields: Option<(&'static str, &Map<String, Value>)> = None;
-    for field in ["rope_scaling", "rope_parameters"] {
-        let Some(v) = c.get(field) else { continue };
-        let p = v
-            .as_object()
-            .ok_or_else(|| EngineError::config(field, "not an object"))?;
-        let kind = p
-            .get("rope_type")
-            .or_else(|| p.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        match kind {
-            "default" => {}
-            "yarn" => yarn_fields = Some((field, p)),
-            other => {
-                let name = match field {
-                    "rope_parameters" => "rope_parameters.rope_type",
-                    _ => field,
-                };
-                return Err(EngineError::config(
-                    name,
-                    format!("rope type `{other}` is not supported (default, yarn)"),
-                ));
-            }
-        }
-        if let Some(f) = p.get("partial_rotary_factor").and_then(Value::as_f64) {
-            if f != 1.0 {
-                return Err(EngineError::config(
-                    "rope_parameters.partial_rotary_factor",
-                    format!("{f} is not supported (1.0)"),
-                ));
-            }
-        }
-    }
-    let theta = c
-        .get("rope_parameters")
-        .and_then(|p| p.get("rope_theta"))
-        .or_else(|| c.get("rope_theta"));
-    let theta = match theta {
-        Some(t) => t
-            .as_f64()
-            .filter(|t| *t > 0.0)
-            .ok_or_else(|| EngineError::config("rope_theta", "not a positive number"))?,
-        None => {
-            return Err(EngineError::config(
-                "rope_theta",
-                "missing (neither rope_theta nor rope_parameters.rope_theta)",
-            ));
-        }
-    };
-    let Some((field, p)) = yarn_fields else {
-        return Ok((theta, None));
-    };
-    let num = |k: &str| -> Result<Option<f64>, EngineError> {
-        p.get(k)
-            .filter(|v| !v.is_null())
-            .map(|v| {
-                v.as_f64()
-                    .filter(|f| f.is_finite())
-                    .ok_or_else(|| EngineError::config(field, format!("{k}: {v} is not a number")))
-            })
-            .transpose()
-    };
-    let original = num("original_max_position_embeddings")?
-        .ok_or_else(|| EngineError::config(field, "yarn needs original_max_position_embeddings"))?;
-    let max_positions = c.opt_positive("max_position_embeddings")?.unwrap_or(4096) as f64;
-    let factor = num("factor")?.unwrap_or(max_positions / original);
-    let (mscale, mscale_all_dim) = (num("mscale")?, num("mscale_all_dim")?);
-    let attention_factor = match (num("attention_factor")?, mscale, mscale_all_dim) {
-        (Some(a), _, _) => a,
-        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-            yarn_mscale(factor, m) / yarn_mscale(factor, all)
-        }
-        _ => yarn_mscale(factor, 1.0),
-    };
-    let beta = |k: &str, default: f64| -> Result<f64, EngineError> {
-        Ok(num(k)?.filter(|b| *b != 0.0).unwrap_or(default))
-    };
-    Ok((
-        theta,
-        Some(Yarn {
-            factor,
-            original_max_positions: original,
-            beta_fast: beta("beta_fast", 32.0)?,
-            beta_slow: beta("beta_slow", 1.0)?,
-            truncate: p.get("truncate").and_then(Value::as_bool).unwrap_or(true),
-            attention_factor,
-            mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
-        }),
-    ))
-}
-
-/// Typed access to the fields of one JSON object.
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl Fields<'_> {
-    fn get(&self, field: &str) -> Option<&Value> {
-        self.0.get(field).filter(|v| !v.is_null())
-    }
-
-    fn str(&self, field: &str) -> Result<&str, EngineError> {
-        self.get(field)
-            .ok_or_else(|| EngineError::config(field, "missing"))?
-            .as_str()
-            .ok_or_else(|| EngineError::config(field, "not a string"))
-    }
-
-    fn opt_usize(&self, field: &str) -> Result<Option<usize>, EngineError> {
-        self.get(field)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| EngineError::config(field, format!("{v} is not a count")))
-            })
-            .transpose()
-    }
-
-    fn opt_positive(&self, field: &str) -> Result<Option<usize>, EngineError> {
-        match self.opt_usize(field)? {
-            Some(0) => Err(EngineError::config(field, "must be positive")),
-            other => Ok(other),
-        }
-    }
-
-    fn positive(&self, field: &str) -> Result<usize, EngineError> {
-        self.opt_positive(field)?
-            .ok_or_else(|| EngineError::config(field, "missing"))
-    }
-
-    fn opt_bool(&self, field: &str) -> Result<Option<bool>, EngineError> {
-        self.get(field)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| EngineError::config(field, "not a boolean"))
-            })
-            .transpose()
-    }
-
-    fn float(&self, field: &str) -> Result<f64, EngineError> {
-        self.get(field)
-            .ok_or_else(|| EngineError::config(field, "missing"))?
-            .as_f64()
-            .filter(|f| f.is_finite() && *f > 0.0)
-            .ok_or_else(|| EngineError::config(field, "not a positive number"))
-    }
-
-    /// Fields whose presence would change the computation in ways the engine
-    /// does not implement.
-    fn check_supported(&self, arch: Arch) -> Result<(), EngineError> {
-        if let Some(act) = self.get("hidden_act") {
-            if act.as_str() != Some("silu") {
-                return Err(EngineError::config(
-                    "hidden_act",
-                    format!("{act} is not supported (silu)"),
-                ));
-            }
-        }
-        if self.opt_bool("attention_bias")? == Some(true) {
-            return Err(EngineError::config(
-                "attention_bias",
-                "true is not supported",
-            ));
-        }
-        if arch != Arch::Mixtral && self.opt_bool("use_sliding_window")? == Some(true) {
-            return Err(EngineError::config(
-                "use_sliding_window",
-                "true is not supported",
-            ));
-        }
-
-        for field in ["n_shared_experts", "shared_expert_intermediate_size"] {
-            let shared_ok = match field {
-                "n_shared_experts" => arch == Arch::DeepseekV3,
-                _ => arch == Arch::Qwen2Moe,
-            };
-            if shared_ok {
-                continue;
-            }
-            if self.opt_usize(field)?.is_some_and(|n| n > 0) {
-                return Err(EngineError::config(
-                    field,
-                    "shared experts are not supported",
-                ));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -377,3 +377,58 @@ fn deepseek_v3_refusals_name_their_field() {
         assert_eq!(got, field, "{v}");
     }
 }
+
+/// Absurd counts are refused by the parser, before its own per-layer list
+/// or a product of two counts is computed; a field of the wrong type says
+/// so instead of "missing".
+#[test]
+fn absurd_counts_and_wrong_types_are_named() {
+    let reason_of = |v: &Value| match ModelConfig::from_json(v).unwrap_err() {
+        EngineError::Config { field, reason } => (field, reason),
+        other => panic!("not a config error: {other}"),
+    };
+    for (field, value) in [
+        ("num_hidden_layers", json!(1_000_000_000_000u64)),
+        ("num_hidden_layers", json!(1u64 << 62)),
+        ("hidden_size", json!(1u64 << 62)),
+        ("vocab_size", json!(1_000_000_000_000u64)),
+        ("num_experts", json!(1u64 << 62)),
+        ("max_position_embeddings", json!(1u64 << 62)),
+    ] {
+        let (got, reason) = reason_of(&with(qwen_v4(), field, value));
+        assert_eq!(got, field);
+        assert!(reason.contains("over the limit"), "{field}: {reason}");
+    }
+    let (_, reason) = reason_of(&with(qwen_v4(), "num_hidden_layers", json!(70_000)));
+    assert!(reason.contains("65536 layers"), "{reason}");
+    for bad in [
+        json!("64"),
+        json!(64.5),
+        json!(-3),
+        json!(1e30),
+        json!(true),
+    ] {
+        let (field, reason) = reason_of(&with(qwen_v4(), "hidden_size", bad.clone()));
+        assert_eq!(field, "hidden_size");
+        assert!(
+            reason.contains("is not a count") && !reason.contains("missing"),
+            "{bad}: {reason}"
+        );
+    }
+    let (_, reason) = reason_of(&with(qwen_v4(), "hidden_size", json!(0)));
+    assert_eq!(reason, "must be positive");
+    let mut gone = qwen_v4();
+    gone.as_object_mut().unwrap().remove("hidden_size");
+    assert_eq!(reason_of(&gone).1, "missing");
+    // DeepSeek's shared width is n_shared_experts x moe_intermediate_size.
+    let v = with(
+        with(deepseek_hub(), "n_shared_experts", json!(u32::MAX)),
+        "moe_intermediate_size",
+        json!(u32::MAX),
+    );
+    let c = ModelConfig::from_json(&v).unwrap();
+    assert_eq!(
+        c.shared_expert_intermediate,
+        Some(u32::MAX as usize * u32::MAX as usize)
+    );
+}

@@ -15,6 +15,15 @@
 //!   per-expert names (`gate_proj.weight`...; `w1.weight`... for Mixtral),
 //!   so a store packed from either layout reads the same.
 //!
+//! Before any of that, the config's counts are checked
+//! ([`check_config_counts`]): `num_hidden_layers` is a count and the
+//! checkpoint's `model.layers.N.*` tensors name exactly layers
+//! `0..num_hidden_layers` (DeepSeek's `num_nextn_predict_layers` may
+//! follow), so the manifest never records a layer count the checkpoint does
+//! not have; every other count the manifest takes from the config is a
+//! count when present (a field of the wrong type is named as such, not as
+//! missing).
+//!
 //! Every (layer, expert) must hold the same tensor suffixes with the same
 //! dtype and shape. A record holds them in the order gate, up, down (w1, w3,
 //! w2), each matrix followed by its scales, each tensor at a 4096-aligned
@@ -25,7 +34,49 @@ use std::collections::{BTreeMap, BTreeSet};
 use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::error::PackError;
+use crate::config::bounds::{checkpoint_layers, layer_mismatch};
+use crate::error::dims;
 use crate::source::{Checkpoint, TensorInfo};
+
+/// The config fields the manifest takes counts from.
+const COUNT_FIELDS: [&str; 9] = [
+    "num_hidden_layers",
+    "num_nextn_predict_layers",
+    "hidden_size",
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "intermediate_size",
+];
+
+/// The config's counts against the checkpoint (see the module docs).
+pub fn check_config_counts(ckpt: &Checkpoint) -> Result<(), PackError> {
+    let err = |field: &'static str, why: String| PackError::Config {
+        path: ckpt.dir().join("config.json"),
+        field,
+        why,
+    };
+    let count = |field: &'static str| match ckpt.config().get(field) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| err(field, format!("{v} is not a count"))),
+    };
+    for field in COUNT_FIELDS {
+        count(field)?;
+    }
+    let layers =
+        count("num_hidden_layers")?.ok_or_else(|| err("num_hidden_layers", "missing".into()))?;
+    let extra = count("num_nextn_predict_layers")?.unwrap_or(0);
+    let present = checkpoint_layers(ckpt.tensors().keys().map(String::as_str));
+    match layer_mismatch(layers, extra, &present) {
+        Some(found) => Err(err("num_hidden_layers", format!("{layers}, but {found}"))),
+        None => Ok(()),
+    }
+}
 
 /// Alignment of each tensor inside a record.
 pub const TENSOR_ALIGN_BYTES: u64 = 4096;
@@ -239,6 +290,7 @@ type ExpertSuffixes<'a> = BTreeMap<RecordKey, BTreeSet<&'a str>>;
 
 /// Find the experts of `ckpt` and lay out one record.
 pub fn expert_layout(ckpt: &Checkpoint) -> Result<ExpertLayout, PackError> {
+    check_config_counts(ckpt)?;
     let model_type = ckpt
         .config()
         .get("model_type")
@@ -384,8 +436,8 @@ fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayo
             return Err(bad(
                 gate_up,
                 format!(
-                    "shape {:?}, expected [experts, 2 * intermediate, hidden]",
-                    gu.shape
+                    "shape {}, expected [experts, 2 * intermediate, hidden]",
+                    dims(&gu.shape)
                 ),
             ));
         };
@@ -393,8 +445,8 @@ fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayo
             return Err(bad(
                 gate_up,
                 format!(
-                    "shape {:?}, expected [experts, 2 * intermediate, hidden]",
-                    gu.shape
+                    "shape {}, expected [experts, 2 * intermediate, hidden]",
+                    dims(&gu.shape)
                 ),
             ));
         }
@@ -403,8 +455,12 @@ fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayo
             return Err(bad(
                 down,
                 format!(
-                    "{} {:?}, but {gate_up} is {} {:?}: expected {} [{e}, {h}, {i}]",
-                    dn.dtype, dn.shape, gu.dtype, gu.shape, gu.dtype
+                    "{} {}, but {gate_up} is {} {}: expected {} [{e}, {h}, {i}]",
+                    dn.dtype,
+                    dims(&dn.shape),
+                    gu.dtype,
+                    dims(&gu.shape),
+                    gu.dtype
                 ),
             ));
         }
@@ -414,9 +470,9 @@ fn fused_layout(ckpt: &Checkpoint, model_type: &str) -> Result<Option<ExpertLayo
             return Err(bad(
                 gate_up,
                 format!(
-                    "{} {:?}, but layer {first_layer}'s is {dtype} [{experts}, {}, {hidden}]",
+                    "{} {}, but layer {first_layer}'s is {dtype} [{experts}, {}, {hidden}]",
                     gu.dtype,
-                    gu.shape,
+                    dims(&gu.shape),
                     2 * inter
                 ),
             ));
@@ -505,8 +561,11 @@ fn check_same(
             return Err(PackError::Inconsistent {
                 tensor: name,
                 why: format!(
-                    "{} {:?}, other experts have {} {:?}",
-                    info.dtype, info.shape, t.dtype, t.shape
+                    "{} {}, other experts have {} {}",
+                    info.dtype,
+                    dims(&info.shape),
+                    t.dtype,
+                    dims(&t.shape)
                 ),
             });
         }

@@ -179,8 +179,9 @@ fn expert_layers(
             return Err(PackError::Inconsistent {
                 tensor: format!("model.layers.{layer} experts"),
                 why: format!(
-                    "layer has experts {:?}..; every expert layer must hold experts 0..{found}",
-                    experts.first()
+                    "layer has {} experts from {}; every expert layer must hold experts 0..{found}",
+                    experts.len(),
+                    experts.first().map_or(0, |e| *e)
                 ),
             });
         }

@@ -10,7 +10,6 @@
 //! random order, `qd` records per step (acquire, plan, run, finish), with
 //! each record's checksum verified. Both files are deleted afterwards.
 
-use super::median;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,11 +18,13 @@ use anyhow::{Context, bail};
 use flashtier::experts::testing::write_random_store;
 use flashtier::experts::{Backing, ExpertPool, PolicyKind, PoolConfig, StoreSet};
 use flashtier_io::{BackendKind, open_backend};
-use indicatif::ProgressBar;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use serde::Serialize;
 
-use crate::cmd::replay::parse_bytes;
+use crate::kit::bench::{check_reps, emit, interleaved, ratio};
+use crate::kit::fio::{Job, Rw};
+use crate::kit::{Units, median_of, parse_bytes, progress};
 
 /// Options of `flashtier bench experts`.
 #[derive(clap::Args, Debug)]
@@ -31,8 +32,8 @@ pub struct Args {
     /// Folder for the fresh files (on the drive to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
-    /// Payload bytes per expert record (K, M, Ki, Mi suffixes).
-    #[arg(long, default_value = "2Mi", value_parser = parse_bytes)]
+    /// Payload bytes per expert record (K, M, G, T: powers of 1024).
+    #[arg(long, default_value = "2M", value_parser = parse_bytes)]
     pub record: u64,
     /// Records per file.
     #[arg(long, default_value_t = 256)]
@@ -51,7 +52,7 @@ pub struct Args {
     pub json: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 struct Run {
     bytes_per_sec: f64,
     lat_us_p50: f64,
@@ -60,23 +61,12 @@ struct Run {
 }
 
 fn fio(file: &Path, size: u64, bs: u64, qd: usize, engine: &str) -> anyhow::Result<Run> {
-    let psync = engine == "psync";
-    let (depth, jobs) = if psync { (1, qd) } else { (qd, 1) };
-    let report = super::fio::run_json([
-        "--name=flashtier-bench-experts".to_string(),
-        "--rw=randread".into(),
-        "--randrepeat=0".into(),
-        "--direct=1".into(),
-        "--group_reporting".into(),
-        format!("--filename={}", file.display()),
-        format!("--size={size}"),
-        format!("--io_size={}", size / jobs as u64),
-        format!("--bs={bs}"),
-        format!("--ioengine={engine}"),
-        format!("--iodepth={depth}"),
-        format!("--numjobs={jobs}"),
-    ])?;
-    let r = super::fio::read_stats(&report)?;
+    // Every block of the file once, in random order (random map on).
+    let r = Job::new("flashtier-bench-experts", file, Rw::RandRead, bs)
+        .queue(engine, qd)
+        .span(0, size)
+        .io_total(size)
+        .read()?;
     Ok(Run {
         bytes_per_sec: r.bytes_per_sec,
         lat_us_p50: r.lat_us_p50,
@@ -135,19 +125,38 @@ fn write_plain(path: &Path, size: u64, seed: u64) -> anyhow::Result<()> {
 }
 
 fn median_run(runs: &[Run]) -> Run {
-    let m = |f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     Run {
-        bytes_per_sec: m(|r| r.bytes_per_sec),
-        lat_us_p50: m(|r| r.lat_us_p50),
-        lat_us_p99: m(|r| r.lat_us_p99),
-        lat_us_p999: m(|r| r.lat_us_p999),
+        bytes_per_sec: median_of(runs, |r| r.bytes_per_sec),
+        lat_us_p50: median_of(runs, |r| r.lat_us_p50),
+        lat_us_p99: median_of(runs, |r| r.lat_us_p99),
+        lat_us_p999: median_of(runs, |r| r.lat_us_p999),
     }
+}
+
+/// What `flashtier bench experts` reports.
+#[derive(Debug, Serialize)]
+struct Report {
+    record_bytes: u64,
+    stride_bytes: u64,
+    records: u32,
+    qd: usize,
+    backend: &'static str,
+    fio_engine: &'static str,
+    reps: usize,
+    /// Medians of the pool's runs and of fio's.
+    pool: Run,
+    fio: Run,
+    /// Median pool bytes/s over median fio bytes/s.
+    ratio: f64,
+    pool_runs: Vec<Run>,
+    fio_runs: Vec<Run>,
 }
 
 /// Run `flashtier bench experts`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.qd == 0 || args.records as usize <= args.qd || args.reps == 0 {
-        bail!("need qd >= 1, records > qd and reps >= 1");
+    check_reps(args.reps)?;
+    if args.qd == 0 || args.records as usize <= args.qd {
+        bail!("need --qd >= 1 and --records > --qd");
     }
     let engine = match args.backend {
         BackendKind::Posix => "psync",
@@ -155,69 +164,72 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let stride = args.record.div_ceil(4096) * 4096;
     let size = stride * u64::from(args.records);
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(args.reps as u64 * 2)
+    let bar = progress(Units::Steps, args.reps as u64, "", !args.json);
+    let store = |rep: usize| {
+        args.dir
+            .join(format!("flashtier-bench-experts-{rep}.ftstore"))
     };
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for rep in 0..args.reps {
-        let seed = rand::random::<u64>();
-        let store = args
-            .dir
-            .join(format!("flashtier-bench-experts-{rep}.ftstore"));
-        let plain = args.dir.join(format!("flashtier-bench-experts-{rep}.fio"));
-        bar.set_message(format!("rep {} writing fresh files", rep + 1));
-        write_random_store(&store, 1, args.records, args.record, seed, &mut |_| {})?;
-        write_plain(&plain, size, seed ^ 0x5555)?;
-        // Alternate who goes first.
-        let order = if rep % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for pool_first in order {
-            if pool_first {
-                ours.push(pool_run(&args, &store, seed)?);
-            } else {
-                theirs.push(fio(&plain, size, stride, args.qd, engine)?);
-            }
+    let plain = |rep: usize| args.dir.join(format!("flashtier-bench-experts-{rep}.fio"));
+    let seed = rand::random::<u64>();
+    let (ours, theirs) = interleaved(
+        args.reps,
+        |rep| {
+            bar.set_message(format!("rep {} pool", rep + 1));
+            write_random_store(
+                &store(rep),
+                1,
+                args.records,
+                args.record,
+                seed ^ rep as u64,
+                &mut |_| {},
+            )?;
+            let run = pool_run(&args, &store(rep), seed ^ rep as u64);
+            let _ = std::fs::remove_file(store(rep));
+            run
+        },
+        |rep| {
+            bar.set_message(format!("rep {} fio", rep + 1));
+            write_plain(&plain(rep), size, seed ^ rep as u64 ^ 0x5555)?;
+            let run = fio(&plain(rep), size, stride, args.qd, engine);
+            let _ = std::fs::remove_file(plain(rep));
             bar.inc(1);
-        }
-        let _ = std::fs::remove_file(&store);
-        let _ = std::fs::remove_file(&plain);
-    }
+            run
+        },
+    )?;
     bar.finish_and_clear();
     let (o, f) = (median_run(&ours), median_run(&theirs));
-    let ratio = if f.bytes_per_sec > 0.0 {
-        o.bytes_per_sec / f.bytes_per_sec
-    } else {
-        0.0
+    let report = Report {
+        record_bytes: args.record,
+        stride_bytes: stride,
+        records: args.records,
+        qd: args.qd,
+        backend: args.backend.as_str(),
+        fio_engine: engine,
+        reps: args.reps,
+        pool: o,
+        fio: f,
+        ratio: ratio(o.bytes_per_sec, f.bytes_per_sec),
+        pool_runs: ours,
+        fio_runs: theirs,
     };
-    if args.json {
-        let v = serde_json::json!({
-            "record_bytes": args.record, "stride_bytes": stride, "records": args.records, "qd": args.qd,
-            "backend": args.backend.as_str(), "fio_engine": engine, "reps": args.reps,
-            "pool": o, "fio": f, "ratio": ratio, "pool_runs": ours, "fio_runs": theirs,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        let line = |who: &str, r: &Run| {
-            println!(
-                "{who:<6} {:>9.1} MiB/s  lat p50 {:>8.0} us  p99 {:>8.0} us  p999 {:>8.0} us",
-                r.bytes_per_sec / f64::from(1 << 20),
-                r.lat_us_p50,
-                r.lat_us_p99,
-                r.lat_us_p999
-            );
-        };
+    emit(&report, args.json, print_report)
+}
+
+fn print_report(r: &Report) {
+    let line = |who: &str, run: &Run| {
         println!(
-            "expert miss streaming: {} records of {} bytes, qd {}, median of {} reps",
-            args.records, args.record, args.qd, args.reps
+            "{who:<6} {:>9.1} MiB/s  lat p50 {:>8.0} us  p99 {:>8.0} us  p999 {:>8.0} us",
+            run.bytes_per_sec / f64::from(1 << 20),
+            run.lat_us_p50,
+            run.lat_us_p99,
+            run.lat_us_p999
         );
-        line("pool", &o);
-        line("fio", &f);
-        println!("ratio pool / fio: {:.2}", ratio);
-    }
-    Ok(())
+    };
+    println!(
+        "expert miss streaming: {} records of {} bytes, qd {}, median of {} reps",
+        r.records, r.record_bytes, r.qd, r.reps
+    );
+    line("pool", &r.pool);
+    line("fio", &r.fio);
+    println!("ratio pool / fio: {:.2}", r.ratio);
 }

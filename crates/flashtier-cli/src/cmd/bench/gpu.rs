@@ -30,13 +30,14 @@ pub struct Opts {
     /// Directory for the streaming test file (on the drive to measure).
     #[arg(long, default_value = ".")]
     pub dir: PathBuf,
-    /// Bytes per file region, MiB (each pass reads a fresh region).
+    /// Bytes per file region, MiB (each pass reads a fresh region; at most
+    /// 65536 MiB).
     #[arg(long, default_value_t = 1024)]
     pub region_mib: usize,
     /// Interleaved repetitions of (drive, pipeline, h2d); medians reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Read size, MiB.
+    /// Read size, MiB (at most 65536 MiB).
     #[arg(long, default_value_t = 8)]
     pub chunk_mib: usize,
     /// Reads in flight (posix workers).

@@ -7,8 +7,6 @@
 //! with `--fio` the two alternate, repetition by repetition, so both see the
 //! same cache and the same neighbours; medians are reported.
 
-use super::median;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +14,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use flashtier_io::loadgen::{LoadReport, LoadSpec, Pattern, run_load};
 use flashtier_io::{AlignedBuf, BackendKind, DirectMode, StoreFile, open_backend};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+
+use crate::kit::bench::{check_reps, emit, ours_first, ratio};
+use crate::kit::fio::{Job, Rw};
+use crate::kit::{Units, median, median_of, parse_bytes, progress};
 
 /// Options of `flashtier bench io`.
 #[derive(clap::Args, Debug)]
@@ -25,11 +26,12 @@ pub struct Args {
     /// File to read; created with real (non-sparse) data when missing.
     #[arg(long)]
     pub file: PathBuf,
-    /// Bytes of the file to range over (and to create): 4G, 512M, 64k...
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    /// Bytes of the file to range over (and to create): 4G, 512M, 64K...
+    /// (K, M, G, T: powers of 1024).
+    #[arg(long, default_value = "4G", value_parser = parse_bytes)]
     pub size: u64,
-    /// Bytes per read: 4k, 64k, 1m...
-    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    /// Bytes per read: 4K, 64K, 1M... (K, M, G, T: powers of 1024).
+    #[arg(long, default_value = "4K", value_parser = parse_bytes)]
     pub bs: u64,
     /// Reads kept in flight (1..=256).
     #[arg(long, default_value_t = 32)]
@@ -108,11 +110,9 @@ struct Output {
     seconds: f64,
     reps: usize,
     direct: bool,
-    iops: f64,
-    bytes_per_sec: f64,
-    lat_us_p50: f64,
-    lat_us_p99: f64,
-    lat_us_p999: f64,
+    /// Medians of `runs` (`iops`, `bytes_per_sec`, `lat_us_p50`...).
+    #[serde(flatten)]
+    median: Measure,
     runs: Vec<Measure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     fio: Option<FioOutput>,
@@ -127,37 +127,6 @@ struct FioOutput {
     ratio_bytes_per_sec: f64,
 }
 
-/// Parse a byte size: a number with an optional k/m/g/t suffix (powers of
-/// 1024; `b`, `ib` and `iB` accepted after it).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.trim_end_matches("ib").trim_end_matches('b');
-    let (num, shift) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 10),
-        Some('m') => (&t[..t.len() - 1], 20),
-        Some('g') => (&t[..t.len() - 1], 30),
-        Some('t') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|e| format!("bad size {s:?}: {e}"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} overflows"))
-}
-
-fn bar(len: u64, template: &str, hidden: bool) -> ProgressBar {
-    if hidden || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        pb.set_style(style);
-    }
-    pb
-}
-
 /// Create (or extend) `path` to `size` bytes of pseudo-random data, written
 /// directly so the file is real (not sparse) and not left in the page cache.
 fn create_file(path: &Path, size: u64, mode: DirectMode, quiet: bool) -> anyhow::Result<()> {
@@ -168,12 +137,7 @@ fn create_file(path: &Path, size: u64, mode: DirectMode, quiet: bool) -> anyhow:
     if have >= size {
         return Ok(());
     }
-    let pb = bar(
-        size - have,
-        "writing {msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
-        quiet,
-    );
-    pb.set_message(path.display().to_string());
+    let pb = progress(Units::Bytes, size - have, "writing", !quiet);
     let mut buf = AlignedBuf::zeroed(CHUNK);
     let mut state = rand::random::<u64>() | 1;
     let mut offset = have;
@@ -193,14 +157,13 @@ fn create_file(path: &Path, size: u64, mode: DirectMode, quiet: bool) -> anyhow:
     Ok(())
 }
 
-fn median_of(runs: &[Measure]) -> Measure {
-    let m = |f: fn(&Measure) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+fn median_run(runs: &[Measure]) -> Measure {
     Measure {
-        iops: m(|r| r.iops),
-        bytes_per_sec: m(|r| r.bytes_per_sec),
-        lat_us_p50: m(|r| r.lat_us_p50),
-        lat_us_p99: m(|r| r.lat_us_p99),
-        lat_us_p999: m(|r| r.lat_us_p999),
+        iops: median_of(runs, |r| r.iops),
+        bytes_per_sec: median_of(runs, |r| r.bytes_per_sec),
+        lat_us_p50: median_of(runs, |r| r.lat_us_p50),
+        lat_us_p99: median_of(runs, |r| r.lat_us_p99),
+        lat_us_p999: median_of(runs, |r| r.lat_us_p999),
         turnaround_us_p99: runs
             .iter()
             .map(|r| r.turnaround_us_p99)
@@ -211,39 +174,21 @@ fn median_of(runs: &[Measure]) -> Measure {
 
 /// Run fio once with the same pattern over the same span; parse its JSON.
 fn run_fio(args: &Args, span: u64, pattern: Pattern, seed: u64) -> anyhow::Result<Measure> {
-    let rw = match pattern {
-        Pattern::Random => "randread",
-        Pattern::Sequential => "read",
-    };
     // A fresh sequential start, as flashtier's: fio would otherwise start
     // at offset 0 every time and read what the host cached last run.
     let start = match pattern {
         Pattern::Random => 0,
         Pattern::Sequential => seed % (span / args.bs / 2).max(1) * args.bs,
     };
-    // psync: `qd` jobs of one read each.
-    let psync = args.fio_engine == "psync";
-    let (depth, jobs) = if psync { (1, args.qd) } else { (args.qd, 1) };
-    let report = super::fio::run_json([
-        "--name=flashtier-bench-io".to_string(),
-        format!("--filename={}", args.file.display()),
-        format!("--offset={start}"),
-        format!("--size={}", span - start),
-        format!("--rw={rw}"),
-        format!("--bs={}", args.bs),
-        "--direct=1".into(),
-        format!("--ioengine={}", args.fio_engine),
-        format!("--iodepth={depth}"),
-        format!("--numjobs={jobs}"),
-        "--group_reporting".into(),
-        "--time_based".into(),
-        format!("--runtime={}ms", (args.seconds * 1000.0) as u64),
-        // Fresh offsets every run, as flashtier's fresh seed (see fio.rs).
-        "--randrepeat=0".into(),
-        "--norandommap".into(),
-        "--random_generator=tausworthe64".into(),
-    ])?;
-    let r = super::fio::read_stats(&report)?;
+    let rw = match pattern {
+        Pattern::Random => Rw::RandRead,
+        Pattern::Sequential => Rw::Read,
+    };
+    let r = Job::new("flashtier-bench-io", &args.file, rw, args.bs)
+        .queue(&args.fio_engine, args.qd)
+        .span(start, span - start)
+        .time_based(args.seconds)
+        .read()?;
     Ok(Measure {
         iops: r.iops,
         bytes_per_sec: r.bytes_per_sec,
@@ -262,7 +207,7 @@ fn run_flashtier(
 ) -> anyhow::Result<(LoadReport, &'static str)> {
     let backend = open_backend(kind, args.qd)?;
     let ticks = (args.seconds * 10.0).ceil() as u64;
-    let pb = bar(ticks, "{msg} {wide_bar} {elapsed}", args.json);
+    let pb = progress(Units::Steps, ticks, "", !args.json);
     let name = backend.name();
     let report = run_load(backend.as_ref(), spec, |p| {
         let iops = p.ops as f64 / p.elapsed.as_secs_f64().max(1e-9);
@@ -293,9 +238,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if bs == 0 || bs % 512 != 0 {
         bail!("--bs {bs} must be a positive multiple of 512");
     }
-    if !args.seconds.is_finite() || args.seconds <= 0.0 || args.reps == 0 {
-        bail!("--seconds must be > 0 and --reps >= 1");
+    if !args.seconds.is_finite() || args.seconds <= 0.0 {
+        bail!("--seconds must be > 0");
     }
+    check_reps(args.reps)?;
     if !args.file.exists() {
         create_file(&args.file, args.size, mode, args.json)?;
     }
@@ -313,7 +259,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut backend_name = kind.as_str();
     for rep in 0..args.reps {
         // Alternate who goes first so neither always inherits the other's cache.
-        let fio_first = args.fio && rep % 2 == 1;
+        let fio_first = args.fio && !ours_first(rep);
         if fio_first {
             fio_runs.push(run_fio(&args, span, pattern, rand::random::<u32>().into())?);
         }
@@ -340,15 +286,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             print_line(&format!("fio rep {}", rep + 1), f);
         }
     }
-    let med = median_of(&runs);
+    let med = median_run(&runs);
     let fio = args.fio.then(|| {
-        let fm = median_of(&fio_runs);
+        let fm = median_run(&fio_runs);
         FioOutput {
             engine: args.fio_engine.clone(),
             median: fm,
             runs: fio_runs.clone(),
-            ratio_iops: med.iops / fm.iops.max(1e-9),
-            ratio_bytes_per_sec: med.bytes_per_sec / fm.bytes_per_sec.max(1e-9),
+            ratio_iops: ratio(med.iops, fm.iops),
+            ratio_bytes_per_sec: ratio(med.bytes_per_sec, fm.bytes_per_sec),
         }
     });
     let out = Output {
@@ -362,18 +308,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seconds: args.seconds,
         reps: args.reps,
         direct: file.is_direct(),
-        iops: med.iops,
-        bytes_per_sec: med.bytes_per_sec,
-        lat_us_p50: med.lat_us_p50,
-        lat_us_p99: med.lat_us_p99,
-        lat_us_p999: med.lat_us_p999,
+        median: med,
         runs,
         fio,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
+    emit(&out, args.json, print_summary)
+}
+
+fn print_summary(out: &Output) {
     println!(
         "{} {} bs={} qd={} backlog={} span={} direct={} median of {}:",
         out.backend,
@@ -385,7 +327,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out.direct,
         out.reps
     );
-    print_line(out.backend, &med);
+    print_line(out.backend, &out.median);
     if let Some(f) = &out.fio {
         print_line(&format!("fio {}", f.engine), &f.median);
         println!(
@@ -393,24 +335,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             f.ratio_iops, f.ratio_bytes_per_sec
         );
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(65536));
-        assert_eq!(parse_size("1m"), Ok(1 << 20));
-        assert_eq!(parse_size("4G"), Ok(4 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("512"), Ok(512));
-        assert!(parse_size("x").is_err());
-        assert!(parse_size("99999999999t").is_err());
-    }
 
     #[test]
     fn creates_the_file_and_measures() -> anyhow::Result<()> {
@@ -437,11 +366,5 @@ mod tests {
         let bytes = std::fs::read(&file)?;
         assert!(bytes.iter().any(|&b| b != 0), "created file must hold data");
         Ok(())
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }

@@ -19,16 +19,16 @@
 mod fio;
 mod work;
 
-use super::median;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use flashtier_format::group::BlockOrder;
 use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::kit::bench::{check_reps, emit};
+use crate::kit::{Units, median_of, progress};
 use work::{Bench, Sample};
 
 /// Options of `flashtier bench kv`.
@@ -40,7 +40,7 @@ pub struct Args {
     /// GiB of KV to offload and restore per measurement.
     #[arg(long, default_value_t = 2.0)]
     pub gib: f64,
-    /// Transformer layers.
+    /// Transformer layers (at most 4096).
     #[arg(long, default_value_t = 32)]
     pub layers: u32,
     /// KV heads.
@@ -52,7 +52,7 @@ pub struct Args {
     /// Elements per head (<= 256).
     #[arg(long, default_value_t = 128)]
     pub head_dim: u32,
-    /// Tokens per KV block.
+    /// Tokens per KV block (at most 4096; a block's K and V at most 16 MiB).
     #[arg(long, default_value_t = 16)]
     pub block_tokens: u32,
     /// Blocks (of every layer) per restore tile.
@@ -123,7 +123,7 @@ struct Report {
 }
 
 fn summarise(order: BlockOrder, bench: &Bench, samples: &[Sample]) -> OrderReport {
-    let m = |f: fn(&Sample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
+    let m = |f: fn(&Sample) -> f64| median_of(samples, f);
     let restore_s = m(|s| s.restore_s);
     let attention_s = m(|s| s.attention_s);
     let pipelined_s = m(|s| s.pipelined_s);
@@ -157,19 +157,22 @@ fn orders(arg: &str) -> Result<Vec<BlockOrder>> {
 
 /// Run `flashtier bench kv`.
 pub fn run(args: Args) -> Result<()> {
-    if args.reps == 0 || args.gib <= 0.0 {
-        bail!("--reps and --gib must be positive");
+    check_reps(args.reps)?;
+    if args.gib.is_nan() || args.gib <= 0.0 {
+        bail!("--gib must be positive");
     }
+    work::check_bounds(&args)?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    let fio_version = super::fio::version()?;
+    let fio_version = crate::kit::fio::version()?;
     let backend: Arc<dyn StorageBackend> =
         Arc::from(open_backend(args.backend, args.qd).context("opening the backend")?);
     let orders = orders(&args.order)?;
-    let pb = ProgressBar::new((orders.len() * args.reps * 4) as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let pb = progress(
+        Units::Steps,
+        (orders.len() * args.reps * 4) as u64,
+        "",
+        true,
     );
     let mut reports = Vec::new();
     for &order in &orders {
@@ -197,12 +200,7 @@ pub fn run(args: Args) -> Result<()> {
         pipeline_ratio: best.pipeline_ratio,
         orders: reports,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    emit(&report, args.json, print_table)
 }
 
 fn print_table(r: &Report) {

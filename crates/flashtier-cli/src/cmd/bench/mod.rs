@@ -1,7 +1,7 @@
-//! `flashtier bench`: measurements against the device's own limit.
+//! `flashtier bench`: measurements against the device's own limit, each in
+//! the layout of [`crate::kit::bench`].
 
 pub mod experts;
-pub mod fio;
 pub mod gpu;
 pub mod io;
 pub mod kv;
@@ -36,6 +36,3 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Experts(a) => experts::run(a),
     }
 }
-
-/// Every bench reports medians of interleaved repetitions.
-pub use crate::kit::median;

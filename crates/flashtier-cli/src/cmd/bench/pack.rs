@@ -11,7 +11,6 @@
 //! per-repetition ratios (robust when the drive is shared and its speed
 //! drifts between repetitions).
 
-use super::median;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -21,15 +20,17 @@ use flashtier_engine::pack::{PackOptions, plan_experts};
 use flashtier_engine::source::Checkpoint;
 use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::{Dtype, StoreWriterPlan};
+use serde::Serialize;
 
-use crate::cmd::demo::{Workspace, generate, parse_size};
-use crate::cmd::pack::experts::pack_with_progress;
+use crate::kit::bench::{check_reps, emit, interleaved, paired_ratio, ratio};
+use crate::kit::fio::{self, Job, Rw};
+use crate::kit::{median, pack_with_bar, parse_bytes, synth_with_bar};
 
 /// Options of `flashtier bench pack`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Size of the synthetic checkpoint.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    /// Size of the synthetic checkpoint (K, M, G, T: powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
     pub size: u64,
     /// Folder on the drive to measure (default: a temporary folder).
     #[arg(long)]
@@ -48,26 +49,15 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Sequential write of `bytes` to a fresh `path`; bytes per second.
+/// Sequential write of `bytes` to a fresh `path`; bytes per second and the
+/// command that measured it.
 fn reference_write(tool: &str, path: &Path, bytes: u64) -> anyhow::Result<(f64, String)> {
     let _ = std::fs::remove_file(path);
     let out = if tool == "fio" {
-        let args = [
-            "--name=seqwrite".to_string(),
-            format!("--filename={}", path.display()),
-            "--rw=write".into(),
-            "--bs=4M".into(),
-            format!("--size={bytes}"),
-            "--direct=1".into(),
-            "--ioengine=libaio".into(),
-            "--iodepth=4".into(),
-            "--end_fsync=1".into(),
-        ];
-        let v = super::fio::run_json(&args)?;
-        let bw = v["jobs"][0]["write"]["bw_bytes"]
-            .as_f64()
-            .context("fio JSON lacks jobs[0].write.bw_bytes")?;
-        (bw, format!("fio {}", args.join(" ")))
+        let job = Job::new("seqwrite", path, Rw::Write, 4 << 20)
+            .queue("libaio", 4)
+            .span(0, bytes);
+        (job.write()?.bytes_per_sec, job.command_line())
     } else {
         let count = bytes.div_ceil(4 << 20);
         let args = [
@@ -95,53 +85,42 @@ fn reference_write(tool: &str, path: &Path, bytes: u64) -> anyhow::Result<(f64, 
     Ok(out)
 }
 
-/// Interleaved repetitions: (reference bytes/s, pack bytes/s, reference command).
-fn run_reps(
-    args: &Args,
-    tool: &str,
-    ws: &Workspace,
-    file_len: u64,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>, String)> {
-    let reference = ws.root.join("reference.bin");
-    let (mut ref_bw, mut pack_bw, mut cmd) = (Vec::new(), Vec::new(), String::new());
-    for rep in 0..args.reps.max(1) {
-        let run_pack = || -> anyhow::Result<f64> {
-            let out = ws.root.join(format!("bench-{rep}.ftstore"));
-            let mut opts = PackOptions::new(&ws.model, &out);
-            opts.writers = args.writers.clamp(1, 16);
-            let r = pack_with_progress(&opts, false)?;
-            let _ = std::fs::remove_file(&out);
-            Ok(r.file_len_bytes as f64 / r.elapsed.as_secs_f64())
-        };
-        let mut run_reference = || -> anyhow::Result<()> {
-            let (bw, c) = reference_write(tool, &reference, file_len)?;
-            ref_bw.push(bw);
-            cmd = c;
-            Ok(())
-        };
-        if rep % 2 == 0 {
-            run_reference()?;
-            pack_bw.push(run_pack()?);
-        } else {
-            pack_bw.push(run_pack()?);
-            run_reference()?;
-        }
-        if !args.json {
-            let (r, p) = (ref_bw[rep], pack_bw[rep]);
-            eprintln!(
-                "rep {rep}: {tool} {:.0} MiB/s, pack {:.0} MiB/s ({:.0}%)",
-                r / 1048576.0,
-                p / 1048576.0,
-                100.0 * p / r
-            );
-        }
-    }
-    Ok((ref_bw, pack_bw, cmd))
+/// The reference's side of the report.
+#[derive(Debug, Serialize)]
+struct Reference {
+    tool: String,
+    command: String,
+    bytes_per_s: Vec<f64>,
+    median_bytes_per_s: f64,
+}
+
+/// The packer's side of the report.
+#[derive(Debug, Serialize)]
+struct Packing {
+    bytes_per_s: Vec<f64>,
+    median_bytes_per_s: f64,
+    writers: usize,
+}
+
+/// What `flashtier bench pack` reports.
+#[derive(Debug, Serialize)]
+struct Report {
+    store_bytes: u64,
+    checkpoint_bytes: u64,
+    reps: usize,
+    reference: Reference,
+    pack: Packing,
+    /// Median pack bytes/s over the reference's median.
+    ratio: f64,
+    pair_ratios: Vec<f64>,
+    /// Median of the per-repetition ratios (robust to drift).
+    median_pair_ratio: f64,
 }
 
 /// Run `flashtier bench pack`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tool = if args.tool == "fio" && !super::fio::available() {
+    check_reps(args.reps)?;
+    let tool = if args.tool == "fio" && !fio::available() {
         eprintln!(
             "bench pack: fio is not installed; using dd as the reference (apt-get install fio)"
         );
@@ -150,41 +129,88 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.tool.as_str()
     };
     anyhow::ensure!(tool == "fio" || tool == "dd", "--tool must be fio or dd");
-    let ws = Workspace::new(args.dir.as_deref(), false)?;
+    let temp = tempfile::Builder::new()
+        .prefix("flashtier-bench-pack-")
+        .tempdir()
+        .context("creating a temporary folder")?;
+    let root = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let model = root.join("model");
     let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, args.size, 0);
-    generate(&spec, &ws, !args.json)?;
-    let ckpt = Checkpoint::open(&ws.model)?;
-    let file_len = StoreWriterPlan::new(plan_experts(&ckpt)?.1)?.file_len();
-    drop(ckpt);
-    let (ref_bw, pack_bw, cmd) = run_reps(&args, tool, &ws, file_len)?;
-    let (r, p) = (median(&ref_bw), median(&pack_bw));
-    let ratio = p / r;
-    let pair_ratios: Vec<f64> = pack_bw.iter().zip(&ref_bw).map(|(p, r)| p / r).collect();
-    let pair_median = median(&pair_ratios);
-    if args.json {
-        let out = serde_json::json!({
-            "store_bytes": file_len, "checkpoint_bytes": spec.total_bytes(), "reps": ref_bw.len(),
-            "reference": { "tool": tool, "command": cmd, "bytes_per_s": ref_bw, "median_bytes_per_s": r },
-            "pack": { "bytes_per_s": pack_bw, "median_bytes_per_s": p, "writers": args.writers },
-            "ratio": ratio,
-            "pair_ratios": pair_ratios,
-            "median_pair_ratio": pair_median,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "pack: {:.0} MiB/s median vs {tool} sequential write {:.0} MiB/s median over {} reps of {:.0} MiB: {:.0}% (target >= 80%)",
-            p / 1048576.0,
-            r / 1048576.0,
-            ref_bw.len(),
-            file_len as f64 / 1048576.0,
-            100.0 * ratio
-        );
-        println!(
-            "median of the per-repetition ratios (pack / {tool} run back to back): {:.0}%",
-            100.0 * pair_median
-        );
-        println!("reference: {cmd}");
+    synth_with_bar(&spec, &model, !args.json)?;
+    let file_len = StoreWriterPlan::new(plan_experts(&Checkpoint::open(&model)?)?.1)?.file_len();
+    let mut command = String::new();
+    let reference = root.join("reference.bin");
+    let (pack_bw, ref_bw) = interleaved(
+        args.reps,
+        |rep| {
+            let out = root.join(format!("bench-{rep}.ftstore"));
+            let mut opts = PackOptions::new(&model, &out);
+            opts.writers = args.writers.clamp(1, 16);
+            let r = pack_with_bar(&opts, false)?;
+            let _ = std::fs::remove_file(&out);
+            Ok(r.file_len_bytes as f64 / r.elapsed.as_secs_f64())
+        },
+        |_| {
+            let (bw, c) = reference_write(tool, &reference, file_len)?;
+            command = c;
+            Ok(bw)
+        },
+    )?;
+    if !args.json {
+        for (rep, (p, r)) in pack_bw.iter().zip(&ref_bw).enumerate() {
+            eprintln!(
+                "rep {rep}: {tool} {:.0} MiB/s, pack {:.0} MiB/s ({:.0}%)",
+                r / 1048576.0,
+                p / 1048576.0,
+                100.0 * p / r
+            );
+        }
     }
-    Ok(())
+    let (r, p) = (median(&ref_bw), median(&pack_bw));
+    let pair_ratios: Vec<f64> = pack_bw
+        .iter()
+        .zip(&ref_bw)
+        .map(|(p, r)| ratio(*p, *r))
+        .collect();
+    let report = Report {
+        store_bytes: file_len,
+        checkpoint_bytes: spec.total_bytes(),
+        reps: ref_bw.len(),
+        ratio: ratio(p, r),
+        median_pair_ratio: paired_ratio(&pack_bw, &ref_bw).unwrap_or(0.0),
+        pair_ratios,
+        reference: Reference {
+            tool: tool.to_string(),
+            command,
+            bytes_per_s: ref_bw,
+            median_bytes_per_s: r,
+        },
+        pack: Packing {
+            bytes_per_s: pack_bw,
+            median_bytes_per_s: p,
+            writers: args.writers,
+        },
+    };
+    emit(&report, args.json, print_report)
+}
+
+fn print_report(r: &Report) {
+    let tool = &r.reference.tool;
+    println!(
+        "pack: {:.0} MiB/s median vs {tool} sequential write {:.0} MiB/s median over {} reps of {:.0} MiB: {:.0}% (target >= 80%)",
+        r.pack.median_bytes_per_s / 1048576.0,
+        r.reference.median_bytes_per_s / 1048576.0,
+        r.reps,
+        r.store_bytes as f64 / 1048576.0,
+        100.0 * r.ratio
+    );
+    println!(
+        "median of the per-repetition ratios (pack / {tool} run back to back): {:.0}%",
+        100.0 * r.median_pair_ratio
+    );
+    println!("reference: {}", r.reference.command);
 }

@@ -20,12 +20,21 @@
 //!   `head_dim <= 128` (the tier's limit is 256).
 //!
 //! Bound: at most `capacity` positions per layer (`capacity x num_kv_heads x
-//! head_dim x 2` BF16 values per layer); a push past it is
-//! [`EngineError::ContextFull`]. With a sliding window (Mixtral) the
-//! capacity is the window, so no position ever falls out of it.
+//! head_dim x 2` BF16 values per layer, growing with the positions held); a
+//! push past it is [`EngineError::ContextFull`]. With a sliding window
+//! (Mixtral) the capacity is the window, so no position ever falls out of it.
+//!
+//! Limits on what a config sets, checked by [`KvCache::new`] before anything
+//! is allocated ([`EngineError::TooLarge`]): `capacity` (from
+//! `max_position_embeddings` or `sliding_window`) at most [`MAX_POSITIONS`];
+//! layers at most [`MAX_LAYERS`];
+//! the cache at full capacity (K and V of every layer) within u64 bytes;
+//! the widened query and output scratch (`q_heads x` stored head width f32)
+//! at most [`MAX_SCRATCH_VALUES`] values each.
 
 use half::bf16;
 
+use crate::config::bounds::MAX_LAYERS;
 use crate::device::{KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
 use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
@@ -35,6 +44,13 @@ pub const BLOCK_TOKENS: usize = 16;
 
 /// Blocks folded per `step_tile` call.
 pub const TILE_BLOCKS: usize = 32;
+
+/// Most positions one cache holds (16 Mi: above any supported model's
+/// context).
+pub const MAX_POSITIONS: usize = 1 << 24;
+
+/// Most f32 values of the query and output scratch (64 MiB each).
+pub const MAX_SCRATCH_VALUES: usize = 1 << 24;
 
 /// Keys and values of every layer, BF16 bytes, paged layout.
 #[derive(Debug)]
@@ -66,6 +82,55 @@ impl KvState for KvCache {
     }
 }
 
+/// The limits of the module docs for a cache of `spec` storing heads
+/// `width` wide; returns the scratch length (`q_heads x width`).
+fn check_limits(spec: &KvSpec, width: usize) -> Result<usize, EngineError> {
+    let too_large = |what: &str, value: Option<usize>, limit: usize, unit| EngineError::TooLarge {
+        what: what.to_string(),
+        value: value.map(|v| v as u64),
+        limit: limit as u64,
+        unit,
+    };
+    if spec.layers > MAX_LAYERS {
+        return Err(too_large(
+            "KV cache layers",
+            Some(spec.layers),
+            MAX_LAYERS,
+            "layers",
+        ));
+    }
+    if spec.capacity > MAX_POSITIONS {
+        return Err(too_large(
+            "KV cache capacity (max_position_embeddings or sliding_window)",
+            Some(spec.capacity),
+            MAX_POSITIONS,
+            "positions",
+        ));
+    }
+    let full = [spec.layers, spec.kv_heads, width, 2 * 2]
+        .iter()
+        .try_fold(spec.capacity as u64, |n, &x| n.checked_mul(x as u64));
+    if full.is_none() {
+        return Err(EngineError::TooLarge {
+            what:
+                "KV cache at full capacity (positions x layers x kv heads x head width x K and V)"
+                    .into(),
+            value: None,
+            limit: u64::MAX,
+            unit: "bytes",
+        });
+    }
+    match spec.q_heads.checked_mul(width) {
+        Some(n) if n <= MAX_SCRATCH_VALUES => Ok(n),
+        n => Err(too_large(
+            "attention query scratch (query heads x stored head width)",
+            n,
+            MAX_SCRATCH_VALUES,
+            "values",
+        )),
+    }
+}
+
 impl KvCache {
     /// An empty cache of `spec`'s shape.
     pub fn new(spec: &KvSpec) -> Result<Self, EngineError> {
@@ -79,7 +144,7 @@ impl KvCache {
         } = *spec;
         let width = match precision {
             KvPrecision::Bf16 => head_dim,
-            KvPrecision::Bf16x2 => 2 * head_dim,
+            KvPrecision::Bf16x2 => head_dim.saturating_mul(2),
         };
         if width > flashtier::kv::attention::MAX_HEAD_DIM {
             return Err(EngineError::Attention(format!(
@@ -88,6 +153,7 @@ impl KvCache {
                 flashtier::kv::attention::MAX_HEAD_DIM
             )));
         }
+        let scratch = check_limits(spec, width)?;
         let dims = AttentionDims::new(1, num_q_heads, num_kv_heads, width, BLOCK_TOKENS);
         let state = AttnState::new(dims).map_err(|e| EngineError::Attention(e.to_string()))?;
         Ok(Self {
@@ -95,8 +161,8 @@ impl KvCache {
             values: vec![Vec::new(); num_layers],
             precision,
             head_dim,
-            q_wide: vec![0.0; num_q_heads * width],
-            out_wide: vec![0.0; num_q_heads * width],
+            q_wide: vec![0.0; scratch],
+            out_wide: vec![0.0; scratch],
             dims,
             state,
             capacity,
@@ -359,5 +425,35 @@ mod tests {
         ));
         assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16x2)).is_err());
         assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16)).is_ok());
+    }
+
+    #[test]
+    fn sizes_a_config_sets_are_capped_before_allocating() {
+        let e = KvCache::new(&spec(2, 2, 1, 8, 1_000_000_000_000, KvPrecision::Bf16)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::TooLarge {
+                    unit: "positions",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("max_position_embeddings"), "{e}");
+        let e = KvCache::new(&spec(2, 1 << 40, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
+        assert!(
+            matches!(e, EngineError::TooLarge { unit: "values", .. }),
+            "{e}"
+        );
+        let e = KvCache::new(&spec(1 << 40, 2, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
+        assert!(
+            matches!(e, EngineError::TooLarge { unit: "layers", .. }),
+            "{e}"
+        );
+        let e =
+            KvCache::new(&spec(2, 2, usize::MAX / 4, 8, 1 << 20, KvPrecision::Bf16)).unwrap_err();
+        assert!(e.to_string().contains("more than 2^64"), "{e}");
+        assert!(KvCache::new(&spec(2, 2, 1, 8, MAX_POSITIONS, KvPrecision::Bf16)).is_ok());
     }
 }

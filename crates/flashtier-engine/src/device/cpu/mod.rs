@@ -334,9 +334,9 @@ impl Device for CpuDevice {
             return Err(shape_err(
                 "route",
                 format!(
-                    "{} logits (bias {:?}) for {} experts",
+                    "{} logits (bias of {}) for {} experts",
                     logits.cols,
-                    bias.map(Vec::len),
+                    bias.map_or_else(|| "none".to_string(), |b| b.len().to_string()),
                     rule.num_experts
                 ),
             ));

@@ -2,7 +2,7 @@
 //! and PyTorch SDPA, same shapes, same run.
 
 use anyhow::Context;
-use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s, median};
+use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s};
 use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, KvLayout, UtilKernels};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -70,7 +70,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
     for layout in &args.layouts {
         anyhow::ensure!(
             layout == "paged" || layout == "slot",
-            "unknown layout {layout:?} (paged | slot)"
+            "unknown layout `{layout}` (paged | slot)"
         );
         for &batch in &args.batches {
             for &context in &args.contexts {
@@ -182,7 +182,7 @@ fn bench_shape(
             .all(|&b| half::bf16::from_bits(b).is_finite()),
         "attention output holds non-finite values"
     );
-    let secs = median(&mut times);
+    let secs = crate::kit::median(&times);
     let bytes = kv_bytes + io_bytes;
     let bps = bytes as f64 / secs;
     Ok((

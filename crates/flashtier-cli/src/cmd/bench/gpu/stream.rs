@@ -1,12 +1,12 @@
 //! Disk -> pinned -> HBM streaming against the drive and the H2D copy.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use flashtier_cuda::cudarc::driver::DevicePtr;
-use flashtier_cuda::measure::{h2d_bytes_per_s, median};
+use flashtier_cuda::measure::h2d_bytes_per_s;
 use flashtier_cuda::{Gpu, HbmSink};
 use flashtier_io::{
     AlignedBuf, DeviceSink, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile,
@@ -14,6 +14,9 @@ use flashtier_io::{
 use serde::Serialize;
 
 use super::{Opts, gbps};
+use crate::kit::fio::{self, Job, Rw};
+use crate::kit::limit::at_most;
+use crate::kit::{Units, median_of, progress};
 
 /// One interleaved repetition.
 #[derive(Debug, Serialize)]
@@ -57,16 +60,21 @@ pub struct Streaming {
     pub ratio_vs_limit: f64,
 }
 
+/// Most bytes of one file region or read (`--region-mib`, `--chunk-mib`):
+/// a region is allocated in host memory and in HBM.
+const MAX_REGION_BYTES: u64 = 64 << 30;
+
 /// Run the streaming comparison.
 pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Streaming> {
-    let chunk = args.chunk_mib << 20;
-    let region = (args.region_mib << 20) / chunk * chunk;
+    let mib = |flag: &str, n: usize| at_most(flag, &[n as u64, 1 << 20], MAX_REGION_BYTES, "bytes");
+    let chunk = mib("--chunk-mib", args.chunk_mib)? as usize;
+    let region = mib("--region-mib", args.region_mib)? as usize / chunk.max(1) * chunk;
     anyhow::ensure!(
         region > 0 && args.reps > 0,
         "region and reps must be non-zero"
     );
-    let fio = which_fio();
-    let per_rep = if fio.is_some() { 3 } else { 2 };
+    let fio = fio::available();
+    let per_rep = if fio { 3 } else { 2 };
     let path = args.dir.join("flashtier-bench-gpu.bin");
     let regions = args.reps * per_rep;
     write_file(&path, regions * region, chunk)?;
@@ -96,16 +104,13 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Streaming> {
             chunk,
             region,
         )?;
-        let fio_bps = match &fio {
-            Some(f) => Some(fio_pass(
-                f,
-                &path,
-                base + 2 * region as u64,
-                region,
-                chunk,
-                args.qd,
-            )?),
-            None => None,
+        let fio_bps = if fio {
+            let job = Job::new("drive", &path, Rw::Read, chunk as u64)
+                .queue("libaio", args.qd)
+                .span(base + 2 * region as u64, region as u64);
+            Some(job.read()?.bytes_per_sec)
+        } else {
+            None
         };
         let h2d = h2d_bytes_per_s(gpu, chunk, slots, region)?;
         reps.push(Rep {
@@ -117,8 +122,8 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Streaming> {
     }
     drop(dev);
     let _ = std::fs::remove_file(&path);
-    let med = |f: &dyn Fn(&Rep) -> f64| median(&mut reps.iter().map(f).collect::<Vec<_>>());
-    let (drive_reference, drive_bps) = if fio.is_some() {
+    let med = |f: &dyn Fn(&Rep) -> f64| median_of(&reps, f);
+    let (drive_reference, drive_bps) = if fio {
         ("fio", med(&|r| r.fio_bps.unwrap_or(0.0)))
     } else {
         ("posix-odirect", med(&|r| r.posix_drive_bps))
@@ -144,8 +149,7 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Streaming> {
 fn write_file(path: &Path, len: usize, chunk: usize) -> anyhow::Result<()> {
     let file = StoreFile::open_rw(path, DirectMode::Prefer, true)?;
     let mut buf = AlignedBuf::zeroed(chunk);
-    let bar =
-        indicatif::ProgressBar::new(len as u64).with_message("writing the streaming test file");
+    let bar = progress(Units::Bytes, len as u64, "writing", true);
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for off in (0..len).step_by(chunk) {
         for w in buf.chunks_exact_mut(8) {
@@ -219,48 +223,6 @@ fn pipeline_pass(
     backend.read(reqs)?;
     sink.flush().map_err(anyhow::Error::msg)?;
     Ok(region as f64 / t0.elapsed().as_secs_f64())
-}
-
-fn which_fio() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("fio"))
-            .find(|p| p.is_file())
-    })
-}
-
-fn fio_pass(
-    fio: &Path,
-    file: &Path,
-    offset: u64,
-    size: usize,
-    chunk: usize,
-    qd: usize,
-) -> anyhow::Result<f64> {
-    let out = std::process::Command::new(fio)
-        .args([
-            "--name=drive",
-            &format!("--filename={}", file.display()),
-            "--rw=read",
-            &format!("--bs={chunk}"),
-            "--direct=1",
-            "--ioengine=libaio",
-            &format!("--iodepth={qd}"),
-            &format!("--offset={offset}"),
-            &format!("--size={size}"),
-            "--output-format=json",
-        ])
-        .output()
-        .context("run fio")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "fio failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("parse fio json")?;
-    v.pointer("/jobs/0/read/bw_bytes")
-        .and_then(serde_json::Value::as_f64)
-        .context("fio json has no read bw_bytes")
 }
 
 /// Print the streaming table.

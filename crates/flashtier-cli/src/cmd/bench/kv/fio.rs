@@ -5,30 +5,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::cmd::bench::fio::{read_stats, run_json};
-
-fn job(
-    name: &str,
-    file: &Path,
-    rw: &str,
-    bs: u64,
-    size: u64,
-    qd: usize,
-    engine: &str,
-) -> Vec<String> {
-    vec![
-        format!("--name={name}"),
-        format!("--filename={}", file.display()),
-        format!("--rw={rw}"),
-        format!("--bs={bs}"),
-        format!("--size={size}"),
-        "--direct=1".into(),
-        format!("--ioengine={engine}"),
-        format!("--iodepth={qd}"),
-        "--numjobs=1".into(),
-        "--thread".into(),
-    ]
-}
+use crate::kit::fio::{Job, Rw};
 
 /// The bytes of one part of a store's data area that fio reads.
 ///
@@ -51,38 +28,28 @@ pub struct Part {
 }
 
 /// Read `part` of the (already written) `file` sequentially in `bs` ops at
-/// queue depth `qd`; the read bandwidth in bytes/s. Tries io_uring, then
-/// libaio.
+/// queue depth `qd`; the read bandwidth in bytes/s. Tries io_uring (with
+/// registered buffers and files, as the restore uses), then libaio.
 pub fn seq_read_part_bytes_per_sec(file: &Path, part: Part, bs: u64, qd: usize) -> Result<f64> {
     let start = part.data_offset + part.lo;
     let region_end = part.data_offset + part.region_bytes * part.regions;
+    let want = part.len * part.regions;
     let mut last = None;
     for engine in ["io_uring", "libaio"] {
-        let mut read = job("kvread", file, "read", bs, region_end - start, qd, engine);
+        let mut job = Job::new("kvread", file, Rw::Read, bs)
+            .queue(engine, qd)
+            .span(start, region_end - start)
+            .io_total(want)
+            .arg("--thread")
+            .arg("--zonemode=strided")
+            .arg(format!("--zonesize={}", part.len))
+            .arg(format!("--zonerange={}", part.region_bytes));
         if engine == "io_uring" {
-            // fio's strongest io_uring setup: registered buffers and files,
-            // as the restore uses.
-            read.extend(["--fixedbufs=1".into(), "--registerfiles=1".into()]);
+            job = job.arg("--fixedbufs=1").arg("--registerfiles=1");
         }
-        read.extend([
-            format!("--offset={start}"),
-            format!("--io_size={}", part.len * part.regions),
-            "--zonemode=strided".into(),
-            format!("--zonesize={}", part.len),
-            format!("--zonerange={}", part.region_bytes),
-        ]);
-        match run_json(&read) {
-            Ok(v) => {
-                let r = read_stats(&v)?;
-                if r.io_bytes != part.len * part.regions {
-                    bail!(
-                        "fio read {} bytes of {}",
-                        r.io_bytes,
-                        part.len * part.regions
-                    );
-                }
-                return Ok(r.bytes_per_sec);
-            }
+        match job.read() {
+            Ok(r) if r.io_bytes != want => bail!("fio read {} bytes of {want}", r.io_bytes),
+            Ok(r) => return Ok(r.bytes_per_sec),
             Err(e) => last = Some(e),
         }
     }

@@ -24,18 +24,22 @@
 //! rows, whose lines come from DRAM. With no `--store` (or a
 //! missing one) a synthetic packed shard of `--rows` rows is written first.
 
-mod fio;
 mod load;
+mod report;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::median;
 use anyhow::Context;
 use flashtier::rows::pack::write_synthetic_packed;
 use flashtier::rows::{RowGeometry, RowPool, RowStore, RowStoreConfig};
 use flashtier_format::row_shard::RowShardHeader;
-use load::{DramHitPath, HitPath, Phase, Zipf, hit_path, hit_path_dram, timed, timed_ahead};
+use load::{Zipf, hit_path, hit_path_dram, timed, timed_ahead};
+use report::Interleaved;
+
+use crate::kit::bench::{check_reps, emit};
+use crate::kit::fio::{self, Job, Rw};
+use crate::kit::{Units, parse_bytes, progress};
 
 /// Options of `flashtier bench rows`.
 #[derive(clap::Args, Debug)]
@@ -50,7 +54,7 @@ pub struct Args {
     /// Ids per lookup in the cold and steady-state phases.
     #[arg(long, default_value_t = 144)]
     pub batch: usize,
-    /// Cache budget in bytes (suffixes K, M, G).
+    /// Cache budget in bytes (K, M, G, T: powers of 1024).
     #[arg(long, default_value = "256M", value_parser = parse_bytes)]
     pub cache: u64,
     /// Cache ways (1..=16).
@@ -103,33 +107,10 @@ pub struct Args {
     pub dram_pool: usize,
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mul)
-        .map_err(|e| format!("{s:?}: {e}"))
-}
-
 fn write_store(path: &Path, rows: u64, quiet: bool) -> anyhow::Result<()> {
     let g = RowGeometry::ENGRAM;
     let header = RowShardHeader::new(0, 0, rows, rows, g.weight_bytes, g.scale_bytes)?;
-    let bar = if quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(rows)
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "writing synthetic shard [{bar:40}] {pos}/{len} rows ({eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress(Units::Items, rows, "rows", !quiet);
     write_synthetic_packed(path, header, 0xB0B, &mut |d| bar.set_position(d))
         .with_context(|| format!("write {}", path.display()))?;
     bar.finish_and_clear();
@@ -154,21 +135,26 @@ impl Bench {
     }
 }
 
-#[derive(Default, serde::Serialize)]
-struct Interleaved {
-    cold_iops: Vec<f64>,
-    cold_p50_us: Vec<f64>,
-    cold_p99_us: Vec<f64>,
-    ahead_iops: Vec<f64>,
-    ahead_p50_us: Vec<f64>,
-    ahead_p99_us: Vec<f64>,
-    overlapped_iops: Vec<f64>,
-    prefill_iops: Vec<f64>,
-    prefill_unique_rows: Vec<f64>,
-    prefill_batch_ms: Vec<f64>,
-    fio_iops: Vec<(u32, Vec<f64>)>,
-    /// fio in synchronous batches of `--batch` (the single caller's shape).
-    fio_batched_iops: Vec<f64>,
+/// IOPS of fio's 4 KiB O_DIRECT random reads (libaio) at `iodepth` for
+/// `seconds` on `path`, fresh offsets every run; with `batched`, all
+/// `iodepth` reads are submitted at once and every one reaped before the
+/// next batch (`--iodepth_batch_submit` and `--iodepth_batch_complete_min`
+/// equal to the depth): the drive's own limit for a caller that waits for
+/// each whole batch, drain included.
+fn fio_iops(path: &Path, iodepth: u32, seconds: f64, batched: bool) -> anyhow::Result<f64> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .len();
+    let mut job = Job::new("flashtier-rows", path, Rw::RandRead, 4096)
+        .queue("libaio", iodepth as usize)
+        .span(0, size / 4096 * 4096)
+        .time_based(seconds.max(0.5));
+    if batched {
+        job = job
+            .arg(format!("--iodepth_batch_submit={iodepth}"))
+            .arg(format!("--iodepth_batch_complete_min={iodepth}"));
+    }
+    Ok(job.read()?.iops)
 }
 
 fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
@@ -181,7 +167,7 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         let seed = 0x5EED_0000 + rep as u64 * 7919 + std::process::id() as u64;
         if fio_on {
             if let Some((q, v)) = r.fio_iops.get_mut(0) {
-                v.push(fio::randread_iops(&b.path, *q, a.seconds)?);
+                v.push(fio_iops(&b.path, *q, a.seconds, false)?);
             }
         }
         let store = b.open(a.cache)?;
@@ -193,7 +179,7 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         if fio_on {
             let batch = u32::try_from(a.batch).unwrap_or(u32::MAX);
             r.fio_batched_iops
-                .push(fio::batched_randread_iops(&b.path, batch, a.seconds)?);
+                .push(fio_iops(&b.path, batch, a.seconds, true)?);
         }
         if a.lookahead > 0 {
             let store = b.open(a.cache)?;
@@ -209,7 +195,7 @@ fn interleaved(b: &Bench, a: &Args, rows: u64) -> anyhow::Result<Interleaved> {
         }
         if fio_on {
             for (q, v) in r.fio_iops.iter_mut().skip(1) {
-                v.push(fio::randread_iops(&b.path, *q, a.seconds)?);
+                v.push(fio_iops(&b.path, *q, a.seconds, false)?);
             }
         }
         let store = b.open(a.cache)?;
@@ -260,9 +246,10 @@ fn overlapped(store: &RowStore, a: &Args, rows: u64, seed: u64) -> anyhow::Resul
 
 /// Run `flashtier bench rows`.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    check_reps(a.reps)?;
     anyhow::ensure!(
-        a.batch > 0 && a.prefill > 0 && a.reps > 0,
-        "--batch, --prefill and --reps must be positive"
+        a.batch > 0 && a.prefill > 0,
+        "--batch and --prefill must be positive"
     );
     let tmp = tempfile::Builder::new()
         .prefix("flashtier-bench-rows")
@@ -307,12 +294,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let h = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
         let dram = hit_path_dram(&b.open(a.cache.max(64 << 20))?, a.batch, a.dram_pool, 44)?;
         let v = serde_json::json!({ "hit_path": h, "hit_path_dram": dram });
-        if a.json {
-            println!("{v}");
-        } else {
-            print_hit_paths(&h, &dram);
-        }
-        return Ok(());
+        return emit(&v, a.json, |_| report::print_hit_paths(&h, &dram));
     }
     let inter = interleaved(&b, &a, rows)?;
     let store = b.open(a.cache)?;
@@ -321,193 +303,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let steady = timed(&store, a.seconds, || z.batch(a.batch))?;
     let hits = hit_path(&b.open(a.cache.max(64 << 20))?, a.batch, 43)?;
     let dram = hit_path_dram(&b.open(a.cache.max(64 << 20))?, a.batch, a.dram_pool, 44)?;
-    report(&a, rows, direct, &inter, &steady, &hits, &dram)
-}
-
-fn report(
-    a: &Args,
-    rows: u64,
-    direct: bool,
-    r: &Interleaved,
-    steady: &Phase,
-    hits: &HitPath,
-    dram: &DramHitPath,
-) -> anyhow::Result<()> {
-    let fio_best = r
-        .fio_iops
-        .iter()
-        .map(|(_, v)| median(v))
-        .fold(0.0, f64::max);
-    let ratio = |x: f64| {
-        if fio_best > 0.0 {
-            Some(x / fio_best)
-        } else {
-            None
-        }
-    };
-    let (cold, pre) = (median(&r.cold_iops), median(&r.prefill_iops));
-    // Per repetition: ours over the best fio of the same repetition (run
-    // back to back, so they share the machine's noise), then the median.
-    let fio_rep = |i: usize| {
-        r.fio_iops
-            .iter()
-            .filter_map(|(_, v)| v.get(i).copied())
-            .fold(0.0, f64::max)
-    };
-    let paired = |ours: &[f64]| -> Option<f64> {
-        let v: Vec<f64> = ours
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| fio_rep(*i) > 0.0)
-            .map(|(i, x)| x / fio_rep(i))
-            .collect();
-        (!v.is_empty()).then(|| median(&v))
-    };
-    let (cold_paired, pre_paired) = (paired(&r.cold_iops), paired(&r.prefill_iops));
-    let over = median(&r.overlapped_iops);
-    let ahead = median(&r.ahead_iops);
-    let ahead_paired = paired(&r.ahead_iops);
-    let fio_batched = median(&r.fio_batched_iops);
-    // The single caller against fio in the same synchronous batches, per
-    // repetition (run back to back), then the median.
-    let cold_vs_batched: Vec<f64> = r
-        .cold_iops
-        .iter()
-        .zip(&r.fio_batched_iops)
-        .filter(|(_, f)| **f > 0.0)
-        .map(|(c, f)| c / f)
-        .collect();
-    let cold_vs_batched = (!cold_vs_batched.is_empty()).then(|| median(&cold_vs_batched));
-    let over_paired = paired(&r.overlapped_iops);
-    let fio_json: serde_json::Map<String, serde_json::Value> = r
-        .fio_iops
-        .iter()
-        .map(|(q, v)| {
-            (
-                format!("qd{q}"),
-                serde_json::json!({ "iops_median": median(v), "iops": v }),
-            )
-        })
-        .collect();
-    let v = serde_json::json!({
-        "rows": rows, "backend": a.backend, "direct": direct, "batch": a.batch, "cache_bytes": a.cache, "ways": a.ways, "zipf": a.zipf, "threads": a.threads,
-        "rows_per_sec": steady.rows_per_sec(),
-        "lookups_per_sec": steady.lookups_per_sec(),
-        "read_iops": steady.read_iops(),
-        "hit_rate": steady.hit_rate(),
-        "batch_us_p50": steady.batch_us_p50,
-        "batch_us_p99": steady.batch_us_p99,
-        "batch_us_p999": steady.batch_us_p999,
-        "cold": { "batch": a.batch, "read_iops_median": cold, "read_iops": r.cold_iops,
-                  "batch_us_p50_median": median(&r.cold_p50_us), "batch_us_p99_median": median(&r.cold_p99_us),
-                  "ratio_vs_fio": ratio(cold), "ratio_vs_fio_paired_median": cold_paired,
-                  "fio_batched_iops_median": fio_batched, "fio_batched_iops": r.fio_batched_iops,
-                  "ratio_vs_fio_batched_paired_median": cold_vs_batched },
-        "cold_lookahead": { "batch": a.batch, "ahead": a.lookahead, "read_iops_median": ahead,
-                  "read_iops": r.ahead_iops, "batch_us_p50_median": median(&r.ahead_p50_us),
-                  "batch_us_p99_median": median(&r.ahead_p99_us), "ratio_vs_fio": ratio(ahead),
-                  "ratio_vs_fio_paired_median": ahead_paired },
-        "cold_overlapped": { "batch": a.batch, "streams": a.cold_streams, "read_iops_median": over,
-                  "read_iops": r.overlapped_iops, "ratio_vs_fio": ratio(over),
-                  "ratio_vs_fio_paired_median": over_paired },
-        "prefill": { "ids": a.prefill, "unique_rows_median": median(&r.prefill_unique_rows),
-                     "batch_ms_median": median(&r.prefill_batch_ms),
-                     "read_iops_median": pre, "read_iops": r.prefill_iops, "ratio_vs_fio": ratio(pre),
-                     "ratio_vs_fio_paired_median": pre_paired },
-        "fio": fio_json,
-        "fio_best_iops": fio_best,
-        "hit_path": hits,
-        "hit_path_dram": dram,
-    });
-    if a.json {
-        println!("{v}");
-        return Ok(());
-    }
-    println!(
-        "row store bench: {rows} rows, {} backend, batch {}, cache {} bytes x {} ways, zipf {}, {} threads",
-        a.backend, a.batch, a.cache, a.ways, a.zipf, a.threads
-    );
-    println!(
-        "steady state: {:.0} lookups/s, {:.0} rows/s, {:.0} reads/s, hit rate {:.3}, batch p50 {:.1} us, p99 {:.1} us, p999 {:.1} us",
-        steady.lookups_per_sec(),
-        steady.rows_per_sec(),
-        steady.read_iops(),
-        steady.hit_rate(),
-        steady.batch_us_p50,
-        steady.batch_us_p99,
-        steady.batch_us_p999
-    );
-    for (q, v) in &r.fio_iops {
-        println!(
-            "fio 4 KiB randread QD{q}: median {:.0} IOPS ({} runs)",
-            median(v),
-            v.len()
-        );
-    }
-    let pct =
-        |x: Option<f64>| x.map_or("n/a (no fio)".to_string(), |x| format!("{:.1}%", x * 100.0));
-    println!(
-        "cold misses, batch {}: median {cold:.0} IOPS = {} of the best fio median; paired per rep: {} (p50 {:.0} us, p99 {:.0} us per batch)",
-        a.batch,
-        pct(ratio(cold)),
-        pct(cold_paired),
-        median(&r.cold_p50_us),
-        median(&r.cold_p99_us)
-    );
-    if !r.fio_batched_iops.is_empty() {
-        println!(
-            "  fio in the same synchronous batches of {}: median {fio_batched:.0} IOPS; cold over it, paired per rep: {}",
-            a.batch,
-            pct(cold_vs_batched)
-        );
-    }
-    if a.lookahead > 0 {
-        println!(
-            "cold misses, one caller prefetching {} batch(es) ahead: median {ahead:.0} IOPS = {}; paired per rep: {} (p50 {:.0} us, p99 {:.0} us per step)",
-            a.lookahead,
-            pct(ratio(ahead)),
-            pct(ahead_paired),
-            median(&r.ahead_p50_us),
-            median(&r.ahead_p99_us)
-        );
-    }
-    if a.cold_streams > 0 {
-        println!(
-            "cold misses, {} callers of batch {} at once: median {over:.0} IOPS = {}; paired per rep: {}",
-            a.cold_streams,
-            a.batch,
-            pct(ratio(over)),
-            pct(over_paired)
-        );
-    }
-    println!(
-        "prefill {} ids (~{:.0} distinct): median {pre:.0} IOPS = {}; paired per rep: {}",
-        a.prefill,
-        median(&r.prefill_unique_rows),
-        pct(ratio(pre)),
-        pct(pre_paired)
-    );
-    print_hit_paths(hits, dram);
-    Ok(())
-}
-
-fn print_hit_paths(hits: &HitPath, dram: &DramHitPath) {
-    println!(
-        "hit path, {} rows: {:.1} ns/row; memcpy gather {:.1} ns/row ({:.2}x), contiguous memcpy {:.1} ns/row ({:.2}x)",
-        hits.batch,
-        hits.lookup_ns_per_row,
-        hits.memcpy_gather_ns_per_row,
-        hits.ratio_vs_gather,
-        hits.memcpy_contiguous_ns_per_row,
-        hits.ratio_vs_contiguous
-    );
-    println!(
-        "hit path from DRAM, batches of {} of {} cached rows: {:.1} ns/row; memcpy gather from a {} MiB table {:.1} ns/row ({:.2}x)",
-        dram.batch,
-        dram.pool_rows,
-        dram.lookup_ns_per_row,
-        dram.table_bytes >> 20,
-        dram.memcpy_gather_ns_per_row,
-        dram.ratio_vs_gather
-    );
+    let r = report::build(&a, (rows, direct), inter, &steady, (hits, dram));
+    emit(&r, a.json, report::print)
 }

@@ -1,0 +1,500 @@
+//! Every count of `config.json` held against the checkpoint's tensors
+//! before anything is allocated: a config whose counts the tensors
+//! contradict (ten trillion layers on a three-layer checkpoint, a vocabulary
+//! the embedding does not have) is an [`EngineError::ConfigMismatch`] naming
+//! the field, its value and what the checkpoint has, never an allocation
+//! failure and never a half-loaded model.
+//!
+//! What [`check`] holds, in this order:
+//! - layers: the checkpoint's `model.layers.N.*` tensors name exactly the
+//!   layers `0..num_hidden_layers`, no more and no fewer (DeepSeek's
+//!   `num_nextn_predict_layers` multi-token-prediction layers may follow);
+//! - `vocab_size` and `hidden_size`: the embedding's `[rows, columns]`, and
+//!   the LM head's unless tied;
+//! - attention (layer 0): the query and key/value projections have the rows
+//!   `num_attention_heads`, `num_key_value_heads` and the head widths imply
+//!   (with MLA: `q_lora_rank`, `kv_lora_rank`, the per-head dims);
+//! - feed-forward: every layer the config makes sparse has a router and no
+//!   other layer has one; the first dense layer's `gate_proj` has
+//!   `intermediate_size` rows; the first sparse layer's router has one row
+//!   per expert, its expert tensors hold experts `0..num_experts` of the
+//!   expert width, its shared expert the shared width.
+//!
+//! Bounds (each a typed error before any allocation of that size):
+//! - a count in `config.json`: at most [`MAX_CONFIG_COUNT`]; layers: at most
+//!   [`MAX_LAYERS`] (checked by the parser, which keeps a flag per layer);
+//! - one forward step's widest activation (`PREFILL_CHUNK` rows of the widest
+//!   of hidden, vocabulary, attention, MLP, shared and router widths, f32):
+//!   at most [`MAX_ACTIVATION_BYTES`];
+//! - the KV cache: see [`crate::device::cpu::kv`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{Arch, Mla, ModelConfig};
+use crate::error::{EngineError, dims};
+use crate::model::PREFILL_CHUNK;
+use crate::source::{Checkpoint as Source, TensorInfo};
+
+/// Largest count a `config.json` field may hold (`u32::MAX`): far above any
+/// model's, small enough that a sum or product of two counts fits in u64.
+pub const MAX_CONFIG_COUNT: u64 = u32::MAX as u64;
+
+/// Most decoder layers a config may declare.
+pub const MAX_LAYERS: usize = 1 << 16;
+
+/// Most bytes of one activation of one forward step (`PREFILL_CHUNK` rows
+/// of f32).
+pub const MAX_ACTIVATION_BYTES: u64 = 1 << 30;
+
+/// Check `cfg` against the tensors of `ckpt` (see the module docs).
+pub fn check(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<(), EngineError> {
+    check_source(cfg, ckpt.source())
+}
+
+/// [`check`] on a parsed checkpoint (before a backend opens its files).
+pub fn check_source(cfg: &ModelConfig, src: &Source) -> Result<(), EngineError> {
+    let mtp = src
+        .config()
+        .get("num_nextn_predict_layers")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    let layers = checkpoint_layers(src.tensors().keys().map(String::as_str));
+    if let Some(found) = layer_mismatch(cfg.num_layers as u64, mtp, &layers) {
+        return Err(mismatch("num_hidden_layers", cfg.num_layers, found));
+    }
+    let t = Tensors(src.tensors());
+    check_embedding(cfg, &t)?;
+    match &cfg.mla {
+        Some(m) => check_mla(cfg, m, &t)?,
+        None => check_gqa(cfg, &t)?,
+    }
+    check_ffn(cfg, &t, src.config())?;
+    check_activations(cfg)
+}
+
+/// The decoder layers `model.layers.N.*` tensor names, ascending.
+pub fn checkpoint_layers<'a>(names: impl Iterator<Item = &'a str>) -> BTreeSet<u64> {
+    names
+        .filter_map(|n| n.strip_prefix("model.layers.")?.split_once('.'))
+        .filter_map(|(layer, _)| layer.parse().ok())
+        .collect()
+}
+
+/// What the checkpoint has, when its `layers` are not exactly `0..n`
+/// followed by at most `extra` more (multi-token-prediction layers); `None`
+/// when they are.
+pub fn layer_mismatch(n: u64, extra: u64, layers: &BTreeSet<u64>) -> Option<String> {
+    let count = layers.len() as u64;
+    let Some(&last) = layers.last() else {
+        return Some("the checkpoint has no model.layers.N tensors".into());
+    };
+    let contiguous = last + 1 == count;
+    if contiguous && count >= n && count - n <= extra {
+        return None;
+    }
+    if contiguous {
+        return Some(format!(
+            "the checkpoint has {count} layers (model.layers.0 to model.layers.{last})"
+        ));
+    }
+    let gap = (0..=last).find(|i| !layers.contains(i)).unwrap_or(last);
+    Some(format!(
+        "the checkpoint's layers run to model.layers.{last} without model.layers.{gap}"
+    ))
+}
+
+fn mismatch(field: &str, value: impl ToString, found: String) -> EngineError {
+    EngineError::ConfigMismatch {
+        field: field.to_string(),
+        value: value.to_string(),
+        found,
+    }
+}
+
+/// The tensors of a checkpoint, by name.
+struct Tensors<'a>(&'a BTreeMap<String, TensorInfo>);
+
+impl Tensors<'_> {
+    fn shape(&self, name: &str) -> Result<&[u64], EngineError> {
+        self.0
+            .get(name)
+            .map(|t| t.shape.as_slice())
+            .ok_or_else(|| EngineError::MissingTensor {
+                name: name.to_string(),
+            })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    /// Dimension `axis` of tensor `name` is `want`, which the config's
+    /// `field` (= `value`) implies by `rule`; `want` is `None` when the
+    /// config's product overflows.
+    fn dim(
+        &self,
+        name: &str,
+        axis: usize,
+        want: Option<usize>,
+        rule: Rule<'_>,
+    ) -> Result<(), EngineError> {
+        let shape = self.shape(name)?;
+        let got = shape.get(axis).copied();
+        if got.is_some() && got == want.map(|w| w as u64) {
+            return Ok(());
+        }
+        let which = ["rows", "columns", "dimension 2"]
+            .get(axis)
+            .unwrap_or(&"a dimension");
+        Err(mismatch(
+            rule.field,
+            rule.value,
+            format!("`{name}` has shape {} ({which}: {})", dims(shape), rule.how),
+        ))
+    }
+}
+
+/// Which config field a dimension checks, its value, and how it sets the
+/// dimension.
+#[derive(Clone, Copy)]
+struct Rule<'a> {
+    field: &'a str,
+    value: usize,
+    how: &'a str,
+}
+
+fn rule<'a>(field: &'a str, value: usize, how: &'a str) -> Rule<'a> {
+    Rule { field, value, how }
+}
+
+fn check_embedding(cfg: &ModelConfig, t: &Tensors<'_>) -> Result<(), EngineError> {
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let mut names = vec!["model.embed_tokens.weight"];
+    if !cfg.tie_word_embeddings {
+        names.push("lm_head.weight");
+    }
+    for name in names {
+        t.dim(name, 0, Some(v), rule("vocab_size", v, "vocab_size"))?;
+        t.dim(name, 1, Some(h), rule("hidden_size", h, "hidden_size"))?;
+    }
+    Ok(())
+}
+
+fn check_gqa(cfg: &ModelConfig, t: &Tensors<'_>) -> Result<(), EngineError> {
+    let a = "model.layers.0.self_attn";
+    let d = cfg.head_dim;
+    let q = format!("{a}.q_proj.weight");
+    let how = "num_attention_heads x head_dim";
+    t.dim(
+        &q,
+        0,
+        cfg.num_q_heads.checked_mul(d),
+        rule("num_attention_heads", cfg.num_q_heads, how),
+    )?;
+    t.dim(
+        &q,
+        1,
+        Some(cfg.hidden_size),
+        rule("hidden_size", cfg.hidden_size, "hidden_size"),
+    )?;
+    let how = "num_key_value_heads x head_dim";
+    t.dim(
+        &format!("{a}.k_proj.weight"),
+        0,
+        cfg.num_kv_heads.checked_mul(d),
+        rule("num_key_value_heads", cfg.num_kv_heads, how),
+    )
+}
+
+fn check_mla(cfg: &ModelConfig, m: &Mla, t: &Tensors<'_>) -> Result<(), EngineError> {
+    let a = "model.layers.0.self_attn";
+    let heads = cfg.num_q_heads;
+    let qk_rows = heads.checked_mul(m.qk_head_dim());
+    let how = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)";
+    let heads_rule = rule("num_attention_heads", heads, how);
+    match m.q_lora_rank {
+        Some(r) => {
+            t.dim(
+                &format!("{a}.q_a_proj.weight"),
+                0,
+                Some(r),
+                rule("q_lora_rank", r, "q_lora_rank"),
+            )?;
+            t.dim(&format!("{a}.q_b_proj.weight"), 0, qk_rows, heads_rule)?;
+        }
+        None => t.dim(&format!("{a}.q_proj.weight"), 0, qk_rows, heads_rule)?,
+    }
+    let r = m.kv_lora_rank;
+    let how = "kv_lora_rank + qk_rope_head_dim";
+    t.dim(
+        &format!("{a}.kv_a_proj_with_mqa.weight"),
+        0,
+        r.checked_add(m.qk_rope_head_dim),
+        rule("kv_lora_rank", r, how),
+    )?;
+    let kv_b = format!("{a}.kv_b_proj.weight");
+    let per_head = m.qk_nope_head_dim.checked_add(m.v_head_dim);
+    let how = "num_attention_heads x (qk_nope_head_dim + v_head_dim)";
+    let want = per_head.and_then(|p| p.checked_mul(heads));
+    t.dim(&kv_b, 0, want, rule("num_attention_heads", heads, how))?;
+    t.dim(&kv_b, 1, Some(r), rule("kv_lora_rank", r, "kv_lora_rank"))?;
+    let how = "num_attention_heads x v_head_dim";
+    t.dim(
+        &format!("{a}.o_proj.weight"),
+        1,
+        heads.checked_mul(m.v_head_dim),
+        rule("v_head_dim", m.v_head_dim, how),
+    )
+}
+
+/// The config field that sets the experts per layer in `arch`'s spelling.
+fn experts_field(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Mixtral => "num_local_experts",
+        Arch::DeepseekV3 => "n_routed_experts",
+        Arch::Qwen3Moe | Arch::Qwen2Moe => "num_experts",
+    }
+}
+
+/// The router of layer `i`, if the checkpoint has one (transformers-5
+/// fused checkpoints keep Mixtral's under `mlp`).
+fn router(cfg: &ModelConfig, t: &Tensors<'_>, i: usize) -> Option<String> {
+    [cfg.arch.moe_block_name(), "mlp"]
+        .iter()
+        .map(|block| format!("model.layers.{i}.{block}.gate.weight"))
+        .find(|name| t.has(name))
+}
+
+/// The config field that decides which layers are sparse, and its value as
+/// config.json spells it.
+fn sparse_rule(cfg: &ModelConfig, raw: &serde_json::Value) -> (&'static str, String) {
+    let field = match cfg.arch {
+        Arch::DeepseekV3 => "first_k_dense_replace",
+        Arch::Mixtral => experts_field(cfg.arch),
+        Arch::Qwen3Moe | Arch::Qwen2Moe => match raw.get("decoder_sparse_step") {
+            Some(step) if step.as_u64() != Some(1) && !step.is_null() => "decoder_sparse_step",
+            _ => "mlp_only_layers",
+        },
+    };
+    let value = raw
+        .get(field)
+        .filter(|v| !v.is_null())
+        .map_or_else(|| "absent".to_string(), serde_json::Value::to_string);
+    (field, value)
+}
+
+fn check_ffn(
+    cfg: &ModelConfig,
+    t: &Tensors<'_>,
+    raw: &serde_json::Value,
+) -> Result<(), EngineError> {
+    let (mut dense, mut sparse) = (None, None);
+    for (i, &is_sparse) in cfg.sparse_layers.iter().enumerate() {
+        match (is_sparse, router(cfg, t, i)) {
+            (true, Some(r)) => sparse = sparse.or(Some((i, r))),
+            (false, None) => dense = dense.or(Some(i)),
+            (true, None) | (false, Some(_)) => {
+                let (is, has) = if is_sparse {
+                    ("sparse", "no")
+                } else {
+                    ("dense", "a")
+                };
+                let (field, value) = sparse_rule(cfg, raw);
+                return Err(mismatch(
+                    field,
+                    value,
+                    format!(
+                        "layer {i} is {is} by the config and the checkpoint has {has} router for it"
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(i) = dense {
+        let n = cfg.dense_intermediate;
+        let name = format!("model.layers.{i}.mlp.gate_proj.weight");
+        t.dim(
+            &name,
+            0,
+            Some(n),
+            rule("intermediate_size", n, "intermediate_size"),
+        )?;
+    }
+    match sparse {
+        Some((i, router)) => check_experts(cfg, t, i, &router),
+        None => Ok(()),
+    }
+}
+
+fn check_experts(
+    cfg: &ModelConfig,
+    t: &Tensors<'_>,
+    i: usize,
+    router: &str,
+) -> Result<(), EngineError> {
+    let (n, w) = (cfg.num_experts, cfg.expert_intermediate);
+    let field = experts_field(cfg.arch);
+    t.dim(
+        router,
+        0,
+        Some(n),
+        rule(field, n, "one router row per expert"),
+    )?;
+    let width_field = match cfg.arch {
+        Arch::Mixtral => "intermediate_size",
+        _ => "moe_intermediate_size",
+    };
+    let width = rule(width_field, w, "the expert width");
+    let block = router.trim_end_matches("gate.weight");
+    let fused = format!("{block}experts.gate_up_proj");
+    if t.has(&fused) {
+        t.dim(&fused, 0, Some(n), rule(field, n, "one slice per expert"))?;
+        t.dim(
+            &fused,
+            1,
+            w.checked_mul(2),
+            rule(width_field, w, "2 x the expert width"),
+        )?;
+    } else {
+        let prefix = format!("{block}experts.");
+        let experts = checkpoint_experts(t, &prefix);
+        if experts.len() != n || experts.last().is_some_and(|&e| e + 1 != n as u64) {
+            let found = format!(
+                "layer {i} has {} experts ({prefix}E.* for E in {})",
+                experts.len(),
+                describe_ids(&experts)
+            );
+            return Err(mismatch(field, n, found));
+        }
+        let gate = ["gate_proj.weight", "w1.weight"]
+            .iter()
+            .map(|s| format!("{prefix}0.{s}"))
+            .find(|name| t.has(name))
+            .ok_or_else(|| EngineError::MissingTensor {
+                name: format!("{prefix}0.gate_proj.weight"),
+            })?;
+        t.dim(&gate, 0, Some(w), width)?;
+    }
+    check_shared(cfg, t, block)
+}
+
+fn check_shared(cfg: &ModelConfig, t: &Tensors<'_>, block: &str) -> Result<(), EngineError> {
+    let Some(width) = cfg.shared_expert_intermediate else {
+        return Ok(());
+    };
+    let (name, r) = if cfg.shared_expert_gated {
+        let f = "shared_expert_intermediate_size";
+        ("shared_expert", rule(f, width, f))
+    } else {
+        let n = width / cfg.expert_intermediate.max(1);
+        (
+            "shared_experts",
+            rule(
+                "n_shared_experts",
+                n,
+                "n_shared_experts x moe_intermediate_size",
+            ),
+        )
+    };
+    t.dim(
+        &format!("{block}{name}.gate_proj.weight"),
+        0,
+        Some(width),
+        r,
+    )
+}
+
+/// The expert indices under `prefix` (`model.layers.L.mlp.experts.`).
+fn checkpoint_experts(t: &Tensors<'_>, prefix: &str) -> BTreeSet<u64> {
+    t.0.range(prefix.to_string()..)
+        .map(|(name, _)| name)
+        .take_while(|name| name.starts_with(prefix))
+        .filter_map(|name| name.strip_prefix(prefix)?.split_once('.'))
+        .filter_map(|(e, _)| e.parse().ok())
+        .collect()
+}
+
+/// `0..=7`, `0..=7 without 3`, `none`: a set of ids for a message.
+fn describe_ids(ids: &BTreeSet<u64>) -> String {
+    let Some(&last) = ids.last() else {
+        return "none".into();
+    };
+    match (0..=last).find(|i| !ids.contains(i)) {
+        Some(gap) => format!("0..={last} without {gap}"),
+        None => format!("0..={last}"),
+    }
+}
+
+/// One step's widest activation is at most [`MAX_ACTIVATION_BYTES`].
+fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
+    let attention = match &cfg.mla {
+        Some(m) => {
+            let widest_head = m
+                .qk_head_dim()
+                .max(m.qk_nope_head_dim + m.v_head_dim)
+                .max(cfg.head_dim);
+            cfg.num_q_heads.checked_mul(widest_head)
+        }
+        None => cfg.num_q_heads.checked_mul(cfg.head_dim),
+    };
+    let widths = [
+        cfg.hidden_size,
+        cfg.vocab_size,
+        cfg.dense_intermediate,
+        cfg.expert_intermediate,
+        cfg.num_experts,
+        cfg.shared_expert_intermediate.unwrap_or(0),
+    ];
+    let widest = attention.map(|a| widths.iter().fold(a, |w, &x| w.max(x)));
+    let bytes = widest.and_then(|w| (w as u64).checked_mul(PREFILL_CHUNK as u64 * 4));
+    match bytes {
+        Some(b) if b <= MAX_ACTIVATION_BYTES => Ok(()),
+        value => Err(EngineError::TooLarge {
+            what: format!(
+                "one forward step's widest activation ({PREFILL_CHUNK} rows of f32; hidden_size, \
+                 vocab_size, the attention and MLP widths)"
+            ),
+            value,
+            limit: MAX_ACTIVATION_BYTES,
+            unit: "bytes",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_sets_are_described() {
+        let set = |v: &[u64]| v.iter().copied().collect::<BTreeSet<u64>>();
+        assert_eq!(layer_mismatch(3, 0, &set(&[0, 1, 2])), None);
+        assert_eq!(
+            layer_mismatch(61, 1, &set(&(0..62).collect::<Vec<_>>())),
+            None
+        );
+        assert_eq!(
+            layer_mismatch(61, 1, &set(&(0..61).collect::<Vec<_>>())),
+            None
+        );
+        let four = layer_mismatch(4, 0, &set(&[0, 1, 2])).unwrap_or_default();
+        assert!(four.contains("3 layers"), "{four}");
+        assert!(layer_mismatch(2, 0, &set(&[0, 1, 2])).is_some());
+        let gap = layer_mismatch(3, 0, &set(&[0, 2])).unwrap_or_default();
+        assert!(gap.contains("without model.layers.1"), "{gap}");
+        assert!(layer_mismatch(1, 0, &set(&[])).is_some());
+        assert_eq!(
+            checkpoint_layers(
+                [
+                    "model.layers.10.x",
+                    "model.layers.2.y",
+                    "model.norm.weight",
+                    "model.layers.z.w"
+                ]
+                .into_iter()
+            ),
+            set(&[2, 10])
+        );
+    }
+}
