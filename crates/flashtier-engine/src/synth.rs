@@ -325,7 +325,7 @@ pub struct SynthReport {
 pub fn write_checkpoint(
     spec: &SynthSpec,
     dir: &Path,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<SynthReport, SynthError> {
     spec.check()?;
     let io = |path: &Path| {
@@ -342,18 +342,40 @@ pub fn write_checkpoint(
     let mut files = Vec::with_capacity(n);
     let mut weight_map = serde_json::Map::new();
     let mut bytes = 0u64;
-    for (i, shard) in shards.iter().enumerate() {
-        let name = if n == 1 {
-            "model.safetensors".to_string()
-        } else {
-            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
-        };
-        let path = dir.join(&name);
-        bytes += values::write_safetensors(spec.seed, shard, &path, progress).map_err(io(&path))?;
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            if n == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+            }
+        })
+        .collect();
+    // Shards are independent files: written in parallel (a reference-sized
+    // model is tens of GB), progress reported under one lock.
+    let progress = std::sync::Mutex::new(progress);
+    let written: Vec<Result<u64, SynthError>> = {
+        use rayon::prelude::*;
+        shards
+            .par_iter()
+            .zip(names.par_iter())
+            .map(|(shard, name)| {
+                let path = dir.join(name);
+                let mut report = |b: u64| {
+                    if let Ok(mut p) = progress.lock() {
+                        (*p)(b);
+                    }
+                };
+                values::write_safetensors(spec.seed, shard, &path, &mut report).map_err(io(&path))
+            })
+            .collect()
+    };
+    for ((shard, name), w) in shards.iter().zip(&names).zip(written) {
+        bytes += w?;
         for t in shard {
             weight_map.insert(t.name.clone(), json!(name));
         }
-        files.push(path);
+        files.push(dir.join(name));
     }
     if n > 1 {
         let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });

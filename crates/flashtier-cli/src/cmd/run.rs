@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use flashtier::experts::{Backing, ExpertsError};
+use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::engine::{self, Chosen, Engine, Placement};
 use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_engine::store_cache::StoreCache;
-use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::{EngineError, Generation, ModelConfig};
 
 use crate::kit::{self, parse_bytes};

@@ -698,3 +698,24 @@ extern "C" __global__ void attn_merge(const float* part, int dim, int splits, fl
         out[(long long)r * out_cols + h * dim + d] = acc / L;
     }
 }
+
+// ---------------------------------------------------------------------------
+// The HBM read ceiling: every 16-byte word of `p` read once per launch;
+// the XOR of all of them decides a store that never happens in practice, so
+// no load can be dropped.
+extern "C" __global__ void __launch_bounds__(512)
+read_words(const uint4* __restrict__ p, long long n, u32* out) {
+    u32 x = 0;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (; i + 3 * step < n; i += 4 * step) {
+        const uint4 a = p[i], b = p[i + step], c = p[i + 2 * step], d = p[i + 3 * step];
+        x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+        x ^= c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += step) {
+        const uint4 a = p[i];
+        x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (x == 0x9e3779b9u) out[0] = x;
+}

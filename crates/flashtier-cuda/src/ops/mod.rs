@@ -23,7 +23,7 @@ pub mod route;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::context::Gpu;
 use crate::error::CudaError;
@@ -69,6 +69,7 @@ const KERNELS: &[&str] = &[
     "kv_append",
     "attn_partial",
     "attn_merge",
+    "read_words",
 ];
 
 /// The compiled decode kernels of one device.
@@ -114,6 +115,49 @@ impl DecodeKernels {
         self.funcs
             .get(name)
             .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))
+    }
+}
+
+impl DecodeKernels {
+    /// HBM read bandwidth, bytes/s: the median of `reps` timed passes of a
+    /// kernel reading every 16-byte word of a `bytes`-byte buffer once,
+    /// after a warm-up (the ceiling of the memory-bound decode kernels).
+    pub fn read_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64, CudaError> {
+        let words = bytes / 16;
+        if words == 0 {
+            return Err(CudaError::invalid(
+                "read bandwidth",
+                format!("{bytes} bytes"),
+            ));
+        }
+        let stream = self.gpu.stream();
+        let buf = stream
+            .alloc_zeros::<u8>(words * 16)
+            .map_err(CudaError::driver("allocate the read buffer"))?;
+        let mut sink = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(CudaError::driver("allocate the read sink"))?;
+        let blocks = self.gpu.info().sm_count.max(1) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = words as i64;
+        let mut rates = Vec::with_capacity(reps + 1);
+        for rep in 0..=reps.max(1) {
+            let timer = crate::measure::EventTimer::start(stream)?;
+            let mut b = stream.launch_builder(self.func("read_words")?);
+            b.arg(&buf).arg(&n).arg(&mut sink);
+            // SAFETY: matches `read_words`, which reads words 0..n of `buf`
+            // (n * 16 bytes allocated) and at most writes sink[0].
+            unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch read_words"))?;
+            let secs = timer.stop(stream)?;
+            if rep > 0 {
+                rates.push((words * 16) as f64 / secs);
+            }
+        }
+        Ok(crate::measure::median(&mut rates))
     }
 }
 

@@ -13,11 +13,17 @@ use flashtier_engine::pack::{PackOptions, PackReport, pack_experts};
 use flashtier_engine::{EngineError, Model};
 use serde_json::Value;
 
-/// A committed fixture made by `tools/make_fixtures.py`.
+/// A committed fixture made by `tools/make_fixtures.py` (from the crate the
+/// test was built in, or, for a test binary carried to another machine,
+/// from the checkout it runs in).
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/engine")
-        .join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine");
+    let root = if built.exists() {
+        built
+    } else {
+        PathBuf::from("crates/flashtier-engine/tests/fixtures/engine")
+    };
+    root.join(name)
 }
 
 /// What transformers produced for a fixture.

@@ -1,6 +1,7 @@
 //! `flashtier bench`: measurements against the device's own limit, each in
 //! the layout of [`crate::kit::bench`].
 
+pub mod decode;
 pub mod experts;
 pub mod gpu;
 pub mod io;
@@ -11,6 +12,9 @@ pub mod rows;
 /// What to measure.
 #[derive(clap::Subcommand, Debug)]
 pub enum Bench {
+    /// The decode engine on the GPU against HBM, PCIe and drive limits and
+    /// against transformers.
+    Decode(decode::Args),
     /// Raw backend reads (IOPS, bytes/s, latency) against fio.
     Io(io::Args),
     /// Row store lookups against fio's random-read IOPS.
@@ -28,6 +32,7 @@ pub enum Bench {
 /// Run `flashtier bench`.
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Decode(a) => decode::run(a),
         Bench::Io(a) => io::run(a),
         Bench::Rows(a) => rows::run(a),
         Bench::Kv(a) => kv::run(a),

@@ -13,6 +13,7 @@
 //! (the routed ids) when experts stream, to decide residency.
 
 pub mod experts;
+pub mod profile;
 
 use std::rc::Rc;
 
@@ -29,6 +30,7 @@ use crate::error::EngineError;
 use crate::family::route::RouteRule;
 use crate::matrix::{Matrix, MatrixData};
 use experts::CudaExperts;
+use profile::{ClassTime, OpClass, Profiler};
 
 impl Activation for DevAct {
     fn rows(&self) -> usize {
@@ -57,11 +59,15 @@ impl KvState for DevKvCache {
     }
 }
 
+/// Rows from which a matrix counts as the LM head in the profile.
+const LM_HEAD_ROWS: usize = 32_768;
+
 /// One NVIDIA GPU.
 pub struct CudaDevice {
     gpu: Gpu,
     kernels: DecodeKernels,
     pool: Rc<ActPool>,
+    profiler: Profiler,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -81,7 +87,27 @@ impl CudaDevice {
             gpu,
             kernels,
             pool: ActPool::new(),
+            profiler: Profiler::default(),
         })
+    }
+
+    /// Start timing every operation by kernel class (see [`profile`]).
+    pub fn profile_start(&self) {
+        self.profiler.start();
+    }
+
+    /// Stop timing; device seconds and bytes read per kernel class.
+    pub fn profile_take(&self) -> Result<Vec<ClassTime>, EngineError> {
+        self.profiler.take()
+    }
+
+    fn timed<T>(
+        &self,
+        class: OpClass,
+        bytes: u64,
+        op: impl FnOnce() -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        self.profiler.time(&self.gpu, class, bytes, op)
     }
 
     /// The GPU.
@@ -189,11 +215,22 @@ impl Device for CudaDevice {
                 vocab: table.rows(),
             });
         }
-        Ok(self.kernels.embed(out, table, ids)?)
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.embed(out, table, ids)?)
+        })
     }
 
     fn linear(&self, out: &mut DevAct, w: &DevMatrix, x: &DevAct) -> Result<(), EngineError> {
-        Ok(self.kernels.gemv(out, w, x)?)
+        // The LM head is the only matrix this tall.
+        let class = if w.rows() >= LM_HEAD_ROWS {
+            OpClass::LmHead
+        } else {
+            OpClass::DenseGemv
+        };
+        let passes = x.rows().div_ceil(flashtier_cuda::ops::MAX_GEMV_ROWS) as u64;
+        self.timed(class, passes * w.bytes() as u64, || {
+            Ok(self.kernels.gemv(out, w, x)?)
+        })
     }
 
     fn rms_norm(
@@ -203,23 +240,27 @@ impl Device for CudaDevice {
         w: &DevVector,
         eps: f32,
     ) -> Result<(), EngineError> {
-        Ok(self.kernels.rms_norm(out, x, w, eps)?)
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.rms_norm(out, x, w, eps)?)
+        })
     }
 
     fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), EngineError> {
-        Ok(self.kernels.add(x, y)?)
+        self.timed(OpClass::Other, 0, || Ok(self.kernels.add(x, y)?))
     }
 
     fn add_bias(&self, x: &mut DevAct, b: &DevVector) -> Result<(), EngineError> {
-        Ok(self.kernels.add_bias(x, b)?)
+        self.timed(OpClass::Other, 0, || Ok(self.kernels.add_bias(x, b)?))
     }
 
     fn silu_mul(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), EngineError> {
-        Ok(self.kernels.silu_mul(gate, up)?)
+        self.timed(OpClass::Other, 0, || Ok(self.kernels.silu_mul(gate, up)?))
     }
 
     fn add_gated(&self, acc: &mut DevAct, y: &DevAct, gate: &DevAct) -> Result<(), EngineError> {
-        Ok(self.kernels.add_gated(acc, y, gate)?)
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.add_gated(acc, y, gate)?)
+        })
     }
 
     fn rope(
@@ -235,28 +276,32 @@ impl Device for CudaDevice {
                 max: table.positions(),
             });
         }
-        Ok(self.kernels.rope(
-            x,
-            table,
-            spec.heads,
-            spec.head_stride,
-            spec.offset,
-            spec.dims,
-            spec.interleaved,
-            first,
-        )?)
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.rope(
+                x,
+                table,
+                spec.heads,
+                spec.head_stride,
+                spec.offset,
+                spec.dims,
+                spec.interleaved,
+                first,
+            )?)
+        })
     }
 
     fn copy_heads(&self, dst: &mut DevAct, src: &DevAct, s: HeadCopy) -> Result<(), EngineError> {
-        Ok(self.kernels.copy_heads(
-            dst,
-            src,
-            s.heads,
-            s.len,
-            (s.src_stride, s.src_offset),
-            (s.dst_stride, s.dst_offset),
-            s.scale,
-        )?)
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.copy_heads(
+                dst,
+                src,
+                s.heads,
+                s.len,
+                (s.src_stride, s.src_offset),
+                (s.dst_stride, s.dst_offset),
+                s.scale,
+            )?)
+        })
     }
 
     fn attend(
@@ -271,9 +316,14 @@ impl Device for CudaDevice {
         let d = kv.dim();
         let scale = 1.0 / (d as f32).sqrt();
         let q_heads = q.cols() / d.max(1);
-        Ok(self
-            .kernels
-            .attend(kv, layer, q_heads, q, k, v, scale, out)?)
+        // Keys and values of every position attended, read once.
+        let positions = (kv.len() + q.rows()) as u64;
+        let bytes = 2 * positions * (k.cols() * 4) as u64;
+        self.timed(OpClass::Attention, bytes, || {
+            Ok(self
+                .kernels
+                .attend(kv, layer, q_heads, q, k, v, scale, out)?)
+        })
     }
 
     fn route(
@@ -282,26 +332,7 @@ impl Device for CudaDevice {
         rule: &RouteRule,
         bias: Option<&DevVector>,
     ) -> Result<DevRoutes, EngineError> {
-        let r = match rule.routing {
-            Routing::Softmax => {
-                self.kernels
-                    .route_softmax(logits, rule.top_k, rule.norm_topk_prob)?
-            }
-            Routing::SigmoidGroups {
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-            } => self.kernels.route_sigmoid_groups(
-                logits,
-                bias,
-                rule.top_k,
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-                rule.norm_topk_prob,
-            )?,
-        };
-        Ok(r)
+        self.timed(OpClass::Routing, 0, || self.route_now(logits, rule, bias))
     }
 
     fn moe(
@@ -356,6 +387,34 @@ impl Device for CudaDevice {
 }
 
 impl CudaDevice {
+    fn route_now(
+        &self,
+        logits: &DevAct,
+        rule: &RouteRule,
+        bias: Option<&DevVector>,
+    ) -> Result<DevRoutes, EngineError> {
+        let r = match rule.routing {
+            Routing::Softmax => {
+                self.kernels
+                    .route_softmax(logits, rule.top_k, rule.norm_topk_prob)?
+            }
+            Routing::SigmoidGroups {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+            } => self.kernels.route_sigmoid_groups(
+                logits,
+                bias,
+                rule.top_k,
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                rule.norm_topk_prob,
+            )?,
+        };
+        Ok(r)
+    }
+
     /// The routed experts of every row, all of whose records are readable.
     fn moe_rows(
         &self,
@@ -371,17 +430,20 @@ impl CudaDevice {
         let mut y = self.zeros(pairs, spec.hidden)?;
         let base = experts.entry(layer, 0);
         let per_layer = experts.experts_per_layer();
-        self.kernels.moe(
-            experts.slots(),
-            base,
-            per_layer,
-            routes,
-            &spec,
-            x,
-            &mut act,
-            &mut y,
-            out,
-        )?;
+        let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
+        self.timed(OpClass::Experts, bytes, || {
+            Ok(self.kernels.moe(
+                experts.slots(),
+                base,
+                per_layer,
+                routes,
+                &spec,
+                x,
+                &mut act,
+                &mut y,
+                out,
+            )?)
+        })?;
         experts.consumed()
     }
 

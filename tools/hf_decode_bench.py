@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Greedy decode and prefill speed of HF transformers on a checkpoint, for
+`flashtier bench decode --hf-script tools/hf_decode_bench.py`.
+
+Modes:
+  gpu      the whole model on GPU 0 in its stored dtype, SDPA attention
+  offload  accelerate's device_map="auto" with max_memory={0: GPU_MEM,
+           "cpu": ...}: what does not fit the GPU budget lives in host RAM
+
+Decode tok/s = (N - 1) / (T(N) - T(1)), where T(n) is the wall time of
+generate(max_new_tokens=n) from the same prompt (so the prompt and the first
+token cancel out), CUDA synchronised around each call, median of `--reps`.
+Prefill tok/s = prefill_len / time of one forward over a prefill_len-token
+prompt. Prints one JSON object on stdout.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", choices=["gpu", "offload"], default="gpu")
+    ap.add_argument("--gpu-mem", default="4GiB", help="offload: GPU budget")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.time()
+    kw = dict(dtype="auto", attn_implementation="sdpa")
+    if a.mode == "gpu":
+        kw["device_map"] = "cuda:0"
+    else:
+        kw["device_map"] = "auto"
+        kw["max_memory"] = {0: a.gpu_mem, "cpu": "120GiB"}
+    model = AutoModelForCausalLM.from_pretrained(a.model, **kw)
+    model.eval()
+    load_s = time.time() - t0
+    vocab = model.config.vocab_size
+    prompt = torch.tensor([[(i * 7919 + 13) % vocab for i in range(a.prompt_len)]], device="cuda:0")
+
+    def gen(n):
+        torch.cuda.synchronize()
+        t = time.time()
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 num_beams=1, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.time() - t, out[0, a.prompt_len:].tolist()
+
+    gen(2)  # warm-up: kernels, caches, allocator
+    decode = []
+    tokens = []
+    for _ in range(a.reps):
+        t1, _ = gen(1)
+        tn, tokens = gen(a.tokens)
+        decode.append((a.tokens - 1) / max(tn - t1, 1e-9))
+    result = {
+        "mode": a.mode,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "load_secs": load_s,
+        "decode_tokens_per_sec": statistics.median(decode),
+        "decode_tokens_per_sec_reps": decode,
+        "generated_ids": tokens,
+    }
+    if a.prefill > 0:
+        ids = torch.tensor([[(i * 104729 + 7) % vocab for i in range(a.prefill)]], device="cuda:0")
+        times = []
+        with torch.no_grad():
+            for _ in range(a.reps + 1):
+                torch.cuda.synchronize()
+                t = time.time()
+                model(ids, use_cache=False)
+                torch.cuda.synchronize()
+                times.append(time.time() - t)
+        result["prefill_tokens"] = a.prefill
+        result["prefill_tokens_per_sec"] = a.prefill / statistics.median(times[1:])
+    if a.mode == "offload":
+        result["gpu_mem"] = a.gpu_mem
+        result["hf_device_map_devices"] = sorted({str(v) for v in getattr(model, "hf_device_map", {}).values()})
+    json.dump(result, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
