@@ -34,6 +34,8 @@ pub struct ExpertStats {
     pub prefetch_bytes: u64,
     /// Nanoseconds the engine waited for expert reads.
     pub stall_ns: u64,
+    /// Bytes copied from host memory to the device (GPU tiers; 0 on the CPU).
+    pub h2d_bytes: u64,
 }
 
 impl ExpertStats {
@@ -55,6 +57,7 @@ impl ExpertStats {
             bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
             prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
             stall_ns: self.stall_ns.saturating_sub(earlier.stall_ns),
+            h2d_bytes: self.h2d_bytes.saturating_sub(earlier.h2d_bytes),
         }
     }
 }

@@ -166,6 +166,7 @@ impl ExpertTier for PoolExperts {
             bytes_read: s.bytes_read,
             prefetch_bytes: s.prefetch_bytes,
             stall_ns: self.stall_ns,
+            h2d_bytes: 0,
         }
     }
 }

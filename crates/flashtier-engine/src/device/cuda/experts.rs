@@ -609,6 +609,7 @@ impl ExpertTier for CudaExperts {
             bytes_read: s.bytes_read,
             prefetch_bytes: s.prefetch_bytes,
             stall_ns: self.stall_ns,
+            h2d_bytes: self.tier.h2d_bytes,
         }
     }
 }
