@@ -80,7 +80,35 @@ pub fn compile_cubin(
     Ok(Cubin { image, log })
 }
 
-/// Compile `src` for the device of `gpu` and load it. With
+/// Images compiled in this process, by (module, architecture, defines):
+/// opening a second device context of the same kind loads, not compiles.
+static COMPILED: std::sync::Mutex<Vec<(String, Cubin)>> = std::sync::Mutex::new(Vec::new());
+
+fn compile_cached(
+    module: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, String)],
+) -> Result<Cubin, CudaError> {
+    let key = format!("{module}|{arch}|{defines:?}|{}", src.len());
+    let cached = COMPILED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, c)| c.clone());
+    if let Some(c) = cached {
+        return Ok(c);
+    }
+    let c = compile_cubin(module, src, arch, defines)?;
+    COMPILED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((key, c.clone()));
+    Ok(c)
+}
+
+/// Compile `src` for the device of `gpu` (once per process) and load it. With
 /// `FLASHTIER_DUMP_CUBIN=<dir>` the machine code is also written there (for
 /// `cuobjdump --dump-sass`).
 pub fn load_module(
@@ -90,7 +118,7 @@ pub fn load_module(
     defines: &[(&str, String)],
 ) -> Result<(Arc<CudaModule>, Cubin), CudaError> {
     let arch = gpu.info().arch();
-    let cubin = compile_cubin(module, src, &arch, defines)?;
+    let cubin = compile_cached(module, src, &arch, defines)?;
     if let Some(dir) = std::env::var_os("FLASHTIER_DUMP_CUBIN") {
         let path = std::path::Path::new(&dir).join(format!("{module}.{arch}.cubin"));
         if let Err(e) = std::fs::write(&path, &cubin.image) {

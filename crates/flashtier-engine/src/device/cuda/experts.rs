@@ -268,6 +268,10 @@ impl CudaExperts {
         };
         if path == ExpertPath::Hbm && hbm_slots >= records {
             tiers.load_all(layers)?;
+        } else if tiers.ram.capacity() >= records {
+            // The RAM tier was asked to hold every record: read them now,
+            // so decoding starts from RAM, not from the drive.
+            tiers.warm_ram(layers)?;
         }
         Ok(tiers)
     }
@@ -325,10 +329,9 @@ impl CudaExperts {
         layer * self.experts + expert
     }
 
-    /// Read every record through the RAM tier into its own HBM slot.
-    fn load_all(&mut self, layers: usize) -> Result<(), EngineError> {
-        let batch = self.ram.capacity().max(1);
-        let mut all: Vec<(usize, usize, usize)> = Vec::new();
+    /// Every (layer, expert, record) of the store.
+    fn all_records(&self, layers: usize) -> Vec<(usize, usize, usize)> {
+        let mut all = Vec::new();
         for layer in 0..layers {
             for e in 0..self.experts {
                 if let Ok(r) = self.ram.index_of(layer as u32, e as u32) {
@@ -336,6 +339,26 @@ impl CudaExperts {
                 }
             }
         }
+        all
+    }
+
+    /// Read every record into the RAM tier (which holds them all).
+    fn warm_ram(&mut self, layers: usize) -> Result<(), EngineError> {
+        let batch = self.ram.capacity().max(1);
+        let records: Vec<usize> = self.all_records(layers).into_iter().map(|t| t.2).collect();
+        for chunk in records.chunks(batch) {
+            let need = self.ram.acquire(chunk)?;
+            let plan = self.ram.plan(&need)?;
+            self.ram.run(plan)?;
+            self.ram.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Read every record through the RAM tier into its own HBM slot.
+    fn load_all(&mut self, layers: usize) -> Result<(), EngineError> {
+        let batch = self.ram.capacity().max(1);
+        let all = self.all_records(layers);
         for chunk in all.chunks(batch) {
             let (layer_e, records): (Vec<(usize, usize)>, Vec<usize>) =
                 chunk.iter().map(|&(l, e, r)| ((l, e), r)).unzip();
