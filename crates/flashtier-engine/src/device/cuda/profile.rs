@@ -11,6 +11,7 @@ use std::cell::RefCell;
 
 use flashtier_cuda::Gpu;
 use flashtier_cuda::cudarc::driver::CudaEvent;
+use flashtier_cuda::cudarc::driver::sys::CUevent_flags;
 
 use crate::error::EngineError;
 
@@ -92,7 +93,7 @@ impl Profiler {
         }
         let event = || {
             gpu.context()
-                .new_event(None)
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|e| EngineError::Layout {
                     what: "a profiling event".into(),
                     reason: format!("{e:?}"),
