@@ -26,6 +26,7 @@
 
 pub mod checksum;
 pub mod error;
+pub mod fp8;
 pub mod group;
 pub mod header;
 pub mod kind;
