@@ -27,10 +27,9 @@
 pub mod checksum;
 pub mod error;
 pub mod fp8;
-pub mod group;
 pub mod header;
 pub mod kind;
-pub mod kv_header;
+pub mod kv;
 pub mod manifest;
 pub mod row_shard;
 pub mod store;

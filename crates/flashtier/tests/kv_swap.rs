@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
 use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
-use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::BlockPath;
 use flashtier_io::sim::{Fault, FaultPlan, OpKind, SimBackend};
 use flashtier_io::{AlignedBuf, PosixBackend, StorageBackend};

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use flashtier_format::group::{
+use flashtier_format::kv::{
     BlockEntry, BlockId, GroupLayout, KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError,
     KvHeader, block_checksum,
 };

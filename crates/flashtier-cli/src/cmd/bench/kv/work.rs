@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
 use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
-use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::BlockPath;
 use flashtier_io::{AlignedBuf, StorageBackend};
 use half::bf16;

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::kv::header::{BlockEntry, KV_HEADER_BYTES, KvFormatError, KvHeader};
 
 fn geom(layers: u32, blocks: u32, nkv: u32, tokens: u32, dim: u32, dtype: u32) -> KvGeometry {
     KvGeometry {

@@ -1,5 +1,5 @@
-//! KV-cache geometry on disk: groups, blocks, the two block orders, and the
-//! KV store header.
+//! KV-cache geometry on disk: groups, blocks, the two block orders, and where
+//! every group and block of a KV store lives ([`GroupLayout`]).
 //!
 //! A *group* is the K or the V of one kv head of one block of one layer:
 //! `block_tokens * head_dim * dtype_bytes` bytes, padded to `group_stride` (a
@@ -13,16 +13,10 @@
 //! per-layer (`[layer][block]`, a run of consecutive blocks of one layer is one
 //! extent) or block-major (`[block][layer]`, one block of every layer is one
 //! extent). The byte-level format is documented in `docs/kv-format.md`.
-//!
-//! Pure code: no `unsafe`, no syscalls; every integer on disk is fixed-width
-//! little-endian.
 
 use crate::checksum::xxh3_64_with_seed;
 
-pub use crate::kv_header::{
-    BlockEntry, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvFormatError,
-    KvHeader,
-};
+use super::header::{KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError};
 
 /// Page size every extent is aligned to.
 pub const PAGE_BYTES: u64 = 4096;
