@@ -5,9 +5,10 @@
 //!
 //! - GQA: `num_q_heads` is a multiple of `num_kv_heads`; the query heads of
 //!   one KV head are computed together (the KV bytes are read once per group).
-//! - Layouts: any stride triple (block, token, kv head), in elements, e.g. the
-//!   paged `[block, token, kv_head, dim]` ([`KvLayout::paged`]) and the slot
-//!   `[slot, K|V, kv_head, token, dim]` ([`KvLayout::slot`]) layouts.
+//! - Layouts: any stride triple (block, token, kv head) in elements
+//!   ([`KvStrides`], the workspace's one KV tile layout), e.g. the paged
+//!   `[block, token, kv_head, dim]` ([`KvStrides::paged`]) and the slot
+//!   `[slot, K|V, kv_head, token, dim]` ([`KvStrides::slot`]) layouts.
 //! - The last block of a sequence may be partly filled.
 //! - Split-KV (flash-decoding): each tile is cut into splits so that the whole
 //!   GPU streams it; partial (m, l, o) are merged with a log-sum-exp.
@@ -25,6 +26,8 @@ use cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
+use flashtier_format::kv::KvStrides;
+
 use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::nvrtc::{ATTENTION_SRC, load_module};
@@ -32,7 +35,7 @@ use crate::plan::{WARPS, plan_splits};
 
 pub use crate::plan::MAX_SPLITS;
 use shape::tile_tokens;
-pub use shape::{AttnDims, KvLayout, MAX_HEAD_DIM, MAX_SEQS, TileTable};
+pub use shape::{AttnDims, MAX_HEAD_DIM, MAX_SEQS, TileTable};
 
 mod config;
 mod merge;
@@ -298,7 +301,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
     ) -> Result<(), CudaError> {
         self.step_impl(q, k_pool, v_pool, layout, tile, None)
@@ -311,7 +314,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
@@ -326,7 +329,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
         out: Option<&mut CudaSlice<u16>>,
     ) -> Result<(), CudaError> {
@@ -341,9 +344,9 @@ impl DecodeAttention {
             group: as_i32(d.group()),
             block_size: as_i32(d.block_size),
             tile_capacity: as_i32(d.tile_capacity),
-            blk_stride: layout.block_stride as i64,
-            tok_stride: layout.token_stride as i64,
-            kvh_stride: layout.kv_head_stride as i64,
+            blk_stride: layout.block as i64,
+            tok_stride: layout.token as i64,
+            kvh_stride: layout.kv_head as i64,
             sub_total: as_i32(plan.sub_total),
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         };
@@ -456,7 +459,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
     ) -> Result<usize, CudaError> {
         let d = &self.dims;
@@ -474,18 +477,14 @@ impl DecodeAttention {
         if q.len() < q_need {
             return bad(format!("q holds {} elements, needs {q_need}", q.len()));
         }
-        let strides = [
-            layout.block_stride,
-            layout.token_stride,
-            layout.kv_head_stride,
-        ];
+        let strides = [layout.block, layout.token, layout.kv_head];
         if strides.iter().any(|s| s % 8 != 0 || *s > i64::MAX as usize) {
             return bad(format!(
                 "strides {strides:?} are not multiples of 8 elements"
             ));
         }
         if tile.max_tokens > 0 {
-            let need = layout.required_len(d, tile.max_block).unwrap_or(usize::MAX);
+            let need = layout.block_end(d, tile.max_block).unwrap_or(usize::MAX);
             for (name, pool) in [("k_pool", k_pool), ("v_pool", v_pool)] {
                 if pool.len() < need {
                     return bad(format!(

@@ -14,9 +14,10 @@
 
 use std::time::Instant;
 
+use flashtier_format::kv::KvStrides;
 use flashtier_io::blocks::{BatchId, BlockPath, BlockSpan};
 
-use super::attention::{KvStrides, KvTile, TileSeq};
+use super::attention::{KvTile, TileSeq};
 use super::swap::{BlockVersion, KvError, KvSwap, to_usize};
 
 /// Time spent in each part of a restore, in nanoseconds.
@@ -235,12 +236,8 @@ impl KvSwap {
             in_flight.push_back((t, b));
         }
         let bb = to_usize(self.layout.block_bytes())?;
-        let slot = self.layout.slot_strides();
-        let strides = KvStrides {
-            block: slot.block,
-            token: slot.token,
-            kv_head: slot.kv_head,
-        };
+        let strides = self.layout.slot_strides();
+        let v_offset_bytes = self.layout.slot_v_offset_bytes();
         for (i, tile) in tiles.iter().enumerate() {
             let base = (i % depth) * cap;
             let Some((_, batch)) = in_flight.pop_front() else {
@@ -259,7 +256,7 @@ impl KvSwap {
                 block_bytes: bb,
                 versions: tile,
                 strides,
-                v_offset_bytes: slot.v_offset_bytes,
+                v_offset_bytes,
             };
             consume(i, &landed)?;
             let t3 = Instant::now();
