@@ -18,11 +18,11 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 
 use io_uring::{IoUring, Probe, opcode, types};
 
+use super::tables::{BufTable, FileTable};
+use super::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
 use crate::backend::{Completer, Landed, Landing, ReadReq, landing_ptr};
 use crate::error::IoError;
 use crate::region::LandingRegion;
-use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
-use crate::uring_tables::{BufTable, FileTable};
 
 /// `user_data` of the eventfd read that wakes the reaper.
 const WAKE_TAG: u64 = u64::MAX;
@@ -183,7 +183,7 @@ impl Reaper {
     }
 
     /// Release registered files their owners dropped (see
-    /// [`FileTable::sweep`](crate::uring_tables::FileTable::sweep)).
+    /// [`FileTable::sweep`](super::tables::FileTable::sweep)).
     pub(crate) fn sweep_files(&mut self) {
         self.files.sweep(&self.ring.submitter());
     }
