@@ -34,7 +34,6 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
@@ -42,7 +41,7 @@ use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
 use crate::rows::RowError;
 use crate::rows::pool::PoolTask;
 use crate::rows::shard::read_bytes;
-use crate::rows::store::{Inner, ServePlan};
+use crate::rows::state::{ServePlan, StoreState};
 
 /// Units per submission in the submit mode.
 pub const SUBMIT_WINDOW: usize = 256;
@@ -62,7 +61,7 @@ struct ReadUnit {
 type UnitResult = Mutex<Option<Result<Vec<u8>, RowError>>>;
 
 struct MissTask {
-    inner: Arc<Inner>,
+    inner: Arc<StoreState>,
     plan: Arc<ServePlan>,
     ids: Vec<u64>,
     units: Vec<ReadUnit>,
@@ -95,7 +94,7 @@ fn submit_window(units: usize) -> usize {
 /// sorted distinct ids and their rows (`stride` bytes each, weight then
 /// scale), inserted into the cache on the way.
 pub(crate) fn serve(
-    inner: &Arc<Inner>,
+    inner: &Arc<StoreState>,
     plan: &Arc<ServePlan>,
     ids: Vec<u64>,
 ) -> Result<(Vec<u64>, Vec<u8>), RowError> {
@@ -105,11 +104,15 @@ pub(crate) fn serve(
     Ok((task.ids.clone(), rows))
 }
 
-fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUnit>, RowError> {
+fn plan_units(
+    inner: &StoreState,
+    plan: &ServePlan,
+    ids: &[u64],
+) -> Result<Vec<ReadUnit>, RowError> {
     let mut units: Vec<ReadUnit> = Vec::new();
-    if let Some(p) = &plan.packed {
+    if let Some(p) = plan.packed() {
         for (i, &id) in ids.iter().enumerate() {
-            let Some(loc) = p.header.locate(id) else {
+            let Some(loc) = p.locate(id) else {
                 return Err(RowError::Config(format!(
                     "row {id} is not in the packed shard's range"
                 )));
@@ -117,7 +120,7 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
             match units.last_mut() {
                 Some(u) if u.block == Some(loc.block) => u.count += 1,
                 _ => units.push(ReadUnit {
-                    file: p.file.clone(),
+                    file: p.file().clone(),
                     offset: loc.block_offset,
                     len: 4096,
                     block: Some(loc.block),
@@ -128,15 +131,15 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
         }
         return Ok(units);
     }
-    let Some(src) = &inner.source else {
+    let Some(src) = inner.source() else {
         return Err(RowError::Config(
             "no packed shard and no source to read".into(),
         ));
     };
-    let w = u64::from(inner.geometry.weight_bytes);
-    let align = src.weights.offset_align() as u64;
+    let w = u64::from(inner.geometry().weight_bytes);
+    let align = src.weights().offset_align() as u64;
     for (i, &id) in ids.iter().enumerate() {
-        let start = src.table.weights.offset + id * w;
+        let start = src.weight_offset(id);
         let base = start / align * align;
         let end = (start + w).div_ceil(align) * align;
         if let Some(u) = units.last_mut() {
@@ -150,7 +153,7 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
             }
         }
         units.push(ReadUnit {
-            file: src.weights.clone(),
+            file: src.weights().clone(),
             offset: base,
             len: (end - base) as usize,
             block: None,
@@ -161,11 +164,11 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
     // A window that runs past the end of the file cannot be read directly:
     // read exactly its rows from the buffered handle instead.
     for u in &mut units {
-        if u.offset + u.len as u64 > src.weights_len {
+        if u.offset + u.len as u64 > src.weights_len() {
             let first = ids.get(u.first).copied().unwrap_or(0);
             let last = ids.get(u.first + u.count - 1).copied().unwrap_or(0);
-            let start = src.table.weights.offset + first * w;
-            u.file = src.weights_buffered.clone();
+            let start = src.weight_offset(first);
+            u.file = src.weights_buffered().clone();
             u.offset = start;
             u.len = ((last - first + 1) * w) as usize;
         }
@@ -185,14 +188,15 @@ impl PoolTask for MissTask {
 
 impl MissTask {
     /// Sort and deduplicate `ids` and plan their read units.
-    fn new(inner: &Arc<Inner>, plan: &Arc<ServePlan>, mut ids: Vec<u64>) -> Result<Self, RowError> {
+    fn new(
+        inner: &Arc<StoreState>,
+        plan: &Arc<ServePlan>,
+        mut ids: Vec<u64>,
+    ) -> Result<Self, RowError> {
         let asked = ids.len();
         ids.sort_unstable();
         ids.dedup();
-        inner
-            .counters
-            .deduplicated
-            .fetch_add((asked - ids.len()) as u64, Ordering::Relaxed);
+        inner.count_deduplicated((asked - ids.len()) as u64);
         let units = plan_units(inner, plan, &ids)?;
         Ok(Self {
             inner: inner.clone(),
@@ -207,21 +211,21 @@ impl MissTask {
     /// windows to a backend with its own queue, or on the pool.
     fn run_all(self: &Arc<Self>) {
         let n = self.units.len();
-        if n < self.inner.inline_below.max(1) {
+        if n < self.inner.inline_below().max(1) {
             for u in 0..n {
                 self.run(u);
             }
-        } else if self.inner.backend.queue_depth() > 1 {
+        } else if self.inner.backend().queue_depth() > 1 {
             self.submit_all();
         } else {
-            self.inner.pool.run(self.clone(), n);
+            self.inner.pool().run(self.clone(), n);
         }
     }
 
     /// The rows of every unit in id order (`stride` bytes each), or the
     /// first unit's failure; counts the distinct rows as misses.
     fn collect(&self) -> Result<Vec<u8>, RowError> {
-        let mut rows = Vec::with_capacity(self.ids.len() * self.inner.geometry.stride());
+        let mut rows = Vec::with_capacity(self.ids.len() * self.inner.geometry().stride());
         self.each_result(|bytes| rows.extend_from_slice(&bytes))?;
         Ok(rows)
     }
@@ -241,10 +245,7 @@ impl MissTask {
                 }
             }
         }
-        self.inner
-            .counters
-            .misses
-            .fetch_add(self.ids.len() as u64, Ordering::Relaxed);
+        self.inner.count_misses(self.ids.len() as u64);
         Ok(())
     }
 
@@ -260,8 +261,8 @@ impl MissTask {
             landing: Landing::Host(buf),
             tag: u.offset,
         };
-        let landed = self.inner.backend.read(vec![req])?;
-        self.inner.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let landed = self.inner.backend().read(vec![req])?;
+        self.inner.count_reads(1);
         let Some(buf) = landed.into_iter().next().and_then(|l| l.buf) else {
             return Err(RowError::WorkerLost {
                 path: u.file.path().to_path_buf(),
@@ -276,8 +277,8 @@ impl MissTask {
     /// Verify and cut out a landed unit's rows, and cache them.
     fn finish_unit(&self, u: &ReadUnit, buf: &AlignedBuf) -> Result<Vec<u8>, RowError> {
         let out = self.rows_from(u, buf)?;
-        if let Some(cache) = &self.inner.cache {
-            let stride = self.inner.geometry.stride();
+        if let Some(cache) = self.inner.cache() {
+            let stride = self.inner.geometry().stride();
             for (k, row) in out.chunks_exact(stride).enumerate() {
                 if let Some(&id) = self.ids.get(u.first + k) {
                     cache.insert(id, row);
@@ -305,17 +306,15 @@ impl MissTask {
 
     /// Cut the unit's rows out of its landed window (`buf`).
     fn rows_from(&self, u: &ReadUnit, buf: &AlignedBuf) -> Result<Vec<u8>, RowError> {
-        let g = self.inner.geometry;
+        let g = self.inner.geometry();
         let (w, stride) = (g.w(), g.stride());
         let window = buf.get(..u.len).unwrap_or(&[]);
         let ids = self.ids.get(u.first..u.first + u.count).unwrap_or(&[]);
         let mut out = vec![0u8; ids.len() * stride];
-        if let (Some(block), Some(p)) = (u.block, &self.plan.packed) {
-            let stored = p.checksums.get(block as usize).copied().unwrap_or(0);
-            p.header
-                .verify_block(u.file.path(), block, window, stored)?;
+        if let (Some(block), Some(p)) = (u.block, self.plan.packed()) {
+            p.verify_block(block, window)?;
             for (row, &id) in out.chunks_exact_mut(stride).zip(ids) {
-                let at = p.header.locate(id).map_or(usize::MAX, |l| l.in_block);
+                let at = p.locate(id).map_or(usize::MAX, |l| l.in_block);
                 let src = window
                     .get(at..at.saturating_add(stride))
                     .ok_or_else(|| short(u, id))?;
@@ -325,24 +324,22 @@ impl MissTask {
         }
         let src = self
             .inner
-            .source
-            .as_ref()
+            .source()
             .ok_or_else(|| RowError::Config("no source".into()))?;
         let s = g.s();
         for (row, &id) in out.chunks_exact_mut(stride).zip(ids) {
-            let at = (src.table.weights.offset + id * w as u64 - u.offset) as usize;
+            let at = (src.weight_offset(id) - u.offset) as usize;
             let bytes = window.get(at..at + w).ok_or_else(|| short(u, id))?;
             row[..w].copy_from_slice(bytes);
             let scale = &mut row[w..];
-            match &self.plan.scales {
+            match self.plan.pinned_scales() {
                 Some(pinned) => {
-                    let at = ((id - self.plan.lo) as usize) * s;
-                    scale.copy_from_slice(pinned.get(at..at + s).ok_or_else(|| short(u, id))?);
+                    scale.copy_from_slice(pinned.row(id).ok_or_else(|| short(u, id))?);
                 }
                 None if s > 0 => {
-                    let off = src.table.scales.offset + id * s as u64;
-                    let b = read_bytes(self.inner.backend.as_ref(), &src.scales, off, s)?;
-                    self.inner.counters.reads.fetch_add(1, Ordering::Relaxed);
+                    let off = src.scale_offset(id);
+                    let b = read_bytes(self.inner.backend(), src.scales(), off, s)?;
+                    self.inner.count_reads(1);
                     scale.copy_from_slice(b.get(..s).ok_or_else(|| short(u, id))?);
                 }
                 None => {}
@@ -369,7 +366,7 @@ impl Submitting {
         Self {
             next: 0,
             window,
-            max_windows: (task.inner.backend.queue_depth().div_ceil(window) + 1).max(2),
+            max_windows: (task.inner.backend().queue_depth().div_ceil(window) + 1).max(2),
             in_flight: VecDeque::new(),
             // As many of this thread's spare buffers as the task has units;
             // the rest stay for a prefetch started meanwhile.
@@ -402,7 +399,7 @@ impl Submitting {
                         tag: i as u64,
                     }
                 });
-            match task.inner.backend.read_async(reqs.collect()) {
+            match task.inner.backend().read_async(reqs.collect()) {
                 Ok(ticket) => self.in_flight.push_back((start, end, ticket)),
                 Err(e) => task.record(start, Err(e.into())),
             }
@@ -419,10 +416,7 @@ impl Submitting {
         };
         match ticket.wait() {
             Ok(landed) => {
-                task.inner
-                    .counters
-                    .reads
-                    .fetch_add((end - start) as u64, Ordering::Relaxed);
+                task.inner.count_reads((end - start) as u64);
                 for l in landed {
                     let i = l.tag as usize;
                     let (Some(u), Some(buf)) = (task.units.get(i), l.buf) else {
@@ -468,13 +462,13 @@ pub(crate) struct Pending {
 /// [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
 /// the rows.
 pub(crate) fn start(
-    inner: &Arc<Inner>,
+    inner: &Arc<StoreState>,
     plan: &Arc<ServePlan>,
     ids: Vec<u64>,
 ) -> Result<Pending, RowError> {
     let task = Arc::new(MissTask::new(inner, plan, ids)?);
     let n = task.units.len();
-    if inner.backend.queue_depth() > 1 && n > 0 {
+    if inner.backend().queue_depth() > 1 && n > 0 {
         let mut st = Submitting::new(&task);
         // Submit all of a step-sized batch now, not just a queue's worth: a
         // window left for `wait` would only go in after the next step's
