@@ -3,11 +3,10 @@
 
 use cudarc::driver::CudaSlice;
 use flashtier_format::kv::KvShape;
+pub use flashtier_format::kv::MAX_HEAD_DIM;
 
 use crate::error::CudaError;
 
-/// Largest head dimension.
-pub const MAX_HEAD_DIM: usize = 256;
 /// Largest number of sequences in one step (a grid dimension).
 pub const MAX_SEQS: usize = 65_535;
 

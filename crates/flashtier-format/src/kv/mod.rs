@@ -17,4 +17,4 @@ pub use header::{
     BlockEntry, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvFormatError,
     KvHeader,
 };
-pub use tile::{KvShape, KvStrides};
+pub use tile::{KvShape, KvStrides, MAX_HEAD_DIM};

@@ -16,6 +16,10 @@
 //!
 //! Pure arithmetic; every sum that could overflow is checked.
 
+/// Largest head dimension any attention over a KV tile takes (the SPEC's
+/// `head_dim <= 256`; the GPU kernel also wants a multiple of 16).
+pub const MAX_HEAD_DIM: usize = 256;
+
 /// The shape a layout is built for: the part of the attention dimensions
 /// that places KV elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

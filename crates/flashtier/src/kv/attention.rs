@@ -42,8 +42,7 @@ use flashtier_format::kv::{KvShape, KvStrides};
 use half::bf16;
 use rayon::prelude::*;
 
-/// Largest supported head dimension.
-pub const MAX_HEAD_DIM: usize = 256;
+pub use flashtier_format::kv::MAX_HEAD_DIM;
 
 /// Shape of the attention the state is sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
