@@ -12,28 +12,29 @@
 //!   default [`crate::rows::InlineBackend`]) is driven by the shared
 //!   [`crate::rows::RowPool`]: its threads and the caller each claim units;
 //! - a backend with its own queue (io_uring, posix workers, the simulator)
-//!   gets the whole batch submitted at once, cut into windows of about a
-//!   quarter of the batch (16..=[`SUBMIT_WINDOW`] units), with enough windows
-//!   in flight to fill the backend's queue (`queue_depth / window + 1`, at
-//!   least two), while the caller verifies, cuts out and caches the rows of
-//!   each window as it lands and later windows are still reading. The
-//!   caller's thread waits once per window, never per read. At most
+//!   gets the whole batch submitted at once (the submit mode, `submit.rs`),
+//!   cut into windows of about a quarter of the batch
+//!   (16..=[`SUBMIT_WINDOW`](submit::SUBMIT_WINDOW) units), with enough
+//!   windows in flight to fill the backend's queue (`queue_depth / window +
+//!   1`, at least two), while the caller verifies, cuts out and caches the
+//!   rows of each window as it lands and later windows are still reading.
+//!   The caller's thread waits once per window, never per read. At most
 //!   `queue_depth + 2 * SUBMIT_WINDOW` landing buffers are in flight per
-//!   batch, and each thread keeps at most [`MAX_SPARE`] of them for the next
-//!   batch, so a steady stream of batches allocates none.
+//!   batch, and each thread keeps at most [`MAX_SPARE`](submit::MAX_SPARE)
+//!   of them for the next batch, so a steady stream of batches allocates
+//!   none.
 //!
 //! A prefetch can also be split in two ([`start`], then [`Pending::wait`]):
-//! `start` submits the first windows (at least [`START_UNITS`] units, so a
-//! decode step's batch goes in whole, or the queue depth plus one window)
-//! and returns, so the caller looks up this step's rows while the
-//! next step's are reading (in flight per started prefetch: at most
-//! `max(START_UNITS, queue_depth + SUBMIT_WINDOW) + SUBMIT_WINDOW` landing
-//! buffers); `wait` submits the rest and finishes every
-//! window as above. With the pool instead of a queued backend, `start` does
-//! all the reads.
+//! `start` submits the first windows (at least
+//! [`START_UNITS`](submit::START_UNITS) units, so a decode step's batch goes
+//! in whole, or the queue depth plus one window) and returns, so the caller
+//! looks up this step's rows while the next step's are reading (in flight
+//! per started prefetch: at most `max(START_UNITS, queue_depth +
+//! SUBMIT_WINDOW) + SUBMIT_WINDOW` landing buffers); `wait` submits the rest
+//! and finishes every window as above. With the pool instead of a queued
+//! backend, `start` does all the reads.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
@@ -43,8 +44,9 @@ use crate::rows::pool::PoolTask;
 use crate::rows::shard::read_bytes;
 use crate::rows::state::{ServePlan, StoreState};
 
-/// Units per submission in the submit mode.
-pub const SUBMIT_WINDOW: usize = 256;
+mod submit;
+
+use submit::Submitting;
 
 struct ReadUnit {
     file: Arc<StoreFile>,
@@ -69,25 +71,9 @@ struct MissTask {
     results: Vec<UnitResult>,
 }
 
-/// Units [`start`] submits before returning, when the queue's worth is
-/// fewer (the rest are submitted by [`Pending::wait`]).
-pub const START_UNITS: usize = 2 * SUBMIT_WINDOW;
-
-/// Most landing buffers the submit mode keeps per thread between batches.
-pub const MAX_SPARE: usize = 2 * SUBMIT_WINDOW;
-
 thread_local! {
     /// One reusable landing buffer per thread: bounded at the largest unit.
     static LANDING: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
-    /// The submit mode's reusable landing buffers (at most [`MAX_SPARE`]).
-    static SPARE: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Units per window for a batch of `units`: about a quarter of the batch
-/// (so the caller verifies and copies the first windows while the rest are
-/// still reading), at least 16, at most [`SUBMIT_WINDOW`].
-fn submit_window(units: usize) -> usize {
-    units.div_ceil(4).clamp(16, SUBMIT_WINDOW)
 }
 
 /// Read the distinct rows among `ids` (all owned and in range). Returns the
@@ -293,9 +279,7 @@ impl MissTask {
     /// each finished on the caller as it lands while later windows are
     /// still reading.
     fn submit_all(&self) {
-        let mut st = Submitting::new(self);
-        while st.step(self) {}
-        st.finish();
+        Submitting::new(self).run_to_end(self);
     }
 
     fn record(&self, unit: usize, result: Result<Vec<u8>, RowError>) {
@@ -349,103 +333,6 @@ impl MissTask {
     }
 }
 
-/// The submit mode's progress through one task: the next unit to submit,
-/// the windows in flight (oldest first) and the landing buffers to reuse.
-struct Submitting {
-    next: usize,
-    window: usize,
-    max_windows: usize,
-    in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)>,
-    spare: Vec<AlignedBuf>,
-}
-
-impl Submitting {
-    /// Take this thread's spare buffers and size the windows for `task`.
-    fn new(task: &MissTask) -> Self {
-        let window = submit_window(task.units.len());
-        Self {
-            next: 0,
-            window,
-            max_windows: (task.inner.backend().queue_depth().div_ceil(window) + 1).max(2),
-            in_flight: VecDeque::new(),
-            // As many of this thread's spare buffers as the task has units;
-            // the rest stay for a prefetch started meanwhile.
-            spare: SPARE.with(|s| {
-                let mut s = s.borrow_mut();
-                let keep = s.len().saturating_sub(task.units.len());
-                s.split_off(keep)
-            }),
-        }
-    }
-
-    /// Submit windows until `windows` are in flight or none are left.
-    fn top_up(&mut self, task: &MissTask, windows: usize) {
-        let n = task.units.len();
-        while self.next < n && self.in_flight.len() < windows {
-            let (start, end) = (self.next, (self.next + self.window).min(n));
-            let spare = &mut self.spare;
-            let reqs = (start..end)
-                .filter_map(|i| task.units.get(i).map(|u| (i, u)))
-                .map(|(i, u)| {
-                    let buf = spare
-                        .pop()
-                        .filter(|b| b.capacity() >= u.len)
-                        .unwrap_or_else(|| AlignedBuf::zeroed(u.len.max(4096)));
-                    ReadReq {
-                        file: u.file.clone(),
-                        offset: u.offset,
-                        len: u.len,
-                        landing: Landing::Host(buf),
-                        tag: i as u64,
-                    }
-                });
-            match task.inner.backend().read_async(reqs.collect()) {
-                Ok(ticket) => self.in_flight.push_back((start, end, ticket)),
-                Err(e) => task.record(start, Err(e.into())),
-            }
-            self.next = end;
-        }
-    }
-
-    /// Top up, then wait for the oldest window and finish its units on this
-    /// thread. Returns false once every unit has been finished.
-    fn step(&mut self, task: &MissTask) -> bool {
-        self.top_up(task, self.max_windows);
-        let Some((start, end, ticket)) = self.in_flight.pop_front() else {
-            return false;
-        };
-        match ticket.wait() {
-            Ok(landed) => {
-                task.inner.count_reads((end - start) as u64);
-                for l in landed {
-                    let i = l.tag as usize;
-                    let (Some(u), Some(buf)) = (task.units.get(i), l.buf) else {
-                        continue;
-                    };
-                    task.record(i, task.finish_unit(u, &buf));
-                    if self.spare.len() < MAX_SPARE {
-                        self.spare.push(buf);
-                    }
-                }
-            }
-            // The ticket reports its first failure; charge it to the
-            // window's first unit so the batch fails with it.
-            Err(e) => task.record(start, Err(e.into())),
-        }
-        true
-    }
-
-    /// Give the landing buffers back to this thread for its next batch
-    /// (it keeps at most [`MAX_SPARE`]).
-    fn finish(self) {
-        SPARE.with(|s| {
-            let mut s = s.borrow_mut();
-            let room = MAX_SPARE.saturating_sub(s.len());
-            s.extend(self.spare.into_iter().take(room));
-        });
-    }
-}
-
 /// Misses whose reads were started by [`start`] and are finished by
 /// [`Pending::wait`]: the non-blocking half of a prefetch.
 pub(crate) struct Pending {
@@ -457,9 +344,9 @@ pub(crate) struct Pending {
 
 /// Start reading the distinct rows among `ids` (all owned and in range)
 /// without waiting for them. With a backend that has its own queue the
-/// first windows (at least [`START_UNITS`] units, or the queue depth plus
-/// one window) are submitted and this returns at once; otherwise the reads run here on the pool, as
-/// [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
+/// first windows (at least [`START_UNITS`](submit::START_UNITS) units, or
+/// the queue depth plus one window) are submitted and this returns at once;
+/// otherwise the reads run here on the pool, as [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
 /// the rows.
 pub(crate) fn start(
     inner: &Arc<StoreState>,
@@ -469,12 +356,7 @@ pub(crate) fn start(
     let task = Arc::new(MissTask::new(inner, plan, ids)?);
     let n = task.units.len();
     if inner.backend().queue_depth() > 1 && n > 0 {
-        let mut st = Submitting::new(&task);
-        // Submit all of a step-sized batch now, not just a queue's worth: a
-        // window left for `wait` would only go in after the next step's
-        // prefetch, and the drive would drain behind it.
-        let windows = st.max_windows.max(START_UNITS.div_ceil(st.window));
-        st.top_up(&task, windows);
+        let st = Submitting::started(&task);
         return Ok(Pending {
             task,
             submitting: Some(st),
@@ -492,9 +374,8 @@ impl Pending {
     /// whatever was not started yet. The first failure is returned.
     pub(crate) fn wait(self) -> Result<(), RowError> {
         let Self { task, submitting } = self;
-        if let Some(mut st) = submitting {
-            while st.step(&task) {}
-            st.finish();
+        if let Some(st) = submitting {
+            st.run_to_end(&task);
         }
         // The rows are in the cache already; only failures matter here.
         task.each_result(drop)
