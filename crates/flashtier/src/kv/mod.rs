@@ -52,6 +52,9 @@
 //! ```
 
 pub mod attention;
+pub mod error;
 pub mod restore;
 pub mod swap;
 pub mod verify;
+
+pub use error::KvError;
