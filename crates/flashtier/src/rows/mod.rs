@@ -51,6 +51,7 @@ pub mod stats;
 pub mod store;
 pub mod verify;
 
+mod backing;
 mod fetch;
 mod shard;
 mod state;

@@ -8,7 +8,8 @@ use flashtier_format::row_shard::{ROW_SHARD_HEADER_BYTES, RowShardError, RowShar
 use flashtier_io::{AlignedBuf, IoError, Landing, ReadReq, StorageBackend, StoreFile};
 
 use crate::rows::RowError;
-use crate::rows::state::{Packed, PinnedScales, SourceFiles};
+use crate::rows::backing::{Packed, SourceFiles};
+use crate::rows::state::PinnedScales;
 
 /// Read `len` bytes at `offset` of `file` through `backend`.
 pub(crate) fn read_bytes(

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use flashtier_format::row_shard::RowShardHeader;
 use flashtier_io::{DirectMode, IoError, StorageBackend, StoreFile};
 
+use crate::rows::backing::{RamTable, SourceFiles};
 use crate::rows::fetch;
 use crate::rows::shard::{load_packed, pin_scales, read_header};
-use crate::rows::state::{RamTable, ServePlan, SourceFiles, StoreState};
+use crate::rows::state::{ServePlan, StoreState};
 pub use crate::rows::stats::RowStats;
 use crate::rows::{InlineBackend, RowError, RowGeometry, RowStoreConfig, TableSource};
 
