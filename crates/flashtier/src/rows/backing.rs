@@ -145,6 +145,12 @@ impl Packed {
         &self.file
     }
 
+    /// The header and the block checksums, for a caller that keeps them
+    /// without the file (the verifier's image).
+    pub(crate) fn into_table(self) -> (RowShardHeader, Vec<u64>) {
+        (self.header, self.checksums)
+    }
+
     /// Where row `id` sits, or `None` outside the shard's range.
     pub(crate) fn locate(&self, id: u64) -> Option<RowLocation> {
         self.header.locate(id)
