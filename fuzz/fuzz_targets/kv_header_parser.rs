@@ -3,9 +3,8 @@
 //! a typed error. Never a panic.
 #![no_main]
 
-use flashtier_format::group::BlockId;
-use flashtier_format::kv_header::{
-    BlockEntry, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvHeader,
+use flashtier_format::kv::{
+    BlockEntry, BlockId, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvHeader,
 };
 use flashtier_format::xxh3_64;
 use libfuzzer_sys::fuzz_target;

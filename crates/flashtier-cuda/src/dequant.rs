@@ -4,8 +4,9 @@
 //! `out[r, c] = bf16_rne(e4m3(w[r, c]) * scale[r, c / group])`, computed in
 //! f32 exactly as the CPU reference in `flashtier::rows::fp8` does
 //! (`ScaleFormat::F32Blocks`: `scales_per_row` equal column blocks; an f64
-//! row scale is the one-block case after `as f32`): e4m3fn has no
-//! infinities, `0x7E` is 448 and `0x7F` / `0xFF` are NaN.
+//! row scale is the one-block case after `as f32`), with `e4m3` the decoding
+//! of `flashtier_format::fp8` (the host side of the tests uses that one):
+//! e4m3fn has no infinities, `0x7E` is 448 and `0x7F` / `0xFF` are NaN.
 
 use std::sync::Arc;
 
@@ -193,49 +194,9 @@ impl UtilKernels {
     }
 }
 
-/// Decode one e4m3fn byte (host side; the GPU kernel computes the same).
-#[must_use]
-pub fn e4m3_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let exp = i32::from((b >> 3) & 0xF);
-    let man = f32::from(b & 7);
-    if exp == 0xF && (b & 7) == 7 {
-        return f32::NAN;
-    }
-    if exp == 0 {
-        return sign * man * (2.0f32).powi(-9);
-    }
-    sign * (1.0 + man / 8.0) * (2.0f32).powi(exp - 7)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn e4m3_special_values() {
-        assert_eq!(e4m3_to_f32(0x7E), 448.0);
-        assert!(e4m3_to_f32(0x7F).is_nan());
-        assert!(e4m3_to_f32(0xFF).is_nan());
-        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
-        assert_eq!(e4m3_to_f32(0x38), 1.0);
-        assert_eq!(e4m3_to_f32(0xB8), -1.0);
-    }
-
-    /// The host decode the GPU kernel is tested against equals the rows
-    /// tier's CPU reference on every code (sign of zero and NaN included).
-    #[test]
-    fn host_decode_equals_the_rows_reference() {
-        for code in 0..=255u8 {
-            let mine = e4m3_to_f32(code);
-            let reference = flashtier::rows::fp8::e4m3_to_f32(code);
-            if reference.is_nan() {
-                assert!(mine.is_nan(), "code {code:#04x}");
-            } else {
-                assert_eq!(mine.to_bits(), reference.to_bits(), "code {code:#04x}");
-            }
-        }
-    }
 
     #[test]
     fn geometry_is_checked() {

@@ -36,7 +36,7 @@ pub mod pinned;
 pub mod plan;
 pub mod sink;
 
-pub use attention::{AttnDims, DecodeAttention, KvLayout, TileTable};
+pub use attention::{AttnDims, DecodeAttention, TileTable};
 pub use context::{DeviceInfo, Gpu, driver_present, nvrtc_present};
 pub use cudarc;
 pub use dequant::{Fp8Rows, UtilKernels};

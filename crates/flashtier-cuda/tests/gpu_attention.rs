@@ -6,8 +6,9 @@
 mod common;
 
 use common::{bf16, f32_of, gpu_or_skip};
-use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
-use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, KvLayout};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
+use flashtier_cuda::{AttnDims, DecodeAttention, Gpu};
+use flashtier_format::kv::KvStrides;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -31,7 +32,7 @@ struct Problem {
     k: Vec<u16>,
     v: Vec<u16>,
     seq_blocks: Vec<Vec<u32>>,
-    layout: KvLayout,
+    layout: KvStrides,
     dims: AttnDims,
 }
 
@@ -45,9 +46,9 @@ fn make_problem(c: &Case, rng: &mut StdRng) -> Problem {
         tile_capacity: c.tile_capacity,
     };
     let layout = if c.slot_layout {
-        KvLayout::slot(&dims)
+        KvStrides::slot(&dims)
     } else {
-        KvLayout::paged(&dims)
+        KvStrides::paged(&dims)
     };
     let per_seq: Vec<usize> = c.lens.iter().map(|l| l.div_ceil(c.bs)).collect();
     let total_blocks = per_seq.iter().sum::<usize>() + 3;
@@ -59,7 +60,7 @@ fn make_problem(c: &Case, rng: &mut StdRng) -> Problem {
         .map(|&n| next.by_ref().take(n).collect())
         .collect();
     let pool_len = layout
-        .required_len(&dims, total_blocks - 1)
+        .block_end(&dims, total_blocks - 1)
         .expect("pool size");
     let mut rand_vec = |n: usize, amp: f32| -> Vec<u16> {
         (0..n)
@@ -92,9 +93,7 @@ fn reference(p: &Problem, lens: &[usize]) -> Vec<f64> {
             let qrow = &p.q[(s * d.num_q_heads + h) * d.head_dim..][..d.head_dim];
             let addr = |t: usize| {
                 let b = p.seq_blocks[s][t / d.block_size] as usize;
-                b * p.layout.block_stride
-                    + (t % d.block_size) * p.layout.token_stride
-                    + kvh * p.layout.kv_head_stride
+                b * p.layout.block + (t % d.block_size) * p.layout.token + kvh * p.layout.kv_head
             };
             let scores: Vec<f64> = (0..len)
                 .map(|t| {
@@ -163,11 +162,7 @@ fn cpu_reference(p: &Problem, lens: &[usize]) -> Vec<f32> {
         d.head_dim,
         d.block_size,
     );
-    let strides = KvStrides {
-        block: p.layout.block_stride,
-        token: p.layout.token_stride,
-        kv_head: p.layout.kv_head_stride,
-    };
+    let strides = p.layout;
     let bytes = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     let (k, v) = (bytes(&p.k), bytes(&p.v));
     let q: Vec<f32> = p.q.iter().map(|&b| f32_of(b)).collect();
@@ -387,6 +382,6 @@ fn bad_tiles_are_rejected() {
     let small = s.alloc_zeros::<u16>(16 * 2 * 64).expect("pool");
     let table = attn.tile_table(&[&[5]], &[16]).expect("table");
     attn.begin_step(1).expect("begin");
-    let err = attn.step_tile(&q, &small, &small, KvLayout::paged(&dims), &table);
+    let err = attn.step_tile(&q, &small, &small, KvStrides::paged(&dims), &table);
     assert!(err.is_err(), "block 5 lies outside a 1-block pool");
 }

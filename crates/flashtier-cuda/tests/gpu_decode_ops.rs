@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use common::{bf16, f32_of, gpu_or_skip};
 
 fn e4m3(b: u8) -> f32 {
-    flashtier_cuda::dequant::e4m3_to_f32(b)
+    flashtier_format::fp8::e4m3_to_f32(b)
 }
 
 /// A random matrix of `ty` as stored bytes, its scales, and its f64 values.

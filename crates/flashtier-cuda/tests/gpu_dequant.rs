@@ -6,8 +6,8 @@ mod common;
 
 use common::{bf16, gpu_or_skip};
 use flashtier::rows::ScaleFormat;
-use flashtier_cuda::dequant::e4m3_to_f32;
 use flashtier_cuda::{Fp8Rows, UtilKernels};
+use flashtier_format::fp8::e4m3_to_f32;
 use rand::{Rng, SeedableRng};
 
 #[test]

@@ -9,8 +9,8 @@
 //! that check its byte length against `rows x cols` (and the scale grid), so
 //! kernels never see a matrix shorter than its shape.
 
-use flashtier::rows::fp8::e4m3_to_f32;
 use flashtier_format::Dtype;
+use flashtier_format::fp8::e4m3_to_f32;
 use flashtier_io::AlignedBuf;
 
 use crate::error::EngineError;

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::header::MAGIC;
-use crate::kv_header::KV_MAGIC;
+use crate::kv::KV_MAGIC;
 use crate::row_shard::ROW_SHARD_MAGIC;
 
 /// Bytes [`FileKind::sniff`] looks at.

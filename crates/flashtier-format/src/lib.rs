@@ -26,10 +26,10 @@
 
 pub mod checksum;
 pub mod error;
-pub mod group;
+pub mod fp8;
 pub mod header;
 pub mod kind;
-pub mod kv_header;
+pub mod kv;
 pub mod manifest;
 pub mod row_shard;
 pub mod store;

@@ -1,7 +1,7 @@
 //! Block-granular KV I/O over any [`StorageBackend`].
 //!
 //! A KV block (all kv heads' K then V groups of one layer, see
-//! `flashtier_format::group`) is read or written as ONE contiguous op instead
+//! `flashtier_format::kv`) is read or written as ONE contiguous op instead
 //! of `2 * num_kv_heads` per-group ops. The per-group path stays available
 //! ([`BlockPath::PerHead`]) for backends or callers that address groups; its
 //! ops come from [`expand_block_to_groups`], the single source of the block
@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use flashtier_format::group::{BlockId, GroupKey, GroupLayout, KvFormatError, KvKind};
+use flashtier_format::kv::{BlockId, GroupKey, GroupLayout, KvFormatError, KvKind};
 
 use crate::backend::{Landing, ReadReq, StorageBackend, Ticket};
 use crate::error::IoError;

@@ -48,9 +48,6 @@ mod sim_plan;
 pub mod skip;
 pub mod slots;
 pub mod uring;
-mod uring_local;
-mod uring_ring;
-mod uring_tables;
 
 pub use backend::{
     Completer, DeviceSink, Drive, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
@@ -69,5 +66,4 @@ pub use probe::{Extent, ExtentRead, LoggingBackend, Refill, read_extents, record
 pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};
 pub use slots::{LandedFlag, SlotTable};
-pub use uring::UringBackend;
-pub use uring_local::UringLocal;
+pub use uring::{UringBackend, UringLocal};

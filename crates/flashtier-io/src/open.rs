@@ -4,8 +4,7 @@ use crate::backend::StorageBackend;
 use crate::error::IoError;
 use crate::posix::PosixBackend;
 use crate::sim::{FaultPlan, SimBackend};
-use crate::uring::UringBackend;
-use crate::uring_local::UringLocal;
+use crate::uring::{UringBackend, UringLocal};
 
 /// The backends [`open_backend`] can build.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

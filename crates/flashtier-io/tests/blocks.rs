@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::{
     BlockPath, BlockSpan, SlotPool, SlotState, expand_block_to_groups, write_block,
     write_blocks_run, write_span,

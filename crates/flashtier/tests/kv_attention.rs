@@ -10,8 +10,9 @@
 //! adds its rounding, at most 2^-8 |ref| (plus the same bound).
 
 use flashtier::kv::attention::{
-    AttentionDims, AttentionError, AttnState, KvStrides, KvTile, MAX_HEAD_DIM, TileSeq, attend_one,
+    AttentionDims, AttentionError, AttnState, KvTile, MAX_HEAD_DIM, TileSeq, attend_one,
 };
+use flashtier_format::kv::KvStrides;
 use half::bf16;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -160,7 +161,7 @@ fn layouts(d: &AttentionDims) -> [(KvStrides, usize); 2] {
     let slot = KvStrides::slot(d);
     [
         (KvStrides::paged(d), 0),
-        (slot, d.num_kv_heads * d.block_tokens * d.head_dim),
+        (slot, slot.slot_v_offset(d.num_kv_heads)),
     ]
 }
 

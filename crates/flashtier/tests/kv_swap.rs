@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
 use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
-use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::BlockPath;
 use flashtier_io::sim::{Fault, FaultPlan, OpKind, SimBackend};
 use flashtier_io::{AlignedBuf, PosixBackend, StorageBackend};
@@ -385,12 +385,7 @@ fn attention_over_landed_slots_equals_attention_in_memory() {
         .iter()
         .flat_map(|x| block_image(&l, x.id, 5).to_vec())
         .collect();
-    let s = l.slot_strides();
-    let strides = KvStrides {
-        block: s.block,
-        token: s.token,
-        kv_head: s.kv_head,
-    };
+    let strides = l.slot_strides();
     let mut in_mem = AttnState::new(dims).expect("dims");
     in_mem.begin_step(1).expect("step");
     in_mem
@@ -398,7 +393,7 @@ fn attention_over_landed_slots_equals_attention_in_memory() {
             &q,
             &KvTile {
                 k: &mem,
-                v: &mem[s.v_offset_bytes..],
+                v: &mem[l.slot_v_offset_bytes()..],
                 strides,
                 seqs: &seqs,
             },

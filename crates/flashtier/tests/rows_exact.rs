@@ -302,8 +302,9 @@ fn ram_mode_is_exact_or_names_the_memlock_limit() {
 
 #[test]
 fn safetensors_source_pack_and_dequant() {
-    use flashtier::rows::fp8::{dequant_row_f32, e4m3_to_f32};
+    use flashtier::rows::fp8::dequant_row_f32;
     use flashtier::rows::source::write_safetensors;
+    use flashtier_format::fp8::e4m3_to_f32;
     let dir = tempfile::tempdir().expect("tempdir");
     let rows = 500u64;
     let (mut w, mut s) = (Vec::new(), Vec::new());

@@ -10,7 +10,7 @@ use flashtier::experts::verify::{kind_name, open_store};
 use flashtier::kv::verify::{KvImage, open_kv};
 use flashtier::rows::verify::{ShardImage, open_shard};
 use flashtier::verify::sniff;
-use flashtier_format::group::KV_VERSION;
+use flashtier_format::kv::KV_VERSION;
 use flashtier_format::manifest::hex_u64;
 use flashtier_format::row_shard::{ROW_SHARD_BLOCK_BYTES, ROW_SHARD_VERSION};
 use flashtier_format::{FORMAT_VERSION, FileKind, Store};

@@ -5,9 +5,10 @@
 //!
 //! - GQA: `num_q_heads` is a multiple of `num_kv_heads`; the query heads of
 //!   one KV head are computed together (the KV bytes are read once per group).
-//! - Layouts: any stride triple (block, token, kv head), in elements, e.g. the
-//!   paged `[block, token, kv_head, dim]` ([`KvLayout::paged`]) and the slot
-//!   `[slot, K|V, kv_head, token, dim]` ([`KvLayout::slot`]) layouts.
+//! - Layouts: any stride triple (block, token, kv head) in elements
+//!   ([`KvStrides`], the workspace's one KV tile layout), e.g. the paged
+//!   `[block, token, kv_head, dim]` ([`KvStrides::paged`]) and the slot
+//!   `[slot, K|V, kv_head, token, dim]` ([`KvStrides::slot`]) layouts.
 //! - The last block of a sequence may be partly filled.
 //! - Split-KV (flash-decoding): each tile is cut into splits so that the whole
 //!   GPU streams it; partial (m, l, o) are merged with a log-sum-exp.
@@ -25,6 +26,8 @@ use cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
+use flashtier_format::kv::KvStrides;
+
 use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::nvrtc::{ATTENTION_SRC, load_module};
@@ -32,8 +35,9 @@ use crate::plan::{WARPS, plan_splits};
 
 pub use crate::plan::MAX_SPLITS;
 use shape::tile_tokens;
-pub use shape::{AttnDims, KvLayout, MAX_HEAD_DIM, MAX_SEQS, TileTable};
+pub use shape::{AttnDims, MAX_HEAD_DIM, MAX_SEQS, TileTable};
 
+mod check;
 mod config;
 mod merge;
 mod shape;
@@ -298,7 +302,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
     ) -> Result<(), CudaError> {
         self.step_impl(q, k_pool, v_pool, layout, tile, None)
@@ -311,7 +315,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
@@ -326,7 +330,7 @@ impl DecodeAttention {
         q: &CudaSlice<u16>,
         k_pool: &CudaSlice<u16>,
         v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
+        layout: KvStrides,
         tile: &TileTable,
         out: Option<&mut CudaSlice<u16>>,
     ) -> Result<(), CudaError> {
@@ -341,9 +345,9 @@ impl DecodeAttention {
             group: as_i32(d.group()),
             block_size: as_i32(d.block_size),
             tile_capacity: as_i32(d.tile_capacity),
-            blk_stride: layout.block_stride as i64,
-            tok_stride: layout.token_stride as i64,
-            kvh_stride: layout.kv_head_stride as i64,
+            blk_stride: layout.block as i64,
+            tok_stride: layout.token as i64,
+            kvh_stride: layout.kv_head as i64,
             sub_total: as_i32(plan.sub_total),
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         };
@@ -434,69 +438,6 @@ impl DecodeAttention {
         unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launch attn_finalize"))?;
         self.step_seqs = None;
         Ok(())
-    }
-
-    fn check_out(&self, out: &CudaSlice<u16>) -> Result<usize, CudaError> {
-        let d = &self.dims;
-        let num_seqs = self.step_seqs.ok_or_else(|| {
-            CudaError::invalid("finalize", "no begin_step since the last finalize")
-        })?;
-        let need = num_seqs * d.num_q_heads * d.head_dim;
-        if out.len() < need {
-            return Err(CudaError::invalid(
-                "finalize",
-                format!("output holds {} elements, needs {need}", out.len()),
-            ));
-        }
-        Ok(num_seqs)
-    }
-
-    fn check_step(
-        &self,
-        q: &CudaSlice<u16>,
-        k_pool: &CudaSlice<u16>,
-        v_pool: &CudaSlice<u16>,
-        layout: KvLayout,
-        tile: &TileTable,
-    ) -> Result<usize, CudaError> {
-        let d = &self.dims;
-        let bad = |why: String| Err(CudaError::invalid("step_tile", why));
-        let Some(num_seqs) = self.step_seqs else {
-            return bad("step_tile before begin_step".into());
-        };
-        if tile.num_seqs != num_seqs {
-            return bad(format!(
-                "tile has {} sequences, the step {num_seqs}",
-                tile.num_seqs
-            ));
-        }
-        let q_need = num_seqs * d.num_q_heads * d.head_dim;
-        if q.len() < q_need {
-            return bad(format!("q holds {} elements, needs {q_need}", q.len()));
-        }
-        let strides = [
-            layout.block_stride,
-            layout.token_stride,
-            layout.kv_head_stride,
-        ];
-        if strides.iter().any(|s| s % 8 != 0 || *s > i64::MAX as usize) {
-            return bad(format!(
-                "strides {strides:?} are not multiples of 8 elements"
-            ));
-        }
-        if tile.max_tokens > 0 {
-            let need = layout.required_len(d, tile.max_block).unwrap_or(usize::MAX);
-            for (name, pool) in [("k_pool", k_pool), ("v_pool", v_pool)] {
-                if pool.len() < need {
-                    return bad(format!(
-                        "{name} holds {} elements; block {} needs {need}",
-                        pool.len(),
-                        tile.max_block
-                    ));
-                }
-            }
-        }
-        Ok(num_seqs)
     }
 }
 

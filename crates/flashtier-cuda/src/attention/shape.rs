@@ -1,12 +1,12 @@
-//! The attention problem's shape, the KV layouts (stride triples) and the
-//! validated device tile table.
+//! The attention problem's shape, the KV shape it gives the stride triples
+//! of `flashtier_format::kv::KvStrides`, and the validated device tile table.
 
 use cudarc::driver::CudaSlice;
+use flashtier_format::kv::KvShape;
+pub use flashtier_format::kv::MAX_HEAD_DIM;
 
 use crate::error::CudaError;
 
-/// Largest head dimension.
-pub const MAX_HEAD_DIM: usize = 256;
 /// Largest number of sequences in one step (a grid dimension).
 pub const MAX_SEQS: usize = 65_535;
 
@@ -72,51 +72,13 @@ impl AttnDims {
     }
 }
 
-/// Where token `t` of block `b`, KV head `h` starts: `b * block + t * token +
-/// h * kv_head` elements from the pool base; its `head_dim` elements follow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct KvLayout {
-    /// Elements between blocks.
-    pub block_stride: usize,
-    /// Elements between tokens of a block.
-    pub token_stride: usize,
-    /// Elements between KV heads.
-    pub kv_head_stride: usize,
-}
-
-impl KvLayout {
-    /// Paged `[block, token, kv_head, dim]`.
-    #[must_use]
-    pub fn paged(d: &AttnDims) -> Self {
+impl From<&AttnDims> for KvShape {
+    fn from(d: &AttnDims) -> Self {
         Self {
-            block_stride: d.block_size * d.num_kv_heads * d.head_dim,
-            token_stride: d.num_kv_heads * d.head_dim,
-            kv_head_stride: d.head_dim,
+            num_kv_heads: d.num_kv_heads,
+            block_tokens: d.block_size,
+            head_dim: d.head_dim,
         }
-    }
-
-    /// Scratch-pool slot `[slot, K|V, kv_head, token, dim]`: K and V pools are
-    /// the same allocation, V offset by `num_kv_heads * block_size * head_dim`.
-    #[must_use]
-    pub fn slot(d: &AttnDims) -> Self {
-        let stripe = d.num_kv_heads * d.block_size * d.head_dim;
-        Self {
-            block_stride: 2 * stripe,
-            token_stride: d.head_dim,
-            kv_head_stride: d.block_size * d.head_dim,
-        }
-    }
-
-    /// Elements a pool must hold for blocks `0..=max_block`.
-    #[must_use]
-    pub fn required_len(&self, d: &AttnDims, max_block: usize) -> Option<usize> {
-        let last_tok = d.block_size.checked_sub(1)?;
-        let last_head = d.num_kv_heads.checked_sub(1)?;
-        max_block
-            .checked_mul(self.block_stride)?
-            .checked_add(last_tok.checked_mul(self.token_stride)?)?
-            .checked_add(last_head.checked_mul(self.kv_head_stride)?)?
-            .checked_add(d.head_dim)
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use flashtier_format::group::GroupLayout;
+use flashtier_format::kv::GroupLayout;
 
 use super::{BlockPath, BlockSpan, span_read_reqs};
 use crate::backend::{StorageBackend, Ticket};

@@ -228,22 +228,6 @@ pub fn dequantize(q: &QuantTensor, n: usize, spec: LowbitSpec) -> Vec<f32> {
         .collect()
 }
 
-/// Decode an FP8 E4M3 (e4m3fn) byte: bias 7, no infinities, 0x7F/0xFF NaN.
-#[must_use]
-pub fn f8e4m3_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((b >> 3) & 0x0F);
-    let man = f32::from(b & 0x07);
-    if exp == 0x0F && (b & 0x07) == 0x07 {
-        return f32::NAN;
-    }
-    if exp == 0 {
-        sign * man / 8.0 * 2f32.powi(-6)
-    } else {
-        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    }
-}
-
 /// Error of a dequantized copy against its source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QuantError {
@@ -307,15 +291,6 @@ mod tests {
     fn spec_rejects_other_bits() {
         assert!(LowbitSpec::new(4, 64).is_err() && LowbitSpec::new(3, 0).is_err());
         assert!(LowbitSpec::new(2, 64).is_ok());
-    }
-
-    #[test]
-    fn fp8_decodes_known_values() {
-        assert_eq!(f8e4m3_to_f32(0x38), 1.0);
-        assert_eq!(f8e4m3_to_f32(0x7E), 448.0);
-        assert_eq!(f8e4m3_to_f32(0xB8), -1.0);
-        assert_eq!(f8e4m3_to_f32(0x01), 2f32.powi(-9));
-        assert!(f8e4m3_to_f32(0x7F).is_nan());
     }
 
     #[test]

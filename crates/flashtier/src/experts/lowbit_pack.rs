@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
+use flashtier_format::fp8::e4m3_to_f32;
 use flashtier_format::{
     Dtype, MAGIC, Manifest, RecordLayout, Store, StoreKind, StoreWriterPlan, TensorLayout,
 };
@@ -24,7 +25,7 @@ use flashtier_io::{DirectMode, StoreFile};
 use half::{bf16, f16};
 
 use super::lowbit::{
-    LowbitError, LowbitSpec, QuantError, TENSOR_ALIGN_BYTES, dequantize, f8e4m3_to_f32, quantize,
+    LowbitError, LowbitSpec, QuantError, TENSOR_ALIGN_BYTES, dequantize, quantize,
 };
 
 /// What [`write_companion`] wrote.
@@ -197,7 +198,7 @@ fn decode(t: &TensorLayout, bytes: &[u8]) -> Vec<f32> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
-        Dtype::F8E4M3 => bytes.iter().map(|&b| f8e4m3_to_f32(b)).collect(),
+        Dtype::F8E4M3 => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
         _ => Vec::new(),
     }
 }

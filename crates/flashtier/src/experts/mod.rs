@@ -41,8 +41,6 @@
 //! ```
 
 pub mod arena;
-mod layered;
-mod list;
 pub mod lowbit;
 pub mod lowbit_pack;
 pub mod policy;

@@ -136,7 +136,7 @@ impl std::str::FromStr for TraceFamily {
 /// Invalid generator parameters.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SynthError {
+pub enum TraceGenError {
     /// A dimension is zero or `top_k > experts`, or a probability is outside [0, 1].
     #[error("invalid synthetic trace parameters: {0}")]
     Invalid(String),
@@ -151,7 +151,7 @@ struct LayerDist {
     follow: Vec<u32>,
 }
 
-fn validate(p: &SynthParams) -> Result<(), SynthError> {
+fn validate(p: &SynthParams) -> Result<(), TraceGenError> {
     let probs = [p.token_locality, p.layer_correlation];
     let what = if p.layers == 0 || p.experts == 0 || p.top_k == 0 {
         "layers, experts and top_k must be >= 1".to_string()
@@ -164,7 +164,7 @@ fn validate(p: &SynthParams) -> Result<(), SynthError> {
     } else {
         return Ok(());
     };
-    Err(SynthError::Invalid(what))
+    Err(TraceGenError::Invalid(what))
 }
 
 fn cdf(experts: u32, s: f64) -> Vec<f64> {
@@ -188,7 +188,7 @@ fn shuffled(n: u32, rng: &mut SmallRng) -> Vec<u32> {
 }
 
 /// Generate a trace (with router scores) from `p`.
-pub fn generate(p: &SynthParams) -> Result<RoutingTrace, SynthError> {
+pub fn generate(p: &SynthParams) -> Result<RoutingTrace, TraceGenError> {
     validate(p)?;
     let mut rng = SmallRng::seed_from_u64(p.seed);
     let cdf = cdf(p.experts, p.zipf_s);

@@ -10,10 +10,10 @@
 //! KV elements are BF16 (little-endian bytes, as they land from disk);
 //! queries, running state and accumulation are f32. GQA: query head `h`
 //! reads kv head `h / (num_q_heads / num_kv_heads)`. A [`KvStrides`] triple
-//! (block, token, kv_head, in elements) selects the layout: paged
-//! `[block, token, kv_head, dim]` or the scratch-pool slot layout
-//! `[slot, K|V, kv_head, token, dim]`. Every block of a tile is full except
-//! the last of each sequence, which holds `last_block_tokens` tokens.
+//! (block, token, kv_head, in elements; `flashtier_format::kv::tile`) selects
+//! the layout: paged `[block, token, kv_head, dim]` or the scratch-pool slot
+//! layout `[slot, K|V, kv_head, token, dim]`. Every block of a tile is full
+//! except the last of each sequence, which holds `last_block_tokens` tokens.
 //!
 //! Bounds: the state holds `max_seqs * num_q_heads * (head_dim + 2)` f32,
 //! allocated once in [`AttnState::new`]; a step allocates one score buffer of
@@ -21,7 +21,8 @@
 //! spread over rayon's pool by (sequence, kv head).
 //!
 //! ```
-//! use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+//! use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
+//! use flashtier_format::kv::KvStrides;
 //! let dims = AttentionDims::new(1, 4, 2, 8, 4);
 //! let strides = KvStrides::paged(&dims);
 //! // One block of 4 tokens, paged layout, every element 1.0 in BF16.
@@ -37,11 +38,11 @@
 //! # Ok::<(), flashtier::kv::attention::AttentionError>(())
 //! ```
 
+use flashtier_format::kv::{KvShape, KvStrides};
 use half::bf16;
 use rayon::prelude::*;
 
-/// Largest supported head dimension.
-pub const MAX_HEAD_DIM: usize = 256;
+pub use flashtier_format::kv::MAX_HEAD_DIM;
 
 /// Shape of the attention the state is sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,39 +196,12 @@ impl AttentionDims {
     }
 }
 
-/// Element strides of a KV buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvStrides {
-    /// Elements from one block to the next.
-    pub block: usize,
-    /// Elements from one token to the next.
-    pub token: usize,
-    /// Elements from one kv head to the next.
-    pub kv_head: usize,
-}
-
-impl KvStrides {
-    /// Paged layout `[block, token, kv_head, dim]` (separate K and V buffers).
-    #[must_use]
-    pub fn paged(d: &AttentionDims) -> Self {
+impl From<&AttentionDims> for KvShape {
+    fn from(d: &AttentionDims) -> Self {
         Self {
-            block: d.block_tokens * d.num_kv_heads * d.head_dim,
-            token: d.num_kv_heads * d.head_dim,
-            kv_head: d.head_dim,
-        }
-    }
-
-    /// Slot layout `[slot, K|V, kv_head, token, dim]` with unpadded groups;
-    /// V starts `num_kv_heads * block_tokens * head_dim` elements after K.
-    /// (Slots landed from a store use `GroupLayout::slot_strides`, whose group
-    /// pitch is padded to 4096 bytes.)
-    #[must_use]
-    pub fn slot(d: &AttentionDims) -> Self {
-        let group = d.block_tokens * d.head_dim;
-        Self {
-            block: 2 * d.num_kv_heads * group,
-            token: d.head_dim,
-            kv_head: group,
+            num_kv_heads: d.num_kv_heads,
+            block_tokens: d.block_tokens,
+            head_dim: d.head_dim,
         }
     }
 }

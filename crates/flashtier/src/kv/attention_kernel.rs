@@ -21,12 +21,7 @@ pub(super) fn check_tile(d: &AttentionDims, tile: &KvTile<'_>) -> Result<(), Att
         for &b in ts.blocks {
             // The last element a block touches, +1 (full block: conservative
             // for a partial last block).
-            let end = (b as usize)
-                .checked_mul(s.block)
-                .and_then(|x| x.checked_add((d.block_tokens - 1).checked_mul(s.token)?))
-                .and_then(|x| x.checked_add((d.num_kv_heads - 1).checked_mul(s.kv_head)?))
-                .and_then(|x| x.checked_add(d.head_dim))
-                .unwrap_or(usize::MAX);
+            let end = s.block_end(d, b as usize).unwrap_or(usize::MAX);
             for (which, buf) in [("K", tile.k), ("V", tile.v)] {
                 let len = buf.len() / 2;
                 if end > len {

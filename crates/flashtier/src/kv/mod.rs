@@ -30,7 +30,7 @@
 //!
 //! ```
 //! use flashtier::kv::swap::{KvSwap, SwapOptions};
-//! use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+//! use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 //! use flashtier_io::{AlignedBuf, PosixBackend};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
@@ -52,6 +52,9 @@
 //! ```
 
 pub mod attention;
+pub mod error;
 pub mod restore;
 pub mod swap;
 pub mod verify;
+
+pub use error::KvError;

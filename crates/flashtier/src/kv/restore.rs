@@ -14,9 +14,10 @@
 
 use std::time::Instant;
 
+use flashtier_format::kv::KvStrides;
 use flashtier_io::blocks::{BatchId, BlockPath, BlockSpan};
 
-use super::attention::{KvStrides, KvTile, TileSeq};
+use super::attention::{KvTile, TileSeq};
 use super::swap::{BlockVersion, KvError, KvSwap, to_usize};
 
 /// Time spent in each part of a restore, in nanoseconds.
@@ -147,33 +148,26 @@ impl KvSwap {
         stats: &mut RestoreStats,
     ) -> Result<BatchId, KvError> {
         let spans = plan_spans(self, tile, base)?;
-        stats.read_ops += match self.opts.path {
+        stats.read_ops += match self.options().path {
             BlockPath::Coalesced => spans.len() as u64,
-            BlockPath::PerHead => tile.len() as u64 * u64::from(self.layout.groups_per_block()),
+            BlockPath::PerHead => tile.len() as u64 * u64::from(self.layout().groups_per_block()),
         };
-        let batch = self.pool.submit(
-            self.backend.as_ref(),
-            &self.file,
-            &self.layout,
-            &spans,
-            self.opts.path,
-        )?;
-        Ok(batch)
+        self.submit_spans(&spans)
     }
 
     /// Verify every block of a landed tile on this thread: a 4 MiB tile
     /// checks in well under a millisecond, less than waking a thread pool
     /// costs on a loaded machine, and the next submission waits on it.
     fn verify_tile(&mut self, tile: &[BlockVersion], base: usize) -> Result<(), KvError> {
-        let bytes = self.pool.landed(base, tile.len())?;
-        let bb = self.pool.slot_bytes();
+        let bytes = self.slot_pool().landed(base, tile.len())?;
+        let bb = self.slot_pool().slot_bytes();
         let bad = tile.iter().enumerate().find_map(|(j, &v)| {
             let slot = bytes.get(j * bb..(j + 1) * bb).unwrap_or_default();
             self.verify(v, slot).err().map(|e| (j, e))
         });
         if let Some((j, e)) = bad {
             // The slot's bytes are not a valid block: never served again.
-            self.pool.invalidate(base + j)?;
+            self.slot_pool_mut().invalidate(base + j)?;
             return Err(e);
         }
         Ok(())
@@ -181,7 +175,7 @@ impl KvSwap {
 
     fn drain(&mut self, in_flight: &mut std::collections::VecDeque<(usize, BatchId)>) {
         for (_, batch) in in_flight.drain(..) {
-            let _ = self.pool.wait(batch);
+            let _ = self.slot_pool_mut().wait(batch);
         }
     }
 
@@ -193,14 +187,14 @@ impl KvSwap {
         tiles: &[Vec<BlockVersion>],
         mut consume: impl FnMut(usize, &LandedTile<'_>) -> Result<(), KvError>,
     ) -> Result<RestoreStats, KvError> {
-        let (cap, depth) = (self.opts.tile_slots, self.opts.ring_tiles);
+        let (cap, depth) = (self.options().tile_slots, self.options().ring_tiles);
         if let Some((i, t)) = tiles.iter().enumerate().find(|(_, t)| t.len() > cap) {
             return Err(KvError::Invalid(format!(
                 "tile {i} holds {} blocks, the ring's tiles {cap}",
                 t.len()
             )));
         }
-        if self.layout.geometry().dtype_bytes != 2 {
+        if self.layout().geometry().dtype_bytes != 2 {
             return Err(KvError::Invalid(
                 "restore for attention needs 2-byte (BF16) elements".into(),
             ));
@@ -221,7 +215,7 @@ impl KvSwap {
         in_flight: &mut std::collections::VecDeque<(usize, BatchId)>,
         stats: &mut RestoreStats,
     ) -> Result<(), KvError> {
-        let (cap, depth) = (self.opts.tile_slots, self.opts.ring_tiles);
+        let (cap, depth) = (self.options().tile_slots, self.options().ring_tiles);
         let fail = |tile: usize| {
             move |e: KvError| KvError::Restore {
                 tile,
@@ -234,32 +228,31 @@ impl KvSwap {
                 .map_err(fail(t))?;
             in_flight.push_back((t, b));
         }
-        let bb = to_usize(self.layout.block_bytes())?;
-        let slot = self.layout.slot_strides();
-        let strides = KvStrides {
-            block: slot.block,
-            token: slot.token,
-            kv_head: slot.kv_head,
-        };
+        let layout = *self.layout();
+        let bb = to_usize(layout.block_bytes())?;
+        let strides = layout.slot_strides();
+        let v_offset_bytes = layout.slot_v_offset_bytes();
         for (i, tile) in tiles.iter().enumerate() {
             let base = (i % depth) * cap;
             let Some((_, batch)) = in_flight.pop_front() else {
                 return Err(KvError::Invalid(format!("tile {i} was never submitted")));
             };
             let t0 = Instant::now();
-            self.pool.wait(batch).map_err(|e| fail(i)(e.into()))?;
+            self.slot_pool_mut()
+                .wait(batch)
+                .map_err(|e| fail(i)(e.into()))?;
             let t1 = Instant::now();
             self.verify_tile(tile, base).map_err(fail(i))?;
             let t2 = Instant::now();
             let landed = LandedTile {
                 bytes: self
-                    .pool
+                    .slot_pool()
                     .landed(base, tile.len())
                     .map_err(|e| fail(i)(e.into()))?,
                 block_bytes: bb,
                 versions: tile,
                 strides,
-                v_offset_bytes: slot.v_offset_bytes,
+                v_offset_bytes,
             };
             consume(i, &landed)?;
             let t3 = Instant::now();

@@ -9,12 +9,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use flashtier_format::group::{
+use flashtier_format::kv::{
     BlockEntry, BlockId, GroupLayout, KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError,
     KvHeader, block_checksum,
 };
-use flashtier_io::blocks::{BlockPath, SlotPool, write_block, write_blocks_run, write_span};
+use flashtier_io::blocks::{
+    BatchId, BlockPath, BlockSpan, SlotPool, write_block, write_blocks_run, write_span,
+};
 use flashtier_io::{AlignedBuf, DirectMode, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+
+pub use super::error::KvError;
 
 /// How a [`KvSwap`] is opened and how it restores.
 #[derive(Clone, Copy, Debug)]
@@ -57,95 +61,15 @@ pub struct BlockVersion {
     pub generation: u64,
 }
 
-/// Failures of the KV tier. A restore error means "recompute this KV".
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KvError {
-    /// The backend failed (names file, offset and length).
-    #[error(transparent)]
-    Io(#[from] IoError),
-    /// The store's header or a block address is invalid.
-    #[error("KV store {path}: {source}")]
-    Format {
-        /// Store file.
-        path: String,
-        /// What is wrong.
-        source: KvFormatError,
-    },
-    /// The store belongs to another model or rank.
-    #[error(
-        "KV store {path} is for model {found_model:#x} rank {found_rank}, not {model:#x} rank {rank}"
-    )]
-    WrongOwner {
-        /// Store file.
-        path: String,
-        /// Model hash in the file.
-        found_model: u64,
-        /// Rank in the file.
-        found_rank: u32,
-        /// Model hash expected.
-        model: u64,
-        /// Rank expected.
-        rank: u32,
-    },
-    /// The block holds no completed offload.
-    #[error("block (layer {}, block {}) is not resident", .id.layer, .id.block)]
-    NotResident {
-        /// The block.
-        id: BlockId,
-    },
-    /// The store holds another generation of the block than the caller's.
-    #[error("block (layer {}, block {}) is stale: store holds generation {found}, caller expects {expected}", .id.layer, .id.block)]
-    Stale {
-        /// The block.
-        id: BlockId,
-        /// Generation the caller offloaded.
-        expected: u64,
-        /// Generation the store holds.
-        found: u64,
-    },
-    /// The landed bytes fail the block's checksum (torn or misdirected write).
-    #[error("block (layer {}, block {}) generation {generation} at offset {offset} of {path} fails its checksum", .id.layer, .id.block)]
-    Corrupt {
-        /// The block.
-        id: BlockId,
-        /// Its generation.
-        generation: u64,
-        /// Store file.
-        path: String,
-        /// Byte offset of the block.
-        offset: u64,
-    },
-    /// Restoring a tile failed; nothing of it was consumed.
-    #[error("restore of tile {tile} failed: {source}")]
-    Restore {
-        /// Tile index.
-        tile: usize,
-        /// Why.
-        source: Box<KvError>,
-    },
-    /// The consumer of a tile failed.
-    #[error("consumer of tile {tile} failed: {what}")]
-    Consumer {
-        /// Tile index.
-        tile: usize,
-        /// The consumer's message.
-        what: String,
-    },
-    /// Invalid arguments (tile larger than the ring slot, wrong sizes...).
-    #[error("invalid KV request: {0}")]
-    Invalid(String),
-}
-
 /// One KV store file with its table and scratch pool.
 pub struct KvSwap {
-    pub(super) backend: Arc<dyn StorageBackend>,
-    pub(super) file: Arc<StoreFile>,
-    pub(super) layout: GroupLayout,
-    pub(super) table: Vec<BlockEntry>,
-    pub(super) next_generation: u64,
-    pub(super) opts: SwapOptions,
-    pub(super) pool: SlotPool,
+    backend: Arc<dyn StorageBackend>,
+    file: Arc<StoreFile>,
+    layout: GroupLayout,
+    table: Vec<BlockEntry>,
+    next_generation: u64,
+    opts: SwapOptions,
+    pool: SlotPool,
     header: KvHeader,
 }
 
@@ -296,6 +220,28 @@ impl KvSwap {
             id,
             generation: e.generation,
         }))
+    }
+
+    /// The scratch pool restores land in.
+    pub(super) fn slot_pool(&self) -> &SlotPool {
+        &self.pool
+    }
+
+    /// The scratch pool, to wait on or invalidate its slots.
+    pub(super) fn slot_pool_mut(&mut self) -> &mut SlotPool {
+        &mut self.pool
+    }
+
+    /// Submit the reads of `spans` into the scratch pool, on the path the
+    /// options choose.
+    pub(super) fn submit_spans(&mut self, spans: &[BlockSpan]) -> Result<BatchId, KvError> {
+        Ok(self.pool.submit(
+            self.backend.as_ref(),
+            &self.file,
+            &self.layout,
+            spans,
+            self.opts.path,
+        )?)
     }
 
     pub(super) fn table_index(&self, id: BlockId) -> Result<usize, KvError> {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use flashtier_format::group::{
+use flashtier_format::kv::{
     BlockEntry, BlockId, KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError, KvHeader,
     block_checksum,
 };

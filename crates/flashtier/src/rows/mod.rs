@@ -40,6 +40,7 @@
 //! ```
 
 pub mod cache;
+pub mod config;
 pub mod error;
 pub mod fp8;
 pub mod ngram;
@@ -50,16 +51,19 @@ pub mod stats;
 pub mod store;
 pub mod verify;
 
+mod backing;
 mod fetch;
 mod shard;
+mod state;
 
 pub use cache::RowCache;
+pub use config::RowStoreConfig;
 pub use error::RowError;
 pub use fp8::ScaleFormat;
 pub use ngram::{NgramHashConfig, NgramHasher};
 pub use pool::{InlineBackend, RowPool};
 pub use source::TableSource;
-pub use store::{RowPrefetch, RowStats, RowStore, RowStoreConfig};
+pub use store::{RowPrefetch, RowStats, RowStore};
 
 /// Bytes of one row: weight payload then scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,8 @@ use flashtier_format::row_shard::{ROW_SHARD_HEADER_BYTES, RowShardError, RowShar
 use flashtier_io::{AlignedBuf, IoError, Landing, ReadReq, StorageBackend, StoreFile};
 
 use crate::rows::RowError;
-use crate::rows::store::{Packed, SourceFiles};
+use crate::rows::backing::{Packed, SourceFiles};
+use crate::rows::state::PinnedScales;
 
 /// Read `len` bytes at `offset` of `file` through `backend`.
 pub(crate) fn read_bytes(
@@ -71,11 +72,7 @@ pub(crate) fn load_packed(
         let buf = read_bytes(backend, &file, header.checksum_offset(), region)?;
         header.decode_checksums(file.path(), &buf)?
     };
-    Ok(Packed {
-        file,
-        header,
-        checksums,
-    })
+    Ok(Packed::new(file, header, checksums))
 }
 
 /// Read the scales of rows `[lo, hi)` into RAM, in bounded 8 MiB reads.
@@ -84,18 +81,18 @@ pub(crate) fn pin_scales(
     src: &SourceFiles,
     lo: u64,
     hi: u64,
-) -> Result<Vec<u8>, RowError> {
+) -> Result<PinnedScales, RowError> {
     const CHUNK_BYTES: u64 = 8 << 20;
-    let s = u64::from(src.table.geometry.scale_bytes);
-    let start = src.table.scales.offset + lo * s;
+    let s = u64::from(src.table().geometry.scale_bytes);
+    let start = src.scale_offset(lo);
     let total = (hi - lo) * s;
     let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
     let mut done = 0u64;
     while done < total {
         let n = (total - done).min(CHUNK_BYTES) as usize;
-        let buf = read_bytes(backend, &src.scales, start + done, n)?;
+        let buf = read_bytes(backend, src.scales(), start + done, n)?;
         out.extend_from_slice(&buf[..n]);
         done += n as u64;
     }
-    Ok(out)
+    Ok(PinnedScales::new(lo, s as usize, out))
 }

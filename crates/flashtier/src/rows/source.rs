@@ -33,7 +33,7 @@ pub const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 /// One extent of a source: a file and the offset of row 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Extent {
+pub struct SourceExtent {
     /// File holding the extent.
     pub path: PathBuf,
     /// Byte offset of row 0.
@@ -48,9 +48,9 @@ pub struct TableSource {
     /// Bytes per row.
     pub geometry: RowGeometry,
     /// The weights, `rows * weight_bytes` bytes.
-    pub weights: Extent,
+    pub weights: SourceExtent,
     /// The scales, `rows * scale_bytes` bytes.
-    pub scales: Extent,
+    pub scales: SourceExtent,
     /// How the scale bytes are read by [`crate::rows::fp8`].
     pub scale_format: ScaleFormat,
 }
@@ -96,11 +96,11 @@ impl TableSource {
         let s = Self {
             rows,
             geometry,
-            weights: Extent {
+            weights: SourceExtent {
                 path: path.to_path_buf(),
                 offset: weight_offset,
             },
-            scales: Extent {
+            scales: SourceExtent {
                 path: path.to_path_buf(),
                 offset: scale_offset,
             },
@@ -171,11 +171,11 @@ impl TableSource {
         let src = Self {
             rows,
             geometry,
-            weights: Extent {
+            weights: SourceExtent {
                 path: w.path.clone(),
                 offset: w.begin,
             },
-            scales: Extent {
+            scales: SourceExtent {
                 path: s.path.clone(),
                 offset: s.begin,
             },

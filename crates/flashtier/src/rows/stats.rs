@@ -1,6 +1,5 @@
-//! The row store's counters and the stats snapshot the SPEC asks for.
-
-use std::sync::atomic::AtomicU64;
+//! The stats snapshot of a row store the SPEC asks for (the counters behind
+//! it live in `state`).
 
 /// Counters and geometry of a store (the SPEC's stats).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -37,12 +36,4 @@ pub struct RowStats {
     pub hi: u64,
     /// Rows in the table.
     pub rows: u64,
-}
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub reads: AtomicU64,
-    pub deduplicated: AtomicU64,
 }

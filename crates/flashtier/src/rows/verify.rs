@@ -36,10 +36,10 @@ pub fn open_shard(
 ) -> Result<(Arc<StoreFile>, ShardImage), RowError> {
     let file = StoreFile::open_read(path, direct)?;
     let header = read_header(backend, &file)?;
-    let packed = load_packed(backend, file.clone(), header, None)?;
+    let (header, checksums) = load_packed(backend, file.clone(), header, None)?.into_table();
     let image = ShardImage {
-        header: packed.header.clone(),
-        checksums: packed.checksums.clone(),
+        header,
+        checksums,
         file_len_bytes: file.len_bytes()?,
     };
     Ok((file, image))

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use flashtier_format::group::BlockOrder;
+use flashtier_format::kv::BlockOrder;
 use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
 use serde::Serialize;
 

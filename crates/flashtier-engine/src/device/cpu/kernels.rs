@@ -77,7 +77,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// Dot product of unscaled FP8 E4M3 codes with `x`.
 fn dot_f8(codes: &[u8], x: &[f32]) -> f32 {
-    let table = &flashtier::rows::fp8::E4M3_TO_F32;
+    let table = &flashtier_format::fp8::E4M3_TO_F32;
     let mut acc = [0f32; LANES];
     let mut cc = codes.chunks_exact(LANES);
     let mut cx = x.chunks_exact(LANES);
@@ -339,7 +339,7 @@ mod tests {
             .enumerate()
             .map(|(k, &c)| {
                 let (r, col) = (k / cols, k % cols);
-                flashtier::rows::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
+                flashtier_format::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
             })
             .collect();
         let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.41).cos()).collect();

@@ -37,7 +37,8 @@ use half::bf16;
 use crate::config::bounds::MAX_LAYERS;
 use crate::device::{KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
-use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
+use flashtier_format::kv::KvStrides;
 
 /// Tokens per KV block.
 pub const BLOCK_TOKENS: usize = 16;

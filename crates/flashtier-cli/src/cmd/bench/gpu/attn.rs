@@ -3,7 +3,8 @@
 
 use anyhow::Context;
 use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s};
-use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, KvLayout, UtilKernels};
+use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, UtilKernels};
+use flashtier_format::kv::KvStrides;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
@@ -126,9 +127,9 @@ fn bench_shape(
     };
     let mut attn = DecodeAttention::new(gpu, dims)?;
     let layout = if layout_name == "slot" {
-        KvLayout::slot(&dims)
+        KvStrides::slot(&dims)
     } else {
-        KvLayout::paged(&dims)
+        KvStrides::paged(&dims)
     };
     let kv_bytes = 2 * batch * context * args.kv_heads * args.head_dim * 2;
     let io_bytes = 2 * batch * args.q_heads * args.head_dim * 2;
@@ -136,7 +137,7 @@ fn bench_shape(
     let sets = (4 * l2).div_ceil(kv_bytes).clamp(1, 32);
     let blocks_per_set = batch * dims.tile_capacity;
     let pool_len = layout
-        .required_len(&dims, sets * blocks_per_set - 1)
+        .block_end(&dims, sets * blocks_per_set - 1)
         .context("pool size overflows")?;
     let s = gpu.stream();
     let mut k = s.alloc_zeros::<u16>(pool_len)?;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use flashtier::kv::attention::{AttentionDims, AttnState, KvStrides, KvTile, TileSeq};
+use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
 use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
-use flashtier_format::group::{BlockId, BlockOrder, GroupLayout, KvGeometry};
+use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::BlockPath;
 use flashtier_io::{AlignedBuf, StorageBackend};
 use half::bf16;
@@ -419,7 +419,7 @@ impl Bench {
         pb.set_message(format!("{order} rep {rep}: pipelined"));
         let piped_tiles = self.part_tiles(tiles, piped_part);
         let mut states = self.new_states()?;
-        let v_off = self.layout.slot_strides().v_offset_bytes;
+        let v_off = self.layout.slot_v_offset_bytes();
         let piped = swap.restore_tiles(&piped_tiles, |i, landed| {
             let k = landed.bytes();
             self.fold(&mut states, i, k, k.get(v_off..).unwrap_or_default())
@@ -448,12 +448,7 @@ impl Bench {
     /// `v` are the tile's slots (`v` starts at the first slot's V half).
     fn fold(&self, states: &mut [AttnState], i: usize, k: &[u8], v: &[u8]) -> Result<(), KvError> {
         let last = self.last_tokens(i);
-        let s = self.layout.slot_strides();
-        let strides = KvStrides {
-            block: s.block,
-            token: s.token,
-            kv_head: s.kv_head,
-        };
+        let strides = self.layout.slot_strides();
         let seqs: Vec<[TileSeq<'_>; 1]> = self
             .tables
             .iter()
@@ -493,7 +488,7 @@ impl Bench {
             let n = chunk.len();
             chunk.copy_from_slice(&self.bank[..n]);
         }
-        let v_off = self.layout.slot_strides().v_offset_bytes;
+        let v_off = self.layout.slot_v_offset_bytes();
         let mut states = self.new_states()?;
         let start = Instant::now();
         for i in 0..self.num_tiles as usize {

@@ -12,29 +12,29 @@
 //!   default [`crate::rows::InlineBackend`]) is driven by the shared
 //!   [`crate::rows::RowPool`]: its threads and the caller each claim units;
 //! - a backend with its own queue (io_uring, posix workers, the simulator)
-//!   gets the whole batch submitted at once, cut into windows of about a
-//!   quarter of the batch (16..=[`SUBMIT_WINDOW`] units), with enough windows
-//!   in flight to fill the backend's queue (`queue_depth / window + 1`, at
-//!   least two), while the caller verifies, cuts out and caches the rows of
-//!   each window as it lands and later windows are still reading. The
-//!   caller's thread waits once per window, never per read. At most
+//!   gets the whole batch submitted at once (the submit mode, `submit.rs`),
+//!   cut into windows of about a quarter of the batch
+//!   (16..=[`SUBMIT_WINDOW`](submit::SUBMIT_WINDOW) units), with enough
+//!   windows in flight to fill the backend's queue (`queue_depth / window +
+//!   1`, at least two), while the caller verifies, cuts out and caches the
+//!   rows of each window as it lands and later windows are still reading.
+//!   The caller's thread waits once per window, never per read. At most
 //!   `queue_depth + 2 * SUBMIT_WINDOW` landing buffers are in flight per
-//!   batch, and each thread keeps at most [`MAX_SPARE`] of them for the next
-//!   batch, so a steady stream of batches allocates none.
+//!   batch, and each thread keeps at most [`MAX_SPARE`](submit::MAX_SPARE)
+//!   of them for the next batch, so a steady stream of batches allocates
+//!   none.
 //!
 //! A prefetch can also be split in two ([`start`], then [`Pending::wait`]):
-//! `start` submits the first windows (at least [`START_UNITS`] units, so a
-//! decode step's batch goes in whole, or the queue depth plus one window)
-//! and returns, so the caller looks up this step's rows while the
-//! next step's are reading (in flight per started prefetch: at most
-//! `max(START_UNITS, queue_depth + SUBMIT_WINDOW) + SUBMIT_WINDOW` landing
-//! buffers); `wait` submits the rest and finishes every
-//! window as above. With the pool instead of a queued backend, `start` does
-//! all the reads.
+//! `start` submits the first windows (at least
+//! [`START_UNITS`](submit::START_UNITS) units, so a decode step's batch goes
+//! in whole, or the queue depth plus one window) and returns, so the caller
+//! looks up this step's rows while the next step's are reading (in flight
+//! per started prefetch: at most `max(START_UNITS, queue_depth +
+//! SUBMIT_WINDOW) + SUBMIT_WINDOW` landing buffers); `wait` submits the rest
+//! and finishes every window as above. With the pool instead of a queued
+//! backend, `start` does all the reads.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
@@ -42,10 +42,11 @@ use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
 use crate::rows::RowError;
 use crate::rows::pool::PoolTask;
 use crate::rows::shard::read_bytes;
-use crate::rows::store::{Inner, ServePlan};
+use crate::rows::state::{ServePlan, StoreState};
 
-/// Units per submission in the submit mode.
-pub const SUBMIT_WINDOW: usize = 256;
+mod submit;
+
+use submit::Submitting;
 
 struct ReadUnit {
     file: Arc<StoreFile>,
@@ -62,7 +63,7 @@ struct ReadUnit {
 type UnitResult = Mutex<Option<Result<Vec<u8>, RowError>>>;
 
 struct MissTask {
-    inner: Arc<Inner>,
+    inner: Arc<StoreState>,
     plan: Arc<ServePlan>,
     ids: Vec<u64>,
     units: Vec<ReadUnit>,
@@ -70,32 +71,16 @@ struct MissTask {
     results: Vec<UnitResult>,
 }
 
-/// Units [`start`] submits before returning, when the queue's worth is
-/// fewer (the rest are submitted by [`Pending::wait`]).
-pub const START_UNITS: usize = 2 * SUBMIT_WINDOW;
-
-/// Most landing buffers the submit mode keeps per thread between batches.
-pub const MAX_SPARE: usize = 2 * SUBMIT_WINDOW;
-
 thread_local! {
     /// One reusable landing buffer per thread: bounded at the largest unit.
     static LANDING: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
-    /// The submit mode's reusable landing buffers (at most [`MAX_SPARE`]).
-    static SPARE: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Units per window for a batch of `units`: about a quarter of the batch
-/// (so the caller verifies and copies the first windows while the rest are
-/// still reading), at least 16, at most [`SUBMIT_WINDOW`].
-fn submit_window(units: usize) -> usize {
-    units.div_ceil(4).clamp(16, SUBMIT_WINDOW)
 }
 
 /// Read the distinct rows among `ids` (all owned and in range). Returns the
 /// sorted distinct ids and their rows (`stride` bytes each, weight then
 /// scale), inserted into the cache on the way.
 pub(crate) fn serve(
-    inner: &Arc<Inner>,
+    inner: &Arc<StoreState>,
     plan: &Arc<ServePlan>,
     ids: Vec<u64>,
 ) -> Result<(Vec<u64>, Vec<u8>), RowError> {
@@ -105,11 +90,15 @@ pub(crate) fn serve(
     Ok((task.ids.clone(), rows))
 }
 
-fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUnit>, RowError> {
+fn plan_units(
+    inner: &StoreState,
+    plan: &ServePlan,
+    ids: &[u64],
+) -> Result<Vec<ReadUnit>, RowError> {
     let mut units: Vec<ReadUnit> = Vec::new();
-    if let Some(p) = &plan.packed {
+    if let Some(p) = plan.packed() {
         for (i, &id) in ids.iter().enumerate() {
-            let Some(loc) = p.header.locate(id) else {
+            let Some(loc) = p.locate(id) else {
                 return Err(RowError::Config(format!(
                     "row {id} is not in the packed shard's range"
                 )));
@@ -117,7 +106,7 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
             match units.last_mut() {
                 Some(u) if u.block == Some(loc.block) => u.count += 1,
                 _ => units.push(ReadUnit {
-                    file: p.file.clone(),
+                    file: p.file().clone(),
                     offset: loc.block_offset,
                     len: 4096,
                     block: Some(loc.block),
@@ -128,15 +117,15 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
         }
         return Ok(units);
     }
-    let Some(src) = &inner.source else {
+    let Some(src) = inner.source() else {
         return Err(RowError::Config(
             "no packed shard and no source to read".into(),
         ));
     };
-    let w = u64::from(inner.geometry.weight_bytes);
-    let align = src.weights.offset_align() as u64;
+    let w = u64::from(inner.geometry().weight_bytes);
+    let align = src.weights().offset_align() as u64;
     for (i, &id) in ids.iter().enumerate() {
-        let start = src.table.weights.offset + id * w;
+        let start = src.weight_offset(id);
         let base = start / align * align;
         let end = (start + w).div_ceil(align) * align;
         if let Some(u) = units.last_mut() {
@@ -150,7 +139,7 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
             }
         }
         units.push(ReadUnit {
-            file: src.weights.clone(),
+            file: src.weights().clone(),
             offset: base,
             len: (end - base) as usize,
             block: None,
@@ -161,11 +150,11 @@ fn plan_units(inner: &Inner, plan: &ServePlan, ids: &[u64]) -> Result<Vec<ReadUn
     // A window that runs past the end of the file cannot be read directly:
     // read exactly its rows from the buffered handle instead.
     for u in &mut units {
-        if u.offset + u.len as u64 > src.weights_len {
+        if u.offset + u.len as u64 > src.weights_len() {
             let first = ids.get(u.first).copied().unwrap_or(0);
             let last = ids.get(u.first + u.count - 1).copied().unwrap_or(0);
-            let start = src.table.weights.offset + first * w;
-            u.file = src.weights_buffered.clone();
+            let start = src.weight_offset(first);
+            u.file = src.weights_buffered().clone();
             u.offset = start;
             u.len = ((last - first + 1) * w) as usize;
         }
@@ -185,14 +174,15 @@ impl PoolTask for MissTask {
 
 impl MissTask {
     /// Sort and deduplicate `ids` and plan their read units.
-    fn new(inner: &Arc<Inner>, plan: &Arc<ServePlan>, mut ids: Vec<u64>) -> Result<Self, RowError> {
+    fn new(
+        inner: &Arc<StoreState>,
+        plan: &Arc<ServePlan>,
+        mut ids: Vec<u64>,
+    ) -> Result<Self, RowError> {
         let asked = ids.len();
         ids.sort_unstable();
         ids.dedup();
-        inner
-            .counters
-            .deduplicated
-            .fetch_add((asked - ids.len()) as u64, Ordering::Relaxed);
+        inner.count_deduplicated((asked - ids.len()) as u64);
         let units = plan_units(inner, plan, &ids)?;
         Ok(Self {
             inner: inner.clone(),
@@ -207,21 +197,21 @@ impl MissTask {
     /// windows to a backend with its own queue, or on the pool.
     fn run_all(self: &Arc<Self>) {
         let n = self.units.len();
-        if n < self.inner.inline_below.max(1) {
+        if n < self.inner.inline_below().max(1) {
             for u in 0..n {
                 self.run(u);
             }
-        } else if self.inner.backend.queue_depth() > 1 {
+        } else if self.inner.backend().queue_depth() > 1 {
             self.submit_all();
         } else {
-            self.inner.pool.run(self.clone(), n);
+            self.inner.pool().run(self.clone(), n);
         }
     }
 
     /// The rows of every unit in id order (`stride` bytes each), or the
     /// first unit's failure; counts the distinct rows as misses.
     fn collect(&self) -> Result<Vec<u8>, RowError> {
-        let mut rows = Vec::with_capacity(self.ids.len() * self.inner.geometry.stride());
+        let mut rows = Vec::with_capacity(self.ids.len() * self.inner.geometry().stride());
         self.each_result(|bytes| rows.extend_from_slice(&bytes))?;
         Ok(rows)
     }
@@ -241,10 +231,7 @@ impl MissTask {
                 }
             }
         }
-        self.inner
-            .counters
-            .misses
-            .fetch_add(self.ids.len() as u64, Ordering::Relaxed);
+        self.inner.count_misses(self.ids.len() as u64);
         Ok(())
     }
 
@@ -260,8 +247,8 @@ impl MissTask {
             landing: Landing::Host(buf),
             tag: u.offset,
         };
-        let landed = self.inner.backend.read(vec![req])?;
-        self.inner.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let landed = self.inner.backend().read(vec![req])?;
+        self.inner.count_reads(1);
         let Some(buf) = landed.into_iter().next().and_then(|l| l.buf) else {
             return Err(RowError::WorkerLost {
                 path: u.file.path().to_path_buf(),
@@ -276,8 +263,8 @@ impl MissTask {
     /// Verify and cut out a landed unit's rows, and cache them.
     fn finish_unit(&self, u: &ReadUnit, buf: &AlignedBuf) -> Result<Vec<u8>, RowError> {
         let out = self.rows_from(u, buf)?;
-        if let Some(cache) = &self.inner.cache {
-            let stride = self.inner.geometry.stride();
+        if let Some(cache) = self.inner.cache() {
+            let stride = self.inner.geometry().stride();
             for (k, row) in out.chunks_exact(stride).enumerate() {
                 if let Some(&id) = self.ids.get(u.first + k) {
                     cache.insert(id, row);
@@ -292,9 +279,7 @@ impl MissTask {
     /// each finished on the caller as it lands while later windows are
     /// still reading.
     fn submit_all(&self) {
-        let mut st = Submitting::new(self);
-        while st.step(self) {}
-        st.finish();
+        Submitting::new(self).run_to_end(self);
     }
 
     fn record(&self, unit: usize, result: Result<Vec<u8>, RowError>) {
@@ -305,17 +290,15 @@ impl MissTask {
 
     /// Cut the unit's rows out of its landed window (`buf`).
     fn rows_from(&self, u: &ReadUnit, buf: &AlignedBuf) -> Result<Vec<u8>, RowError> {
-        let g = self.inner.geometry;
+        let g = self.inner.geometry();
         let (w, stride) = (g.w(), g.stride());
         let window = buf.get(..u.len).unwrap_or(&[]);
         let ids = self.ids.get(u.first..u.first + u.count).unwrap_or(&[]);
         let mut out = vec![0u8; ids.len() * stride];
-        if let (Some(block), Some(p)) = (u.block, &self.plan.packed) {
-            let stored = p.checksums.get(block as usize).copied().unwrap_or(0);
-            p.header
-                .verify_block(u.file.path(), block, window, stored)?;
+        if let (Some(block), Some(p)) = (u.block, self.plan.packed()) {
+            p.verify_block(block, window)?;
             for (row, &id) in out.chunks_exact_mut(stride).zip(ids) {
-                let at = p.header.locate(id).map_or(usize::MAX, |l| l.in_block);
+                let at = p.locate(id).map_or(usize::MAX, |l| l.in_block);
                 let src = window
                     .get(at..at.saturating_add(stride))
                     .ok_or_else(|| short(u, id))?;
@@ -325,130 +308,28 @@ impl MissTask {
         }
         let src = self
             .inner
-            .source
-            .as_ref()
+            .source()
             .ok_or_else(|| RowError::Config("no source".into()))?;
         let s = g.s();
         for (row, &id) in out.chunks_exact_mut(stride).zip(ids) {
-            let at = (src.table.weights.offset + id * w as u64 - u.offset) as usize;
+            let at = (src.weight_offset(id) - u.offset) as usize;
             let bytes = window.get(at..at + w).ok_or_else(|| short(u, id))?;
             row[..w].copy_from_slice(bytes);
             let scale = &mut row[w..];
-            match &self.plan.scales {
+            match self.plan.pinned_scales() {
                 Some(pinned) => {
-                    let at = ((id - self.plan.lo) as usize) * s;
-                    scale.copy_from_slice(pinned.get(at..at + s).ok_or_else(|| short(u, id))?);
+                    scale.copy_from_slice(pinned.row(id).ok_or_else(|| short(u, id))?);
                 }
                 None if s > 0 => {
-                    let off = src.table.scales.offset + id * s as u64;
-                    let b = read_bytes(self.inner.backend.as_ref(), &src.scales, off, s)?;
-                    self.inner.counters.reads.fetch_add(1, Ordering::Relaxed);
+                    let off = src.scale_offset(id);
+                    let b = read_bytes(self.inner.backend(), src.scales(), off, s)?;
+                    self.inner.count_reads(1);
                     scale.copy_from_slice(b.get(..s).ok_or_else(|| short(u, id))?);
                 }
                 None => {}
             }
         }
         Ok(out)
-    }
-}
-
-/// The submit mode's progress through one task: the next unit to submit,
-/// the windows in flight (oldest first) and the landing buffers to reuse.
-struct Submitting {
-    next: usize,
-    window: usize,
-    max_windows: usize,
-    in_flight: VecDeque<(usize, usize, flashtier_io::Ticket)>,
-    spare: Vec<AlignedBuf>,
-}
-
-impl Submitting {
-    /// Take this thread's spare buffers and size the windows for `task`.
-    fn new(task: &MissTask) -> Self {
-        let window = submit_window(task.units.len());
-        Self {
-            next: 0,
-            window,
-            max_windows: (task.inner.backend.queue_depth().div_ceil(window) + 1).max(2),
-            in_flight: VecDeque::new(),
-            // As many of this thread's spare buffers as the task has units;
-            // the rest stay for a prefetch started meanwhile.
-            spare: SPARE.with(|s| {
-                let mut s = s.borrow_mut();
-                let keep = s.len().saturating_sub(task.units.len());
-                s.split_off(keep)
-            }),
-        }
-    }
-
-    /// Submit windows until `windows` are in flight or none are left.
-    fn top_up(&mut self, task: &MissTask, windows: usize) {
-        let n = task.units.len();
-        while self.next < n && self.in_flight.len() < windows {
-            let (start, end) = (self.next, (self.next + self.window).min(n));
-            let spare = &mut self.spare;
-            let reqs = (start..end)
-                .filter_map(|i| task.units.get(i).map(|u| (i, u)))
-                .map(|(i, u)| {
-                    let buf = spare
-                        .pop()
-                        .filter(|b| b.capacity() >= u.len)
-                        .unwrap_or_else(|| AlignedBuf::zeroed(u.len.max(4096)));
-                    ReadReq {
-                        file: u.file.clone(),
-                        offset: u.offset,
-                        len: u.len,
-                        landing: Landing::Host(buf),
-                        tag: i as u64,
-                    }
-                });
-            match task.inner.backend.read_async(reqs.collect()) {
-                Ok(ticket) => self.in_flight.push_back((start, end, ticket)),
-                Err(e) => task.record(start, Err(e.into())),
-            }
-            self.next = end;
-        }
-    }
-
-    /// Top up, then wait for the oldest window and finish its units on this
-    /// thread. Returns false once every unit has been finished.
-    fn step(&mut self, task: &MissTask) -> bool {
-        self.top_up(task, self.max_windows);
-        let Some((start, end, ticket)) = self.in_flight.pop_front() else {
-            return false;
-        };
-        match ticket.wait() {
-            Ok(landed) => {
-                task.inner
-                    .counters
-                    .reads
-                    .fetch_add((end - start) as u64, Ordering::Relaxed);
-                for l in landed {
-                    let i = l.tag as usize;
-                    let (Some(u), Some(buf)) = (task.units.get(i), l.buf) else {
-                        continue;
-                    };
-                    task.record(i, task.finish_unit(u, &buf));
-                    if self.spare.len() < MAX_SPARE {
-                        self.spare.push(buf);
-                    }
-                }
-            }
-            // The ticket reports its first failure; charge it to the
-            // window's first unit so the batch fails with it.
-            Err(e) => task.record(start, Err(e.into())),
-        }
-        true
-    }
-
-    /// Give the landing buffers back to this thread for its next batch
-    /// (it keeps at most [`MAX_SPARE`]).
-    fn finish(self) {
-        SPARE.with(|s| {
-            let mut s = s.borrow_mut();
-            let room = MAX_SPARE.saturating_sub(s.len());
-            s.extend(self.spare.into_iter().take(room));
-        });
     }
 }
 
@@ -463,24 +344,19 @@ pub(crate) struct Pending {
 
 /// Start reading the distinct rows among `ids` (all owned and in range)
 /// without waiting for them. With a backend that has its own queue the
-/// first windows (at least [`START_UNITS`] units, or the queue depth plus
-/// one window) are submitted and this returns at once; otherwise the reads run here on the pool, as
-/// [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
+/// first windows (at least [`START_UNITS`](submit::START_UNITS) units, or
+/// the queue depth plus one window) are submitted and this returns at once;
+/// otherwise the reads run here on the pool, as [`serve`] does. Either way [`Pending::wait`] finishes the rest and caches
 /// the rows.
 pub(crate) fn start(
-    inner: &Arc<Inner>,
+    inner: &Arc<StoreState>,
     plan: &Arc<ServePlan>,
     ids: Vec<u64>,
 ) -> Result<Pending, RowError> {
     let task = Arc::new(MissTask::new(inner, plan, ids)?);
     let n = task.units.len();
-    if inner.backend.queue_depth() > 1 && n > 0 {
-        let mut st = Submitting::new(&task);
-        // Submit all of a step-sized batch now, not just a queue's worth: a
-        // window left for `wait` would only go in after the next step's
-        // prefetch, and the drive would drain behind it.
-        let windows = st.max_windows.max(START_UNITS.div_ceil(st.window));
-        st.top_up(&task, windows);
+    if inner.backend().queue_depth() > 1 && n > 0 {
+        let st = Submitting::started(&task);
         return Ok(Pending {
             task,
             submitting: Some(st),
@@ -498,9 +374,8 @@ impl Pending {
     /// whatever was not started yet. The first failure is returned.
     pub(crate) fn wait(self) -> Result<(), RowError> {
         let Self { task, submitting } = self;
-        if let Some(mut st) = submitting {
-            while st.step(&task) {}
-            st.finish();
+        if let Some(st) = submitting {
+            st.run_to_end(&task);
         }
         // The rows are in the cache already; only failures matter here.
         task.each_result(drop)

@@ -20,7 +20,7 @@
 //!   completion whenever reads are in flight; with none in flight and its
 //!   ticket still open (impossible once queued batches are started) it
 //!   sleeps 1 ms rather than spin.
-//! - Buffer lifetime: as for [`crate::UringBackend`] (see `uring_ring`): a
+//! - Buffer lifetime: as for [`crate::UringBackend`] (see `uring::ring`): a
 //!   slot owns or `Arc`s its destination until its completion is reaped, and
 //!   dropping the backend reaps every read in flight first.
 //!
@@ -32,13 +32,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use super::ring::{MAX_SQE_BYTES, Reaper};
+use super::{Batch, stage_device_landings};
 use crate::backend::{Drive, ReadReq, StorageBackend, Ticket};
 use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
-use crate::uring::{Batch, stage_device_landings};
-use crate::uring_ring::{MAX_SQE_BYTES, Reaper};
 
 /// The ring and its queued batches; tickets hold it to drive it.
 struct Shared {

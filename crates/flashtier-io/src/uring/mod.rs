@@ -47,7 +47,13 @@ use crate::error::IoError;
 use crate::file::StoreFile;
 use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
-use crate::uring_ring::{MAX_SQE_BYTES, Reaper};
+use ring::{MAX_SQE_BYTES, Reaper};
+
+mod local;
+mod ring;
+mod tables;
+
+pub use local::UringLocal;
 
 /// Registered-file slots per ring.
 pub const FILE_SLOTS: u32 = 64;

@@ -1,28 +1,24 @@
-//! KV-cache geometry on disk: groups, blocks, the two block orders, and the
-//! KV store header.
+//! KV-cache geometry on disk: groups, blocks, the two block orders, and where
+//! every group and block of a KV store lives ([`GroupLayout`]).
 //!
 //! A *group* is the K or the V of one kv head of one block of one layer:
 //! `block_tokens * head_dim * dtype_bytes` bytes, padded to `group_stride` (a
 //! multiple of 4096, so every group and every block is an O_DIRECT extent).
 //! A *block* is `2 * num_kv_heads` groups laid out
 //! `[K0, K1, .., K(nkv-1), V0, .., V(nkv-1)]` at `group_stride` pitch: exactly
-//! the scratch-pool slot layout `[K|V, kv_head, token, dim]`, so a block read
-//! from disk lands in a slot with no reshuffle.
+//! the scratch-pool slot layout `[K|V, kv_head, token, dim]`
+//! ([`GroupLayout::slot_strides`]), so a block read from disk lands in a slot
+//! with no reshuffle.
 //!
 //! Blocks sit in the data area in one of two orders ([`BlockOrder`]):
 //! per-layer (`[layer][block]`, a run of consecutive blocks of one layer is one
 //! extent) or block-major (`[block][layer]`, one block of every layer is one
 //! extent). The byte-level format is documented in `docs/kv-format.md`.
-//!
-//! Pure code: no `unsafe`, no syscalls; every integer on disk is fixed-width
-//! little-endian.
 
 use crate::checksum::xxh3_64_with_seed;
 
-pub use crate::kv_header::{
-    BlockEntry, KV_HEADER_BYTES, KV_MAGIC, KV_TABLE_ENTRY_BYTES, KV_VERSION, KvFormatError,
-    KvHeader,
-};
+use super::header::{KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError};
+use super::tile::KvStrides;
 
 /// Page size every extent is aligned to.
 pub const PAGE_BYTES: u64 = 4096;
@@ -181,20 +177,6 @@ pub struct Extent {
     pub offset: u64,
     /// Length in bytes.
     pub len_bytes: u64,
-}
-
-/// Element strides of a KV buffer: (block, token, kv_head), plus the byte
-/// offset of V from K when both live in one buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotStrides {
-    /// Elements from one block (slot) to the next.
-    pub block: usize,
-    /// Elements from one token to the next.
-    pub token: usize,
-    /// Elements from one kv head to the next.
-    pub kv_head: usize,
-    /// Bytes from a slot's K half to its V half.
-    pub v_offset_bytes: usize,
 }
 
 /// Where every group and block of a KV store lives. Validated on
@@ -436,19 +418,26 @@ impl GroupLayout {
     }
 
     /// Strides of the scratch-pool slot layout `[slot, K|V, kv_head, token,
-    /// dim]` in elements of `dtype_bytes`: what a block read from disk lands as.
+    /// dim]` in elements of `dtype_bytes`, groups at the store's padded
+    /// `group_stride` pitch: what a block read from disk lands as.
     #[must_use]
-    pub fn slot_strides(&self) -> SlotStrides {
+    pub fn slot_strides(&self) -> KvStrides {
         let d = u64::from(self.geometry.dtype_bytes);
-        let nkv = u64::from(self.geometry.num_kv_heads);
         // Values fit in usize: `new` checked block_bytes does.
         let el = |x: u64| usize::try_from(x / d).unwrap_or(usize::MAX);
-        SlotStrides {
+        KvStrides {
             block: el(self.block_bytes),
             token: usize::try_from(self.geometry.head_dim).unwrap_or(usize::MAX),
             kv_head: el(self.group_stride),
-            v_offset_bytes: usize::try_from(nkv * self.group_stride).unwrap_or(usize::MAX),
         }
+    }
+
+    /// Bytes from a slot's K half to its V half (`num_kv_heads *
+    /// group_stride`).
+    #[must_use]
+    pub fn slot_v_offset_bytes(&self) -> usize {
+        let nkv = u64::from(self.geometry.num_kv_heads);
+        usize::try_from(nkv * self.group_stride).unwrap_or(usize::MAX)
     }
 }
 

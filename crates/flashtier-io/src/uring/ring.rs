@@ -9,6 +9,10 @@
 //! posts the completion for its `user_data`, so the memory outlives the
 //! kernel operation. If this thread ever unwinds with reads in flight, the
 //! slot table leaks those entries instead of freeing memory under the kernel.
+//!
+//! This file holds the ring's set-up and the submission side (taking
+//! batches, filling free slots, pushing SQEs); the completion side is in
+//! `reap.rs`.
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
@@ -18,11 +22,14 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 
 use io_uring::{IoUring, Probe, opcode, types};
 
-use crate::backend::{Completer, Landed, Landing, ReadReq, landing_ptr};
+use super::tables::{BufTable, FileTable};
+use super::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
+use crate::backend::{Completer, Landing, ReadReq, landing_ptr};
 use crate::error::IoError;
 use crate::region::LandingRegion;
-use crate::uring::{BUFFER_SLOTS, Batch, FILE_SLOTS, Msg, Waker};
-use crate::uring_tables::{BufTable, FileTable};
+
+#[path = "reap.rs"]
+mod reap;
 
 /// `user_data` of the eventfd read that wakes the reaper.
 const WAKE_TAG: u64 = u64::MAX;
@@ -183,7 +190,7 @@ impl Reaper {
     }
 
     /// Release registered files their owners dropped (see
-    /// [`FileTable::sweep`](crate::uring_tables::FileTable::sweep)).
+    /// [`FileTable::sweep`](super::tables::FileTable::sweep)).
     pub(crate) fn sweep_files(&mut self) {
         self.files.sweep(&self.ring.submitter());
     }
@@ -431,140 +438,5 @@ impl Reaper {
             let err = std::io::Error::other("io_uring submission queue refused the entry");
             self.fail_read(slot, err);
         }
-    }
-}
-
-impl Reaper {
-    /// Drain the completion queue and act on every completion.
-    pub(crate) fn reap(&mut self, waker: Option<&Waker>) {
-        self.cqes.clear();
-        self.cqes
-            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-        for i in 0..self.cqes.len() {
-            let Some(&(tag, res)) = self.cqes.get(i) else {
-                break;
-            };
-            match tag {
-                WAKE_TAG => {
-                    self.wake_armed = false;
-                    if let (false, Some(waker)) = (self.closing, waker) {
-                        self.arm_wake(waker);
-                    }
-                }
-                NOP_TAG => {}
-                _ => self.complete_slot(tag as usize, res),
-            }
-        }
-    }
-
-    fn complete_slot(&mut self, slot: usize, res: i32) {
-        let Some(f) = self.slots.table.get_mut(slot).and_then(Option::as_mut) else {
-            tracing::error!(slot, "io_uring completion for an empty slot");
-            return;
-        };
-        if res < 0 {
-            if matches!(-res, libc::EINTR | libc::EAGAIN) {
-                return self.submit_slot(slot);
-            }
-            return self.fail_read(slot, std::io::Error::from_raw_os_error(-res));
-        }
-        if res == 0 {
-            return self.fail_eof(slot);
-        }
-        f.got += res as usize;
-        if f.got >= f.req.len {
-            return self.finish(slot, Ok(()));
-        }
-        // A short read: resubmit the remainder. Direct I/O only stops short
-        // of an aligned boundary at end of file.
-        let next = f.req.offset + f.got as u64;
-        if f.req.file.is_direct() && next % f.req.file.offset_align() as u64 != 0 {
-            return self.fail_eof(slot);
-        }
-        self.submit_slot(slot);
-    }
-
-    fn fail_eof(&mut self, slot: usize) {
-        if let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) {
-            let err = IoError::ShortRead {
-                path: f.req.file.path().to_path_buf(),
-                offset: f.req.offset,
-                len: f.req.len,
-                got: f.got,
-            };
-            self.finish(slot, Err(err));
-        }
-    }
-
-    fn fail_read(&mut self, slot: usize, source: std::io::Error) {
-        if let Some(f) = self.slots.table.get(slot).and_then(Option::as_ref) {
-            let err = IoError::Read {
-                path: f.req.file.path().to_path_buf(),
-                offset: f.req.offset,
-                len: f.req.len,
-                source,
-            };
-            self.finish(slot, Err(err));
-        }
-    }
-
-    /// Free the slot (the kernel is done with it) and queue its outcome for
-    /// [`Reaper::deliver`].
-    fn finish(&mut self, slot: usize, outcome: Result<(), IoError>) {
-        let Some(f) = self.slots.table.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        self.slots.free.push(slot);
-        self.landed.push((f, outcome));
-    }
-
-    /// Complete the tickets of finished reads. Runs after freed slots have
-    /// been refilled and submitted, so the device is busy meanwhile.
-    pub(crate) fn deliver(&mut self) {
-        let mut landed = std::mem::take(&mut self.landed);
-        for (f, outcome) in landed.drain(..) {
-            Self::complete(f, outcome);
-        }
-        self.landed = landed;
-    }
-
-    fn complete(f: InFlight, outcome: Result<(), IoError>) {
-        let InFlight {
-            req,
-            idx,
-            done,
-            staged,
-            ..
-        } = f;
-        if let (Err(_), Landing::Device { sink, .. }, Some((_, off))) =
-            (&outcome, &req.landing, &staged)
-        {
-            // The read failed: its staging slot will never be committed.
-            sink.abort(*off, req.len);
-        }
-        let result = outcome.and_then(|()| {
-            if let (Landing::Device { sink, dst }, Some((_, off))) = (&req.landing, &staged) {
-                sink.commit(*off, req.len, *dst)
-                    .map_err(|what| IoError::Device {
-                        path: req.file.path().to_path_buf(),
-                        offset: req.offset,
-                        len: req.len,
-                        what,
-                    })?;
-            }
-            let buf = match req.landing {
-                Landing::Host(mut b) => {
-                    b.set_len(req.len);
-                    Some(b)
-                }
-                _ => None,
-            };
-            Ok(Landed {
-                tag: req.tag,
-                len: req.len,
-                buf,
-            })
-        });
-        done.complete(idx, result);
     }
 }

@@ -9,9 +9,9 @@ use std::sync::{Arc, Weak};
 
 use io_uring::Submitter;
 
+use super::{BUFFER_SLOTS, FILE_SLOTS};
 use crate::file::StoreFile;
 use crate::region::LandingRegion;
-use crate::uring::{BUFFER_SLOTS, FILE_SLOTS};
 
 /// Largest fixed buffer the kernel accepts.
 const MAX_FIXED_BYTES: usize = 1 << 30;

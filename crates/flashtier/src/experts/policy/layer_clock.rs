@@ -16,9 +16,7 @@
 //! Bounds: per-record links + counter + layer (16 bytes), one queue per layer.
 
 use super::list::{Ends, Links};
-use super::policy::{EvictionPolicy, PolicyKind};
-
-const FREQ_MAX: u8 = 3;
+use super::{EvictionPolicy, FREQ_MAX, PolicyKind};
 
 /// Per-layer CLOCK queues with layer-cycle-aware victim selection.
 pub struct LayerClock {

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::kv::header::{BlockEntry, KV_HEADER_BYTES, KvFormatError, KvHeader};
 
 fn geom(layers: u32, blocks: u32, nkv: u32, tokens: u32, dim: u32, dtype: u32) -> KvGeometry {
     KvGeometry {
@@ -44,9 +45,10 @@ fn llama_like_geometry() {
     assert_eq!(l.data_extent().offset, 4096 + 32 * 1024 * 16);
     let s = l.slot_strides();
     assert_eq!(
-        (s.block, s.token, s.kv_head, s.v_offset_bytes),
+        (s.block, s.token, s.kv_head, l.slot_v_offset_bytes()),
         (32768, 128, 2048, 8 * 4096)
     );
+    assert_eq!(s.slot_v_offset(8) * 2, l.slot_v_offset_bytes());
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use crate::checksum::xxh3_64;
 
-use crate::group::{BlockOrder, GroupLayout, KvGeometry};
+use super::group::{BlockOrder, GroupLayout, KvGeometry};
 
 /// Magic at byte 0 of every KV store.
 pub const KV_MAGIC: [u8; 8] = *b"FTKVSTOR";

@@ -18,9 +18,15 @@
 //! and every block read is checked against its checksum before a byte of it
 //! is served.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::checksum::xxh3_64;
+
+mod checksums;
+mod error;
+
+pub use checksums::{block_checksum, checksums_digest, encode_checksums};
+pub use error::RowShardError;
 
 /// Magic at byte 0 of every packed row shard.
 pub const ROW_SHARD_MAGIC: [u8; 8] = *b"FTROWSH1";
@@ -32,118 +38,6 @@ pub const ROW_SHARD_HEADER_BYTES: u32 = 4096;
 pub const ROW_SHARD_BLOCK_BYTES: u32 = 4096;
 /// Bytes of the header covered by the header checksum (`[0, 104)`).
 const HEADER_CHECKED_BYTES: usize = 104;
-
-/// A packed row shard failed validation. Every variant names the file.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RowShardError {
-    /// Fewer bytes than a header.
-    #[error("{path}: packed row shard is {len_bytes} bytes, shorter than its 4096-byte header")]
-    TooShort {
-        /// Shard file.
-        path: PathBuf,
-        /// Bytes available.
-        len_bytes: u64,
-    },
-    /// The magic is not `FTROWSH1`.
-    #[error("{path}: not a packed row shard (magic {found:02x?})")]
-    BadMagic {
-        /// Shard file.
-        path: PathBuf,
-        /// The bytes found.
-        found: [u8; 8],
-    },
-    /// A version this code does not read.
-    #[error(
-        "{path}: packed row shard version {found} (this build reads version {ROW_SHARD_VERSION})"
-    )]
-    UnsupportedVersion {
-        /// Shard file.
-        path: PathBuf,
-        /// Version found.
-        found: u32,
-    },
-    /// The header checksum does not match its bytes.
-    #[error(
-        "{path}: header checksum {stored:#018x} does not match the header bytes ({computed:#018x})"
-    )]
-    HeaderChecksum {
-        /// Shard file.
-        path: PathBuf,
-        /// Stored checksum.
-        stored: u64,
-        /// Checksum of the bytes read.
-        computed: u64,
-    },
-    /// A header field is inconsistent with itself or the other fields.
-    #[error("{path}: header field `{field}` = {value} is invalid: {why}")]
-    BadField {
-        /// Shard file.
-        path: PathBuf,
-        /// Field name as in docs/rows-format.md.
-        field: &'static str,
-        /// Value found.
-        value: u64,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// The shard is valid but was packed for another layer, range or table.
-    #[error(
-        "{path}: header field `{field}` is {found} but this store expects {expected}; re-run `flashtier pack rows`"
-    )]
-    Mismatch {
-        /// Shard file.
-        path: PathBuf,
-        /// Field name as in docs/rows-format.md.
-        field: &'static str,
-        /// What the store expects.
-        expected: u64,
-        /// What the shard says.
-        found: u64,
-    },
-    /// The file is shorter than its header says.
-    #[error(
-        "{path}: packed row shard is truncated: {actual_bytes} bytes, header needs {expected_bytes}"
-    )]
-    Truncated {
-        /// Shard file.
-        path: PathBuf,
-        /// Length the header implies.
-        expected_bytes: u64,
-        /// Length of the file.
-        actual_bytes: u64,
-    },
-    /// The checksum table does not match its checksum in the header.
-    #[error(
-        "{path}: row-block checksum table is corrupt (stored {stored:#018x}, computed {computed:#018x})"
-    )]
-    ChecksumTable {
-        /// Shard file.
-        path: PathBuf,
-        /// Stored checksum.
-        stored: u64,
-        /// Checksum of the table read.
-        computed: u64,
-    },
-    /// A row block does not match its checksum: never served.
-    #[error(
-        "{path}: row block {block} at offset {offset} length {len_bytes} is corrupt (checksum {computed:#018x}, expected {stored:#018x})"
-    )]
-    BlockChecksum {
-        /// Shard file.
-        path: PathBuf,
-        /// Block index.
-        block: u64,
-        /// Byte offset of the block in the file.
-        offset: u64,
-        /// Block length in bytes.
-        len_bytes: u64,
-        /// Stored checksum.
-        stored: u64,
-        /// Checksum of the bytes read.
-        computed: u64,
-    },
-}
 
 /// The decoded header of a packed row shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -197,12 +91,6 @@ fn put(b: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(d) = b.get_mut(at..at + bytes.len()) {
         d.copy_from_slice(bytes);
     }
-}
-
-/// xxh3-64 of one row block, as stored in the checksum table.
-#[must_use]
-pub fn block_checksum(block: &[u8]) -> u64 {
-    xxh3_64(block)
 }
 
 impl RowShardHeader {
@@ -492,66 +380,4 @@ impl RowShardHeader {
         }
         Ok(())
     }
-
-    /// Decode the checksum table region (`bytes` starts at `checksum_offset`)
-    /// and check it against `checksums_xxh3`.
-    pub fn decode_checksums(&self, path: &Path, bytes: &[u8]) -> Result<Vec<u64>, RowShardError> {
-        let need = usize::try_from(self.block_count() * 8).unwrap_or(usize::MAX);
-        let Some(table) = bytes.get(..need) else {
-            return Err(RowShardError::Truncated {
-                path: path.to_path_buf(),
-                expected_bytes: self.file_bytes(),
-                actual_bytes: self.checksum_offset() + bytes.len() as u64,
-            });
-        };
-        let computed = xxh3_64(table);
-        if computed != self.checksums_xxh3 {
-            return Err(RowShardError::ChecksumTable {
-                path: path.to_path_buf(),
-                stored: self.checksums_xxh3,
-                computed,
-            });
-        }
-        Ok(table.chunks_exact(8).map(|c| u64_at(c, 0)).collect())
-    }
-
-    /// Check one block read from the file against its stored checksum.
-    pub fn verify_block(
-        &self,
-        path: &Path,
-        block: u64,
-        bytes: &[u8],
-        stored: u64,
-    ) -> Result<(), RowShardError> {
-        let computed = block_checksum(bytes);
-        if computed != stored {
-            return Err(RowShardError::BlockChecksum {
-                path: path.to_path_buf(),
-                block,
-                offset: self.data_offset() + block * u64::from(ROW_SHARD_BLOCK_BYTES),
-                len_bytes: bytes.len() as u64,
-                stored,
-                computed,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// Encode a checksum table (one u64 LE per block), padded to 4096 bytes.
-#[must_use]
-pub fn encode_checksums(sums: &[u64]) -> Vec<u8> {
-    let mut b = Vec::with_capacity((sums.len() * 8).div_ceil(4096) * 4096);
-    for s in sums {
-        b.extend_from_slice(&s.to_le_bytes());
-    }
-    b.resize(b.len().div_ceil(4096) * 4096, 0);
-    b
-}
-
-/// xxh3-64 of the unpadded checksum table, for `checksums_xxh3`.
-#[must_use]
-pub fn checksums_digest(sums: &[u64]) -> u64 {
-    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
-    xxh3_64(&bytes)
 }
