@@ -196,10 +196,8 @@ impl<D: Device> Model<D> {
             rows: n,
             first,
         };
-        decoder_layers(&self.weights, &mut st, &mut x)?;
+        let normed = decoder_layers(&self.weights, &mut st, &mut x)?;
         self.kv.advance(n);
-        let mut normed = dev.zeros(n, h)?;
-        dev.rms_norm(&mut normed, &x, &self.weights.norm, self.cfg.rms_norm_eps)?;
         let head = if all_logits || n == 1 {
             normed
         } else {

@@ -100,76 +100,147 @@ struct Mat {
     int bc;
 };
 
-// acc[r] = dot(row `m` of `a`, x[r]) for r < rows, one warp; `k` columns.
-// With `vec` the row and x are read in aligned 8-element chunks.
+// Lane partials of dot(row `m` of `a`, x[r]) for r < rows over chunks
+// [c0, c1) of 8 elements (vector path) or elements [c0, c1) (scalar path),
+// added into acc; four chunks in flight per lane.
 template <int DT>
-static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, const float* x,
-                                                 long long x_stride, int rows, int vec,
-                                                 float* acc) {
+static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const float* x,
+                                                 long long x_stride, int rows, int vec, int c0,
+                                                 int c1, float* acc) {
     const int lane = threadIdx.x & (WARP - 1);
     const u8* row = a.w + (long long)m * a.row_bytes;
     const float* srow = DT == 3 ? a.scales + (long long)(m / a.br) * a.sc_cols : a.scales;
-#pragma unroll
-    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
-    if (vec) {
-        const int chunks = k / 8;
-        for (int c = lane; c < chunks; c += WARP) {
-            float w[8];
-            load8<DT>(row, c, w);
-            const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
-#pragma unroll
-            for (int r = 0; r < MAX_ROWS; ++r) {
-                if (r < rows) {
-                    const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
-                    const float4 p = xr[0], q = xr[1];
-                    float d = w[0] * p.x;
-                    d = fmaf(w[1], p.y, d);
-                    d = fmaf(w[2], p.z, d);
-                    d = fmaf(w[3], p.w, d);
-                    d = fmaf(w[4], q.x, d);
-                    d = fmaf(w[5], q.y, d);
-                    d = fmaf(w[6], q.z, d);
-                    d = fmaf(w[7], q.w, d);
-                    acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
-                }
-            }
-        }
-    } else {
-        for (int i = lane; i < k; i += WARP) {
+    if (!vec) {
+        for (int i = c0 + lane; i < c1; i += WARP) {
             float w = elem<DT>(row, i);
             if (DT == 3) w *= srow[i / a.bc];
 #pragma unroll
             for (int r = 0; r < MAX_ROWS; ++r)
                 if (r < rows) acc[r] = fmaf(w, x[r * x_stride + i], acc[r]);
         }
+        return;
     }
+    int c = c0 + lane;
+    for (; c + 3 * WARP < c1; c += 4 * WARP) {
+        float w[4][8];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) load8<DT>(row, c + u * WARP, w[u]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int cu = c + u * WARP;
+            const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
+#pragma unroll
+            for (int r = 0; r < MAX_ROWS; ++r) {
+                if (r < rows) {
+                    const float4* xr = (const float4*)(x + r * x_stride + (long long)cu * 8);
+                    const float4 p = xr[0], q = xr[1];
+                    float d = w[u][0] * p.x;
+                    d = fmaf(w[u][1], p.y, d);
+                    d = fmaf(w[u][2], p.z, d);
+                    d = fmaf(w[u][3], p.w, d);
+                    d = fmaf(w[u][4], q.x, d);
+                    d = fmaf(w[u][5], q.y, d);
+                    d = fmaf(w[u][6], q.z, d);
+                    d = fmaf(w[u][7], q.w, d);
+                    acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+                }
+            }
+        }
+    }
+    for (; c < c1; c += WARP) {
+        float w[8];
+        load8<DT>(row, c, w);
+        const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
+#pragma unroll
+        for (int r = 0; r < MAX_ROWS; ++r) {
+            if (r < rows) {
+                const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
+                const float4 p = xr[0], q = xr[1];
+                float d = w[0] * p.x;
+                d = fmaf(w[1], p.y, d);
+                d = fmaf(w[2], p.z, d);
+                d = fmaf(w[3], p.w, d);
+                d = fmaf(w[4], q.x, d);
+                d = fmaf(w[5], q.y, d);
+                d = fmaf(w[6], q.z, d);
+                d = fmaf(w[7], q.w, d);
+                acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+            }
+        }
+    }
+}
+
+// acc[r] = dot(row `m` of `a`, x[r]) for r < rows, one warp; `k` columns.
+template <int DT>
+static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, const float* x,
+                                                 long long x_stride, int rows, int vec,
+                                                 float* acc) {
+#pragma unroll
+    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
+    lane_dots<DT>(a, m, x, x_stride, rows, vec, 0, vec ? k / 8 : k, acc);
 #pragma unroll
     for (int r = 0; r < MAX_ROWS; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// out[r * out_stride + i] = W[i] . x[r] for i < m, r < rows (<= 8). One
-// warp per output row.
+// Up to four matrices sharing one input and dtype, one launch: matrix q
+// owns output rows [start[q], start[q + 1]) of the launch.
+struct Mats {
+    const u8* w[4];
+    const float* scales[4];
+    float* out[4];
+    int start[5];
+    int sc_cols[4];
+    long long out_stride[4];
+};
+
+// out_q[r][i] = W_q[i] . x[r] for r < rows (<= 8). `wpr` warps (1, 2, 4 or
+// 8) share one output row, each over a contiguous slice of the columns,
+// their sums added in warp order; 8 / wpr rows per block of 8 warps.
 template <int DT>
-static __device__ void gemv(Mat a, int m, int k, const float* x, long long x_stride, int rows,
-                            int vec, float* out, long long out_stride) {
-    const int warp = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
-    if (warp >= m) return;
+static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, int bc, int k,
+                                  const float* x, long long x_stride, int rows, int vec,
+                                  int wpr) {
+    __shared__ float part[8][MAX_ROWS];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int per_block = 8 / wpr;
+    const int g = blockIdx.x * per_block + warp / wpr;
+    const int slice = warp % wpr;
     float acc[MAX_ROWS];
-    warp_dots<DT>(a, warp, k, x, x_stride, rows, vec, acc);
-    if ((threadIdx.x & (WARP - 1)) == 0) {
 #pragma unroll
-        for (int r = 0; r < MAX_ROWS; ++r)
-            if (r < rows) out[r * out_stride + warp] = acc[r];
+    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
+    int q = 0;
+    while (q < 3 && g >= mm.start[q + 1]) ++q;
+    const bool live = g < mm.start[4];
+    if (live) {
+        const Mat a = {mm.w[q], row_bytes, mm.scales[q], mm.sc_cols[q], br, bc};
+        const int units = vec ? k / 8 : k;
+        const int per = (units + wpr - 1) / wpr;
+        const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
+        lane_dots<DT>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
+#pragma unroll
+        for (int r = 0; r < MAX_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MAX_ROWS; ++r) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (live && slice == 0 && lane == 0) {
+        float* out = mm.out[q];
+        const int i = g - mm.start[q];
+        for (int r = 0; r < rows; ++r) {
+            float sum = 0.f;
+            for (int w = 0; w < wpr; ++w) sum += part[warp + w][r];
+            out[r * mm.out_stride[q] + i] = sum;
+        }
     }
 }
 
-#define GEMV(NAME, DT)                                                                         \
-    extern "C" __global__ void NAME(const u8* w, long long row_bytes, const float* scales,    \
-                                    int sc_cols, int br, int bc, int m, int k, const float* x, \
-                                    long long x_stride, int rows, int vec, float* out,         \
-                                    long long out_stride) {                                    \
-        Mat a = {w, row_bytes, scales, sc_cols, br, bc};                                       \
-        gemv<DT>(a, m, k, x, x_stride, rows, vec, out, out_stride);                            \
+#define GEMV(NAME, DT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+    NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
+         long long x_stride, int rows, int vec, int wpr) {                                    \
+        gemv_multi<DT>(mm, row_bytes, br, bc, k, x, x_stride, rows, vec, wpr);                \
     }
 GEMV(gemv_bf16, 0)
 GEMV(gemv_f16, 1)
@@ -215,25 +286,31 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
     if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = silu(ag[0]) * au[0];
 }
 
-// y[p][i] = down_i . act[p], grid: (ceil(hidden / warps), pairs).
+// out[r][i] = sum over j < top_k (ascending id, as routed) of
+// w[r][j] * down_i(j) . act[r * top_k + j], grid: (ceil(hidden / warps), rows).
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
-                                const float* act, int hidden, int inter, Expert e, int vec,
-                                float* y) {
-    const int p = blockIdx.y;
+                                const float* weights, int top_k, const float* act, int hidden,
+                                int inter, Expert e, int vec, float* out) {
+    const int r = blockIdx.y;
     const int i = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
     if (i >= hidden) return;
-    const u64 base = table[layer_base + ids[p]];
-    if (base == 0) {
-        if ((threadIdx.x & (WARP - 1)) == 0) y[(long long)p * hidden + i] = __int_as_float(0x7fc00000);
-        return;
-    }
-    const u8* rec = (const u8*)base;
     const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
-    Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols, e.br, e.bc};
-    float acc[MAX_ROWS];
-    warp_dots<DT>(d, i, inter, act + (long long)p * inter, inter, 1, vec, acc);
-    if ((threadIdx.x & (WARP - 1)) == 0) y[(long long)p * hidden + i] = acc[0];
+    float total = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+        const long long p = (long long)r * top_k + j;
+        const u64 base = table[layer_base + ids[p]];
+        if (base == 0) {
+            total = __int_as_float(0x7fc00000);
+            break;
+        }
+        const u8* rec = (const u8*)base;
+        Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols, e.br, e.bc};
+        float acc[MAX_ROWS];
+        warp_dots<DT>(d, i, inter, act + p * inter, inter, 1, vec, acc);
+        total = fmaf(acc[0], weights[p], total);
+    }
+    if ((threadIdx.x & (WARP - 1)) == 0) out[(long long)r * hidden + i] = total;
 }
 
 #define MOE(DT, SUFFIX)                                                                         \
@@ -243,30 +320,15 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
                                                     float* act) {                               \
         moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act);          \
     }                                                                                           \
-    extern "C" __global__ void moe_down_##SUFFIX(const u64* table, int layer_base,             \
-                                                 const int* ids, const float* act, int hidden,  \
-                                                 int inter, Expert e, int vec, float* y) {      \
-        moe_down<DT>(table, layer_base, ids, act, hidden, inter, e, vec, y);                    \
+    extern "C" __global__ void moe_down_##SUFFIX(                                              \
+        const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
+        const float* act, int hidden, int inter, Expert e, int vec, float* out) {               \
+        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
     }
 MOE(0, bf16)
 MOE(1, f16)
 MOE(2, f32)
 MOE(3, fp8)
-
-// out[r][c] = sum over j < top_k (experts in ascending id, as routed) of
-// w[r][j] * y[r * top_k + j][c]. grid: (ceil(hidden / 256), rows).
-extern "C" __global__ void moe_combine(const float* y, const float* w, int top_k, int hidden,
-                                       float* out) {
-    const int r = blockIdx.y;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= hidden) return;
-    float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-        const long long p = (long long)r * top_k + j;
-        acc = fmaf(y[p * hidden + c], w[p], acc);
-    }
-    out[(long long)r * hidden + c] = acc;
-}
 
 // ---------------------------------------------------------------------------
 // Routing: one block of 256 threads per row, E <= 1024 experts, top_k <= 32.
@@ -350,52 +412,67 @@ static __device__ void write_sorted(int* sel_i, float* sel_w, int k, int* ids, f
     }
 }
 
-// Softmax over E logits, the top k, renormalised to sum 1 when `norm`.
-extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+// Warp-wide best of (value, index): larger value, then lower index; a
+// number beats NaN.
+static __device__ __forceinline__ void warp_best(float* v, int* i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (ov > *v || (ov == *v && oi < *i) || (*v != *v && ov == ov)) {
+            *v = ov;
+            *i = oi;
+        }
+    }
+}
+
+// Softmax over E logits, the top k, renormalised to sum 1 when `norm`. One
+// warp per row (grid: rows, 32 threads): lanes own experts e = lane (mod 32).
+extern "C" __global__ void __launch_bounds__(WARP)
 route_softmax(const float* logits, int n, int k, int norm, int* ids, float* weights) {
-    __shared__ float s[MAX_EXPERTS];
     __shared__ float p[MAX_EXPERTS];
-    __shared__ float sv[ROUTE_THREADS];
-    __shared__ int si[ROUTE_THREADS];
     __shared__ int sel_i[MAX_TOPK];
     __shared__ float sel_w[MAX_TOPK];
-    const int row = blockIdx.x;
+    const int row = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)row * n;
-    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) s[e] = l[e];
-    __syncthreads();
-    float v;
-    int i;
-    thread_best(s, n, &v, &i);
-    float mx;
-    int unused;
-    block_argmax(v, i, sv, si, &mx, &unused);
-    float part = 0.f;
-    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
-        p[e] = expf(s[e] - mx);
-        part += p[e];
+    float mx = -INFINITY;
+    for (int e = lane; e < n; e += WARP) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int e = lane; e < n; e += WARP) {
+        const float v = expf(l[e] - mx);
+        p[e] = v;
+        sum += v;
     }
-    sv[threadIdx.x] = part;
-    __syncthreads();
-    for (int st = ROUTE_THREADS / 2; st > 0; st >>= 1) {
-        if (threadIdx.x < st) sv[threadIdx.x] += sv[threadIdx.x + st];
-        __syncthreads();
-    }
-    const float total = sv[0];
-    __syncthreads();
-    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
-        p[e] = p[e] / total;
-        s[e] = p[e];
-    }
-    __syncthreads();
-    top_k_into(s, n, k, sel_i, sv, si);
-    if (threadIdx.x == 0) {
-        float sum = 0.f;
-        for (int a = 0; a < k; ++a) {
-            sel_w[a] = p[sel_i[a]];
-            sum += sel_w[a];
+    sum = warp_sum(sum);
+    for (int e = lane; e < n; e += WARP) p[e] = p[e] / sum;
+    __syncwarp();
+    unsigned taken = 0;  // bit j: expert lane + 32 j is chosen (n <= 1024)
+    for (int t = 0; t < k; ++t) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = lane, j = 0; e < n; e += WARP, ++j) {
+            if (!((taken >> j) & 1u) && (p[e] > bv || (p[e] == bv && e < bi))) {
+                bv = p[e];
+                bi = e;
+            }
         }
+        warp_best(&bv, &bi);
+        if (bi >= 0 && bi < n && (bi % WARP) == lane) {
+            taken |= 1u << (bi / WARP);
+        }
+        if (lane == 0) {
+            sel_i[t] = bi < n ? bi : 0;
+            sel_w[t] = bi < n ? p[bi] : 0.f;
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float total = 0.f;
+        for (int a = 0; a < k; ++a) total += sel_w[a];
         if (norm)
-            for (int a = 0; a < k; ++a) sel_w[a] = sel_w[a] / sum;
+            for (int a = 0; a < k; ++a) sel_w[a] = sel_w[a] / total;
         write_sorted(sel_i, sel_w, k, ids + (long long)row * k, weights + (long long)row * k);
     }
 }
@@ -484,6 +561,28 @@ rms_norm(const float* x, const float* w, int cols, int group, float eps, float* 
     }
     const float inv = 1.f / sqrtf(part[0] / (float)group + eps);
     for (int i = threadIdx.x; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+}
+
+// x += y, then out = w * (x / sqrt(mean(x^2) + eps)) over whole rows (the
+// residual add and the next norm in one pass). grid: rows, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
+    __shared__ float part[256];
+    const long long at = (long long)blockIdx.x * cols;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < cols; i += 256) {
+        const float v = x[at + i] + y[at + i];
+        x[at + i] = v;
+        acc = fmaf(v, v, acc);
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float inv = 1.f / sqrtf(part[0] / (float)cols + eps);
+    for (int i = threadIdx.x; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
 }
 
 extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
@@ -609,7 +708,7 @@ extern "C" __global__ void kv_append(const float* k, const float* v, float* K, f
 // ATTN_WARPS warps; part layout [(r * q_heads + h) * splits + s][2 + dim].
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
 attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_heads, int dim,
-             int group, int first, float scale, int chunk, float* part) {
+             int group, int first, float scale, int chunk, float* part, float* direct) {
     __shared__ float wm[ATTN_WARPS];
     __shared__ float wl[ATTN_WARPS];
     __shared__ float wo[ATTN_WARPS][MAX_DIM_PER_LANE * WARP];
@@ -661,6 +760,19 @@ attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_
     float* out = part + ((long long)(r * q_heads + h) * splits + s) * (2 + dim);
     float M = -INFINITY;
     for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, wm[w]);
+    if (direct) {
+        // One split: the softmax is complete; write o / l as the merge would.
+        float L = 0.f;
+        for (int w = 0; w < ATTN_WARPS; ++w)
+            if (wm[w] != -INFINITY) L += wl[w] * expf(wm[w] - M);
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+            float acc = 0.f;
+            for (int w = 0; w < ATTN_WARPS; ++w)
+                if (wm[w] != -INFINITY) acc += wo[w][d] * expf(wm[w] - M);
+            direct[(long long)r * q_cols + h * dim + d] = acc / L;
+        }
+        return;
+    }
     if (threadIdx.x == 0) {
         float L = 0.f;
         for (int w = 0; w < ATTN_WARPS; ++w)

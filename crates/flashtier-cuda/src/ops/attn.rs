@@ -261,6 +261,12 @@ impl DecodeKernels {
         };
         let a = [q.cols(), kvh, d, q_heads / kvh, held, CHUNK_POSITIONS].map(|x| x as i32);
         let stream = gpu.stream();
+        // One split: the partial kernel finishes the softmax itself.
+        let direct = if splits == 1 {
+            addr(&gpu, out.buf(), 0)
+        } else {
+            0u64
+        };
         let mut b = stream.launch_builder(self.func("attn_partial")?);
         b.arg(q.buf())
             .arg(&a[0])
@@ -272,12 +278,17 @@ impl DecodeKernels {
             .arg(&a[4])
             .arg(&scale)
             .arg(&a[5])
-            .arg(&mut *part);
+            .arg(&mut *part)
+            .arg(&direct);
         // SAFETY: matches `attn_partial`; row r reads positions below held +
         // r + 1 <= the layer's length, all allocated (`grow`), of kv_heads x
         // dim each (dim <= 256, the kernel's register tile); the partials
-        // hold rows x q_heads x splits x (dim + 2) (allocated above).
+        // hold rows x q_heads x splits x (dim + 2) (allocated above); with
+        // one split it writes out (rows x q_heads * dim) instead.
         unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch attn_partial"))?;
+        if splits == 1 {
+            return Ok(());
+        }
         let cfg = LaunchConfig {
             grid_dim: (dim(q_heads, "x")?, dim(rows, "y")?, 1),
             block_dim: (d.next_power_of_two().clamp(32, 256) as u32, 1, 1),

@@ -1,11 +1,41 @@
 //! Matrix-vector products, embeddings, RMSNorm, RoPE and the elementwise
 //! kernels, with their shape checks.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buffers::{DevAct, DevMatrix, DevVector, RopeTable, WeightType};
-use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg, warp_rows_cfg};
+use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
 use crate::error::CudaError;
+
+/// Up to four matrices of one launch (the C layout of `struct Mats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Mats {
+    w: [u64; 4],
+    scales: [u64; 4],
+    out: [u64; 4],
+    start: [i32; 5],
+    sc_cols: [i32; 4],
+    _pad: i32,
+    out_stride: [i64; 4],
+}
+
+// SAFETY: plain-old-data with the C layout of `struct Mats` in decode.cu:
+// twelve 8-byte pointers, nine 4-byte ints (padded to 8-byte alignment),
+// four 8-byte strides.
+unsafe impl DeviceRepr for Mats {}
+
+/// Warps sharing one output row: enough warps in flight to keep HBM busy
+/// for short matrices (at least about 2048 warps), one warp per row for
+/// tall ones.
+fn warps_per_row(rows: usize) -> usize {
+    match rows {
+        0..512 => 8,
+        512..1024 => 4,
+        1024..2048 => 2,
+        _ => 1,
+    }
+}
 
 fn shape(what: &'static str, why: String) -> CudaError {
     CudaError::invalid(what, why)
@@ -42,54 +72,93 @@ impl DecodeKernels {
     /// `out[r] = W x[r]` for every row of `x` (passes of up to
     /// [`MAX_GEMV_ROWS`] rows, each reading the weights once).
     pub fn gemv(&self, out: &mut DevAct, w: &DevMatrix, x: &DevAct) -> Result<(), CudaError> {
-        let (m, k) = (w.rows(), w.cols());
-        if x.cols() != k || out.cols() != m || out.rows() != x.rows() {
+        self.gemv_many(&mut [out], &[w], x)
+    }
+
+    /// `outs[q][r] = ws[q] x[r]` for up to four matrices of one dtype and
+    /// width sharing the input (q, k and v projections), in one launch per
+    /// pass of rows.
+    pub fn gemv_many(
+        &self,
+        outs: &mut [&mut DevAct],
+        ws: &[&DevMatrix],
+        x: &DevAct,
+    ) -> Result<(), CudaError> {
+        let n = ws.len();
+        let Some(first) = ws.first() else {
+            return Ok(());
+        };
+        let (ty, k) = (first.ty(), first.cols());
+        let fits = |i: usize| {
+            let (w, o) = (ws[i], &outs[i]);
+            w.ty() == ty && w.cols() == k && o.cols() == w.rows() && o.rows() == x.rows()
+        };
+        if n > 4 || outs.len() != n || x.cols() != k || !(0..n).all(fits) {
             return Err(shape(
                 "gemv",
                 format!(
-                    "{m}x{k} weight, {}x{} input, {}x{} output",
+                    "{n} matrices of width {k} over a {}x{} input",
                     x.rows(),
-                    x.cols(),
-                    out.rows(),
-                    out.cols()
+                    x.cols()
                 ),
             ));
         }
         let gpu = &self.gpu;
-        let f = self.func(&format!("gemv_{}", w.ty().suffix()))?;
-        let (sc_cols, br, bc) = scale_args(w);
-        let row_bytes = (k * w.ty().elem_bytes()) as i64;
+        let f = self.func(&format!("gemv_{}", ty.suffix()))?;
+        let (_, br, bc) = scale_args(first);
+        let row_bytes = (k * ty.elem_bytes()) as i64;
         let vec = i32::from(k % 8 == 0);
-        let (w_ptr, s_ptr) = (addr(gpu, w.data(), 0), addr(gpu, w.scales(), 0));
-        let cfg = warp_rows_cfg(m, 1)?;
-        let (mi, ki) = (m as i32, k as i32);
+        let total: usize = ws.iter().map(|w| w.rows()).sum();
+        let wpr = warps_per_row(total);
+        let per_block = 8 / wpr;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(total.div_ceil(per_block))
+                    .map_err(|_| shape("gemv", format!("{total} rows")))?,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ki, wpri) = (k as i32, wpr as i32);
         let stride = k as i64;
-        let out_stride = m as i64;
         for start in (0..x.rows()).step_by(MAX_GEMV_ROWS) {
             let rows = (x.rows() - start).min(MAX_GEMV_ROWS) as i32;
+            let mut mm = Mats::default();
+            let mut at = 0usize;
+            for (q, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
+                mm.start[q] = at as i32;
+                mm.w[q] = addr(gpu, w.data(), 0);
+                mm.scales[q] = addr(gpu, w.scales(), 0);
+                mm.sc_cols[q] = scale_args(w).0;
+                mm.out[q] = addr(gpu, o.buf(), start * w.rows());
+                mm.out_stride[q] = w.rows() as i64;
+                at += w.rows();
+            }
+            // Matrices past the last are empty ranges at its end.
+            for q in n..5 {
+                mm.start[q] = at as i32;
+            }
             let x_ptr = addr(gpu, x.buf(), start * k);
-            let o_ptr = addr(gpu, out.buf(), start * m);
             let mut b = gpu.stream().launch_builder(f);
-            b.arg(&w_ptr)
+            b.arg(&mm)
                 .arg(&row_bytes)
-                .arg(&s_ptr)
-                .arg(&sc_cols)
                 .arg(&br)
                 .arg(&bc)
-                .arg(&mi)
                 .arg(&ki)
                 .arg(&x_ptr)
                 .arg(&stride)
                 .arg(&rows)
                 .arg(&vec)
-                .arg(&o_ptr)
-                .arg(&out_stride);
-            // SAFETY: matches `gemv_*` in decode.cu. The weight buffer holds
-            // m rows of `row_bytes` (checked at upload), the scale grid
-            // covers every (row / br, col / bc) of an FP8 matrix, rows
-            // `start..start + rows` of x (k wide) and out (m wide) lie in
-            // their buffers (checked above); vector loads need k % 8 == 0,
-            // which `vec` says, and every buffer starts 256-byte aligned.
+                .arg(&wpri);
+            // SAFETY: matches `gemv_*` in decode.cu. Each matrix holds its
+            // rows of `row_bytes` (checked at upload) and, for FP8, a scale
+            // grid covering every (row / br, col / bc); output q's rows
+            // `start..start + rows` hold that matrix's rows and input rows
+            // `start..start + rows` hold k values (checked above); vector
+            // loads need k % 8 == 0, which `vec` says, and every buffer
+            // starts 256-byte aligned; launch rows past `start[4]` do nothing.
             unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch gemv"))?;
         }
         Ok(())
@@ -181,6 +250,42 @@ impl DecodeKernels {
         // SAFETY: matches `rms_norm`; each block reads one group of one row
         // of x and writes the same range of out (same shape, checked).
         unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rms_norm"))?;
+        Ok(())
+    }
+
+    /// `x += y`, then `out = rms_norm(x) * w` over whole rows, one pass.
+    pub fn add_rms_norm(
+        &self,
+        x: &mut DevAct,
+        y: &DevAct,
+        w: &DevVector,
+        eps: f32,
+        out: &mut DevAct,
+    ) -> Result<(), CudaError> {
+        same("add_rms_norm", x, y)?;
+        same("add_rms_norm", x, out)?;
+        if w.len() != x.cols() {
+            return Err(shape(
+                "add_rms_norm",
+                format!("{}-wide weight over {} columns", w.len(), x.cols()),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (dim(x.rows(), "x")?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let cols = x.cols() as i32;
+        let mut b = self.gpu.stream().launch_builder(self.func("add_rms_norm")?);
+        b.arg(x.buf_mut())
+            .arg(y.buf())
+            .arg(w.data())
+            .arg(&cols)
+            .arg(&eps)
+            .arg(out.buf_mut());
+        // SAFETY: matches `add_rms_norm`; one block per row of x, y and out
+        // (one shape, checked), the weight as wide as a row.
+        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch add_rms_norm"))?;
         Ok(())
     }
 

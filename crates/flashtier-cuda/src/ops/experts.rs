@@ -21,11 +21,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
 
 use super::buffers::{DevAct, WeightType};
 use super::route::DevRoutes;
-use super::{DecodeKernels, addr, dim, warp_rows_cfg};
+use super::{DecodeKernels, addr, warp_rows_cfg};
 use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::pinned::PinnedMemory;
@@ -420,7 +420,7 @@ impl DecodeKernels {
     /// `out[r] = sum over row r's routed experts (ascending id) of weight *
     /// down(silu(gate x[r]) * up x[r])`, the records found through
     /// `slots`' table at `layer_base + id`; `act` (`rows * top_k x inter`)
-    /// and `y` (`rows * top_k x hidden`) are scratch.
+    /// is scratch.
     #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
     pub fn moe(
         &self,
@@ -431,7 +431,6 @@ impl DecodeKernels {
         spec: &ExpertSpec,
         x: &DevAct,
         act: &mut DevAct,
-        y: &mut DevAct,
         out: &mut DevAct,
     ) -> Result<(), CudaError> {
         spec.validate()?;
@@ -443,8 +442,6 @@ impl DecodeKernels {
             && out.cols() == spec.hidden
             && act.rows() == pairs
             && act.cols() == spec.inter
-            && y.rows() == pairs
-            && y.cols() == spec.hidden
             && layer_base + experts <= slots.entries()
             && slots.record_bytes >= spec.min_record_bytes();
         if !ok {
@@ -491,29 +488,19 @@ impl DecodeKernels {
         b.arg(&slots.table_dev)
             .arg(&base)
             .arg(&routes.ids)
+            .arg(&routes.weights)
+            .arg(&kk)
             .arg(act.buf())
             .arg(&h)
             .arg(&i)
             .arg(&geo)
             .arg(&vec)
-            .arg(y.buf_mut());
-        // SAFETY: as above, reading act (pairs x inter), writing y (pairs x hidden).
-        unsafe { b.launch(warp_rows_cfg(spec.hidden, pairs)?) }
-            .map_err(CudaError::driver("launch moe_down"))?;
-        let cfg = LaunchConfig {
-            grid_dim: (spec.hidden.div_ceil(256) as u32, dim(rows, "y")?, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(self.func("moe_combine")?);
-        b.arg(y.buf())
-            .arg(&routes.weights)
-            .arg(&kk)
-            .arg(&h)
             .arg(out.buf_mut());
-        // SAFETY: matches `moe_combine`; y holds rows x top_k rows of hidden,
-        // the weights rows x top_k, out rows x hidden.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch moe_combine"))?;
+        // SAFETY: as above, reading act (pairs x inter) and the routed
+        // weights (rows x top_k), writing out (rows x hidden); each row's
+        // experts are summed in routed (ascending id) order.
+        unsafe { b.launch(warp_rows_cfg(spec.hidden, rows)?) }
+            .map_err(CudaError::driver("launch moe_down"))?;
         Ok(())
     }
 }

@@ -83,10 +83,10 @@ impl DecodeKernels {
         })
     }
 
-    fn route_cfg(rows: usize) -> Result<LaunchConfig, CudaError> {
+    fn route_cfg(rows: usize, threads: u32) -> Result<LaunchConfig, CudaError> {
         Ok(LaunchConfig {
             grid_dim: (dim(rows, "x")?, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         })
     }
@@ -142,11 +142,11 @@ impl DecodeKernels {
             .arg(&nm)
             .arg(&mut r.ids)
             .arg(&mut r.weights);
-        // SAFETY: matches `route_softmax`; one block per row reads its n
+        // SAFETY: matches `route_softmax`; one warp per row reads its n
         // logits (n <= MAX_EXPERTS, the kernel's shared arrays) and writes
         // top_k ids and weights (top_k <= MAX_TOP_K) into buffers of
         // rows x top_k.
-        unsafe { b.launch(Self::route_cfg(logits.rows())?) }
+        unsafe { b.launch(Self::route_cfg(logits.rows(), 32)?) }
             .map_err(CudaError::driver("launch route_softmax"))?;
         Ok(r)
     }
@@ -199,7 +199,7 @@ impl DecodeKernels {
             .arg(&mut r.weights);
         // SAFETY: matches `route_sigmoid_groups`; as `route_softmax`, plus a
         // bias of e values and n_group <= MAX_GROUPS (one thread per group).
-        unsafe { b.launch(Self::route_cfg(logits.rows())?) }
+        unsafe { b.launch(Self::route_cfg(logits.rows(), 256)?) }
             .map_err(CudaError::driver("launch route_sigmoid_groups"))?;
         Ok(r)
     }

@@ -184,6 +184,32 @@ pub trait Device {
     ) -> Result<(), EngineError>;
     /// `x += y`.
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError>;
+    /// `x += y`, then `out = rms_norm(x) * w` over whole rows (the residual
+    /// add and the next norm; devices may fuse them).
+    fn add_norm(
+        &self,
+        x: &mut Self::Act,
+        y: &Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Act,
+    ) -> Result<(), EngineError> {
+        self.add(x, y)?;
+        self.rms_norm(out, x, w, eps)
+    }
+    /// `outs[q][r] = ws[q] x[r]` for matrices sharing the input (q, k and v
+    /// projections; devices may run them as one launch).
+    fn linear_many(
+        &self,
+        outs: &mut [&mut Self::Act],
+        ws: &[&Self::Mat],
+        x: &Self::Act,
+    ) -> Result<(), EngineError> {
+        for (o, w) in outs.iter_mut().zip(ws) {
+            self.linear(o, w, x)?;
+        }
+        Ok(())
+    }
     /// `x[r] += b` for every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
     /// `gate = silu(gate) * up`.
@@ -241,6 +267,12 @@ pub trait Device {
         routes: &Self::Routes,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// Whether the tier uses hints (a tier holding every expert does not:
+    /// the next layer's routing is then not computed ahead).
+    fn hints_wanted(&self, experts: &Self::Experts) -> bool {
+        let _ = experts;
+        true
+    }
     /// Tell the tier which experts `layer` will probably ask for next, so
     /// it may start reading them; never changes what is computed.
     fn hint(

@@ -164,7 +164,7 @@ impl<D: Device> SparseMlp<D> {
         next: Option<(usize, &SparseMlp<D>)>,
     ) -> Result<D::Act, EngineError> {
         let routes = self.route(st, x)?;
-        if let Some((next_layer, block)) = next {
+        if let Some((next_layer, block)) = next.filter(|_| st.dev.hints_wanted(st.experts)) {
             let guess = block.route(st, x)?;
             st.dev.hint(st.experts, next_layer, &guess)?;
         }

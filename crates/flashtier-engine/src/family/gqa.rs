@@ -70,9 +70,11 @@ impl<D: Device> GqaWeights<D> {
         let mut q = dev.zeros(n, c.num_q_heads * d)?;
         let mut k = dev.zeros(n, c.num_kv_heads * d)?;
         let mut v = dev.zeros(n, c.num_kv_heads * d)?;
-        dev.linear(&mut q, &self.q_proj, x)?;
-        dev.linear(&mut k, &self.k_proj, x)?;
-        dev.linear(&mut v, &self.v_proj, x)?;
+        dev.linear_many(
+            &mut [&mut q, &mut k, &mut v],
+            &[&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+        )?;
         if let Some([qb, kb, vb]) = &self.qkv_bias {
             dev.add_bias(&mut q, qb)?;
             dev.add_bias(&mut k, kb)?;

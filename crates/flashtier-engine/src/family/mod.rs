@@ -130,29 +130,34 @@ pub struct Step<'a, D: Device> {
     pub first: usize,
 }
 
-/// The decoder layers over the step's embedded rows `x`, in place.
+/// The decoder layers over the step's embedded rows `x` (the residual
+/// stream, updated in place), then the final norm: returns the normed
+/// rows the LM head reads. Each residual add is fused with the norm that
+/// follows it (the next layer's input norm, or the final norm).
 pub fn decoder_layers<D: Device>(
     w: &Weights<D>,
     st: &mut Step<'_, D>,
     x: &mut D::Act,
-) -> Result<(), EngineError> {
+) -> Result<D::Act, EngineError> {
     let (dev, c) = (st.dev, st.cfg);
+    let eps = c.rms_norm_eps;
     let mut normed = dev.zeros(st.rows, c.hidden_size)?;
+    let first = w.layers.first().map_or(&w.norm, |l| &l.input_norm);
+    dev.rms_norm(&mut normed, x, first, eps)?;
     for (i, layer) in w.layers.iter().enumerate() {
-        dev.rms_norm(&mut normed, x, &layer.input_norm, c.rms_norm_eps)?;
         let attn = match &layer.attn {
             Attention::Gqa(g) => g.forward(st, i, &normed)?,
             Attention::Mla(m) => m.forward(st, i, &normed)?,
         };
-        dev.add(x, &attn)?;
-        dev.rms_norm(&mut normed, x, &layer.post_attention_norm, c.rms_norm_eps)?;
+        dev.add_norm(x, &attn, &layer.post_attention_norm, eps, &mut normed)?;
         let ffn = match &layer.ffn {
             Ffn::Dense(d) => d.forward(dev, &normed, st.rows, c.hidden_size)?,
             Ffn::Sparse(s) => s.forward(st, i, &normed, next_sparse(w, i))?,
         };
-        dev.add(x, &ffn)?;
+        let next = w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_norm);
+        dev.add_norm(x, &ffn, next, eps, &mut normed)?;
     }
-    Ok(())
+    Ok(normed)
 }
 
 /// The next sparse layer after `i` and its block (for pre-gating).

@@ -104,6 +104,8 @@ impl PoolExperts {
     ) -> Result<(), EngineError> {
         let mut pending: Vec<(usize, usize)> = records.iter().copied().enumerate().collect();
         while !pending.is_empty() {
+            // Whatever landed is verified in parallel before it is used.
+            self.pool.collect_landed()?;
             let mut progressed = false;
             let mut k = 0;
             while k < pending.len() {

@@ -517,6 +517,8 @@ impl CudaExperts {
         self.start_hinted_reads()?;
         let mut pending: Vec<(u32, usize)> = missing.to_vec();
         while !pending.is_empty() {
+            // Whatever landed is verified in parallel before it is used.
+            self.ram.collect_landed()?;
             let mut progressed = false;
             let mut k = 0;
             while k < pending.len() {

@@ -245,6 +245,43 @@ impl Device for CudaDevice {
         })
     }
 
+    fn add_norm(
+        &self,
+        x: &mut DevAct,
+        y: &DevAct,
+        w: &DevVector,
+        eps: f32,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.add_rms_norm(x, y, w, eps, out)?)
+        })
+    }
+
+    fn linear_many(
+        &self,
+        outs: &mut [&mut DevAct],
+        ws: &[&DevMatrix],
+        x: &DevAct,
+    ) -> Result<(), EngineError> {
+        let same = ws.windows(2).all(|p| p[0].ty() == p[1].ty());
+        if !same || ws.len() > 4 {
+            for (o, w) in outs.iter_mut().zip(ws) {
+                self.linear(o, w, x)?;
+            }
+            return Ok(());
+        }
+        let passes = x.rows().div_ceil(flashtier_cuda::ops::MAX_GEMV_ROWS) as u64;
+        let bytes: u64 = ws.iter().map(|w| w.bytes() as u64).sum();
+        self.timed(OpClass::DenseGemv, passes * bytes, || {
+            Ok(self.kernels.gemv_many(outs, ws, x)?)
+        })
+    }
+
+    fn hints_wanted(&self, experts: &CudaExperts) -> bool {
+        !experts.resident_all()
+    }
+
     fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), EngineError> {
         self.timed(OpClass::Other, 0, || Ok(self.kernels.add(x, y)?))
     }
@@ -427,7 +464,6 @@ impl CudaDevice {
         let spec = *experts.spec();
         let pairs = x.rows() * routes.top_k();
         let mut act = self.zeros(pairs, spec.inter)?;
-        let mut y = self.zeros(pairs, spec.hidden)?;
         let base = experts.entry(layer, 0);
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
@@ -440,7 +476,6 @@ impl CudaDevice {
                 &spec,
                 x,
                 &mut act,
-                &mut y,
                 out,
             )?)
         })?;

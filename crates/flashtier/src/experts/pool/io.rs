@@ -216,6 +216,17 @@ impl ExpertPool {
 
     /// Collect `r`'s landed read: verify, then Ready, or fail and report.
     fn complete_at(&mut self, r: usize, landed_at: Instant) -> Result<(), ExpertsError> {
+        self.complete_checked(r, landed_at, false)
+    }
+
+    /// [`Self::complete_at`]; with `verified` the slot's bytes were already
+    /// checked against the store's checksum since the read landed.
+    fn complete_checked(
+        &mut self,
+        r: usize,
+        landed_at: Instant,
+        verified: bool,
+    ) -> Result<(), ExpertsError> {
         let Some(inf) = self.inflight.get(&r) else {
             return Ok(());
         };
@@ -230,7 +241,7 @@ impl ExpertPool {
             return Ok(());
         };
         let e = self.entries[r];
-        let result = self.collect_and_verify(r, e, inf.ticket);
+        let result = self.collect_and_verify(r, e, inf.ticket, verified);
         if e.cancelled {
             self.fail(r);
             return Ok(());
@@ -264,6 +275,7 @@ impl ExpertPool {
         r: usize,
         e: Entry,
         ticket: Option<flashtier_io::Ticket>,
+        verified: bool,
     ) -> Result<u64, ExpertsError> {
         let store = self
             .stores
@@ -285,7 +297,9 @@ impl ExpertPool {
                     .table()
                     .bytes(e.slot as usize, store.payload_bytes())
                     .ok_or(ExpertsError::NotResident { record: r })?;
-                store.verify(r, bytes)?;
+                if !verified {
+                    store.verify(r, bytes)?;
+                }
                 Ok(0)
             }
             (None, Some(t)) => {
@@ -311,6 +325,70 @@ impl ExpertPool {
             }
             (None, None) => {}
         }
+    }
+
+    /// Collect every read that has landed, their checksums verified in
+    /// parallel (hashing a record is the costly part of collecting it, and
+    /// one step lands several); the first error. The mapped backing
+    /// collects them one by one.
+    pub fn collect_landed(&mut self) -> Result<(), ExpertsError> {
+        use rayon::prelude::*;
+        let Some(arena) = self.arena.as_mut() else {
+            return self.collect_done();
+        };
+        let mut done: Vec<usize> = self
+            .inflight
+            .keys()
+            .copied()
+            .filter(|&r| arena.table().is_landed(self.entries[r].slot as usize))
+            .collect();
+        done.sort_unstable();
+        // Collecting a slot's ticket makes its bytes readable.
+        let mut readable = Vec::with_capacity(done.len());
+        let mut failed = Vec::new();
+        for &r in &done {
+            match arena.table_mut().collect(self.entries[r].slot as usize) {
+                Ok(()) => readable.push(r),
+                Err(source) => failed.push((r, source)),
+            }
+        }
+        let (stores, entries, table) = (&self.stores, &self.entries, arena.table());
+        let good: Vec<usize> = readable
+            .par_iter()
+            .copied()
+            .filter(|&r| {
+                let e = entries[r];
+                stores.get(e.precision).is_some_and(|store| {
+                    table
+                        .bytes(e.slot as usize, store.payload_bytes())
+                        .is_some_and(|b| store.verify(r, b).is_ok())
+                })
+            })
+            .collect();
+        let mut first_err = None;
+        for (r, source) in failed {
+            self.inflight.remove(&r);
+            let cancelled = self.entries[r].cancelled;
+            self.fail(r);
+            if !cancelled {
+                self.stats.failed_reads += 1;
+                let key = self.stores.key_name(r);
+                first_err.get_or_insert(ExpertsError::Read {
+                    record: r,
+                    key,
+                    source,
+                });
+            }
+        }
+        let now = Instant::now();
+        for r in readable {
+            // A record that failed its checksum here is verified again, to
+            // report it as `complete_at` does.
+            if let Err(e) = self.complete_checked(r, now, good.contains(&r)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Collect every read that has landed; the first error.
