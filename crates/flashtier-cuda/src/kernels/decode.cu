@@ -103,7 +103,7 @@ struct Mat {
 // Lane partials of dot(row `m` of `a`, x[r]) for r < rows over chunks
 // [c0, c1) of 8 elements (vector path) or elements [c0, c1) (scalar path),
 // added into acc; four chunks in flight per lane.
-template <int DT>
+template <int DT, int R>
 static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const float* x,
                                                  long long x_stride, int rows, int vec, int c0,
                                                  int c1, float* acc) {
@@ -115,7 +115,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
             float w = elem<DT>(row, i);
             if (DT == 3) w *= srow[i / a.bc];
 #pragma unroll
-            for (int r = 0; r < MAX_ROWS; ++r)
+            for (int r = 0; r < R; ++r)
                 if (r < rows) acc[r] = fmaf(w, x[r * x_stride + i], acc[r]);
         }
         return;
@@ -130,7 +130,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
             const int cu = c + u * WARP;
             const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
 #pragma unroll
-            for (int r = 0; r < MAX_ROWS; ++r) {
+            for (int r = 0; r < R; ++r) {
                 if (r < rows) {
                     const float4* xr = (const float4*)(x + r * x_stride + (long long)cu * 8);
                     const float4 p = xr[0], q = xr[1];
@@ -152,7 +152,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
         load8<DT>(row, c, w);
         const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
 #pragma unroll
-        for (int r = 0; r < MAX_ROWS; ++r) {
+        for (int r = 0; r < R; ++r) {
             if (r < rows) {
                 const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
                 const float4 p = xr[0], q = xr[1];
@@ -171,15 +171,15 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
 }
 
 // acc[r] = dot(row `m` of `a`, x[r]) for r < rows, one warp; `k` columns.
-template <int DT>
+template <int DT, int R>
 static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, const float* x,
                                                  long long x_stride, int rows, int vec,
                                                  float* acc) {
 #pragma unroll
-    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
-    lane_dots<DT>(a, m, x, x_stride, rows, vec, 0, vec ? k / 8 : k, acc);
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    lane_dots<DT, R>(a, m, x, x_stride, rows, vec, 0, vec ? k / 8 : k, acc);
 #pragma unroll
-    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
 // Up to four matrices sharing one input and dtype, one launch: matrix q
@@ -196,18 +196,18 @@ struct Mats {
 // out_q[r][i] = W_q[i] . x[r] for r < rows (<= 8). `wpr` warps (1, 2, 4 or
 // 8) share one output row, each over a contiguous slice of the columns,
 // their sums added in warp order; 8 / wpr rows per block of 8 warps.
-template <int DT>
+template <int DT, int R>
 static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, int bc, int k,
                                   const float* x, long long x_stride, int rows, int vec,
                                   int wpr) {
-    __shared__ float part[8][MAX_ROWS];
+    __shared__ float part[8][R];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int per_block = 8 / wpr;
     const int g = blockIdx.x * per_block + warp / wpr;
     const int slice = warp % wpr;
-    float acc[MAX_ROWS];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < MAX_ROWS; ++r) acc[r] = 0.f;
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
     int q = 0;
     while (q < 3 && g >= mm.start[q + 1]) ++q;
     const bool live = g < mm.start[4];
@@ -216,13 +216,13 @@ static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, i
         const int units = vec ? k / 8 : k;
         const int per = (units + wpr - 1) / wpr;
         const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
-        lane_dots<DT>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
+        lane_dots<DT, R>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
 #pragma unroll
-        for (int r = 0; r < MAX_ROWS; ++r) acc[r] = warp_sum(acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
     }
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < MAX_ROWS; ++r) part[warp][r] = acc[r];
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
     }
     __syncthreads();
     if (live && slice == 0 && lane == 0) {
@@ -236,16 +236,22 @@ static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, i
     }
 }
 
-#define GEMV(NAME, DT)                                                                        \
+// `gemv_*` takes up to 8 input rows per pass, `gemv1_*` exactly one (fewer
+// registers, more warps resident: the decode step's case).
+#define GEMV(NAME, DT, R)                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                         \
     NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
          long long x_stride, int rows, int vec, int wpr) {                                    \
-        gemv_multi<DT>(mm, row_bytes, br, bc, k, x, x_stride, rows, vec, wpr);                \
+        gemv_multi<DT, R>(mm, row_bytes, br, bc, k, x, x_stride, rows, vec, wpr);             \
     }
-GEMV(gemv_bf16, 0)
-GEMV(gemv_f16, 1)
-GEMV(gemv_f32, 2)
-GEMV(gemv_fp8, 3)
+GEMV(gemv_bf16, 0, MAX_ROWS)
+GEMV(gemv_f16, 1, MAX_ROWS)
+GEMV(gemv_f32, 2, MAX_ROWS)
+GEMV(gemv_fp8, 3, MAX_ROWS)
+GEMV(gemv1_bf16, 0, 1)
+GEMV(gemv1_f16, 1, 1)
+GEMV(gemv1_f32, 2, 1)
+GEMV(gemv1_fp8, 3, 1)
 
 // ---------------------------------------------------------------------------
 // Routed experts. An expert record lives at `table[layer_base + id]` (a
@@ -279,10 +285,10 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
     const long long rb = (long long)hidden * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
     Mat g = {rec + e.gate_off, rb, (const float*)(rec + e.gate_soff), e.gu_sc_cols, e.br, e.bc};
     Mat u = {rec + e.up_off, rb, (const float*)(rec + e.up_soff), e.gu_sc_cols, e.br, e.bc};
-    float ag[MAX_ROWS], au[MAX_ROWS];
+    float ag[1], au[1];
     const float* xr = x + (long long)r * hidden;
-    warp_dots<DT>(g, i, hidden, xr, hidden, 1, vec, ag);
-    warp_dots<DT>(u, i, hidden, xr, hidden, 1, vec, au);
+    warp_dots<DT, 1>(g, i, hidden, xr, hidden, 1, vec, ag);
+    warp_dots<DT, 1>(u, i, hidden, xr, hidden, 1, vec, au);
     if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = silu(ag[0]) * au[0];
 }
 
@@ -306,8 +312,8 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
         }
         const u8* rec = (const u8*)base;
         Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols, e.br, e.bc};
-        float acc[MAX_ROWS];
-        warp_dots<DT>(d, i, inter, act + p * inter, inter, 1, vec, acc);
+        float acc[1];
+        warp_dots<DT, 1>(d, i, inter, act + p * inter, inter, 1, vec, acc);
         total = fmaf(acc[0], weights[p], total);
     }
     if ((threadIdx.x & (WARP - 1)) == 0) out[(long long)r * hidden + i] = total;

@@ -104,7 +104,8 @@ impl DecodeKernels {
             ));
         }
         let gpu = &self.gpu;
-        let f = self.func(&format!("gemv_{}", ty.suffix()))?;
+        let many = self.func(&format!("gemv_{}", ty.suffix()))?;
+        let one = self.func(&format!("gemv1_{}", ty.suffix()))?;
         let (_, br, bc) = scale_args(first);
         let row_bytes = (k * ty.elem_bytes()) as i64;
         let vec = i32::from(k % 8 == 0);
@@ -141,6 +142,7 @@ impl DecodeKernels {
                 mm.start[q] = at as i32;
             }
             let x_ptr = addr(gpu, x.buf(), start * k);
+            let f = if rows == 1 { one } else { many };
             let mut b = gpu.stream().launch_builder(f);
             b.arg(&mm)
                 .arg(&row_bytes)
