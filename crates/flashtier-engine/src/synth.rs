@@ -128,6 +128,58 @@ pub enum SynthError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The folder holds something that is not a synthetic checkpoint this
+    /// project wrote (a real model, say); it is never replaced.
+    #[error(
+        "{dir} exists and is not a synthetic checkpoint written by flashtier (its config.json has no `flashtier_synthetic` entry); refusing to write over it"
+    )]
+    NotSynthetic {
+        /// The folder.
+        dir: PathBuf,
+    },
+}
+
+/// Whether `dir` is missing, empty, or a synthetic checkpoint (its
+/// `config.json` carries the `flashtier_synthetic` entry); anything else is
+/// refused with [`SynthError::NotSynthetic`].
+fn check_replaceable(dir: &Path) -> Result<(), SynthError> {
+    let io = |source| SynthError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    let synthetic = std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v.get("flashtier_synthetic").is_some());
+    if synthetic {
+        Ok(())
+    } else {
+        Err(SynthError::NotSynthetic {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// Remove the synthetic checkpoint in `dir` (nothing when it is missing);
+/// a folder that is not one is left alone and refused.
+pub fn remove_synthetic(dir: &Path) -> Result<(), SynthError> {
+    check_replaceable(dir)?;
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(SynthError::Io {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// How a tensor's values are drawn.
@@ -328,6 +380,7 @@ pub fn write_checkpoint(
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<SynthReport, SynthError> {
     spec.check()?;
+    check_replaceable(dir)?;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SynthError::Io { path, source }

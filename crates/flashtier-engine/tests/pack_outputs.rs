@@ -284,3 +284,36 @@ fn a_pack_failing_midway_leaves_no_temp_file_and_no_output() {
     assert!(matches!(err, PackError::Thread(_)), "{err}");
     assert!(names(&out_dir).is_empty(), "{:?}", names(&out_dir));
 }
+
+/// A folder that holds anything but a synthetic checkpoint (a user's real
+/// model, say) is never written over or removed by the synthesizer; an
+/// older synthetic checkpoint is replaced.
+#[test]
+fn the_synthesizer_never_replaces_a_real_model() {
+    use flashtier_engine::synth::{SynthError, remove_synthetic};
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), br#"{"model_type":"qwen3_moe"}"#).unwrap();
+    std::fs::write(model.join("model.safetensors"), b"the user's weights").unwrap();
+    let before = snapshot(&model);
+    let spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 1);
+    let err = write_checkpoint(&spec, &model, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, SynthError::NotSynthetic { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&model.display().to_string()),
+        "{err}"
+    );
+    assert!(matches!(
+        remove_synthetic(&model),
+        Err(SynthError::NotSynthetic { .. })
+    ));
+    assert_eq!(snapshot(&model), before);
+    // A synthetic checkpoint in its place is rewritten and removable.
+    let fresh = dir.path().join("synth");
+    write_checkpoint(&spec, &fresh, &mut |_| {}).unwrap();
+    write_checkpoint(&spec, &fresh, &mut |_| {}).unwrap();
+    remove_synthetic(&fresh).unwrap();
+    assert!(!fresh.exists());
+    remove_synthetic(&fresh).unwrap();
+}

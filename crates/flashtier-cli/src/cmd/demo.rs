@@ -20,20 +20,23 @@ use flashtier::experts::replay::{
     ReplayConfig, ReplayReport, budget_fraction, replay, synth_trace,
 };
 use flashtier::experts::tracegen::TraceFamily;
-use flashtier_engine::demo::{DemoOptions, DemoPhase, DemoReport, run_decode_demo};
+use flashtier::verify::VerifyReport;
+use flashtier_engine::demo::{
+    Bound, DecodeRun, DemoOptions, DemoPhase, DemoReport, run_decode_demo,
+};
+use flashtier_engine::engine::Placement;
 use flashtier_engine::pack::{PackOptions, PackReport};
-use flashtier_engine::synth::{SynthArch, SynthReport, SynthSpec, write_checkpoint};
+use flashtier_engine::synth::{SynthArch, SynthReport, SynthSpec};
 use flashtier_format::Dtype;
 use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
 
-use super::pack::experts::{bytes_bar, pack_with_progress, report_json, report_line};
-use super::verify::{VerifyReport, verify_store};
+use crate::kit::{self, count_bar, parse_bytes};
 
 /// Options of `flashtier demo`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Size of the synthetic checkpoint (e.g. 1GiB, 256MiB, 64M).
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    /// Size of the synthetic checkpoint (e.g. 1GiB, 256MiB, 64M; powers of 1024).
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     pub size: u64,
     /// Work in this folder (created; kept afterwards) instead of a temporary one.
     #[arg(long)]
@@ -62,37 +65,15 @@ pub struct Args {
     /// Expert budget as a percentage of the expert bytes (replay and decode).
     #[arg(long, default_value_t = 25)]
     pub budget_percent: u64,
+    /// Where the streamed decode runs: auto (the GPU when there is one) |
+    /// cuda | cuda:N | cpu. On a GPU the budget is the HBM expert arena and
+    /// misses land NVMe -> pinned staging -> HBM; the CPU engine always runs
+    /// the reference decode the GPU's tokens are checked against.
+    #[arg(long, default_value = "auto")]
+    pub device: Placement,
     /// Print a JSON report on stdout instead of the human one.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parse a byte size: a number with an optional K/M/G/T suffix (powers of
-/// 1024; `KiB`, `MB`, `GiB`... all accepted).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("bad size {s:?} (e.g. 1GiB, 512M, 4096)"))?;
-    let unit = unit.trim().to_ascii_lowercase();
-    let unit = unit.trim_end_matches('b').trim_end_matches('i');
-    let mult: u64 = match unit {
-        "" => 1,
-        "k" => 1 << 10,
-        "m" => 1 << 20,
-        "g" => 1 << 30,
-        "t" => 1 << 40,
-        _ => return Err(format!("bad size unit in {s:?} (K, M, G, T)")),
-    };
-    let bytes = n * mult as f64;
-    if !(1.0..=(1u64 << 50) as f64).contains(&bytes) {
-        return Err(format!("size {s:?} out of range"));
-    }
-    Ok(bytes as u64)
 }
 
 /// Parse a dtype by its safetensors name.
@@ -147,30 +128,20 @@ impl Workspace {
     }
 }
 
-/// Step 1: write the synthetic checkpoint.
+/// Step 1: write the synthetic checkpoint (replacing an older synthetic
+/// one in the folder, never anything else).
 pub fn generate(spec: &SynthSpec, ws: &Workspace, show: bool) -> anyhow::Result<SynthReport> {
-    if ws.model.exists() {
-        std::fs::remove_dir_all(&ws.model)
-            .with_context(|| format!("clear {}", ws.model.display()))?;
-    }
-    let bar = if show {
-        bytes_bar(spec.total_bytes(), "generating")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let report = write_checkpoint(spec, &ws.model, &mut |n| bar.inc(n))?;
-    bar.finish_and_clear();
-    Ok(report)
+    kit::synth_with_bar(spec, &ws.model, show)
 }
 
 /// Step 2: pack the experts.
 pub fn pack(ws: &Workspace, show: bool) -> anyhow::Result<PackReport> {
-    pack_with_progress(&PackOptions::new(&ws.model, &ws.store), show)
+    kit::pack_with_bar(&PackOptions::new(&ws.model, &ws.store), show)
 }
 
 /// Step 3: verify every record and the pairing with the checkpoint.
 pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
-    let (store, report) = verify_store(&ws.store, DirectMode::Prefer, show)?;
+    let (store, report) = kit::verify_with_bar(&ws.store, DirectMode::Prefer, show)?;
     if let Some(first) = report.first_bad() {
         anyhow::bail!(
             "verification failed: record {} ({}): {}",
@@ -201,11 +172,7 @@ pub fn replay_trace(ws: &Workspace, args: &Args, show: bool) -> anyhow::Result<R
         ..ReplayConfig::default()
     };
     let backend: std::sync::Arc<dyn StorageBackend> = open_backend(BackendKind::Uring, 32)?.into();
-    let bar = if show {
-        count_bar(u64::from(args.replay_tokens), "replaying trace")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = count_bar(u64::from(args.replay_tokens), "replaying trace", show);
     let report = replay(stores, backend, &trace, &config, &mut |done, _| {
         bar.set_position(done as u64);
     })?;
@@ -225,18 +192,15 @@ pub fn decode(
     opts.spec = spec.clone();
     opts.tokens = args.tokens;
     opts.budget_fraction = args.budget_percent as f64 / 100.0;
-    let bar = if show {
-        count_bar(1, "decoding")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    opts.placement = args.device;
+    let bar = count_bar(1, "decoding", show);
     let report = run_decode_demo(&opts, &|p| {
         let what = match p.phase {
             DemoPhase::Generate => "generating",
             DemoPhase::Pack => "packing",
             DemoPhase::Drive => "measuring the drive",
             DemoPhase::Streamed => "decoding, experts streamed",
-            DemoPhase::Mapped => "decoding, mapped backing",
+            DemoPhase::Mapped => "CPU reference, mapped",
             _ => "working",
         };
         bar.set_message(what);
@@ -245,17 +209,6 @@ pub fn decode(
     })?;
     bar.finish_and_clear();
     Ok(report)
-}
-
-fn count_bar(total: u64, what: &'static str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} ({elapsed})")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what);
-    bar
 }
 
 struct Done {
@@ -281,7 +234,7 @@ fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
         d.synth.files.len(),
         ws.model.display()
     );
-    println!("2. {}", report_line(&d.packed));
+    println!("2. {}", kit::pack_line(&d.packed));
     println!(
         "3. verified all {} records ({:.1} MiB, checksums and padding) and the pairing with the checkpoint",
         d.checked.units,
@@ -318,12 +271,23 @@ fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
     }
 }
 
+fn where_ran(r: &DecodeRun) -> String {
+    match (&r.gpu_name, &r.fallback) {
+        (Some(gpu), _) => format!(
+            "on the GPU ({gpu}; HBM expert slots under the budget, misses NVMe -> pinned -> HBM)"
+        ),
+        (None, Some(why)) => format!("on the CPU (no GPU: {why})"),
+        (None, None) => "on the CPU".to_owned(),
+    }
+}
+
 fn human_decode(x: &DemoReport) {
     let mib = |b: f64| b / f64::from(1 << 20);
     let s = &x.streamed;
     println!(
-        "5. decoded {} tokens with experts streamed under a {:.0} MiB budget ({:.0} MiB of experts):\n   {:.1} tok/s, expert hit rate {:.1}%, {:.1} MiB read per token, stall {:.0}%",
+        "5. decoded {} tokens {} with experts streamed under a {:.0} MiB budget ({:.0} MiB of experts):\n   {:.1} tok/s, expert hit rate {:.1}%, {:.1} MiB read per token, stall {:.0}%",
         s.steps,
+        where_ran(s),
         mib(x.budget_bytes as f64),
         mib(x.expert_bytes as f64),
         s.tokens_per_sec,
@@ -331,15 +295,24 @@ fn human_decode(x: &DemoReport) {
         mib(s.miss_bytes_per_token),
         100.0 * s.stall_fraction
     );
-    println!(
-        "   I/O bound {:.1} tok/s (the drive read the same records at {:.0} MiB/s in this run; fresh records {:.0} MiB/s): {:.0}% of the bound",
-        x.io_bound_tokens_per_sec,
-        mib(x.replay_bytes_per_sec),
-        mib(x.drive_bytes_per_sec),
-        100.0 * x.fraction_of_io_bound
+    let drive = format!(
+        "the drive read records of the same size at the same queue depth at {:.0} MiB/s in this run",
+        mib(x.drive_bytes_per_sec)
     );
+    match x.bound {
+        Bound::Measured { fraction } => println!(
+            "   I/O bound {:.1} tok/s ({drive}): {:.0}% of the bound",
+            x.io_bound_tokens_per_sec,
+            100.0 * fraction
+        ),
+        Bound::Unmeasurable { ratio } => println!(
+            "   no drive bound on this machine: the decode ran {ratio:.1}x faster than {drive}, so memory (a virtual disk's host cache) served some reads; replaying the decode's own reads gave {:.0} MiB/s",
+            mib(x.replay_bytes_per_sec)
+        ),
+        Bound::NoReads => println!("   every expert use hit memory: nothing read, no I/O bound"),
+    }
     println!(
-        "   mapped (page-cache) backing: {:.1} tok/s, hit rate {:.1}%; same tokens: {}",
+        "   CPU reference (mapped page-cache backing): {:.1} tok/s, hit rate {:.1}%; same tokens: {}",
         x.mapped.tokens_per_sec,
         100.0 * x.mapped.expert_hit_rate,
         if x.same_tokens { "yes" } else { "NO" }
@@ -363,7 +336,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Ok(x) = &decoded {
         anyhow::ensure!(
             x.same_tokens,
-            "streamed and mapped decodes produced different tokens"
+            "the streamed decode and the CPU reference produced different tokens"
         );
     }
     let done = Done {
@@ -391,7 +364,7 @@ fn to_json(spec: &SynthSpec, ws: &Workspace, d: &Done) -> serde_json::Value {
         "checkpoint": { "path": ws.model, "arch": spec.arch.model_type(), "dtype": spec.dtype.name(), "layers": spec.layers,
             "experts": spec.experts, "experts_per_token": spec.experts_per_token, "hidden": spec.hidden,
             "expert_intermediate": spec.intermediate, "bytes": d.synth.bytes, "files": d.synth.files.len(), "seed": spec.seed },
-        "pack": report_json(&d.packed),
+        "pack": kit::pack_json(&d.packed),
         "verify": d.checked.to_json(),
         "replay": d.replayed,
         "decode": match &d.decoded {
@@ -404,17 +377,6 @@ fn to_json(spec: &SynthSpec, ws: &Workspace, d: &Done) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("64mb"), Ok(64 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
-        assert!(parse_size("12X").is_err());
-        assert!(parse_size("").is_err());
-    }
 
     #[test]
     fn a_small_demo_runs_end_to_end() -> anyhow::Result<()> {

@@ -7,14 +7,14 @@
 //! system allows it. This module dispatches, draws the progress bar and
 //! prints.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub use flashtier::verify::VerifyReport;
-use flashtier::verify::{Progress, QUEUE_WINDOWS, sniff};
-use flashtier_format::{FileKind, Store};
+use flashtier::verify::{QUEUE_WINDOWS, sniff};
+use flashtier_format::FileKind;
 use flashtier_io::{DirectMode, PosixBackend};
 
-use super::pack::experts::bytes_bar;
+use crate::kit;
 
 /// Options of `flashtier verify`.
 #[derive(clap::Args, Debug)]
@@ -34,34 +34,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Run `verify` with a progress bar in bytes (hidden unless `show`).
-fn with_progress<T>(show: bool, verify: impl FnOnce(Progress<'_>) -> T) -> T {
-    let bar = if show {
-        bytes_bar(0, "verifying")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let mut progress = |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
-    let out = verify(&mut progress);
-    bar.finish_and_clear();
-    out
-}
-
-/// Check every record of the record store at `path` (the demo's step 3).
-pub fn verify_store(
-    path: &Path,
-    direct: DirectMode,
-    show: bool,
-) -> anyhow::Result<(Store, VerifyReport)> {
-    let backend = PosixBackend::new(QUEUE_WINDOWS)?;
-    Ok(with_progress(show, |p| {
-        flashtier::experts::verify::verify_store(path, &backend, direct, p)
-    })?)
-}
-
 /// Verify `args.file` by its kind; the pairing with `--model` for stores.
 fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
     let kind = sniff(&args.file)?;
@@ -73,7 +45,7 @@ fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
         );
     }
     if kind == FileKind::Store {
-        let (store, report) = verify_store(&args.file, args.direct, !args.json)?;
+        let (store, report) = kit::verify_with_bar(&args.file, args.direct, !args.json)?;
         if let Some(model) = &args.model {
             let ckpt = flashtier_engine::source::Checkpoint::open(model)?;
             flashtier_engine::pack::check_pairing(&store, &ckpt)?;
@@ -82,7 +54,7 @@ fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
     }
     let backend = PosixBackend::new(QUEUE_WINDOWS)?;
     let (path, direct) = (args.file.as_path(), args.direct);
-    with_progress(!args.json, |p| match kind {
+    kit::with_verify_bar(!args.json, |p| match kind {
         FileKind::RowShard => {
             Ok(flashtier::rows::verify::verify_shard(path, &backend, direct, p)?.1)
         }

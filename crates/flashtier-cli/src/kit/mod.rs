@@ -1,19 +1,19 @@
 //! What every command shares: one byte-size parser, medians, one
-//! progress-bar builder, limits on sizes a flag sets ([`limit`]), fio as the
+//! progress-bar builder, the synth / pack / verify steps with their bars
+//! ([`steps`]), limits on sizes a flag sets ([`limit`]), fio as the
 //! drive's own limit ([`fio`]) and the layout every bench follows
 //! ([`bench`]). Commands import from here, never from a sibling command.
 
 pub mod bench;
 pub mod fio;
 pub mod limit;
+mod steps;
 
-use std::path::Path;
+pub use steps::{
+    pack_json, pack_line, pack_with_bar, synth_with_bar, verify_with_bar, with_verify_bar,
+};
 
-use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
-use flashtier_engine::synth::{SynthReport, SynthSpec, write_checkpoint};
 use indicatif::{ProgressBar, ProgressStyle};
-
-use anyhow::Context as _;
 
 /// A byte count with an optional binary suffix: `4096`, `64K`, `512M`,
 /// `2G`, `1T` (also `Ki`/`KiB`, `KB`..., any case): powers of 1024. Overflow
@@ -100,36 +100,6 @@ pub fn bytes_bar(total: u64, message: &str, show: bool) -> ProgressBar {
 /// A progress bar of `total` items (tokens, runs, blocks).
 pub fn count_bar(total: u64, message: &str, show: bool) -> ProgressBar {
     progress(Units::Items, total, message, show)
-}
-
-/// Write the synthetic checkpoint `spec` into `dir` (replacing it) with a
-/// byte bar.
-pub fn synth_with_bar(spec: &SynthSpec, dir: &Path, show: bool) -> anyhow::Result<SynthReport> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    let bar = bytes_bar(spec.total_bytes(), "generating", show);
-    let report = write_checkpoint(spec, dir, &mut |n| bar.inc(n))?;
-    bar.finish_and_clear();
-    Ok(report)
-}
-
-/// Pack the experts `opts` names with a byte bar of the planned bytes.
-pub fn pack_with_bar(opts: &PackOptions, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::source::Checkpoint::open(&opts.model_dir)
-        .with_context(|| format!("opening {}", opts.model_dir.display()))?;
-    let (_, manifest) = plan_experts(&ckpt)?;
-    drop(ckpt);
-    let bar = bytes_bar(planned_bytes(&manifest), "packing", show);
-    let report = pack_experts(opts, &|n| bar.inc(n)).with_context(|| {
-        format!(
-            "packing {} into {}",
-            opts.model_dir.display(),
-            opts.out.display()
-        )
-    })?;
-    bar.finish_and_clear();
-    Ok(report)
 }
 
 #[cfg(test)]

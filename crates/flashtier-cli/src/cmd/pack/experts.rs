@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_engine::pack::{PackOptions, PackReport};
 use flashtier_io::DirectMode;
 use flashtier_io::persist::Wait;
-use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::kit;
 
 /// Options of `flashtier pack experts`.
 #[derive(clap::Args, Debug)]
@@ -54,83 +55,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// A byte-count progress bar on stderr (hidden when stderr is not a terminal).
-pub fn bytes_bar(total: u64, message: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(
-        "{msg:>10} [{bar:40.cyan/blue}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_message(message.to_string());
-    bar
-}
-
-/// Pack with a progress bar; the building block `demo` and `bench` reuse.
-pub fn pack_with_progress(opts: &PackOptions, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::source::Checkpoint::open(&opts.model_dir)
-        .with_context(|| format!("open checkpoint {}", opts.model_dir.display()))?;
-    let (_, manifest) = plan_experts(&ckpt)?;
-    drop(ckpt);
-    let bar = if show {
-        bytes_bar(planned_bytes(&manifest), "packing")
-    } else {
-        ProgressBar::hidden()
-    };
-    let report = pack_experts(opts, &|n| bar.inc(n)).with_context(|| {
-        format!(
-            "pack {} into {}",
-            opts.model_dir.display(),
-            opts.out.display()
-        )
-    })?;
-    bar.finish_and_clear();
-    Ok(report)
-}
-
-/// The report as JSON.
-pub fn report_json(r: &PackReport) -> serde_json::Value {
-    serde_json::json!({
-        "out": r.out,
-        "layout": r.family.name(),
-        "dtype": r.dtype.name(),
-        "records": r.records,
-        "payload_bytes": r.payload_bytes,
-        "record_stride_bytes": r.stride_bytes,
-        "file_len_bytes": r.file_len_bytes,
-        "direct": r.direct,
-        "reused": r.reused,
-        "elapsed_s": r.elapsed.as_secs_f64(),
-        "write_bytes_per_s": r.file_len_bytes as f64 / r.elapsed.as_secs_f64().max(1e-9),
-    })
-}
-
-/// One-line human summary of a pack.
-pub fn report_line(r: &PackReport) -> String {
-    if r.reused {
-        return format!(
-            "using {}: another writer packed it ({} experts, {}, {})",
-            r.out.display(),
-            r.records,
-            r.family.name(),
-            r.dtype
-        );
-    }
-    let secs = r.elapsed.as_secs_f64().max(1e-9);
-    format!(
-        "packed {} experts ({}, {}) into {}: {:.1} MiB in {:.2} s ({:.0} MiB/s, {})",
-        r.records,
-        r.family.name(),
-        r.dtype,
-        r.out.display(),
-        r.file_len_bytes as f64 / f64::from(1 << 20),
-        secs,
-        r.file_len_bytes as f64 / f64::from(1 << 20) / secs,
-        if r.direct { "O_DIRECT" } else { "buffered" },
-    )
-}
-
 /// Run `flashtier pack experts`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut opts = PackOptions::new(&args.model, &args.out);
@@ -141,14 +65,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     opts.writers = args.writers.clamp(1, 16);
     opts.wait = wait(&args);
     check_lowbit_outputs(&args)?;
-    let report = pack_with_progress(&opts, !args.json)?;
+    let report = kit::pack_with_bar(&opts, !args.json)?;
     let lowbit = write_lowbit(&args, &report)?;
     if args.json {
-        let mut v = report_json(&report);
+        let mut v = kit::pack_json(&report);
         v["lowbit"] = serde_json::to_value(&lowbit)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("{}", report_line(&report));
+        println!("{}", kit::pack_line(&report));
         for l in &lowbit {
             println!(
                 "wrote {}-bit companion {} ({} bytes/record, relative RMSE {:.4} vs the source)",
@@ -191,12 +115,7 @@ fn write_lowbit(
     for &bits in &args.lowbit {
         let spec = LowbitSpec::new(bits, args.lowbit_group)?;
         let path = companion_path(&report.out, bits);
-        let bar = if args.json {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(report.records)
-        };
-        bar.set_message(format!("q{bits}"));
+        let bar = kit::count_bar(report.records, &format!("q{bits}"), !args.json);
         let r = write_companion_with(&report.out, &path, spec, wait(args), &mut |done, _| {
             bar.set_position(done)
         })
