@@ -323,6 +323,73 @@ fn norms_rope_and_elementwise_match_the_reference() {
     }
 }
 
+/// The fused per-head q/k norm + RoPE against its parts on the GPU
+/// (rms_norm per head, then rope of whole heads), with and without norms,
+/// over head widths that do and do not fill the block.
+#[test]
+fn fused_qk_norm_rope_equals_norm_then_rope() {
+    let Some(gpu) = gpu_or_skip("fused_qk_norm_rope_equals_norm_then_rope") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(17);
+    for (rows, q_heads, kv_heads, d) in [(1, 8, 2, 128), (3, 4, 4, 48), (2, 2, 1, 256)] {
+        let half = d / 2;
+        let positions = 12;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for p in 0..positions {
+            for i in 0..half {
+                let f = 1.0 / 10000f32.powf(2.0 * i as f32 / d as f32);
+                cos.push((p as f32 * f).cos());
+                sin.push((p as f32 * f).sin());
+            }
+        }
+        let table = RopeTable::upload(&gpu, positions, half, &cos, &sin).unwrap();
+        let mut vals =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0..2.0)).collect() };
+        let (qx, kx) = (vals(rows * q_heads * d), vals(rows * kv_heads * d));
+        let (qw, kw) = (vals(d), vals(d));
+        let (qn, kn) = (
+            DevVector::upload(&gpu, &qw).unwrap(),
+            DevVector::upload(&gpu, &kw).unwrap(),
+        );
+        for norms in [None, Some([&qn, &kn])] {
+            let mut q = act(&k, &pool, rows, q_heads * d, &qx);
+            let mut kk = act(&k, &pool, rows, kv_heads * d, &kx);
+            k.qk_norm_rope(&mut q, &mut kk, norms, 1e-6, &table, d, false, 7 - rows)
+                .unwrap();
+            for (got, x, heads, w) in [
+                (&q, &qx, q_heads, norms.map(|n| n[0])),
+                (&kk, &kx, kv_heads, norms.map(|n| n[1])),
+            ] {
+                let mut want = act(&k, &pool, rows, heads * d, x);
+                if let Some(w) = w {
+                    let mut normed = pool.take(&gpu, rows, heads * d).unwrap();
+                    k.rms_norm(&mut normed, &want, w, 1e-6).unwrap();
+                    want = normed;
+                }
+                k.rope(&mut want, &table, heads, d, 0, d, false, 7 - rows)
+                    .unwrap();
+                let (g, w) = (
+                    got.to_host(gpu.stream()).unwrap(),
+                    want.to_host(gpu.stream()).unwrap(),
+                );
+                let worst = g
+                    .iter()
+                    .zip(&w)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= 1e-6,
+                    "d {d}, norms {}: differs by {worst}",
+                    norms.is_some()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn routing_picks_the_reference_experts() {
     let Some(gpu) = gpu_or_skip("routing_picks_the_reference_experts") else {

@@ -655,6 +655,56 @@ extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset,
     }
 }
 
+// Qwen3's per-head q/k RMSNorm (when `has_norm`; weights qw, kw `dim` wide)
+// and then RoPE of whole heads, in place: block (h, r) takes q's head h for
+// h < q_heads, else k's head h - q_heads, of row r at position first + r.
+// The arithmetic is rms_norm's and rope's, in their order. grid:
+// (q_heads + kv_heads, rows), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, const float* kw,
+             int dim, int has_norm, float eps, int interleaved, const float* cos_t,
+             const float* sin_t, int first) {
+    __shared__ float part[256];
+    __shared__ float v[512];
+    const int h = blockIdx.x, r = blockIdx.y;
+    const bool is_q = h < q_heads;
+    const int heads = is_q ? q_heads : kv_heads;
+    const int head = is_q ? h : h - q_heads;
+    float* at = (is_q ? q : k) + ((long long)r * heads + head) * dim;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < dim; i += 256) {
+        v[i] = at[i];
+        acc = fmaf(v[i], v[i], acc);
+    }
+    if (has_norm) {
+        const float* w = is_q ? qw : kw;
+        part[threadIdx.x] = acc;
+        __syncthreads();
+        for (int s = 128; s > 0; s >>= 1) {
+            if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+            __syncthreads();
+        }
+        const float inv = 1.f / sqrtf(part[0] / (float)dim + eps);
+        for (int i = threadIdx.x; i < dim; i += 256) v[i] = w[i] * (v[i] * inv);
+    }
+    __syncthreads();
+    const int half = dim / 2;
+    const long long pos = first + r;
+    for (int i = threadIdx.x; i < half; i += 256) {
+        const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
+        float a, b;
+        if (interleaved) {
+            a = v[2 * i];
+            b = v[2 * i + 1];
+        } else {
+            a = v[i];
+            b = v[half + i];
+        }
+        at[i] = a * c - b * s;
+        at[half + i] = b * c + a * s;
+    }
+}
+
 // out[r] = table[ids[r]] widened; FP8 rows times their block scales.
 template <int DT>
 static __device__ void embed_rows(Mat a, const int* ids, int cols, float* out) {

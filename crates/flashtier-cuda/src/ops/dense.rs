@@ -1,9 +1,9 @@
-//! Matrix-vector products, embeddings, RMSNorm, RoPE and the elementwise
-//! kernels, with their shape checks.
+//! Matrix-vector products, embeddings and the elementwise kernels, with
+//! their shape checks (norms and RoPE: [`super::norm`]).
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::buffers::{DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use super::buffers::{DevAct, DevMatrix, DevVector, WeightType};
 use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
 use crate::error::CudaError;
 
@@ -37,11 +37,11 @@ fn warps_per_row(rows: usize) -> usize {
     }
 }
 
-fn shape(what: &'static str, why: String) -> CudaError {
+pub(super) fn shape(what: &'static str, why: String) -> CudaError {
     CudaError::invalid(what, why)
 }
 
-fn same(what: &'static str, a: &DevAct, b: &DevAct) -> Result<(), CudaError> {
+pub(super) fn same(what: &'static str, a: &DevAct, b: &DevAct) -> Result<(), CudaError> {
     if a.rows() != b.rows() || a.cols() != b.cols() {
         return Err(shape(
             what,
@@ -220,77 +220,6 @@ impl DecodeKernels {
         Ok(())
     }
 
-    /// RMSNorm of every `w.len()`-wide group of columns.
-    pub fn rms_norm(
-        &self,
-        out: &mut DevAct,
-        x: &DevAct,
-        w: &DevVector,
-        eps: f32,
-    ) -> Result<(), CudaError> {
-        same("rms_norm", out, x)?;
-        let g = w.len();
-        if x.cols() % g != 0 {
-            return Err(shape(
-                "rms_norm",
-                format!("{g}-wide weight over {} columns", x.cols()),
-            ));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (dim(x.cols() / g, "x")?, dim(x.rows(), "y")?, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (cols, group) = (x.cols() as i32, g as i32);
-        let mut b = self.gpu.stream().launch_builder(self.func("rms_norm")?);
-        b.arg(x.buf())
-            .arg(w.data())
-            .arg(&cols)
-            .arg(&group)
-            .arg(&eps)
-            .arg(out.buf_mut());
-        // SAFETY: matches `rms_norm`; each block reads one group of one row
-        // of x and writes the same range of out (same shape, checked).
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rms_norm"))?;
-        Ok(())
-    }
-
-    /// `x += y`, then `out = rms_norm(x) * w` over whole rows, one pass.
-    pub fn add_rms_norm(
-        &self,
-        x: &mut DevAct,
-        y: &DevAct,
-        w: &DevVector,
-        eps: f32,
-        out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        same("add_rms_norm", x, y)?;
-        same("add_rms_norm", x, out)?;
-        if w.len() != x.cols() {
-            return Err(shape(
-                "add_rms_norm",
-                format!("{}-wide weight over {} columns", w.len(), x.cols()),
-            ));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (dim(x.rows(), "x")?, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let cols = x.cols() as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("add_rms_norm")?);
-        b.arg(x.buf_mut())
-            .arg(y.buf())
-            .arg(w.data())
-            .arg(&cols)
-            .arg(&eps)
-            .arg(out.buf_mut());
-        // SAFETY: matches `add_rms_norm`; one block per row of x, y and out
-        // (one shape, checked), the weight as wide as a row.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch add_rms_norm"))?;
-        Ok(())
-    }
-
     /// `x += y`.
     pub fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), CudaError> {
         same("add", x, y)?;
@@ -416,78 +345,6 @@ impl DecodeKernels {
         // SAFETY: matches `copy_heads`; the last head's slice ends inside
         // both rows (checked above).
         unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch copy_heads"))?;
-        Ok(())
-    }
-
-    /// Rotate `dims` columns at `h * head_stride + offset` of `heads`
-    /// heads of row r by position `first + r`.
-    #[allow(clippy::too_many_arguments, reason = "the rotation's geometry")]
-    pub fn rope(
-        &self,
-        x: &mut DevAct,
-        table: &RopeTable,
-        heads: usize,
-        head_stride: usize,
-        offset: usize,
-        dims: usize,
-        interleaved: bool,
-        first: usize,
-    ) -> Result<(), CudaError> {
-        let last = heads.saturating_sub(1) * head_stride + offset + dims;
-        if dims == 0
-            || dims % 2 != 0
-            || dims > 512
-            || dims / 2 > table.half()
-            || heads == 0
-            || last > x.cols()
-        {
-            return Err(shape(
-                "rope",
-                format!(
-                    "{heads} heads of {dims} at {offset} over {} columns",
-                    x.cols()
-                ),
-            ));
-        }
-        if first + x.rows() > table.positions() {
-            return Err(shape(
-                "rope",
-                format!(
-                    "positions up to {} of a {}-position table",
-                    first + x.rows(),
-                    table.positions()
-                ),
-            ));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (dim(heads, "x")?, dim(x.rows(), "y")?, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (cos, sin) = table.tables();
-        let a = [
-            x.cols(),
-            head_stride,
-            offset,
-            dims,
-            usize::from(interleaved),
-        ]
-        .map(|v| v as i32);
-        let first = first as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("rope")?);
-        b.arg(x.buf_mut())
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(&a[2])
-            .arg(&a[3])
-            .arg(&a[4])
-            .arg(cos)
-            .arg(sin)
-            .arg(&first);
-        // SAFETY: matches `rope`; each head's `dims` columns lie in the row
-        // (checked), dims <= 512 fits the kernel's shared buffer, and every
-        // position's half-width table row exists.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rope"))?;
         Ok(())
     }
 

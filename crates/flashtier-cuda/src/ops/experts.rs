@@ -468,7 +468,7 @@ impl DecodeKernels {
         let mut b = stream.launch_builder(self.func(&format!("moe_gate_up_{sfx}"))?);
         b.arg(&slots.table_dev)
             .arg(&base)
-            .arg(&routes.ids)
+            .arg(routes.ids())
             .arg(&kk)
             .arg(x.buf())
             .arg(&h)
@@ -487,8 +487,8 @@ impl DecodeKernels {
         let mut b = stream.launch_builder(self.func(&format!("moe_down_{sfx}"))?);
         b.arg(&slots.table_dev)
             .arg(&base)
-            .arg(&routes.ids)
-            .arg(&routes.weights)
+            .arg(routes.ids())
+            .arg(routes.weights())
             .arg(&kk)
             .arg(act.buf())
             .arg(&h)

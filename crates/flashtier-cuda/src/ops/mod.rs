@@ -18,6 +18,7 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+pub mod norm;
 pub mod route;
 
 use std::collections::HashMap;
@@ -65,6 +66,7 @@ const KERNELS: &[&str] = &[
     "add_gated",
     "copy_heads",
     "rope",
+    "qk_norm_rope",
     "embed_bf16",
     "embed_f16",
     "embed_f32",
@@ -81,6 +83,7 @@ pub struct DecodeKernels {
     gpu: Gpu,
     _module: Arc<CudaModule>,
     funcs: HashMap<&'static str, CudaFunction>,
+    routes_pool: Arc<route::RoutePool>,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -106,6 +109,7 @@ impl DecodeKernels {
             gpu: gpu.clone(),
             _module: module,
             funcs,
+            routes_pool: Arc::default(),
         })
     }
 

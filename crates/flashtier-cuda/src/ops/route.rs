@@ -2,6 +2,16 @@
 //! (ascending id, the order their outputs are summed in) and weights, as
 //! the engine's host reference (`flashtier_engine::family::route`) defines
 //! them. One block per row.
+//!
+//! A decode step routes every layer: the id and weight buffers are
+//! recycled through a [`RoutePool`] (at most
+//! [`POOL_PER_SIZE`](super::buffers::POOL_PER_SIZE) free pairs per size)
+//! instead of allocated per call. Work runs in issue order on the compute
+//! stream, so a pair recycled on the host is reused only by work queued
+//! after every kernel that read it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -20,8 +30,41 @@ pub const MAX_GROUPS: usize = 256;
 pub struct DevRoutes {
     rows: usize,
     top_k: usize,
-    pub(crate) ids: CudaSlice<i32>,
-    pub(crate) weights: CudaSlice<f32>,
+    /// Always `Some` until dropped (then handed back to `pool`).
+    bufs: Option<RouteBufs>,
+    pool: Arc<RoutePool>,
+}
+
+impl Drop for DevRoutes {
+    fn drop(&mut self) {
+        if let Some(pair) = self.bufs.take() {
+            self.pool.give_back(pair);
+        }
+    }
+}
+
+/// One route set's buffers: ids and weights.
+type RouteBufs = (CudaSlice<i32>, CudaSlice<f32>);
+
+/// Free routing buffers by length (ids and weights of `rows * top_k`).
+#[derive(Default)]
+pub(crate) struct RoutePool {
+    free: Mutex<HashMap<usize, Vec<RouteBufs>>>,
+}
+
+impl RoutePool {
+    fn take(&self, len: usize) -> Option<RouteBufs> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.get_mut(&len).and_then(Vec::pop)
+    }
+
+    fn give_back(&self, pair: RouteBufs) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = free.entry(pair.0.len()).or_default();
+        if list.len() < super::buffers::POOL_PER_SIZE {
+            list.push(pair);
+        }
+    }
 }
 
 impl std::fmt::Debug for DevRoutes {
@@ -43,15 +86,38 @@ impl DevRoutes {
         self.top_k
     }
 
+    fn pair(&self) -> &RouteBufs {
+        // DevRoutes holds its buffers until it is dropped.
+        self.bufs
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("DevRoutes without buffers"))
+    }
+
+    fn pair_mut(&mut self) -> &mut RouteBufs {
+        self.bufs
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("DevRoutes without buffers"))
+    }
+
+    /// The chosen ids, `rows x top_k`.
+    pub(crate) fn ids(&self) -> &CudaSlice<i32> {
+        &self.pair().0
+    }
+
+    /// The chosen weights, `rows x top_k`.
+    pub(crate) fn weights(&self) -> &CudaSlice<f32> {
+        &self.pair().1
+    }
+
     /// The chosen ids and weights on the host, row-major (synchronises the
     /// compute stream).
     pub fn to_host(&self, k: &DecodeKernels) -> Result<(Vec<u32>, Vec<f32>), CudaError> {
         let stream = k.gpu().stream();
         let ids = stream
-            .clone_dtoh(&self.ids)
+            .clone_dtoh(self.ids())
             .map_err(CudaError::driver("copy routed ids"))?;
         let w = stream
-            .clone_dtoh(&self.weights)
+            .clone_dtoh(self.weights())
             .map_err(CudaError::driver("copy routed weights"))?;
         Ok((ids.into_iter().map(|v| v as u32).collect(), w))
     }
@@ -69,17 +135,27 @@ fn check(logits: &DevAct, top_k: usize) -> Result<(), CudaError> {
 }
 
 impl DecodeKernels {
+    /// Buffers for `rows x top_k` routes: recycled, or new and zeroed.
     fn routes(&self, rows: usize, top_k: usize) -> Result<DevRoutes, CudaError> {
-        let stream = self.gpu.stream();
+        let len = rows * top_k;
+        let pair = match self.routes_pool.take(len) {
+            Some(pair) => pair,
+            None => {
+                let stream = self.gpu.stream();
+                let ids = stream
+                    .alloc_zeros::<i32>(len)
+                    .map_err(CudaError::driver("allocate routed ids"))?;
+                let weights = stream
+                    .alloc_zeros::<f32>(len)
+                    .map_err(CudaError::driver("allocate routed weights"))?;
+                (ids, weights)
+            }
+        };
         Ok(DevRoutes {
             rows,
             top_k,
-            ids: stream
-                .alloc_zeros::<i32>(rows * top_k)
-                .map_err(CudaError::driver("allocate routed ids"))?,
-            weights: stream
-                .alloc_zeros::<f32>(rows * top_k)
-                .map_err(CudaError::driver("allocate routed weights"))?,
+            bufs: Some(pair),
+            pool: self.routes_pool.clone(),
         })
     }
 
@@ -110,15 +186,19 @@ impl DecodeKernels {
         }
         let stream = self.gpu.stream();
         let host_ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let pair = (
+            stream
+                .clone_htod(&host_ids)
+                .map_err(CudaError::driver("upload routed ids"))?,
+            stream
+                .clone_htod(weights)
+                .map_err(CudaError::driver("upload routed weights"))?,
+        );
         Ok(DevRoutes {
             rows: ids.len() / top_k,
             top_k,
-            ids: stream
-                .clone_htod(&host_ids)
-                .map_err(CudaError::driver("upload routed ids"))?,
-            weights: stream
-                .clone_htod(weights)
-                .map_err(CudaError::driver("upload routed weights"))?,
+            bufs: Some(pair),
+            pool: self.routes_pool.clone(),
         })
     }
 
@@ -132,6 +212,7 @@ impl DecodeKernels {
         check(logits, top_k)?;
         let mut r = self.routes(logits.rows(), top_k)?;
         let (n, k, nm) = (logits.cols() as i32, top_k as i32, i32::from(norm));
+        let (ids, weights) = r.pair_mut();
         let mut b = self
             .gpu
             .stream()
@@ -140,8 +221,8 @@ impl DecodeKernels {
             .arg(&n)
             .arg(&k)
             .arg(&nm)
-            .arg(&mut r.ids)
-            .arg(&mut r.weights);
+            .arg(&mut *ids)
+            .arg(&mut *weights);
         // SAFETY: matches `route_softmax`; one warp per row reads its n
         // logits (n <= MAX_EXPERTS, the kernel's shared arrays) and writes
         // top_k ids and weights (top_k <= MAX_TOP_K) into buffers of
@@ -186,6 +267,7 @@ impl DecodeKernels {
         let bias_buf = bias.map_or(&zero_bias, DevVector::data);
         let a = [e, top_k, n_group, topk_group].map(|v| v as i32);
         let nm = i32::from(norm);
+        let (ids, weights) = r.pair_mut();
         let mut b = stream.launch_builder(self.func("route_sigmoid_groups")?);
         b.arg(logits.buf())
             .arg(bias_buf)
@@ -195,8 +277,8 @@ impl DecodeKernels {
             .arg(&a[3])
             .arg(&scaling)
             .arg(&nm)
-            .arg(&mut r.ids)
-            .arg(&mut r.weights);
+            .arg(&mut *ids)
+            .arg(&mut *weights);
         // SAFETY: matches `route_sigmoid_groups`; as `route_softmax`, plus a
         // bias of e values and n_group <= MAX_GROUPS (one thread per group).
         unsafe { b.launch(Self::route_cfg(logits.rows(), 256)?) }

@@ -210,6 +210,23 @@ pub trait Device {
         }
         Ok(())
     }
+    /// Qwen3's per-head RMSNorm of `q` and `k` (`norms = [q_w, k_w]`; none
+    /// without) and then RoPE of their whole `head_dim`-wide heads
+    /// (rotate-half) for row r at position `first + r`, in place; devices
+    /// may fuse them.
+    #[allow(clippy::too_many_arguments, reason = "one fused operation")]
+    fn qk_norm_rope(
+        &self,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        norms: Option<[&Self::Vector; 2]>,
+        eps: f32,
+        table: &Self::Rope,
+        head_dim: usize,
+        first: usize,
+    ) -> Result<(), EngineError> {
+        qk_norm_rope_unfused(self, q, k, norms, eps, table, head_dim, first)
+    }
     /// `x[r] += b` for every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
     /// `gate = silu(gate) * up`.
@@ -287,4 +304,37 @@ pub trait Device {
     fn to_host(&self, x: &Self::Act) -> Result<Vec<f32>, EngineError>;
     /// Index of each row's largest value (lowest index on ties).
     fn argmax_rows(&self, x: &Self::Act) -> Result<Vec<u32>, EngineError>;
+}
+
+/// [`Device::qk_norm_rope`] as its parts: [`Device::rms_norm`] of each
+/// head, then [`Device::rope`] of q's and k's whole heads.
+#[allow(clippy::too_many_arguments, reason = "one fused operation")]
+pub fn qk_norm_rope_unfused<D: Device + ?Sized>(
+    dev: &D,
+    q: &mut D::Act,
+    k: &mut D::Act,
+    norms: Option<[&D::Vector; 2]>,
+    eps: f32,
+    table: &D::Rope,
+    head_dim: usize,
+    first: usize,
+) -> Result<(), EngineError> {
+    if let Some([qn, kn]) = norms {
+        for (x, w) in [(&mut *q, qn), (&mut *k, kn)] {
+            let mut normed = dev.zeros(x.rows(), x.cols())?;
+            dev.rms_norm(&mut normed, x, w, eps)?;
+            *x = normed;
+        }
+    }
+    for x in [q, k] {
+        let spec = RopeSpec {
+            heads: x.cols() / head_dim.max(1),
+            head_stride: head_dim,
+            offset: 0,
+            dims: head_dim,
+            interleaved: false,
+        };
+        dev.rope(x, table, spec, first)?;
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! cache's causal attention, and `o_proj`.
 
 use crate::config::ModelConfig;
-use crate::device::{Device, RopeSpec};
+use crate::device::Device;
 use crate::error::EngineError;
 use crate::family::Step;
 use crate::loader::Loader;
@@ -80,23 +80,8 @@ impl<D: Device> GqaWeights<D> {
             dev.add_bias(&mut k, kb)?;
             dev.add_bias(&mut v, vb)?;
         }
-        if let Some([qn, kn]) = &self.qk_norm {
-            let mut normed = dev.zeros(n, c.num_q_heads * d)?;
-            dev.rms_norm(&mut normed, &q, qn, c.rms_norm_eps)?;
-            q = normed;
-            let mut normed = dev.zeros(n, c.num_kv_heads * d)?;
-            dev.rms_norm(&mut normed, &k, kn, c.rms_norm_eps)?;
-            k = normed;
-        }
-        let whole_heads = |heads| RopeSpec {
-            heads,
-            head_stride: d,
-            offset: 0,
-            dims: d,
-            interleaved: false,
-        };
-        dev.rope(&mut q, st.rope, whole_heads(c.num_q_heads), st.first)?;
-        dev.rope(&mut k, st.rope, whole_heads(c.num_kv_heads), st.first)?;
+        let norms = self.qk_norm.as_ref().map(|[qn, kn]| [qn, kn]);
+        dev.qk_norm_rope(&mut q, &mut k, norms, c.rms_norm_eps, st.rope, d, st.first)?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
         dev.attend(st.kv, layer, &q, &k, &v, &mut heads)?;
         let mut out = dev.zeros(n, c.hidden_size)?;

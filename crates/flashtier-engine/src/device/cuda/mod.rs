@@ -21,6 +21,7 @@ use flashtier_cuda::Gpu;
 use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::DevKvCache;
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_format::Dtype;
 
@@ -324,6 +325,34 @@ impl Device for CudaDevice {
                 spec.interleaved,
                 first,
             )?)
+        })
+    }
+
+    fn qk_norm_rope(
+        &self,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        norms: Option<[&DevVector; 2]>,
+        eps: f32,
+        table: &RopeTable,
+        head_dim: usize,
+        first: usize,
+    ) -> Result<(), EngineError> {
+        if first + q.rows() > table.positions() {
+            return Err(EngineError::ContextFull {
+                len: first + q.rows(),
+                max: table.positions(),
+            });
+        }
+        if head_dim > MAX_ROPE_DIMS {
+            return crate::device::qk_norm_rope_unfused(
+                self, q, k, norms, eps, table, head_dim, first,
+            );
+        }
+        self.timed(OpClass::Other, 0, || {
+            Ok(self
+                .kernels
+                .qk_norm_rope(q, k, norms, eps, table, head_dim, false, first)?)
         })
     }
 
