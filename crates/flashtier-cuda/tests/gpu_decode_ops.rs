@@ -398,32 +398,47 @@ fn routing_picks_the_reference_experts() {
     let k = DecodeKernels::new(&gpu).unwrap();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(11);
+    // Softmax top-k over expert counts below, at and past a warp multiple,
+    // renormalised (Qwen3, Mixtral) or not (Qwen2-MoE), up to the limits.
+    for (e, top, norm) in [
+        (128, 8, true),
+        (60, 2, true),
+        (8, 2, true),
+        (1024, 32, true),
+        (512, 10, false),
+    ] {
+        let rows = 5;
+        let logits: Vec<f32> = (0..rows * e).map(|_| rng.random_range(-4.0..4.0)).collect();
+        let la = act(&k, &pool, rows, e, &logits);
+        let routes = k.route_softmax(&la, top, norm).unwrap();
+        let (ids, w) = routes.to_host(&k).unwrap();
+        for r in 0..rows {
+            let l = &logits[r * e..(r + 1) * e];
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
+            let mut want: Vec<usize> = order[..top].to_vec();
+            want.sort_unstable();
+            let got: Vec<usize> = ids[r * top..(r + 1) * top]
+                .iter()
+                .map(|&i| i as usize)
+                .collect();
+            assert_eq!(got, want, "{e} experts, row {r}");
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let all: f64 = l.iter().map(|&x| f64::from(x - max).exp()).sum();
+            let chosen: f64 = want.iter().map(|&i| f64::from(l[i] - max).exp()).sum();
+            let denom = if norm { chosen } else { all };
+            for (j, &i) in want.iter().enumerate() {
+                let p = f64::from(l[i] - max).exp() / denom;
+                assert!(
+                    (f64::from(w[r * top + j]) - p).abs() < 1e-6,
+                    "{e} experts, row {r} expert {i}"
+                );
+            }
+        }
+    }
     let (rows, e, top) = (5, 128, 8);
     let logits: Vec<f32> = (0..rows * e).map(|_| rng.random_range(-4.0..4.0)).collect();
     let la = act(&k, &pool, rows, e, &logits);
-    let routes = k.route_softmax(&la, top, true).unwrap();
-    let (ids, w) = routes.to_host(&k).unwrap();
-    for r in 0..rows {
-        let l = &logits[r * e..(r + 1) * e];
-        let mut order: Vec<usize> = (0..e).collect();
-        order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
-        let mut want: Vec<usize> = order[..top].to_vec();
-        want.sort_unstable();
-        let got: Vec<usize> = ids[r * top..(r + 1) * top]
-            .iter()
-            .map(|&i| i as usize)
-            .collect();
-        assert_eq!(got, want, "row {r}");
-        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let denom: f64 = want.iter().map(|&i| f64::from(l[i] - max).exp()).sum();
-        for (j, &i) in want.iter().enumerate() {
-            let p = f64::from(l[i] - max).exp() / denom;
-            assert!(
-                (f64::from(w[r * top + j]) - p).abs() < 1e-6,
-                "row {r} expert {i}"
-            );
-        }
-    }
     // Grouped sigmoid routing: 8 groups of 16, choose 4 groups, top-8.
     let bias: Vec<f32> = (0..e).map(|_| rng.random_range(-0.1..0.1)).collect();
     let bv = DevVector::upload(&gpu, &bias).unwrap();

@@ -14,6 +14,9 @@ typedef unsigned char u8;
 typedef unsigned long long u64;
 
 #define WARP 32
+#define ROUTE_THREADS 256
+#define MAX_EXPERTS 1024
+#define MAX_TOPK 32
 #define MAX_ROWS 8
 #define MAX_DIM_PER_LANE 8   // head_dim <= 256
 #define ATTN_WARPS 4
@@ -46,6 +49,18 @@ static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Sum of one value per thread over a block of 256: warp sums, then the 8
+// warp sums in warp order, the same total in every thread. `red` holds 8.
+static __device__ __forceinline__ float block_sum256(float v, float* red) {
+    v = warp_sum(v);
+    if ((threadIdx.x & (WARP - 1)) == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) t += red[w];
+    return t;
 }
 
 // Element `i` of a row of dtype DT.
@@ -267,56 +282,66 @@ struct Expert {
 static __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 // act[p][i] = silu(gate_i . x[r]) * (up_i . x[r]) for pair p = r * top_k + j,
-// expert ids[p]. grid: (ceil(inter / warps), pairs).
+// expert ids[p]. A block of 8 warps takes 4 output rows; warp w computes
+// the gate (w even) or up (w odd) dot of row blockIdx.x * 4 + w / 2.
+// grid: (ceil(inter / 4), pairs), 256 threads.
 template <int DT>
 static __device__ void moe_gate_up(const u64* table, int layer_base, const int* ids, int top_k,
                                    const float* x, int hidden, int inter, Expert e, int vec,
                                    float* act) {
+    __shared__ float gu[4][2];
     const int p = blockIdx.y;
-    const int i = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
-    if (i >= inter) return;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int i = blockIdx.x * 4 + warp / 2, which = warp & 1;
     const int r = p / top_k;
     const u64 base = table[layer_base + ids[p]];
-    if (base == 0) {
-        if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = __int_as_float(0x7fc00000);
-        return;
+    if (i < inter && base != 0) {
+        const u8* rec = (const u8*)base;
+        const long long rb = (long long)hidden * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+        const long long off = which ? e.up_off : e.gate_off;
+        const long long soff = which ? e.up_soff : e.gate_soff;
+        Mat m = {rec + off, rb, (const float*)(rec + soff), e.gu_sc_cols, e.br, e.bc};
+        float acc[1];
+        warp_dots<DT, 1>(m, i, hidden, x + (long long)r * hidden, hidden, 1, vec, acc);
+        if (lane == 0) gu[warp / 2][which] = acc[0];
     }
-    const u8* rec = (const u8*)base;
-    const long long rb = (long long)hidden * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
-    Mat g = {rec + e.gate_off, rb, (const float*)(rec + e.gate_soff), e.gu_sc_cols, e.br, e.bc};
-    Mat u = {rec + e.up_off, rb, (const float*)(rec + e.up_soff), e.gu_sc_cols, e.br, e.bc};
-    float ag[1], au[1];
-    const float* xr = x + (long long)r * hidden;
-    warp_dots<DT, 1>(g, i, hidden, xr, hidden, 1, vec, ag);
-    warp_dots<DT, 1>(u, i, hidden, xr, hidden, 1, vec, au);
-    if ((threadIdx.x & (WARP - 1)) == 0) act[(long long)p * inter + i] = silu(ag[0]) * au[0];
+    __syncthreads();
+    const int t = threadIdx.x, it = blockIdx.x * 4 + t;
+    if (t < 4 && it < inter)
+        act[(long long)p * inter + it] = base == 0 ? __int_as_float(0x7fc00000)
+                                                   : silu(gu[t][0]) * gu[t][1];
 }
 
 // out[r][i] = sum over j < top_k (ascending id, as routed) of
-// w[r][j] * down_i(j) . act[r * top_k + j], grid: (ceil(hidden / warps), rows).
+// w[r][j] * down_i(j) . act[r * top_k + j]: warp w of the block takes the
+// experts j = w, w + 8, ...; thread 0 adds their products in j order.
+// grid: (hidden, rows), 256 threads.
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
                                 const float* weights, int top_k, const float* act, int hidden,
                                 int inter, Expert e, int vec, float* out) {
-    const int r = blockIdx.y;
-    const int i = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / WARP);
-    if (i >= hidden) return;
+    __shared__ float part[MAX_TOPK];
+    const int r = blockIdx.y, i = blockIdx.x;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
-    float total = 0.f;
-    for (int j = 0; j < top_k; ++j) {
+    for (int j = warp; j < top_k; j += blockDim.x / WARP) {
         const long long p = (long long)r * top_k + j;
         const u64 base = table[layer_base + ids[p]];
-        if (base == 0) {
-            total = __int_as_float(0x7fc00000);
-            break;
+        float acc[1] = {__int_as_float(0x7fc00000)};
+        if (base != 0) {
+            const u8* rec = (const u8*)base;
+            Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols,
+                     e.br, e.bc};
+            warp_dots<DT, 1>(d, i, inter, act + p * inter, inter, 1, vec, acc);
         }
-        const u8* rec = (const u8*)base;
-        Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols, e.br, e.bc};
-        float acc[1];
-        warp_dots<DT, 1>(d, i, inter, act + p * inter, inter, 1, vec, acc);
-        total = fmaf(acc[0], weights[p], total);
+        if (lane == 0) part[j] = acc[0];
     }
-    if ((threadIdx.x & (WARP - 1)) == 0) out[(long long)r * hidden + i] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int j = 0; j < top_k; ++j) total = fmaf(part[j], weights[(long long)r * top_k + j], total);
+        out[(long long)r * hidden + i] = total;
+    }
 }
 
 #define MOE(DT, SUFFIX)                                                                         \
@@ -339,9 +364,6 @@ MOE(3, fp8)
 // ---------------------------------------------------------------------------
 // Routing: one block of 256 threads per row, E <= 1024 experts, top_k <= 32.
 
-#define ROUTE_THREADS 256
-#define MAX_EXPERTS 1024
-#define MAX_TOPK 32
 
 // Block-wide max of (value, -index): ties go to the lower index.
 static __device__ void block_argmax(float v, int idx, float* sv, int* si, float* out_v,
@@ -433,53 +455,68 @@ static __device__ __forceinline__ void warp_best(float* v, int* i) {
 }
 
 // Softmax over E logits, the top k, renormalised to sum 1 when `norm`. One
-// warp per row (grid: rows, 32 threads): lanes own experts e = lane (mod 32).
+// warp per row (grid: rows, 32 threads): lane l keeps the probabilities of
+// experts l + 32 j in registers; the chosen pairs are written sorted by id,
+// lane a placing pair a at its rank.
 extern "C" __global__ void __launch_bounds__(WARP)
 route_softmax(const float* logits, int n, int k, int norm, int* ids, float* weights) {
-    __shared__ float p[MAX_EXPERTS];
     __shared__ int sel_i[MAX_TOPK];
     __shared__ float sel_w[MAX_TOPK];
     const int row = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)row * n;
+    float p[MAX_EXPERTS / WARP];
     float mx = -INFINITY;
-    for (int e = lane; e < n; e += WARP) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
+        const int e = lane + j * WARP;
+        p[j] = e < n ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[j]);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-    for (int e = lane; e < n; e += WARP) {
-        const float v = expf(l[e] - mx);
-        p[e] = v;
-        sum += v;
+#pragma unroll
+    for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
+        if (lane + j * WARP < n) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
     }
     sum = warp_sum(sum);
-    for (int e = lane; e < n; e += WARP) p[e] = p[e] / sum;
-    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < MAX_EXPERTS / WARP; ++j)
+        if (lane + j * WARP < n) p[j] = p[j] / sum;
     unsigned taken = 0;  // bit j: expert lane + 32 j is chosen (n <= 1024)
     for (int t = 0; t < k; ++t) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int e = lane, j = 0; e < n; e += WARP, ++j) {
-            if (!((taken >> j) & 1u) && (p[e] > bv || (p[e] == bv && e < bi))) {
-                bv = p[e];
+#pragma unroll
+        for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
+            const int e = lane + j * WARP;
+            if (e < n && !((taken >> j) & 1u) && (p[j] > bv || (p[j] == bv && e < bi))) {
+                bv = p[j];
                 bi = e;
             }
         }
         warp_best(&bv, &bi);
-        if (bi >= 0 && bi < n && (bi % WARP) == lane) {
-            taken |= 1u << (bi / WARP);
-        }
+        if (bi >= 0 && bi < n && (bi % WARP) == lane) taken |= 1u << (bi / WARP);
         if (lane == 0) {
             sel_i[t] = bi < n ? bi : 0;
-            sel_w[t] = bi < n ? p[bi] : 0.f;
+            sel_w[t] = bi < n ? bv : 0.f;
         }
     }
     __syncwarp();
-    if (lane == 0) {
+    if (lane < k) {
         float total = 0.f;
         for (int a = 0; a < k; ++a) total += sel_w[a];
-        if (norm)
-            for (int a = 0; a < k; ++a) sel_w[a] = sel_w[a] / total;
-        write_sorted(sel_i, sel_w, k, ids + (long long)row * k, weights + (long long)row * k);
+        const int id = sel_i[lane];
+        float wt = sel_w[lane];
+        if (norm) wt = wt / total;
+        int rank = 0;
+        for (int a = 0; a < k; ++a)
+            rank += sel_i[a] < id || (sel_i[a] == id && a < lane);
+        ids[(long long)row * k + rank] = id;
+        weights[(long long)row * k + rank] = wt;
     }
 }
 
@@ -551,44 +588,68 @@ route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n
 // ---------------------------------------------------------------------------
 // Elementwise and small kernels.
 
+// Values per thread a norm keeps in registers (rows up to 16 x 256 = 4096
+// wide; wider rows re-read the tail).
+#define NORM_REGS 16
+
 // RMSNorm of each `group`-wide slice: out = w * (x * 1 / sqrt(mean(x^2) + eps)).
-// grid: (groups per row, rows), 256 threads.
+// Thread t owns elements t, t + 256, ...; grid: (groups per row, rows), 256
+// threads.
 extern "C" __global__ void __launch_bounds__(256)
 rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
-    __shared__ float part[256];
+    __shared__ float red[8];
     const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
+    const int t = threadIdx.x;
+    float v[NORM_REGS];
     float acc = 0.f;
-    for (int i = threadIdx.x; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int s = 128; s > 0; s >>= 1) {
-        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-        __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        v[j] = i < group ? x[at + i] : 0.f;
+        if (i < group) acc = fmaf(v[j], v[j], acc);
     }
-    const float inv = 1.f / sqrtf(part[0] / (float)group + eps);
-    for (int i = threadIdx.x; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+    for (int i = t + NORM_REGS * 256; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
+    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)group + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        if (i < group) out[at + i] = w[i] * (v[j] * inv);
+    }
+    for (int i = t + NORM_REGS * 256; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
 }
 
 // x += y, then out = w * (x / sqrt(mean(x^2) + eps)) over whole rows (the
-// residual add and the next norm in one pass). grid: rows, 256 threads.
+// residual add and the next norm in one pass), with rms_norm's arithmetic.
+// grid: rows, 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
-    __shared__ float part[256];
+    __shared__ float red[8];
     const long long at = (long long)blockIdx.x * cols;
+    const int t = threadIdx.x;
+    float v[NORM_REGS];
     float acc = 0.f;
-    for (int i = threadIdx.x; i < cols; i += 256) {
-        const float v = x[at + i] + y[at + i];
-        x[at + i] = v;
-        acc = fmaf(v, v, acc);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        v[j] = 0.f;
+        if (i < cols) {
+            v[j] = x[at + i] + y[at + i];
+            x[at + i] = v[j];
+            acc = fmaf(v[j], v[j], acc);
+        }
     }
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int s = 128; s > 0; s >>= 1) {
-        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-        __syncthreads();
+    for (int i = t + NORM_REGS * 256; i < cols; i += 256) {
+        const float s = x[at + i] + y[at + i];
+        x[at + i] = s;
+        acc = fmaf(s, s, acc);
     }
-    const float inv = 1.f / sqrtf(part[0] / (float)cols + eps);
-    for (int i = threadIdx.x; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        if (i < cols) out[at + i] = w[i] * (v[j] * inv);
+    }
+    for (int i = t + NORM_REGS * 256; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
 }
 
 extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
@@ -658,13 +719,14 @@ extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset,
 // Qwen3's per-head q/k RMSNorm (when `has_norm`; weights qw, kw `dim` wide)
 // and then RoPE of whole heads, in place: block (h, r) takes q's head h for
 // h < q_heads, else k's head h - q_heads, of row r at position first + r.
-// The arithmetic is rms_norm's and rope's, in their order. grid:
+// The arithmetic is rms_norm's and rope's, in their order (dim <= 512, so
+// thread t owns elements t and t + 256 as in rms_norm). grid:
 // (q_heads + kv_heads, rows), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, const float* kw,
              int dim, int has_norm, float eps, int interleaved, const float* cos_t,
              const float* sin_t, int first) {
-    __shared__ float part[256];
+    __shared__ float red[8];
     __shared__ float v[512];
     const int h = blockIdx.x, r = blockIdx.y;
     const bool is_q = h < q_heads;
@@ -678,13 +740,7 @@ qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, con
     }
     if (has_norm) {
         const float* w = is_q ? qw : kw;
-        part[threadIdx.x] = acc;
-        __syncthreads();
-        for (int s = 128; s > 0; s >>= 1) {
-            if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-            __syncthreads();
-        }
-        const float inv = 1.f / sqrtf(part[0] / (float)dim + eps);
+        const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)dim + eps);
         for (int i = threadIdx.x; i < dim; i += 256) v[i] = w[i] * (v[i] * inv);
     }
     __syncthreads();

@@ -25,16 +25,24 @@ struct Mats {
 // four 8-byte strides.
 unsafe impl DeviceRepr for Mats {}
 
+/// Bytes of a row one warp reads at most (one or two rounds of its four
+/// loads in flight per lane): wider rows are split between warps.
+const WARP_ROW_BYTES: usize = 4096;
+
 /// Warps sharing one output row: enough warps in flight to keep HBM busy
-/// for short matrices (at least about 2048 warps), one warp per row for
-/// tall ones.
-fn warps_per_row(rows: usize) -> usize {
-    match rows {
+/// for short matrices (at least about 2048 warps), and no warp reading more
+/// than [`WARP_ROW_BYTES`] of a row; one warp per row for tall, narrow ones.
+fn warps_per_row(rows: usize, row_bytes: usize) -> usize {
+    let mut wpr = match rows {
         0..512 => 8,
         512..1024 => 4,
         1024..2048 => 2,
         _ => 1,
+    };
+    while wpr < 8 && row_bytes > wpr * WARP_ROW_BYTES {
+        wpr *= 2;
     }
+    wpr
 }
 
 pub(super) fn shape(what: &'static str, why: String) -> CudaError {
@@ -110,7 +118,7 @@ impl DecodeKernels {
         let row_bytes = (k * ty.elem_bytes()) as i64;
         let vec = i32::from(k % 8 == 0);
         let total: usize = ws.iter().map(|w| w.rows()).sum();
-        let wpr = warps_per_row(total);
+        let wpr = warps_per_row(total, row_bytes as usize);
         let per_block = 8 / wpr;
         let cfg = LaunchConfig {
             grid_dim: (

@@ -25,7 +25,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg
 
 use super::buffers::{DevAct, WeightType};
 use super::route::DevRoutes;
-use super::{DecodeKernels, addr, warp_rows_cfg};
+use super::{DecodeKernels, addr, blocks_cfg};
 use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::pinned::PinnedMemory;
@@ -482,7 +482,7 @@ impl DecodeKernels {
         // of at least `record_bytes >= min_record_bytes` bytes (checked when
         // set), cleared ones are 0 and never read; x holds rows x hidden and
         // act pairs x inter (checked above).
-        unsafe { b.launch(warp_rows_cfg(spec.inter, pairs)?) }
+        unsafe { b.launch(blocks_cfg(spec.inter.div_ceil(4), pairs)?) }
             .map_err(CudaError::driver("launch moe_gate_up"))?;
         let mut b = stream.launch_builder(self.func(&format!("moe_down_{sfx}"))?);
         b.arg(&slots.table_dev)
@@ -498,8 +498,9 @@ impl DecodeKernels {
             .arg(out.buf_mut());
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
-        // experts are summed in routed (ascending id) order.
-        unsafe { b.launch(warp_rows_cfg(spec.hidden, rows)?) }
+        // experts are summed in routed (ascending id) order; top_k <=
+        // MAX_TOP_K fits the kernel's shared products.
+        unsafe { b.launch(blocks_cfg(spec.hidden, rows)?) }
             .map_err(CudaError::driver("launch moe_down"))?;
         Ok(())
     }

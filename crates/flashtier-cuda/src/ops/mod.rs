@@ -36,9 +36,6 @@ pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
 /// Rows one matrix-vector pass reads the weights for.
 pub const MAX_GEMV_ROWS: usize = 8;
 
-/// Threads of the one-warp-per-output-row kernels.
-const WARPS_PER_BLOCK: usize = 8;
-
 const KERNELS: &[&str] = &[
     "gemv_bf16",
     "gemv_f16",
@@ -195,13 +192,12 @@ pub(crate) fn dim(n: usize, what: &'static str) -> Result<u32, CudaError> {
         .ok_or_else(|| CudaError::invalid("launch", format!("{what} grid dimension {n}")))
 }
 
-/// Blocks of [`WARPS_PER_BLOCK`] warps covering `rows` output rows.
-pub(crate) fn warp_rows_cfg(rows: usize, y: usize) -> Result<LaunchConfig, CudaError> {
-    let x = u32::try_from(rows.div_ceil(WARPS_PER_BLOCK).max(1))
-        .map_err(|_| CudaError::invalid("launch", format!("{rows} rows")))?;
+/// A `(x, y)` grid of 256-thread blocks (the kernels that give each block
+/// one output element and its warps the parts of it).
+pub(crate) fn blocks_cfg(x: usize, y: usize) -> Result<LaunchConfig, CudaError> {
     Ok(LaunchConfig {
-        grid_dim: (x, dim(y, "y")?, 1),
-        block_dim: ((WARPS_PER_BLOCK * 32) as u32, 1, 1),
+        grid_dim: (dim(x.max(1), "x")?, dim(y, "y")?, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     })
 }

@@ -54,6 +54,17 @@ pub enum Mode {
     Ram,
 }
 
+impl Mode {
+    /// The name the flag and the report use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Resident => "resident",
+            Self::Streamed => "streamed",
+            Self::Ram => "ram",
+        }
+    }
+}
+
 /// Options of `flashtier bench decode`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -240,7 +251,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             },
         };
         if show {
-            eprintln!("loading for mode {mode:?} (HBM budget {hbm:?}, RAM {ram})");
+            let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+            let hbm_text = hbm.map_or("every expert".to_owned(), |b| format!("{:.2} GiB", gib(b)));
+            eprintln!(
+                "loading for mode {} (HBM expert budget {hbm_text}, RAM tier {:.2} GiB)",
+                mode.name(),
+                gib(ram)
+            );
         }
         let mut m = load_cuda(&args.model, &opts, &gpu)?;
         let cfg = m.config().clone();
@@ -252,8 +269,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut run = mode_run(mode, &out, &m, hbm.unwrap_or(expert_bytes), ram);
         if show {
             eprintln!(
-                "{mode:?}: {:.1} tok/s, hit rate {:.3}",
-                run.tokens_per_sec, run.expert_hit_rate
+                "{}: {:.1} tok/s, hit rate {:.3}",
+                mode.name(),
+                run.tokens_per_sec,
+                run.expert_hit_rate
             );
         }
         match mode {
@@ -283,7 +302,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 report.ram_h2d_share = Some(used / report.limits.h2d_pinned_bytes_per_sec.max(1.0));
             }
         }
-        run.mode = format!("{mode:?}").to_lowercase();
+        run.mode = mode.name().to_owned();
         report.runs.push(run);
         drop(m);
     }
