@@ -455,54 +455,47 @@ static __device__ __forceinline__ void warp_best(float* v, int* i) {
 }
 
 // Softmax over E logits, the top k, renormalised to sum 1 when `norm`. One
-// warp per row (grid: rows, 32 threads): lane l keeps the probabilities of
-// experts l + 32 j in registers; the chosen pairs are written sorted by id,
-// lane a placing pair a at its rank.
+// warp per row (grid: rows, 32 threads): lanes own experts e = lane (mod 32);
+// the chosen pairs are written sorted by id, lane a placing pair a at its
+// rank. Loops stay rolled: a one-warp kernel waits on every instruction
+// fetch, so its code is kept short.
 extern "C" __global__ void __launch_bounds__(WARP)
 route_softmax(const float* logits, int n, int k, int norm, int* ids, float* weights) {
+    __shared__ float p[MAX_EXPERTS];
     __shared__ int sel_i[MAX_TOPK];
     __shared__ float sel_w[MAX_TOPK];
     const int row = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)row * n;
-    float p[MAX_EXPERTS / WARP];
     float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
-        const int e = lane + j * WARP;
-        p[j] = e < n ? l[e] : -INFINITY;
-        mx = fmaxf(mx, p[j]);
-    }
+    for (int e = lane; e < n; e += WARP) mx = fmaxf(mx, l[e]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
-        if (lane + j * WARP < n) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        }
+    for (int e = lane; e < n; e += WARP) {
+        const float v = expf(l[e] - mx);
+        p[e] = v;
+        sum += v;
     }
     sum = warp_sum(sum);
-#pragma unroll
-    for (int j = 0; j < MAX_EXPERTS / WARP; ++j)
-        if (lane + j * WARP < n) p[j] = p[j] / sum;
+    for (int e = lane; e < n; e += WARP) p[e] = p[e] / sum;
+    __syncwarp();
     unsigned taken = 0;  // bit j: expert lane + 32 j is chosen (n <= 1024)
     for (int t = 0; t < k; ++t) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-#pragma unroll
-        for (int j = 0; j < MAX_EXPERTS / WARP; ++j) {
-            const int e = lane + j * WARP;
-            if (e < n && !((taken >> j) & 1u) && (p[j] > bv || (p[j] == bv && e < bi))) {
-                bv = p[j];
+        for (int e = lane, j = 0; e < n; e += WARP, ++j) {
+            if (!((taken >> j) & 1u) && (p[e] > bv || (p[e] == bv && e < bi))) {
+                bv = p[e];
                 bi = e;
             }
         }
         warp_best(&bv, &bi);
-        if (bi >= 0 && bi < n && (bi % WARP) == lane) taken |= 1u << (bi / WARP);
+        if (bi >= 0 && bi < n && (bi % WARP) == lane) {
+            taken |= 1u << (bi / WARP);
+        }
         if (lane == 0) {
             sel_i[t] = bi < n ? bi : 0;
-            sel_w[t] = bi < n ? bv : 0.f;
+            sel_w[t] = bi < n ? p[bi] : 0.f;
         }
     }
     __syncwarp();
@@ -588,9 +581,9 @@ route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n
 // ---------------------------------------------------------------------------
 // Elementwise and small kernels.
 
-// Values per thread a norm keeps in registers (rows up to 16 x 256 = 4096
+// Values per thread a norm keeps in registers (rows up to 8 x 256 = 2048
 // wide; wider rows re-read the tail).
-#define NORM_REGS 16
+#define NORM_REGS 8
 
 // RMSNorm of each `group`-wide slice: out = w * (x * 1 / sqrt(mean(x^2) + eps)).
 // Thread t owns elements t, t + 256, ...; grid: (groups per row, rows), 256
@@ -600,12 +593,13 @@ rms_norm(const float* x, const float* w, int cols, int group, float eps, float* 
     __shared__ float red[8];
     const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
     const int t = threadIdx.x;
-    float v[NORM_REGS];
+    float v[NORM_REGS], wv[NORM_REGS];
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
         v[j] = i < group ? x[at + i] : 0.f;
+        wv[j] = i < group ? w[i] : 0.f;
         if (i < group) acc = fmaf(v[j], v[j], acc);
     }
     for (int i = t + NORM_REGS * 256; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
@@ -613,7 +607,7 @@ rms_norm(const float* x, const float* w, int cols, int group, float eps, float* 
 #pragma unroll
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
-        if (i < group) out[at + i] = w[i] * (v[j] * inv);
+        if (i < group) out[at + i] = wv[j] * (v[j] * inv);
     }
     for (int i = t + NORM_REGS * 256; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
 }
@@ -626,12 +620,13 @@ add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, floa
     __shared__ float red[8];
     const long long at = (long long)blockIdx.x * cols;
     const int t = threadIdx.x;
-    float v[NORM_REGS];
+    float v[NORM_REGS], wv[NORM_REGS];
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
         v[j] = 0.f;
+        wv[j] = i < cols ? w[i] : 0.f;
         if (i < cols) {
             v[j] = x[at + i] + y[at + i];
             x[at + i] = v[j];
@@ -647,7 +642,7 @@ add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, floa
 #pragma unroll
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
-        if (i < cols) out[at + i] = w[i] * (v[j] * inv);
+        if (i < cols) out[at + i] = wv[j] * (v[j] * inv);
     }
     for (int i = t + NORM_REGS * 256; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
 }
