@@ -163,10 +163,11 @@ fn expert_spec(layout: &RecordLayout) -> Result<ExpertSpec, EngineError> {
     })
 }
 
-/// Most records of one step (a token's top-k, twice over for the prefetch
-/// of the next layer).
+/// Most records of one step: a token's top-k for this layer, for the
+/// hinted next layer, and once more for the misses the hint did not
+/// predict, so the drive always has the next reads queued.
 fn staging_records(top_k: usize) -> usize {
-    2 * top_k.max(1)
+    3 * top_k.max(1)
 }
 
 impl CudaExperts {
