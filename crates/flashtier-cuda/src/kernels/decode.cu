@@ -72,12 +72,27 @@ static __device__ __forceinline__ float elem(const u8* row, int i) {
     return e4m3_to_f32(row[i]);
 }
 
+// Weight loads of one-pass kernels (a decode step reads every weight byte
+// once) are evict-first (`ld.global.cs`): the step's gigabytes of weights
+// stream through L2 without pushing out what the small kernels need next
+// (their code, the activations, the KV cache). STREAM_WEIGHTS=0 turns the
+// hint off (FLASHTIER_STREAM_WEIGHTS=0), for measuring it.
+#ifndef STREAM_WEIGHTS
+#define STREAM_WEIGHTS 1
+#endif
+
+template <int ONCE, typename T>
+static __device__ __forceinline__ T load_weights(const T* p) {
+    if (STREAM_WEIGHTS && ONCE) return __ldcs(p);
+    return *p;
+}
+
 // Elements 8c..8c+8 of a row (16-byte aligned chunks for BF16/F16, 32 for
-// F32, 8 for FP8).
-template <int DT>
+// F32, 8 for FP8); ONCE: read once per step (see load_weights).
+template <int DT, int ONCE>
 static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
     if (DT == 0 || DT == 1) {
-        const uint4 q = *(const uint4*)(row + (long long)c * 16);
+        const uint4 q = load_weights<ONCE>((const uint4*)(row + (long long)c * 16));
         const u32 part[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -90,12 +105,12 @@ static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
             }
         }
     } else if (DT == 2) {
-        const float4 a = *(const float4*)(row + (long long)c * 32);
-        const float4 b = *(const float4*)(row + (long long)c * 32 + 16);
+        const float4 a = load_weights<ONCE>((const float4*)(row + (long long)c * 32));
+        const float4 b = load_weights<ONCE>((const float4*)(row + (long long)c * 32 + 16));
         w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
         w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
     } else {
-        const uint2 q = *(const uint2*)(row + (long long)c * 8);
+        const uint2 q = load_weights<ONCE>((const uint2*)(row + (long long)c * 8));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             w[k] = e4m3_to_f32((q.x >> (8 * k)) & 0xFFu);
@@ -139,7 +154,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
     for (; c + 3 * WARP < c1; c += 4 * WARP) {
         float w[4][8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) load8<DT>(row, c + u * WARP, w[u]);
+        for (int u = 0; u < 4; ++u) load8<DT, R == 1>(row, c + u * WARP, w[u]);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int cu = c + u * WARP;
@@ -164,7 +179,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
     }
     for (; c < c1; c += WARP) {
         float w[8];
-        load8<DT>(row, c, w);
+        load8<DT, R == 1>(row, c, w);
         const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {

@@ -93,8 +93,12 @@ impl std::fmt::Debug for DecodeKernels {
 
 impl DecodeKernels {
     /// Compile and load the kernels for the device of `gpu`.
+    /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
+    /// loads without their evict-first hint (for measuring the hint).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
-        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &[])?;
+        let stream = std::env::var("FLASHTIER_STREAM_WEIGHTS").map_or(true, |v| v != "0");
+        let defines = [("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned())];
+        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
         for &name in KERNELS {
             let f = module
