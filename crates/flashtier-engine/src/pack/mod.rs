@@ -65,7 +65,7 @@ use flashtier_io::persist::{Output, Wait, refuse_inputs};
 
 pub use error::PackError;
 pub use layout::{
-    ExpertFamily, ExpertLayout, ExpertSource, TENSOR_ALIGN_BYTES, expert_layout, source_name,
+    ExpertFamily, ExpertLayout, ExpertTensors, TENSOR_ALIGN_BYTES, expert_layout, source_name,
 };
 pub use pairing::check_pairing;
 
@@ -278,8 +278,8 @@ fn source_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> SourceCheckpoint {
             })
             .collect(),
         tensor_prefix: match layout.source {
-            ExpertSource::Split => layout.family.prefix_template(),
-            ExpertSource::Fused { prefix } => prefix,
+            ExpertTensors::Split => layout.family.prefix_template(),
+            ExpertTensors::Fused { prefix } => prefix,
         }
         .to_string(),
         expert_tensors: layout.source.name().to_string(),
