@@ -2,7 +2,8 @@
 //! expert's three matrices sit inside a packed record ([`RecordLayout`],
 //! checked against the config), the counters a tier reports
 //! ([`ExpertStats`]), and how a store is opened as a pool
-//! ([`StreamOptions`], [`open_pool`]).
+//! ([`StreamOptions`], [`open_pool`]), and how a device's tier takes the
+//! records of a step as they land ([`serve_landed`]).
 //!
 //! The engine has one expert source: records packed into an expert store
 //! (`flashtier pack experts`, or packed on first use into the store cache,
@@ -12,8 +13,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
-use flashtier::experts::{Backing, ExpertPool, PoolConfig, StoreSet};
+use flashtier::experts::{Backing, ExpertPool, ExpertsError, PoolConfig, StoreSet};
 use flashtier_format::Dtype;
 use flashtier_io::StorageBackend;
 
@@ -269,4 +271,50 @@ pub fn open_pool(
     let pool = ExpertPool::new(stores, backend, config)?;
     let layout = RecordLayout::of_store(store, &pool, cfg)?;
     Ok((pool, layout))
+}
+
+/// A device's expert tier over an [`ExpertPool`], as [`serve_landed`] sees
+/// it.
+pub(crate) trait PoolTier {
+    /// The pool whose step is open.
+    fn pool_mut(&mut self) -> &mut ExpertPool;
+    /// Count `ns` nanoseconds spent blocked on reads.
+    fn add_stall_ns(&mut self, ns: u64);
+}
+
+/// Hand each `(tag, record)` of `pending`, records of `tier`'s open step,
+/// to `use_landed` exactly once, as soon as its read has landed and been
+/// verified: every landed one in a pass, and when a pass finds none,
+/// waiting (the stall) for the first still pending.
+///
+/// Bound: at most `pending.len()` waits, since each one lands a record.
+pub(crate) fn serve_landed<C: PoolTier, T: Copy>(
+    tier: &mut C,
+    mut pending: Vec<(T, usize)>,
+    mut use_landed: impl FnMut(&mut C, T, usize) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    while !pending.is_empty() {
+        // Whatever landed is verified in parallel before it is used.
+        tier.pool_mut().collect_landed()?;
+        let mut progressed = false;
+        let mut k = 0;
+        while k < pending.len() {
+            let (tag, r) = pending[k];
+            match tier.pool_mut().bytes(r) {
+                Ok(_) => {
+                    use_landed(tier, tag, r)?;
+                    pending.swap_remove(k);
+                    progressed = true;
+                }
+                Err(ExpertsError::NotLanded { .. }) => k += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !progressed {
+            let started = Instant::now();
+            tier.pool_mut().wait_ready(pending[0].1)?;
+            tier.add_stall_ns(started.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(())
 }

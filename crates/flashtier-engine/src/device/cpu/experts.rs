@@ -10,13 +10,11 @@
 //! (`budget_bytes / stride` records) is the memory bound; a step needing
 //! more records than that is [`flashtier::experts::ExpertsError::PoolTooSmall`].
 
-use std::time::Instant;
-
-use flashtier::experts::{ExpertPool, ExpertsError, Precision};
+use flashtier::experts::{ExpertPool, Precision};
 
 use crate::device::ExpertTier;
 use crate::error::EngineError;
-use crate::experts::{ExpertStats, ExpertView, RecordLayout};
+use crate::experts::{ExpertStats, ExpertView, PoolTier, RecordLayout, serve_landed};
 
 /// Called with (position in the request, the expert's matrices).
 pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
@@ -102,31 +100,10 @@ impl PoolExperts {
         records: &[usize],
         use_expert: &mut UseExpert<'_>,
     ) -> Result<(), EngineError> {
-        let mut pending: Vec<(usize, usize)> = records.iter().copied().enumerate().collect();
-        while !pending.is_empty() {
-            // Whatever landed is verified in parallel before it is used.
-            self.pool.collect_landed()?;
-            let mut progressed = false;
-            let mut k = 0;
-            while k < pending.len() {
-                let (pos, r) = pending[k];
-                match self.pool.bytes(r) {
-                    Ok(_) => {
-                        self.use_record(pos, r, use_expert)?;
-                        pending.swap_remove(k);
-                        progressed = true;
-                    }
-                    Err(ExpertsError::NotLanded { .. }) => k += 1,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !progressed {
-                let started = Instant::now();
-                self.pool.wait_ready(pending[0].1)?;
-                self.stall_ns += started.elapsed().as_nanos() as u64;
-            }
-        }
-        Ok(())
+        let pending = records.iter().copied().enumerate().collect();
+        serve_landed(self, pending, |tier, pos, r| {
+            tier.use_record(pos, r, use_expert)
+        })
     }
 
     fn use_record(
@@ -157,6 +134,16 @@ pub(crate) fn record_index(
         return Err(EngineError::ExpertOutOfRange { layer, expert });
     };
     Ok(pool.index_of(l, e)?)
+}
+
+impl PoolTier for PoolExperts {
+    fn pool_mut(&mut self) -> &mut ExpertPool {
+        &mut self.pool
+    }
+
+    fn add_stall_ns(&mut self, ns: u64) {
+        self.stall_ns += ns;
+    }
 }
 
 impl ExpertTier for PoolExperts {
