@@ -1,0 +1,157 @@
+//! What `bench decode` holds its runs against, measured in the same run:
+//! the device's own limits ([`measure_limits`]: HBM read bandwidth, a
+//! device-to-device copy, the pinned host-to-device copy), the roofline of
+//! a resident decode step per kernel class ([`profile`]), and the drive's
+//! bound on a streamed decode ([`streamed_bound`]).
+//!
+//! Bounds: the bandwidth probes read 4 GiB (HBM), copy 2 GiB (device to
+//! device) and 2 GiB in 8 MiB pieces (host to device); the drive probe
+//! reads 16 to 4096 whole records the decode did not read, at the decode's
+//! queue depth, so no cache serves them.
+
+use std::path::Path;
+
+use flashtier_engine::Model;
+use flashtier_engine::device::cuda::CudaDevice;
+use flashtier_engine::device::cuda::profile::ClassTime;
+use flashtier_format::Store;
+use flashtier_io::probe::{Extent, Refill, read_extents};
+use serde::Serialize;
+
+use super::report::Run;
+use super::{Args, prompt};
+
+/// The device's own limits.
+#[derive(Debug, Serialize)]
+pub(super) struct Limits {
+    pub(super) gpu: String,
+    pub(super) hbm_read_bytes_per_sec: f64,
+    pub(super) d2d_copy_bytes_per_sec: f64,
+    pub(super) h2d_pinned_bytes_per_sec: f64,
+}
+
+/// A resident decode step against the HBM read bound, overall and per
+/// kernel class.
+#[derive(Debug, Serialize)]
+pub(super) struct Roofline {
+    pub(super) bytes_per_token: f64,
+    roofline_secs_per_token: f64,
+    measured_secs_per_token: f64,
+    pub(super) fraction: f64,
+    pub(super) classes: Vec<ClassRow>,
+}
+
+/// One kernel class of a [`Roofline`].
+#[derive(Debug, Serialize)]
+pub(super) struct ClassRow {
+    #[serde(flatten)]
+    pub(super) time: ClassTime,
+    pub(super) secs_per_token: f64,
+    pub(super) fraction_of_read_bandwidth: f64,
+}
+
+/// A streamed decode against the drive's bound.
+#[derive(Debug, Serialize)]
+pub(super) struct Streamed {
+    pub(super) drive_bytes_per_sec: f64,
+    drive_probe_reads: usize,
+    pub(super) io_bound_tokens_per_sec: f64,
+    pub(super) fraction_of_io_bound: f64,
+    compute_secs_per_token: f64,
+    pub(super) projected_tokens_per_sec_at_14gbps: f64,
+}
+
+pub(super) fn measure_limits(dev: &CudaDevice) -> anyhow::Result<Limits> {
+    let gpu = dev.gpu();
+    let hbm = dev.kernels().read_bandwidth(4 << 30, 5)?;
+    let d2d = flashtier_cuda::measure::d2d_bytes_per_s(gpu, 2 << 30, 5)?;
+    let h2d = flashtier_cuda::measure::h2d_bytes_per_s(gpu, 8 << 20, 16, 2 << 30)?;
+    Ok(Limits {
+        gpu: gpu.info().name.clone(),
+        hbm_read_bytes_per_sec: hbm,
+        d2d_copy_bytes_per_sec: d2d,
+        h2d_pinned_bytes_per_sec: h2d,
+    })
+}
+
+/// Per-class device time over `--profile-tokens` decode steps, and the
+/// roofline fractions.
+pub(super) fn profile(
+    m: &mut Model<CudaDevice>,
+    args: &Args,
+    limits: &Limits,
+    tok_s: f64,
+) -> anyhow::Result<Roofline> {
+    let n = args.profile_tokens.max(1);
+    m.reset()?;
+    let vocab = m.config().vocab_size;
+    m.forward(&prompt(args.prompt_len, vocab), false)?;
+    m.device().profile_start();
+    for i in 0..n {
+        m.forward(&[((i * 31 + 7) % vocab) as u32], false)?;
+    }
+    let classes = m.device().profile_take()?;
+    let bw = limits.hbm_read_bytes_per_sec.max(1.0);
+    let bytes: u64 = classes.iter().map(|c| c.bytes).sum();
+    let bytes_per_token = bytes as f64 / n as f64;
+    let measured = 1.0 / tok_s.max(1e-9);
+    let rows = classes
+        .into_iter()
+        .map(|c| ClassRow {
+            secs_per_token: c.secs / n as f64,
+            fraction_of_read_bandwidth: c.bytes_per_sec() / bw,
+            time: c,
+        })
+        .collect();
+    Ok(Roofline {
+        bytes_per_token,
+        roofline_secs_per_token: bytes_per_token / bw,
+        measured_secs_per_token: measured,
+        fraction: bytes_per_token / bw / measured,
+        classes: rows,
+    })
+}
+
+/// The drive on records the decode did not read, as many as it read, at
+/// the same queue depth; the I/O bound and a faster drive's projection.
+pub(super) fn streamed_bound(
+    store: &Path,
+    opened: &Store,
+    decode: &[Extent],
+    run: &Run,
+    qd: usize,
+) -> anyhow::Result<Streamed> {
+    let read: std::collections::HashSet<u64> = decode.iter().map(|e| e.offset).collect();
+    let len = opened.stride_bytes() as usize;
+    let want = decode.len().clamp(16, 4096);
+    let mut fresh = Vec::with_capacity(want);
+    let records = opened.record_count();
+    for i in 0..records {
+        let r = (i.wrapping_mul(0x9E37_79B9) + 7) % records;
+        let offset = opened.record_offset(r)?;
+        if !read.contains(&offset) && fresh.iter().all(|e: &Extent| e.offset != offset) {
+            fresh.push(Extent { offset, len });
+        }
+        if fresh.len() >= want {
+            break;
+        }
+    }
+    let probe = read_extents(store, &fresh, qd, Refill::Sliding, &mut |_| {})?;
+    let drive = probe.bytes_per_sec();
+    let bound = if run.miss_bytes_per_token > 0.0 {
+        drive / run.miss_bytes_per_token
+    } else {
+        f64::INFINITY
+    };
+    let secs = 1.0 / run.tokens_per_sec.max(1e-9);
+    let compute = secs * (1.0 - run.stall_fraction);
+    let at_fast = 1.0 / (compute.max(run.miss_bytes_per_token / 14e9));
+    Ok(Streamed {
+        drive_bytes_per_sec: drive,
+        drive_probe_reads: fresh.len(),
+        io_bound_tokens_per_sec: bound,
+        fraction_of_io_bound: run.tokens_per_sec / bound,
+        compute_secs_per_token: compute,
+        projected_tokens_per_sec_at_14gbps: at_fast,
+    })
+}

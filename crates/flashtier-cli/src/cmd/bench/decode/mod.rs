@@ -1,0 +1,284 @@
+//! `flashtier bench decode`: the decode engine on the GPU against the
+//! device's own limits and against HF transformers, on one checkpoint, in
+//! one run.
+//!
+//! Limits measured in the same run: the HBM read bandwidth (a kernel that
+//! reads a buffer once), a device-to-device copy, the pinned host-to-device
+//! copy, and the drive (O_DIRECT reads of whole expert records at the
+//! pool's queue depth, at offsets the decode did not read, so no cache
+//! serves them).
+//!
+//! Modes:
+//! - `resident`: every expert in HBM; tok/s, the roofline fraction (bytes
+//!   a step must read / the read bandwidth, over the step time) overall and
+//!   per kernel class (a profiled pass), and prefill tok/s.
+//! - `streamed`: HBM budget `--stream-hbm-percent` of the experts, no RAM
+//!   tier: tok/s against the I/O bound (miss bytes per token / the drive's
+//!   bytes/s), and what a faster drive would give from the measured compute
+//!   time per token.
+//! - `ram`: HBM budget `--ram-hbm`, the rest in the pinned RAM tier: tok/s
+//!   and the share of the pinned copy bandwidth the misses use.
+//!
+//! With `--hf-script`, transformers runs the same prompt on the same
+//! checkpoint (fully on the GPU, and offloaded with accelerate under the
+//! same GPU budget as `ram`), and the report gives the speed-ups.
+//!
+//! Files: `measure.rs` (the limits and bounds the runs are held against),
+//! `report.rs` (the runs, transformers' runs, the speed-ups, the output).
+
+mod measure;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use flashtier_engine::Model;
+use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::device::cuda::CudaDevice;
+use flashtier_engine::device::cuda::experts::TierBudgets;
+use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda, resident_weight_bytes};
+use flashtier_engine::pack::PackOptions;
+use flashtier_engine::synth::{SynthArch, SynthSpec};
+use flashtier_format::{Dtype, Store};
+use flashtier_io::probe::LoggingBackend;
+use flashtier_io::{PosixBackend, StorageBackend};
+use serde::Serialize;
+
+use crate::kit::{self, parse_bytes};
+use measure::{measure_limits, profile, streamed_bound};
+use report::{Report, emit, hf_runs, mode_run, speedups};
+
+/// A decode mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Every expert resident in HBM.
+    Resident,
+    /// A small HBM budget, no RAM tier: experts stream from the drive.
+    Streamed,
+    /// A fixed HBM budget with the rest of the experts in pinned RAM.
+    Ram,
+}
+
+impl Mode {
+    /// The name the flag and the report use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Resident => "resident",
+            Self::Streamed => "streamed",
+            Self::Ram => "ram",
+        }
+    }
+}
+
+/// Options of `flashtier bench decode`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Checkpoint folder; generated there first with --synth when it holds no config.json.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Generate a synthetic checkpoint in the family's reference shape
+    /// (qwen3_moe: Qwen3-30B-A3B; see `flashtier demo --help`) with --layers layers.
+    #[arg(long, value_name = "ARCH")]
+    pub synth: Option<SynthArch>,
+    /// Decoder layers of the synthetic checkpoint.
+    #[arg(long, default_value_t = 16)]
+    pub layers: u32,
+    /// Expert store (packed first when missing) [default: MODEL.ftstore beside the folder].
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
+    /// Prompt tokens before the timed decode.
+    #[arg(long, default_value_t = 16)]
+    pub prompt_len: usize,
+    /// Tokens decoded per mode.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// Prompt tokens of the prefill measurement (0: none).
+    #[arg(long, default_value_t = 512)]
+    pub prefill: usize,
+    /// Modes to run.
+    #[arg(long, value_delimiter = ',', default_value = "resident,streamed,ram")]
+    pub modes: Vec<Mode>,
+    /// `streamed`: HBM budget as a percentage of the expert bytes.
+    #[arg(long, default_value_t = 10)]
+    pub stream_hbm_percent: u64,
+    /// `ram`: HBM budget for experts (K, M, G, T: powers of 1024).
+    #[arg(long, value_parser = parse_bytes, default_value = "4G")]
+    pub ram_hbm: u64,
+    /// Decode steps of the per-kernel-class profile (resident mode).
+    #[arg(long, default_value_t = 4)]
+    pub profile_tokens: usize,
+    /// Expert reads in flight at most.
+    #[arg(long, default_value_t = 16)]
+    pub queue_depth: usize,
+    /// The transformers script (tools/hf_decode_bench.py) to compare with.
+    #[arg(long, value_name = "FILE")]
+    pub hf_script: Option<PathBuf>,
+    /// Its modes: `gpu` (the whole model on the GPU), `offload` (accelerate,
+    /// the GPU budget of `ram`).
+    #[arg(long, value_delimiter = ',', default_value = "gpu,offload")]
+    pub hf_modes: Vec<String>,
+    /// Tokens transformers decodes per mode (offloaded decode is slow).
+    #[arg(long, default_value_t = 8)]
+    pub hf_tokens: usize,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
+}
+
+/// Run `flashtier bench decode`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let show = !args.json;
+    prepare(&args, show)?;
+    let store = store_path(&args);
+    let opened = Store::open(&store).with_context(|| format!("opening {}", store.display()))?;
+    let ckpt = Checkpoint::open(&args.model)?;
+    let weights = resident_weight_bytes(&ckpt);
+    drop(ckpt);
+    let dev = CudaDevice::open(0).context("bench decode needs a GPU")?;
+    let limits = measure_limits(&dev)?;
+    drop(dev);
+    let mut report = Report::new(&args, &opened, weights, limits);
+    for &mode in &args.modes {
+        run_mode(&args, mode, (&store, &opened), &mut report, show)?;
+    }
+    if let Some(script) = &args.hf_script {
+        report.hf = hf_runs(script, &args)?;
+    }
+    report.speedups = speedups(&report);
+    emit(&args, &report)
+}
+
+/// The prompt of `n` tokens every mode (and transformers) decodes after.
+fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+/// `mode`'s expert budgets: HBM (`None`: every expert) and pinned RAM.
+fn mode_budgets(args: &Args, mode: Mode, expert_bytes: u64) -> (Option<u64>, u64) {
+    match mode {
+        Mode::Resident => (None, 0),
+        Mode::Streamed => (Some(expert_bytes * args.stream_hbm_percent / 100), 0),
+        Mode::Ram => (Some(args.ram_hbm), expert_bytes),
+    }
+}
+
+/// The model loaded for `mode` under budgets (`hbm`, `ram`), reading
+/// through a backend that logs its reads.
+fn load_mode(
+    args: &Args,
+    mode: Mode,
+    store: &Path,
+    (hbm, ram): (Option<u64>, u64),
+) -> anyhow::Result<(Model<CudaDevice>, Arc<LoggingBackend>)> {
+    let logger = Arc::new(LoggingBackend::new(Arc::new(PosixBackend::new(
+        args.queue_depth.max(1),
+    )?)));
+    let mut opts = LoadOptions::store(store);
+    opts.queue_depth = args.queue_depth;
+    opts.backend = Some(logger.clone() as Arc<dyn StorageBackend>);
+    let gpu = GpuOptions {
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: hbm,
+            ram_bytes: ram,
+            in_place: false,
+        },
+    };
+    if !args.json {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        let hbm_text = hbm.map_or("every expert".to_owned(), |b| format!("{:.2} GiB", gib(b)));
+        eprintln!(
+            "loading for mode {} (HBM expert budget {hbm_text}, RAM tier {:.2} GiB)",
+            mode.name(),
+            gib(ram)
+        );
+    }
+    let m = load_cuda(&args.model, &opts, &gpu)?;
+    Ok((m, logger))
+}
+
+/// One mode's decode, and the measurement only that mode makes, into
+/// `report`.
+fn run_mode(
+    args: &Args,
+    mode: Mode,
+    (store, opened): (&Path, &Store),
+    report: &mut Report,
+    show: bool,
+) -> anyhow::Result<()> {
+    let (hbm, ram) = mode_budgets(args, mode, report.expert_bytes);
+    let (mut m, logger) = load_mode(args, mode, store, (hbm, ram))?;
+    let cfg = m.config().clone();
+    (report.layers, report.experts, report.top_k) = (cfg.num_layers, cfg.num_experts, cfg.top_k);
+    let before = logger.reads().len();
+    let p = prompt(args.prompt_len, cfg.vocab_size);
+    let out = m.generate(&p, args.tokens, &[], false, |_| {})?;
+    let mut run = mode_run(&out, &m, hbm.unwrap_or(report.expert_bytes), ram);
+    if show {
+        eprintln!(
+            "{}: {:.1} tok/s, hit rate {:.3}",
+            mode.name(),
+            run.tokens_per_sec,
+            run.expert_hit_rate
+        );
+    }
+    match mode {
+        Mode::Resident => {
+            report.roofline = Some(profile(&mut m, args, &report.limits, run.tokens_per_sec)?);
+            if args.prefill > 0 {
+                m.reset()?;
+                let long = prompt(args.prefill, cfg.vocab_size);
+                let o = m.generate(&long, 0, &[], false, |_| {})?;
+                report.prefill_tokens_per_sec = Some(long.len() as f64 / o.prefill_secs.max(1e-9));
+            }
+        }
+        Mode::Streamed => {
+            let read = logger.reads();
+            let decode_reads = &read[before.min(read.len())..];
+            report.streamed = Some(streamed_bound(
+                store,
+                opened,
+                decode_reads,
+                &run,
+                args.queue_depth,
+            )?);
+        }
+        Mode::Ram => {
+            let used = run.h2d_bytes_per_token * run.tokens_per_sec;
+            report.ram_h2d_share = Some(used / report.limits.h2d_pinned_bytes_per_sec.max(1.0));
+        }
+    }
+    run.mode = mode.name().to_owned();
+    report.runs.push(run);
+    Ok(())
+}
+
+fn store_path(args: &Args) -> PathBuf {
+    args.store
+        .clone()
+        .unwrap_or_else(|| args.model.with_extension("ftstore"))
+}
+
+/// Generate the synthetic checkpoint and pack the store when missing.
+fn prepare(args: &Args, show: bool) -> anyhow::Result<()> {
+    if !args.model.join("config.json").exists() {
+        let Some(arch) = args.synth else {
+            bail!(
+                "{} holds no config.json (give --synth to generate one)",
+                args.model.display()
+            );
+        };
+        let spec = SynthSpec::reference(arch, Dtype::Bf16, 1).with_layers(args.layers);
+        kit::synth_with_bar(&spec, &args.model, show)?;
+    }
+    let store = store_path(args);
+    if !store.exists() {
+        kit::pack_with_bar(&PackOptions::new(&args.model, &store), show)?;
+    }
+    Ok(())
+}
