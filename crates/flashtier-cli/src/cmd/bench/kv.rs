@@ -16,6 +16,7 @@
 //! re-read. Medians are reported, and every repetition's sample is in
 //! `--json`.
 
+mod bounds;
 mod fio;
 mod work;
 
@@ -161,7 +162,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.gib.is_nan() || args.gib <= 0.0 {
         bail!("--gib must be positive");
     }
-    work::check_bounds(&args)?;
+    bounds::check_bounds(&args)?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let fio_version = crate::kit::fio::version()?;
