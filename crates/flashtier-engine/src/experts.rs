@@ -3,7 +3,7 @@
 //! checked against the config), the counters a tier reports
 //! ([`ExpertStats`]), and how a store is opened as a pool
 //! ([`StreamOptions`], [`open_pool`]), and how a device's tier takes the
-//! records of a step as they land ([`serve_landed`]).
+//! records of a step as they land (`serve_landed`).
 //!
 //! The engine has one expert source: records packed into an expert store
 //! (`flashtier pack experts`, or packed on first use into the store cache,

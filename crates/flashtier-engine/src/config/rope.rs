@@ -3,8 +3,8 @@
 
 use serde_json::{Map, Value};
 
-use super::Yarn;
 use super::fields::Fields;
+use super::{Mla, ModelConfig, Yarn};
 use crate::error::EngineError;
 
 /// YaRN's `mscale` of a context extension by `scale`.
@@ -112,4 +112,65 @@ pub(super) fn rope(c: &Fields<'_>) -> Result<(f64, Option<Yarn>), EngineError> {
             mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
         }),
     ))
+}
+
+impl ModelConfig {
+    /// RoPE's inverse frequencies over `rope_dim`, in f32 as transformers
+    /// computes them (plain, or YaRN's blend of interpolated and
+    /// extrapolated frequencies).
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let dim = self.rope_dim;
+        let base = self.rope_theta as f32;
+        let pos_freqs: Vec<f32> = (0..dim / 2)
+            .map(|i| base.powf((2 * i) as f32 / dim as f32))
+            .collect();
+        let Some(y) = &self.yarn else {
+            return pos_freqs.iter().map(|p| 1.0 / p).collect();
+        };
+        let correction_dim = |rotations: f64| {
+            (dim as f64
+                * (y.original_max_positions / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * self.rope_theta.ln())
+        };
+        let (mut low, mut high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
+        if y.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let inter = 1.0 / (y.factor as f32 * p);
+                let extra = 1.0 / p;
+                inter * (1.0 - extrapolation) + extra * extrapolation
+            })
+            .collect()
+    }
+
+    /// Scale of RoPE's cos and sin (YaRN's attention factor, else 1).
+    pub fn rope_attention_factor(&self) -> f32 {
+        self.yarn
+            .as_ref()
+            .map_or(1.0, |y| y.attention_factor as f32)
+    }
+
+    /// The softmax scale of attention: `1 / sqrt(query/key head width)`,
+    /// times DeepSeek's YaRN correction `mscale(factor, mscale_all_dim)^2`.
+    pub fn attention_scale(&self) -> f64 {
+        let qk = self.mla.as_ref().map_or(self.head_dim, Mla::qk_head_dim);
+        let base = (qk as f64).powf(-0.5);
+        match (&self.mla, &self.yarn) {
+            (Some(_), Some(y)) if y.mscale_all_dim != 0.0 => {
+                let m = yarn_mscale(y.factor, y.mscale_all_dim);
+                base * m * m
+            }
+            _ => base,
+        }
+    }
 }

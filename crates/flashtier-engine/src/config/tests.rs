@@ -1,6 +1,7 @@
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
+use crate::error::EngineError;
 
 /// A Qwen3-MoE config in transformers 4.x spelling.
 fn qwen_v4() -> Value {
