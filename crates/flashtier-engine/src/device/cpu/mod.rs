@@ -12,14 +12,16 @@
 pub mod experts;
 pub mod kernels;
 pub mod kv;
+mod moe;
 
 use crate::device::{Activation, Device, HeadCopy, KvSpec, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::route::{RouteRule, route_row};
-use crate::matrix::{MatRef, Matrix};
+use crate::matrix::Matrix;
 use experts::PoolExperts;
 use kernels::{apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, silu};
 use kv::KvCache;
+use moe::moe_row;
 
 /// A `rows x cols` f32 activation in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -402,64 +404,6 @@ impl Device for CpuDevice {
 
     fn argmax_rows(&self, x: &HostAct) -> Result<Vec<u32>, EngineError> {
         Ok((0..x.rows).map(|r| argmax(x.row(r)) as u32).collect())
-    }
-}
-
-/// One token's routed experts: each expert's output filled in whatever
-/// order the tier serves them, summed in ascending expert order.
-fn moe_row(
-    experts: &mut PoolExperts,
-    layer: usize,
-    x: &[f32],
-    chosen: &[(usize, f32)],
-) -> Result<Vec<f32>, EngineError> {
-    let h = x.len();
-    let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
-    let mut outs = vec![vec![0f32; h]; ids.len()];
-    let mut scratch = SwigluScratch::default();
-    experts.with_experts(layer, &ids, &mut |pos, view| {
-        let y = outs.get_mut(pos).ok_or_else(|| EngineError::Layout {
-            what: format!("expert request of {} experts", ids.len()),
-            reason: format!("the tier served position {pos}"),
-        })?;
-        scratch.swiglu(y, view.gate, view.up, view.down, x);
-        Ok(())
-    })?;
-    let mut out = vec![0f32; h];
-    for (y, (_, w)) in outs.iter().zip(chosen) {
-        for (o, yi) in out.iter_mut().zip(y) {
-            *o += yi * w;
-        }
-    }
-    Ok(out)
-}
-
-/// Scratch of one SwiGLU: the gate and up activations.
-#[derive(Default)]
-struct SwigluScratch {
-    act: Vec<f32>,
-    up: Vec<f32>,
-}
-
-impl SwigluScratch {
-    /// `out = down(silu(gate x) * up x)`.
-    fn swiglu(
-        &mut self,
-        out: &mut [f32],
-        gate: MatRef<'_>,
-        up: MatRef<'_>,
-        down: MatRef<'_>,
-        x: &[f32],
-    ) {
-        let inter = gate.len() / x.len().max(1);
-        self.act.resize(inter, 0.0);
-        self.up.resize(inter, 0.0);
-        matvec(&mut self.act, gate, x);
-        matvec(&mut self.up, up, x);
-        for (a, u) in self.act.iter_mut().zip(&self.up) {
-            *a = silu(*a) * u;
-        }
-        matvec(out, down, &self.act);
     }
 }
 
