@@ -177,11 +177,25 @@ impl StoreFile {
     /// Blocking positional read of exactly `dst.len()` bytes at `offset`,
     /// retrying EINTR and short reads; EOF before the end is [`IoError::ShortRead`].
     pub fn read_exact_at(&self, dst: &mut [u8], offset: u64) -> Result<(), IoError> {
+        self.read_exact_at_parts(dst, offset, |rest| rest)
+    }
+
+    /// [`StoreFile::read_exact_at`], each `read_at` asking for `ask(rest)`
+    /// bytes (clamped to `1..=rest`) of the `rest` still to read: the
+    /// seeded simulator asks for less, as a kernel may return less, so the
+    /// same loop meets its short reads.
+    pub(crate) fn read_exact_at_parts(
+        &self,
+        dst: &mut [u8],
+        offset: u64,
+        mut ask: impl FnMut(usize) -> usize,
+    ) -> Result<(), IoError> {
         let len = dst.len();
         self.check_aligned(offset, len, dst.as_ptr())?;
         let mut done = 0usize;
         while done < len {
-            let Some(rest) = dst.get_mut(done..) else {
+            let want = ask(len - done).clamp(1, len - done);
+            let Some(rest) = dst.get_mut(done..done + want) else {
                 break;
             };
             match self.file.read_at(rest, offset + done as u64) {

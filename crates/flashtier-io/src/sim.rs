@@ -40,7 +40,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -240,54 +239,16 @@ impl Shared {
         let unit = file.offset_align().max(1);
         let mut rng = SmallRng::seed_from_u64(d.rng_seed);
         let mut splits_left = if d.short { MAX_SHORT_SPLITS } else { 0 };
-        let mut done = 0usize;
-        while done < len {
-            let rest_len = len - done;
-            // The simulated kernel may return only an aligned part of the rest.
-            let ask = if splits_left > 0 && rest_len >= 2 * unit {
+        // The simulated kernel may return only an aligned part of the rest.
+        file.read_exact_at_parts(dst, offset, |rest_len| {
+            if splits_left > 0 && rest_len >= 2 * unit {
                 splits_left -= 1;
                 self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
                 rng.random_range(1..rest_len / unit) * unit
             } else {
                 rest_len
-            };
-            let Some(part) = dst.get_mut(done..done + ask) else {
-                break;
-            };
-            match file.file().read_at(part, offset + done as u64) {
-                Ok(0) => {
-                    return Err(IoError::ShortRead {
-                        path: file.path().to_path_buf(),
-                        offset,
-                        len,
-                        got: done,
-                    });
-                }
-                Ok(n) => {
-                    done += n;
-                    // Direct I/O stops short of an aligned boundary only at EOF.
-                    let next = offset + done as u64;
-                    if done < len && file.is_direct() && next % unit as u64 != 0 {
-                        return Err(IoError::ShortRead {
-                            path: file.path().to_path_buf(),
-                            offset,
-                            len,
-                            got: done,
-                        });
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(IoError::Read {
-                        path: file.path().to_path_buf(),
-                        offset,
-                        len,
-                        source,
-                    });
-                }
             }
-        }
-        Ok(())
+        })
     }
 
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {

@@ -33,11 +33,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::ring::{MAX_SQE_BYTES, Reaper};
-use super::{Batch, stage_device_landings};
+use super::{Batch, check_ring_args, stage_device_landings};
 use crate::backend::{Drive, ReadReq, StorageBackend, Ticket};
 use crate::error::IoError;
 use crate::file::StoreFile;
-use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
 
 /// The ring and its queued batches; tickets hold it to drive it.
@@ -106,16 +105,7 @@ impl UringLocal {
     /// `max_op_bytes` (a multiple of 4096, at most 1 GiB), as
     /// [`crate::UringBackend::with_max_op_bytes`].
     pub fn with_max_op_bytes(queue_depth: usize, max_op_bytes: usize) -> Result<Self, IoError> {
-        if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
-            return Err(IoError::Invalid(format!(
-                "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
-            )));
-        }
-        if max_op_bytes == 0 || max_op_bytes % crate::ALIGN != 0 || max_op_bytes > MAX_SQE_BYTES {
-            return Err(IoError::Invalid(format!(
-                "max op bytes {max_op_bytes} must be a positive multiple of 4096 up to 1 GiB"
-            )));
-        }
+        check_ring_args(queue_depth, max_op_bytes)?;
         let reaper =
             Reaper::open(queue_depth, max_op_bytes, true).map_err(|what| IoError::Backend {
                 backend: "uring-local",

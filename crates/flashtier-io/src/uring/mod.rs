@@ -137,16 +137,7 @@ impl UringBackend {
     /// is resubmitted exactly as after a short read. Tests use it to drive the
     /// resubmission path through the real kernel.
     pub fn with_max_op_bytes(queue_depth: usize, max_op_bytes: usize) -> Result<Self, IoError> {
-        if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
-            return Err(IoError::Invalid(format!(
-                "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
-            )));
-        }
-        if max_op_bytes == 0 || max_op_bytes % crate::ALIGN != 0 || max_op_bytes > MAX_SQE_BYTES {
-            return Err(IoError::Invalid(format!(
-                "max op bytes {max_op_bytes} must be a positive multiple of 4096 up to 1 GiB"
-            )));
-        }
+        check_ring_args(queue_depth, max_op_bytes)?;
         let waker = Arc::new(Waker::new()?);
         let (tx, rx) = sync_channel::<Msg>(2 * queue_depth);
         let (ready_tx, ready_rx) = sync_channel::<Result<(), String>>(1);
@@ -182,6 +173,22 @@ impl UringBackend {
         self.waker.wake(false);
         Ok(())
     }
+}
+
+/// A ring's arguments: `queue_depth` in 1..=[`MAX_QUEUE_DEPTH`], and
+/// `max_op_bytes` a positive multiple of 4096 of at most [`MAX_SQE_BYTES`].
+pub(crate) fn check_ring_args(queue_depth: usize, max_op_bytes: usize) -> Result<(), IoError> {
+    if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
+        return Err(IoError::Invalid(format!(
+            "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
+        )));
+    }
+    if max_op_bytes == 0 || max_op_bytes % crate::ALIGN != 0 || max_op_bytes > MAX_SQE_BYTES {
+        return Err(IoError::Invalid(format!(
+            "max op bytes {max_op_bytes} must be a positive multiple of 4096 up to 1 GiB"
+        )));
+    }
+    Ok(())
 }
 
 fn reaper_main(
