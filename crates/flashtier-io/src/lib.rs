@@ -48,6 +48,7 @@ mod sim_plan;
 pub mod skip;
 pub mod slots;
 pub mod uring;
+mod workers;
 
 pub use backend::{
     Completer, DeviceSink, Drive, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,

@@ -42,18 +42,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::thread::JoinHandle;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Completer, ReadReq, StorageBackend, Ticket, read_blocking_with};
+use crate::backend::{ReadReq, StorageBackend, Ticket, read_blocking_with};
 use crate::error::IoError;
 use crate::file::StoreFile;
-use crate::posix::MAX_QUEUE_DEPTH;
-use crate::queue::JobQueue;
 pub use crate::sim_plan::{Countdown, Fault, FaultPlan, OpKind};
 use crate::sim_plan::{Decision, Planner};
+use crate::workers::{ReadWorkers, check_queue_depth};
 
 /// Environment variable that overrides the plan's seed (replay).
 pub const SEED_ENV: &str = "FLASHTIER_SIM_SEED";
@@ -94,13 +92,6 @@ struct Counters {
     delayed: AtomicU64,
 }
 
-struct Job {
-    req: ReadReq,
-    idx: usize,
-    decision: Decision,
-    done: Completer,
-}
-
 struct Shared {
     planner: Planner,
     stats: Counters,
@@ -109,8 +100,7 @@ struct Shared {
 /// The fault-injecting backend. See the module docs.
 pub struct SimBackend {
     shared: Arc<Shared>,
-    queue: Arc<JobQueue<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: ReadWorkers<Decision>,
     queue_depth: usize,
 }
 
@@ -118,11 +108,7 @@ impl SimBackend {
     /// A simulator running `plan` on `queue_depth` workers (1..=256). Prints
     /// its seed to stderr once.
     pub fn new(plan: FaultPlan, queue_depth: usize) -> Result<Self, IoError> {
-        if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
-            return Err(IoError::Invalid(format!(
-                "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
-            )));
-        }
+        check_queue_depth(queue_depth)?;
         plan.validate()?;
         let seed = seed_for(&plan)?;
         eprintln!("flashtier sim: seed={seed} (replay with {SEED_ENV}={seed})");
@@ -137,23 +123,15 @@ impl SimBackend {
             },
             stats: Counters::default(),
         });
-        let queue = Arc::new(JobQueue::new(2 * queue_depth));
-        let mut workers = Vec::with_capacity(queue_depth);
-        for i in 0..queue_depth {
-            let q = queue.clone();
-            let shared = shared.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("ft-sim-{i}"))
-                .spawn(move || worker(&q, &shared))
-                .map_err(|e| IoError::Backend {
-                    backend: "sim",
-                    what: format!("spawn: {e}"),
-                })?;
-            workers.push(handle);
-        }
+        let worker_shared = shared.clone();
+        let workers = ReadWorkers::spawn("sim", queue_depth, move |req, d| {
+            worker_shared.delay(d);
+            read_blocking_with(req, |file, dst, offset| {
+                worker_shared.read_exact(file, dst, offset, d)
+            })
+        })?;
         Ok(Self {
             shared,
-            queue,
             workers,
             queue_depth,
         })
@@ -190,18 +168,6 @@ fn seed_for(plan: &FaultPlan) -> Result<u64, IoError> {
             .parse::<u64>()
             .map_err(|e| IoError::Invalid(format!("{SEED_ENV}={s:?} is not a u64 seed: {e}"))),
         Err(_) => Ok(plan.seed.unwrap_or_else(rand::random)),
-    }
-}
-
-fn worker(queue: &JobQueue<Job>, shared: &Shared) {
-    while let Some(job) = queue.pop() {
-        job.done.mark_started();
-        let d = job.decision;
-        shared.delay(d);
-        let result = read_blocking_with(job.req, |file, dst, offset| {
-            shared.read_exact(file, dst, offset, d)
-        });
-        job.done.complete(job.idx, result);
     }
 }
 
@@ -303,37 +269,13 @@ impl StorageBackend for SimBackend {
     }
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
-        let (ticket, done) = Ticket::new(reqs.len());
-        for (idx, req) in reqs.into_iter().enumerate() {
+        Ok(self.workers.submit(reqs, |req| {
             self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
-            let decision = self.shared.planner.decide(false, req.offset, req.len);
-            let job = Job {
-                req,
-                idx,
-                decision,
-                done: done.clone(),
-            };
-            if let Err(job) = self.queue.push(job) {
-                let err = IoError::Backend {
-                    backend: "sim",
-                    what: "workers exited".into(),
-                };
-                job.done.complete(job.idx, Err(err));
-            }
-        }
-        Ok(ticket)
+            self.shared.planner.decide(false, req.offset, req.len)
+        }))
     }
 
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {
         self.shared.write(file, offset, src)
-    }
-}
-
-impl Drop for SimBackend {
-    fn drop(&mut self) {
-        self.queue.close();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
     }
 }

@@ -45,8 +45,8 @@ use std::thread::JoinHandle;
 use crate::backend::{Completer, Landing, ReadReq, StorageBackend, Ticket};
 use crate::error::IoError;
 use crate::file::StoreFile;
-use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
+use crate::workers::check_queue_depth;
 use ring::{MAX_SQE_BYTES, Reaper};
 
 mod local;
@@ -175,14 +175,10 @@ impl UringBackend {
     }
 }
 
-/// A ring's arguments: `queue_depth` in 1..=[`MAX_QUEUE_DEPTH`], and
+/// A ring's arguments: `queue_depth` as [`check_queue_depth`] holds, and
 /// `max_op_bytes` a positive multiple of 4096 of at most [`MAX_SQE_BYTES`].
 pub(crate) fn check_ring_args(queue_depth: usize, max_op_bytes: usize) -> Result<(), IoError> {
-    if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
-        return Err(IoError::Invalid(format!(
-            "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
-        )));
-    }
+    check_queue_depth(queue_depth)?;
     if max_op_bytes == 0 || max_op_bytes % crate::ALIGN != 0 || max_op_bytes > MAX_SQE_BYTES {
         return Err(IoError::Invalid(format!(
             "max op bytes {max_op_bytes} must be a positive multiple of 4096 up to 1 GiB"

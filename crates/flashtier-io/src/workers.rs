@@ -1,0 +1,111 @@
+//! The read workers of the thread-pool backends (posix, sim): `queue_depth`
+//! threads popping read jobs from one [`JobQueue`] and completing each
+//! job's ticket entry with the result of the backend's read.
+//!
+//! Bounds: `queue_depth` threads (1..=[`MAX_QUEUE_DEPTH`], checked by
+//! [`check_queue_depth`]), each with one read in flight; the queue holds at
+//! most `2 * queue_depth` jobs, so submitting blocks (back-pressure) rather
+//! than growing memory without limit. A job queued after the workers are
+//! gone is completed at once with an error naming the backend. Dropping the
+//! pool closes the queue, lets the workers drain it and joins them.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::backend::{Completer, Landed, ReadReq, Ticket};
+use crate::error::IoError;
+use crate::posix::MAX_QUEUE_DEPTH;
+use crate::queue::JobQueue;
+
+/// `queue_depth` is in 1..=[`MAX_QUEUE_DEPTH`].
+pub(crate) fn check_queue_depth(queue_depth: usize) -> Result<(), IoError> {
+    if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
+        return Err(IoError::Invalid(format!(
+            "queue depth {queue_depth} outside 1..={MAX_QUEUE_DEPTH}"
+        )));
+    }
+    Ok(())
+}
+
+/// One read request of a ticket, with what the backend decided for it.
+struct Job<X> {
+    req: ReadReq,
+    idx: usize,
+    plan: X,
+    done: Completer,
+}
+
+/// Worker threads reading the jobs of one backend; `X` is what the backend
+/// decides per request when it is submitted (nothing for posix, the fault
+/// decision for the simulator).
+pub(crate) struct ReadWorkers<X> {
+    backend: &'static str,
+    queue: Arc<JobQueue<Job<X>>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<X: Send + 'static> ReadWorkers<X> {
+    /// `queue_depth` threads named `ft-{backend}-{i}`, each job read by
+    /// `read(req, plan)`; the caller has checked `queue_depth`.
+    pub(crate) fn spawn(
+        backend: &'static str,
+        queue_depth: usize,
+        read: impl Fn(ReadReq, X) -> Result<Landed, IoError> + Send + Sync + 'static,
+    ) -> Result<Self, IoError> {
+        let queue = Arc::new(JobQueue::new(2 * queue_depth));
+        let read = Arc::new(read);
+        let mut pool = Self {
+            backend,
+            queue,
+            workers: Vec::with_capacity(queue_depth),
+        };
+        for i in 0..queue_depth {
+            let (q, read) = (pool.queue.clone(), read.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("ft-{backend}-{i}"))
+                .spawn(move || {
+                    while let Some(job) = q.pop() {
+                        job.done.mark_started();
+                        job.done.complete(job.idx, read(job.req, job.plan));
+                    }
+                })
+                .map_err(|e| IoError::Backend {
+                    backend,
+                    what: format!("spawn: {e}"),
+                })?;
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Queue every request of `reqs` (one ticket), `plan(req)` deciding
+    /// for each as it is queued.
+    pub(crate) fn submit(&self, reqs: Vec<ReadReq>, mut plan: impl FnMut(&ReadReq) -> X) -> Ticket {
+        let (ticket, done) = Ticket::new(reqs.len());
+        for (idx, req) in reqs.into_iter().enumerate() {
+            let job = Job {
+                plan: plan(&req),
+                req,
+                idx,
+                done: done.clone(),
+            };
+            if let Err(job) = self.queue.push(job) {
+                let err = IoError::Backend {
+                    backend: self.backend,
+                    what: "workers exited".into(),
+                };
+                job.done.complete(job.idx, Err(err));
+            }
+        }
+        ticket
+    }
+}
+
+impl<X> Drop for ReadWorkers<X> {
+    fn drop(&mut self) {
+        self.queue.close();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
