@@ -66,6 +66,24 @@ fn hand_out(store: RowStore, out: *mut *mut FtRows) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Check `out`, build the table source with `source`, open a store over it
+/// with the cache settings `(cache_bytes, ways, flags)` and hand it out
+/// through `out`.
+fn open_into(
+    out: *mut *mut FtRows,
+    (cache_bytes, ways, flags): (u64, u32, u32),
+    source: impl FnOnce() -> Result<TableSource, Fail>,
+) -> Result<(), Fail> {
+    if out.is_null() {
+        return Err(invalid("out is NULL"));
+    }
+    let src = source()?;
+    hand_out(
+        lift(RowStore::open(src, config(cache_bytes, ways, flags)?))?,
+        out,
+    )
+}
+
 fn store_ref<'a>(store: *const FtRows) -> Result<&'a FtRows, Fail> {
     // SAFETY: a non-null handle came from `hand_out` and, per the header,
     // is not closed while other calls on it run.
@@ -116,29 +134,24 @@ pub unsafe extern "C" fn ft_rows_open(
     out: *mut *mut FtRows,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let path = PathBuf::from(text(path, "path")?);
-        let g = if weight_bytes == 0 && scale_bytes == 0 {
-            RowGeometry::ENGRAM
-        } else {
-            RowGeometry {
-                weight_bytes,
-                scale_bytes,
-            }
-        };
-        let src = lift(TableSource::raw(
-            &path,
-            rows,
-            weight_offset,
-            scale_offset,
-            g,
-        ))?;
-        hand_out(
-            lift(RowStore::open(src, config(cache_bytes, ways, flags)?))?,
-            out,
-        )
+        open_into(out, (cache_bytes, ways, flags), || {
+            let path = PathBuf::from(text(path, "path")?);
+            let g = if weight_bytes == 0 && scale_bytes == 0 {
+                RowGeometry::ENGRAM
+            } else {
+                RowGeometry {
+                    weight_bytes,
+                    scale_bytes,
+                }
+            };
+            lift(TableSource::raw(
+                &path,
+                rows,
+                weight_offset,
+                scale_offset,
+                g,
+            ))
+        })
     })
 }
 
@@ -159,19 +172,14 @@ pub unsafe extern "C" fn ft_rows_open_safetensors(
     out: *mut *mut FtRows,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        let model = PathBuf::from(text(model, "model")?);
-        let src = lift(TableSource::safetensors(
-            &model,
-            &text(tensor, "tensor")?,
-            &text(scales, "scales")?,
-        ))?;
-        hand_out(
-            lift(RowStore::open(src, config(cache_bytes, ways, flags)?))?,
-            out,
-        )
+        open_into(out, (cache_bytes, ways, flags), || {
+            let model = PathBuf::from(text(model, "model")?);
+            lift(TableSource::safetensors(
+                &model,
+                &text(tensor, "tensor")?,
+                &text(scales, "scales")?,
+            ))
+        })
     })
 }
 

@@ -1,42 +1,17 @@
-//! Reading a packed shard's header and checksum table, pinning owned
-//! scales, and single reads through the backend: the one-time loads behind
+//! Reading a packed shard's header and checksum table and pinning owned
+//! scales, each a single read through the backend
+//! ([`crate::verify::read_extent`]): the one-time loads behind
 //! `set_range`, `attach_packed` and `open_packed`.
 
 use std::sync::Arc;
 
 use flashtier_format::row_shard::{ROW_SHARD_HEADER_BYTES, RowShardError, RowShardHeader};
-use flashtier_io::{AlignedBuf, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+use flashtier_io::{StorageBackend, StoreFile};
 
 use crate::rows::RowError;
 use crate::rows::backing::{Packed, SourceFiles};
 use crate::rows::state::PinnedScales;
-
-/// Read `len` bytes at `offset` of `file` through `backend`.
-pub(crate) fn read_bytes(
-    backend: &dyn StorageBackend,
-    file: &Arc<StoreFile>,
-    offset: u64,
-    len: usize,
-) -> Result<AlignedBuf, RowError> {
-    let req = ReadReq {
-        file: file.clone(),
-        offset,
-        len,
-        landing: Landing::Host(AlignedBuf::zeroed(len)),
-        tag: 0,
-    };
-    let landed = backend.read(vec![req])?;
-    landed
-        .into_iter()
-        .next()
-        .and_then(|l| l.buf)
-        .ok_or_else(|| {
-            RowError::Io(IoError::Backend {
-                backend: backend.name(),
-                what: format!("read at {offset} returned no buffer"),
-            })
-        })
-}
+use crate::verify::read_extent;
 
 pub(crate) fn read_header(
     backend: &dyn StorageBackend,
@@ -50,7 +25,7 @@ pub(crate) fn read_header(
         }
         .into());
     }
-    let buf = read_bytes(backend, file, 0, ROW_SHARD_HEADER_BYTES as usize)?;
+    let buf = read_extent(backend, file, 0, ROW_SHARD_HEADER_BYTES as usize)?;
     Ok(RowShardHeader::decode(file.path(), &buf)?)
 }
 
@@ -69,7 +44,7 @@ pub(crate) fn load_packed(
     let checksums = if region == 0 {
         Vec::new()
     } else {
-        let buf = read_bytes(backend, &file, header.checksum_offset(), region)?;
+        let buf = read_extent(backend, &file, header.checksum_offset(), region)?;
         header.decode_checksums(file.path(), &buf)?
     };
     Ok(Packed::new(file, header, checksums))
@@ -90,7 +65,7 @@ pub(crate) fn pin_scales(
     let mut done = 0u64;
     while done < total {
         let n = (total - done).min(CHUNK_BYTES) as usize;
-        let buf = read_bytes(backend, src.scales(), start + done, n)?;
+        let buf = read_extent(backend, src.scales(), start + done, n)?;
         out.extend_from_slice(&buf[..n]);
         done += n as u64;
     }

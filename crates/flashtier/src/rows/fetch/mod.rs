@@ -41,8 +41,8 @@ use flashtier_io::{AlignedBuf, Landing, ReadReq, StoreFile};
 
 use crate::rows::RowError;
 use crate::rows::pool::PoolTask;
-use crate::rows::shard::read_bytes;
 use crate::rows::state::{ServePlan, StoreState};
+use crate::verify::read_extent;
 
 mod submit;
 
@@ -322,7 +322,7 @@ impl MissTask {
                 }
                 None if s > 0 => {
                     let off = src.scale_offset(id);
-                    let b = read_bytes(self.inner.backend(), src.scales(), off, s)?;
+                    let b = read_extent(self.inner.backend(), src.scales(), off, s)?;
                     self.inner.count_reads(1);
                     scale.copy_from_slice(b.get(..s).ok_or_else(|| short(u, id))?);
                 }
