@@ -195,13 +195,7 @@ impl RoutingTrace {
     }
 
     fn parse_step(&self, line: usize, text: &str) -> Result<TraceStep, TraceError> {
-        if text.len() > MAX_LINE_BYTES {
-            return Err(TraceError::LineTooLong { line });
-        }
-        let raw: StepLine = serde_json::from_str(text).map_err(|e| TraceError::Syntax {
-            line,
-            what: e.to_string(),
-        })?;
+        let raw: StepLine = parse_line(line, text)?;
         if raw.ids.len() != self.layers as usize {
             return Err(TraceError::LayerCount {
                 line,
@@ -280,14 +274,19 @@ impl RoutingTrace {
     }
 }
 
-fn parse_header(line: usize, text: &str) -> Result<Header, TraceError> {
+/// JSON line `line` of a trace, at most [`MAX_LINE_BYTES`].
+fn parse_line<T: serde::de::DeserializeOwned>(line: usize, text: &str) -> Result<T, TraceError> {
     if text.len() > MAX_LINE_BYTES {
         return Err(TraceError::LineTooLong { line });
     }
-    let h: Header = serde_json::from_str(text).map_err(|e| TraceError::Syntax {
+    serde_json::from_str(text).map_err(|e| TraceError::Syntax {
         line,
         what: e.to_string(),
-    })?;
+    })
+}
+
+fn parse_header(line: usize, text: &str) -> Result<Header, TraceError> {
+    let h: Header = parse_line(line, text)?;
     let bad = |what: String| Err(TraceError::Header { what });
     if h.format != FORMAT_NAME {
         return bad(format!("format {:?}, expected {FORMAT_NAME:?}", h.format));

@@ -69,12 +69,7 @@ pub fn dequant_row_f32(
     format: ScaleFormat,
     out: &mut [f32],
 ) -> Result<(), RowError> {
-    check(weight, scale, format, out.len())?;
-    let cols = weight.len();
-    for (i, (o, &c)) in out.iter_mut().zip(weight).enumerate() {
-        *o = e4m3_to_f32(c) * scale_at(scale, format, i, cols);
-    }
-    Ok(())
+    dequant_into(weight, scale, format, out, |x| x)
 }
 
 /// As [`dequant_row_f32`], rounded to bf16 (round to nearest even).
@@ -84,10 +79,21 @@ pub fn dequant_row_bf16(
     format: ScaleFormat,
     out: &mut [bf16],
 ) -> Result<(), RowError> {
+    dequant_into(weight, scale, format, out, bf16::from_f32)
+}
+
+/// `out[i] = round(e4m3(weight[i]) * scale(i))`, after [`check`].
+fn dequant_into<T>(
+    weight: &[u8],
+    scale: &[u8],
+    format: ScaleFormat,
+    out: &mut [T],
+    round: impl Fn(f32) -> T,
+) -> Result<(), RowError> {
     check(weight, scale, format, out.len())?;
     let cols = weight.len();
     for (i, (o, &c)) in out.iter_mut().zip(weight).enumerate() {
-        *o = bf16::from_f32(e4m3_to_f32(c) * scale_at(scale, format, i, cols));
+        *o = round(e4m3_to_f32(c) * scale_at(scale, format, i, cols));
     }
     Ok(())
 }

@@ -247,6 +247,20 @@ mod tests {
         hits: Vec<AtomicU64>,
     }
 
+    impl Count {
+        /// A task of `units` units, none run yet.
+        fn new(units: usize) -> Arc<Self> {
+            Arc::new(Self {
+                hits: (0..units).map(|_| AtomicU64::new(0)).collect(),
+            })
+        }
+
+        /// Runs over all units.
+        fn total(&self) -> u64 {
+            self.hits.iter().map(|h| h.load(Ordering::Relaxed)).sum()
+        }
+    }
+
     impl PoolTask for Count {
         fn run(&self, unit: usize) {
             if unit % 97 == 13 {
@@ -260,9 +274,7 @@ mod tests {
     fn every_unit_runs_once_even_across_panics() {
         let pool = RowPool::new(4).expect("pool");
         for units in [0usize, 1, 5, 1000] {
-            let task = Arc::new(Count {
-                hits: (0..units).map(|_| AtomicU64::new(0)).collect(),
-            });
+            let task = Count::new(units);
             pool.run(task.clone(), units);
             for (i, h) in task.hits.iter().enumerate() {
                 let want = u64::from(i % 97 != 13);
@@ -275,17 +287,9 @@ mod tests {
     #[test]
     fn single_thread_pool_is_the_caller() {
         let pool = RowPool::new(1).expect("pool");
-        let task = Arc::new(Count {
-            hits: (0..10).map(|_| AtomicU64::new(0)).collect(),
-        });
+        let task = Count::new(10);
         pool.run(task.clone(), 10);
-        assert_eq!(
-            task.hits
-                .iter()
-                .map(|h| h.load(Ordering::Relaxed))
-                .sum::<u64>(),
-            10
-        );
+        assert_eq!(task.total(), 10);
     }
 
     #[test]
@@ -296,17 +300,9 @@ mod tests {
                 let pool = pool.clone();
                 s.spawn(move || {
                     for _ in 0..20 {
-                        let task = Arc::new(Count {
-                            hits: (0..50).map(|_| AtomicU64::new(0)).collect(),
-                        });
+                        let task = Count::new(50);
                         pool.run(task.clone(), 50);
-                        assert_eq!(
-                            task.hits
-                                .iter()
-                                .map(|h| h.load(Ordering::Relaxed))
-                                .sum::<u64>(),
-                            49
-                        );
+                        assert_eq!(task.total(), 49);
                     }
                 });
             }
