@@ -33,6 +33,7 @@ use std::path::Path;
 
 use crate::checksum::{ChecksumAlgo, xxh3_64};
 use crate::error::FormatError;
+use crate::le::{get_u32, get_u64, put_u32, put_u64};
 
 /// The magic at offset 0.
 pub const MAGIC: [u8; 8] = *b"FTSTORE\0";
@@ -471,26 +472,4 @@ impl Header {
         }
         Ok(())
     }
-}
-
-fn put_u32(b: &mut [u8; HEADER_BYTES], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(b: &mut [u8; HEADER_BYTES], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-// `b` is at least HEADER_BYTES long (checked by `decode`), and every `at` is a
-// constant below HEADER_BYTES - 8, so these slices are in bounds.
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
-fn get_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
 }

@@ -30,6 +30,7 @@ pub mod fp8;
 pub mod header;
 pub mod kind;
 pub mod kv;
+mod le;
 pub mod manifest;
 pub mod row_shard;
 pub mod store;

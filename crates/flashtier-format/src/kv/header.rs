@@ -3,6 +3,7 @@
 //! re-derived from the geometry on decode and must agree.
 
 use crate::checksum::xxh3_64;
+use crate::le::{get_u32, get_u64, put_u32, put_u64};
 
 use super::group::{BlockOrder, GroupLayout, KvGeometry};
 
@@ -105,34 +106,6 @@ pub struct KvHeader {
     pub model_hash: u64,
     /// Tensor-parallel rank the store belongs to.
     pub rank: u32,
-}
-
-fn put_u32(buf: &mut [u8], at: usize, v: u32) {
-    if let Some(dst) = buf.get_mut(at..at + 4) {
-        dst.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-fn put_u64(buf: &mut [u8], at: usize, v: u64) {
-    if let Some(dst) = buf.get_mut(at..at + 8) {
-        dst.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-fn get_u32(buf: &[u8], at: usize) -> u32 {
-    let mut b = [0u8; 4];
-    if let Some(src) = buf.get(at..at + 4) {
-        b.copy_from_slice(src);
-    }
-    u32::from_le_bytes(b)
-}
-
-fn get_u64(buf: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    if let Some(src) = buf.get(at..at + 8) {
-        b.copy_from_slice(src);
-    }
-    u64::from_le_bytes(b)
 }
 
 impl KvHeader {

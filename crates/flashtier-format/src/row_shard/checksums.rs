@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use super::{ROW_SHARD_BLOCK_BYTES, RowShardError, RowShardHeader, u64_at};
+use super::{ROW_SHARD_BLOCK_BYTES, RowShardError, RowShardHeader};
 use crate::checksum::xxh3_64;
+use crate::le::get_u64;
 
 /// xxh3-64 of one row block, as stored in the checksum table.
 #[must_use]
@@ -33,7 +34,7 @@ impl RowShardHeader {
                 computed,
             });
         }
-        Ok(table.chunks_exact(8).map(|c| u64_at(c, 0)).collect())
+        Ok(table.chunks_exact(8).map(|c| get_u64(c, 0)).collect())
     }
 
     /// Check one block read from the file against its stored checksum.

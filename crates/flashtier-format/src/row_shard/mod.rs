@@ -21,6 +21,7 @@
 use std::path::Path;
 
 use crate::checksum::xxh3_64;
+use crate::le::{get_u32, get_u64};
 
 mod checksums;
 mod error;
@@ -69,22 +70,6 @@ pub struct RowLocation {
     pub block_offset: u64,
     /// Offset of the row inside the block.
     pub in_block: usize,
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    if let Some(s) = b.get(at..at + 4) {
-        w.copy_from_slice(s);
-    }
-    u32::from_le_bytes(w)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    if let Some(s) = b.get(at..at + 8) {
-        w.copy_from_slice(s);
-    }
-    u64::from_le_bytes(w)
 }
 
 fn put(b: &mut [u8], at: usize, bytes: &[u8]) {
@@ -271,14 +256,14 @@ impl RowShardHeader {
                 found: magic,
             });
         }
-        let version = u32_at(bytes, 8);
+        let version = get_u32(bytes, 8);
         if version != ROW_SHARD_VERSION {
             return Err(RowShardError::UnsupportedVersion {
                 path: p(),
                 found: version,
             });
         }
-        let stored = u64_at(bytes, 104);
+        let stored = get_u64(bytes, 104);
         let computed = xxh3_64(bytes.get(..HEADER_CHECKED_BYTES).unwrap_or(&[]));
         if stored != computed {
             return Err(RowShardError::HeaderChecksum {
@@ -288,14 +273,14 @@ impl RowShardHeader {
             });
         }
         let h = Self {
-            layer: u64_at(bytes, 16),
-            lo: u64_at(bytes, 24),
-            hi: u64_at(bytes, 32),
-            rows: u64_at(bytes, 40),
-            row_weight_bytes: u32_at(bytes, 48),
-            scale_bytes: u32_at(bytes, 52),
-            rows_per_block: u32_at(bytes, 64),
-            checksums_xxh3: u64_at(bytes, 96),
+            layer: get_u64(bytes, 16),
+            lo: get_u64(bytes, 24),
+            hi: get_u64(bytes, 32),
+            rows: get_u64(bytes, 40),
+            row_weight_bytes: get_u32(bytes, 48),
+            scale_bytes: get_u32(bytes, 52),
+            rows_per_block: get_u32(bytes, 64),
+            checksums_xxh3: get_u64(bytes, 96),
         };
         h.check(path)?;
         h.check_derived(path, bytes)?;
@@ -306,22 +291,26 @@ impl RowShardHeader {
         let fields: [(&'static str, u64, u64); 6] = [
             (
                 "header_bytes",
-                u64::from(u32_at(bytes, 12)),
+                u64::from(get_u32(bytes, 12)),
                 u64::from(ROW_SHARD_HEADER_BYTES),
             ),
             (
                 "row_stride",
-                u64::from(u32_at(bytes, 56)),
+                u64::from(get_u32(bytes, 56)),
                 u64::from(self.row_stride()),
             ),
             (
                 "block_bytes",
-                u64::from(u32_at(bytes, 60)),
+                u64::from(get_u32(bytes, 60)),
                 u64::from(ROW_SHARD_BLOCK_BYTES),
             ),
-            ("data_offset", u64_at(bytes, 72), self.data_offset()),
-            ("block_count", u64_at(bytes, 80), self.block_count()),
-            ("checksum_offset", u64_at(bytes, 88), self.checksum_offset()),
+            ("data_offset", get_u64(bytes, 72), self.data_offset()),
+            ("block_count", get_u64(bytes, 80), self.block_count()),
+            (
+                "checksum_offset",
+                get_u64(bytes, 88),
+                self.checksum_offset(),
+            ),
         ];
         for (field, value, want) in fields {
             if value != want {

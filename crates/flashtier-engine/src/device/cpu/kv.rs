@@ -92,22 +92,19 @@ fn check_limits(spec: &KvSpec, width: usize) -> Result<usize, EngineError> {
         limit: limit as u64,
         unit,
     };
-    if spec.layers > MAX_LAYERS {
-        return Err(too_large(
-            "KV cache layers",
-            Some(spec.layers),
-            MAX_LAYERS,
-            "layers",
-        ));
-    }
-    if spec.capacity > MAX_POSITIONS {
-        return Err(too_large(
-            "KV cache capacity (max_position_embeddings or sliding_window)",
-            Some(spec.capacity),
-            MAX_POSITIONS,
-            "positions",
-        ));
-    }
+    let at_most = |what: &str, value: usize, limit: usize, unit| {
+        if value > limit {
+            return Err(too_large(what, Some(value), limit, unit));
+        }
+        Ok(())
+    };
+    at_most("KV cache layers", spec.layers, MAX_LAYERS, "layers")?;
+    at_most(
+        "KV cache capacity (max_position_embeddings or sliding_window)",
+        spec.capacity,
+        MAX_POSITIONS,
+        "positions",
+    )?;
     let full = [spec.layers, spec.kv_heads, width, 2 * 2]
         .iter()
         .try_fold(spec.capacity as u64, |n, &x| n.checked_mul(x as u64));
