@@ -198,27 +198,21 @@ impl StoreFile {
             let Some(rest) = dst.get_mut(done..done + want) else {
                 break;
             };
+            let short = |got: usize| IoError::ShortRead {
+                path: self.path.clone(),
+                offset,
+                len,
+                got,
+            };
             match self.file.read_at(rest, offset + done as u64) {
-                Ok(0) => {
-                    return Err(IoError::ShortRead {
-                        path: self.path.clone(),
-                        offset,
-                        len,
-                        got: done,
-                    });
-                }
+                Ok(0) => return Err(short(done)),
                 Ok(n) => {
                     done += n;
                     // Direct I/O stops short of an aligned boundary only at
                     // end of file; asking again would fail with EINVAL.
                     let next = offset + done as u64;
                     if done < len && self.direct && next % self.offset_align as u64 != 0 {
-                        return Err(IoError::ShortRead {
-                            path: self.path.clone(),
-                            offset,
-                            len,
-                            got: done,
-                        });
+                        return Err(short(done));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -244,18 +238,13 @@ impl StoreFile {
         while done < len {
             let Some(rest) = src.get(done..) else { break };
             match self.file.write_at(rest, offset + done as u64) {
-                Ok(0) => {
-                    let source = std::io::Error::from(std::io::ErrorKind::WriteZero);
-                    return Err(IoError::Write {
-                        path: self.path.clone(),
-                        offset,
-                        len,
-                        source,
-                    });
-                }
-                Ok(n) => done += n,
+                Ok(n) if n > 0 => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
+                failed => {
+                    // A write of nothing would never finish: WriteZero.
+                    let source = failed
+                        .err()
+                        .unwrap_or_else(|| std::io::ErrorKind::WriteZero.into());
                     return Err(IoError::Write {
                         path: self.path.clone(),
                         offset,

@@ -67,23 +67,25 @@ pub fn open_backend(
     queue_depth: usize,
 ) -> Result<Box<dyn StorageBackend>, IoError> {
     match kind {
-        BackendKind::Uring => match UringBackend::new(queue_depth) {
-            Ok(b) => Ok(Box::new(b)),
-            Err(IoError::Invalid(what)) => Err(IoError::Invalid(what)),
-            Err(e) => {
-                eprintln!("flashtier: io_uring unavailable ({e}); using the posix backend");
-                Ok(Box::new(PosixBackend::new(queue_depth)?))
-            }
-        },
-        BackendKind::UringLocal => match UringLocal::new(queue_depth) {
-            Ok(b) => Ok(Box::new(b)),
-            Err(IoError::Invalid(what)) => Err(IoError::Invalid(what)),
-            Err(e) => {
-                eprintln!("flashtier: io_uring unavailable ({e}); using the posix backend");
-                Ok(Box::new(PosixBackend::new(queue_depth)?))
-            }
-        },
+        BackendKind::Uring => or_posix(UringBackend::new(queue_depth), queue_depth),
+        BackendKind::UringLocal => or_posix(UringLocal::new(queue_depth), queue_depth),
         BackendKind::Posix => Ok(Box::new(PosixBackend::new(queue_depth)?)),
         BackendKind::Sim => Ok(Box::new(SimBackend::new(FaultPlan::off(), queue_depth)?)),
+    }
+}
+
+/// An io_uring backend as opened, or posix at `queue_depth` where the ring
+/// could not be opened for any reason but invalid arguments.
+fn or_posix<B: StorageBackend + 'static>(
+    ring: Result<B, IoError>,
+    queue_depth: usize,
+) -> Result<Box<dyn StorageBackend>, IoError> {
+    match ring {
+        Ok(b) => Ok(Box::new(b)),
+        Err(IoError::Invalid(what)) => Err(IoError::Invalid(what)),
+        Err(e) => {
+            eprintln!("flashtier: io_uring unavailable ({e}); using the posix backend");
+            Ok(Box::new(PosixBackend::new(queue_depth)?))
+        }
     }
 }
