@@ -19,8 +19,12 @@ pub const ATTENTION_SRC: &str = concat!(
     "\n",
     include_str!("kernels/attention_merge.cu")
 );
-/// Source of the dequant and fill kernels.
-pub const UTIL_SRC: &str = include_str!("kernels/util.cu");
+/// Source of the dequant and fill kernels (after the shared definitions).
+pub const UTIL_SRC: &str = concat!(
+    include_str!("kernels/common.cuh"),
+    "\n",
+    include_str!("kernels/util.cu")
+);
 
 /// A compiled module: its machine code and the compiler's log (register and
 /// spill report from ptxas).
@@ -173,6 +177,9 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.image.is_empty());
         eprintln!("decode:\n{}", c.log);
+        // The util kernels share common.cuh with these.
+        let u = compile_cubin("util", UTIL_SRC, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!u.image.is_empty());
         assert!(
             !c.log.contains("bytes spill stores") || c.log.contains(" 0 bytes spill stores"),
             "{}",

@@ -8,11 +8,6 @@
 // Dtype codes (`DT`): 0 BF16, 1 F16, 2 F32, 3 FP8 E4M3 (unscaled codes; the
 // block scale is applied per 8-element chunk).
 
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned char u8;
-typedef unsigned long long u64;
-
 #define WARP 32
 #define ROUTE_THREADS 256
 #define MAX_EXPERTS 1024
@@ -21,29 +16,6 @@ typedef unsigned long long u64;
 #define MAX_DIM_PER_LANE 8   // head_dim <= 256
 #define ATTN_WARPS 4
 #define INFINITY __int_as_float(0x7f800000)
-
-static __device__ __forceinline__ float bf16_to_f32(u32 b) { return __int_as_float(b << 16); }
-
-static __device__ __forceinline__ float f16_to_f32(u32 h) {
-    float f;
-    const unsigned short s = (unsigned short)h;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
-    return f;
-}
-
-// e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities;
-// 0x7F / 0xFF are NaN, 0x7E is 448. Exact in f32.
-static __device__ __forceinline__ float e4m3_to_f32(u32 b) {
-    const u32 sign = (b & 0x80u) << 24;
-    const u32 exp = (b >> 3) & 0xFu;
-    const u32 man = b & 0x7u;
-    if (exp == 0xFu && man == 0x7u) return __int_as_float(0x7fc00000 | sign);
-    if (exp == 0u) {
-        const float v = (float)man * 0.001953125f;
-        return __int_as_float(__float_as_int(v) | sign);
-    }
-    return __int_as_float(sign | ((exp + 120u) << 23) | (man << 20));
-}
 
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -698,19 +670,12 @@ extern "C" __global__ void copy_heads(const float* src, int src_cols, int ss, in
     }
 }
 
-// RoPE on `dims` columns at `h * head_stride + offset` of each head, for
-// row r at position first + r; cos/sin from tables [positions][dims / 2].
-// grid: (heads, rows), threads >= dims / 2.
-extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset, int dims,
-                                int interleaved, const float* cos_t, const float* sin_t,
-                                int first) {
-    __shared__ float v[512];
-    const int h = blockIdx.x, r = blockIdx.y;
-    const int half = dims / 2;
-    float* at = x + (long long)r * cols + h * head_stride + offset;
-    for (int i = threadIdx.x; i < dims; i += blockDim.x) v[i] = at[i];
-    __syncthreads();
-    const long long pos = first + r;
+// Write the rotation of v (2 * half values, in shared memory) by position
+// `pos` to at: rotate-half pairs (i, half + i), or interleaved pairs
+// (2i, 2i + 1) written to (i, half + i); the block's threads share the pairs.
+static __device__ __forceinline__ void rotate(const float* v, float* at, int half, int interleaved,
+                                              const float* cos_t, const float* sin_t,
+                                              long long pos) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
         float a, b;
@@ -724,6 +689,20 @@ extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset,
         at[i] = a * c - b * s;
         at[half + i] = b * c + a * s;
     }
+}
+
+// RoPE on `dims` columns at `h * head_stride + offset` of each head, for
+// row r at position first + r; cos/sin from tables [positions][dims / 2].
+// grid: (heads, rows), threads >= dims / 2.
+extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset, int dims,
+                                int interleaved, const float* cos_t, const float* sin_t,
+                                int first) {
+    __shared__ float v[512];
+    const int h = blockIdx.x, r = blockIdx.y;
+    float* at = x + (long long)r * cols + h * head_stride + offset;
+    for (int i = threadIdx.x; i < dims; i += blockDim.x) v[i] = at[i];
+    __syncthreads();
+    rotate(v, at, dims / 2, interleaved, cos_t, sin_t, first + r);
 }
 
 // Qwen3's per-head q/k RMSNorm (when `has_norm`; weights qw, kw `dim` wide)
@@ -754,21 +733,7 @@ qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, con
         for (int i = threadIdx.x; i < dim; i += 256) v[i] = w[i] * (v[i] * inv);
     }
     __syncthreads();
-    const int half = dim / 2;
-    const long long pos = first + r;
-    for (int i = threadIdx.x; i < half; i += 256) {
-        const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
-        float a, b;
-        if (interleaved) {
-            a = v[2 * i];
-            b = v[2 * i + 1];
-        } else {
-            a = v[i];
-            b = v[half + i];
-        }
-        at[i] = a * c - b * s;
-        at[half + i] = b * c + a * s;
-    }
+    rotate(v, at, dim / 2, interleaved, cos_t, sin_t, first + r);
 }
 
 // out[r] = table[ids[r]] widened; FP8 rows times their block scales.

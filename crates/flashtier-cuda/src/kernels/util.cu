@@ -1,31 +1,11 @@
 // Small kernels of flashtier's CUDA path: FP8 E4M3 -> BF16 row dequant
 // (Engram rows) and a device-side deterministic fill for benchmarks.
-// Compiled by NVRTC for the device's own architecture; no headers.
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned char u8;
-typedef unsigned long long u64;
+// Compiled by NVRTC for the device's own architecture after common.cuh.
 
 static __device__ __forceinline__ u16 f32_to_bf16(float x) {
     u16 r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
     return r;
-}
-
-// e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities;
-// 0x7F / 0xFF are NaN, 0x7E is 448.
-static __device__ __forceinline__ float e4m3_to_f32(u32 b) {
-    const u32 sign = (b & 0x80u) << 24;
-    const u32 exp = (b >> 3) & 0xFu;
-    const u32 man = b & 0x7u;
-    if (exp == 0xFu && man == 0x7u) return __int_as_float(0x7fc00000 | sign);
-    if (exp == 0u) {
-        // Subnormal: man * 2^-9 (exact in f32).
-        const float v = (float)man * 0.001953125f;
-        return __int_as_float(__float_as_int(v) | sign);
-    }
-    return __int_as_float(sign | ((exp + 120u) << 23) | (man << 20));
 }
 
 // out[r, c] = bf16(e4m3(w[r * w_stride + c]) * scales[r * s_stride + c / group]).

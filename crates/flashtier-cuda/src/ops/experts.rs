@@ -21,11 +21,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr};
 
-use super::buffers::{DevAct, WeightType};
-use super::route::DevRoutes;
-use super::{DecodeKernels, addr, blocks_cfg};
+use super::addr;
+use super::buffers::WeightType;
 use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::pinned::PinnedMemory;
@@ -47,9 +46,10 @@ pub struct ExpertSpec {
     pub scales: [usize; 3],
 }
 
+/// A record's matrix and scale offsets (the C layout of `struct Expert`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct Geometry {
+pub(super) struct Geometry {
     gate_off: i64,
     up_off: i64,
     down_off: i64,
@@ -84,7 +84,7 @@ impl ExpertSpec {
         end
     }
 
-    fn validate(&self) -> Result<(), CudaError> {
+    pub(super) fn validate(&self) -> Result<(), CudaError> {
         let aligned =
             self.matrices.iter().all(|o| o % 16 == 0) && self.scales.iter().all(|o| o % 4 == 0);
         if self.hidden == 0 || self.inter == 0 || !aligned {
@@ -104,7 +104,7 @@ impl ExpertSpec {
         Ok(())
     }
 
-    fn geometry(&self) -> Geometry {
+    pub(super) fn geometry(&self) -> Geometry {
         let o = |v: usize| v as i64;
         let (gu_sc, dn_sc, br, bc) = match self.ty {
             WeightType::Fp8 { block: [br, bc] } => (
@@ -137,9 +137,9 @@ pub struct ExpertSlots {
     hbm: Option<CudaSlice<u8>>,
     slots: usize,
     stride: usize,
-    record_bytes: usize,
+    pub(super) record_bytes: usize,
     table_host: Vec<u64>,
-    table_dev: CudaSlice<u64>,
+    pub(super) table_dev: CudaSlice<u64>,
     dirty: bool,
     keepalive: Vec<Arc<PinnedMemory>>,
     copied: CudaEvent,
@@ -413,95 +413,5 @@ impl ExpertSlots {
         self.copy_stream
             .synchronize()
             .map_err(CudaError::driver("wait for expert loads"))
-    }
-}
-
-impl DecodeKernels {
-    /// `out[r] = sum over row r's routed experts (ascending id) of weight *
-    /// down(silu(gate x[r]) * up x[r])`, the records found through
-    /// `slots`' table at `layer_base + id`; `act` (`rows * top_k x inter`)
-    /// is scratch.
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub fn moe(
-        &self,
-        slots: &ExpertSlots,
-        layer_base: usize,
-        experts: usize,
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        act: &mut DevAct,
-        out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        spec.validate()?;
-        let (rows, k) = (x.rows(), routes.top_k());
-        let pairs = rows * k;
-        let ok = routes.rows() == rows
-            && x.cols() == spec.hidden
-            && out.rows() == rows
-            && out.cols() == spec.hidden
-            && act.rows() == pairs
-            && act.cols() == spec.inter
-            && layer_base + experts <= slots.entries()
-            && slots.record_bytes >= spec.min_record_bytes();
-        if !ok {
-            return Err(CudaError::invalid(
-                "moe",
-                format!(
-                    "{rows} rows x top-{k}, {}x{} input, table base {layer_base} + {experts} of {}",
-                    x.rows(),
-                    x.cols(),
-                    slots.entries()
-                ),
-            ));
-        }
-        let geo = spec.geometry();
-        let sfx = spec.ty.suffix();
-        let vec = i32::from(spec.hidden % 8 == 0 && spec.inter % 8 == 0);
-        let (base, kk, h, i) = (
-            layer_base as i32,
-            k as i32,
-            spec.hidden as i32,
-            spec.inter as i32,
-        );
-        let stream = self.gpu.stream();
-        let mut b = stream.launch_builder(self.func(&format!("moe_gate_up_{sfx}"))?);
-        b.arg(&slots.table_dev)
-            .arg(&base)
-            .arg(routes.ids())
-            .arg(&kk)
-            .arg(x.buf())
-            .arg(&h)
-            .arg(&i)
-            .arg(&geo)
-            .arg(&vec)
-            .arg(act.buf_mut());
-        // SAFETY: matches `moe_gate_up_*`. Routed ids are below `experts`
-        // (the routing kernels choose among the logits' columns), so every
-        // table index is below `entries`; every set entry points at a record
-        // of at least `record_bytes >= min_record_bytes` bytes (checked when
-        // set), cleared ones are 0 and never read; x holds rows x hidden and
-        // act pairs x inter (checked above).
-        unsafe { b.launch(blocks_cfg(spec.inter.div_ceil(4), pairs)?) }
-            .map_err(CudaError::driver("launch moe_gate_up"))?;
-        let mut b = stream.launch_builder(self.func(&format!("moe_down_{sfx}"))?);
-        b.arg(&slots.table_dev)
-            .arg(&base)
-            .arg(routes.ids())
-            .arg(routes.weights())
-            .arg(&kk)
-            .arg(act.buf())
-            .arg(&h)
-            .arg(&i)
-            .arg(&geo)
-            .arg(&vec)
-            .arg(out.buf_mut());
-        // SAFETY: as above, reading act (pairs x inter) and the routed
-        // weights (rows x top_k), writing out (rows x hidden); each row's
-        // experts are summed in routed (ascending id) order; top_k <=
-        // MAX_TOP_K fits the kernel's shared products.
-        unsafe { b.launch(blocks_cfg(spec.hidden, rows)?) }
-            .map_err(CudaError::driver("launch moe_down"))?;
-        Ok(())
     }
 }

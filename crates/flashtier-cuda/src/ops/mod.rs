@@ -18,6 +18,7 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+mod moe;
 pub mod norm;
 pub mod route;
 
@@ -30,8 +31,12 @@ use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::nvrtc::load_module;
 
-/// Source of the decode kernels.
-pub const DECODE_SRC: &str = include_str!("../kernels/decode.cu");
+/// Source of the decode kernels (after the shared definitions).
+pub const DECODE_SRC: &str = concat!(
+    include_str!("../kernels/common.cuh"),
+    "\n",
+    include_str!("../kernels/decode.cu")
+);
 
 /// Rows one matrix-vector pass reads the weights for.
 pub const MAX_GEMV_ROWS: usize = 8;

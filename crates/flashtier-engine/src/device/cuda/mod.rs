@@ -13,6 +13,7 @@
 //! (the routed ids) when experts stream, to decide residency.
 
 pub mod experts;
+mod moe;
 pub mod profile;
 
 use std::rc::Rc;
@@ -25,7 +26,6 @@ use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_format::Dtype;
 
-use crate::config::Routing;
 use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
@@ -125,6 +125,18 @@ impl CudaDevice {
     pub fn synchronize(&self) -> Result<(), EngineError> {
         Ok(self.gpu.synchronize()?)
     }
+}
+
+/// Positions `first..first + rows` must have RoPE table rows: the context
+/// is full otherwise.
+fn fits_table(table: &RopeTable, first: usize, rows: usize) -> Result<(), EngineError> {
+    if first + rows > table.positions() {
+        return Err(EngineError::ContextFull {
+            len: first + rows,
+            max: table.positions(),
+        });
+    }
+    Ok(())
 }
 
 fn weight_type(dtype: Dtype) -> Result<WeightType, EngineError> {
@@ -308,12 +320,7 @@ impl Device for CudaDevice {
         spec: RopeSpec,
         first: usize,
     ) -> Result<(), EngineError> {
-        if first + x.rows() > table.positions() {
-            return Err(EngineError::ContextFull {
-                len: first + x.rows(),
-                max: table.positions(),
-            });
-        }
+        fits_table(table, first, x.rows())?;
         self.timed(OpClass::Other, 0, || {
             Ok(self.kernels.rope(
                 x,
@@ -338,12 +345,7 @@ impl Device for CudaDevice {
         head_dim: usize,
         first: usize,
     ) -> Result<(), EngineError> {
-        if first + q.rows() > table.positions() {
-            return Err(EngineError::ContextFull {
-                len: first + q.rows(),
-                max: table.positions(),
-            });
-        }
+        fits_table(table, first, q.rows())?;
         if head_dim > MAX_ROPE_DIMS {
             return crate::device::qk_norm_rope_unfused(
                 self, q, k, norms, eps, table, head_dim, first,
@@ -449,97 +451,5 @@ impl Device for CudaDevice {
 
     fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, EngineError> {
         Ok(self.kernels.argmax_rows(x)?)
-    }
-}
-
-impl CudaDevice {
-    fn route_now(
-        &self,
-        logits: &DevAct,
-        rule: &RouteRule,
-        bias: Option<&DevVector>,
-    ) -> Result<DevRoutes, EngineError> {
-        let r = match rule.routing {
-            Routing::Softmax => {
-                self.kernels
-                    .route_softmax(logits, rule.top_k, rule.norm_topk_prob)?
-            }
-            Routing::SigmoidGroups {
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-            } => self.kernels.route_sigmoid_groups(
-                logits,
-                bias,
-                rule.top_k,
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-                rule.norm_topk_prob,
-            )?,
-        };
-        Ok(r)
-    }
-
-    /// The routed experts of every row, all of whose records are readable.
-    fn moe_rows(
-        &self,
-        experts: &mut CudaExperts,
-        layer: usize,
-        x: &DevAct,
-        routes: &DevRoutes,
-        out: &mut DevAct,
-    ) -> Result<(), EngineError> {
-        let spec = *experts.spec();
-        let pairs = x.rows() * routes.top_k();
-        let mut act = self.zeros(pairs, spec.inter)?;
-        let base = experts.entry(layer, 0);
-        let per_layer = experts.experts_per_layer();
-        let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
-        self.timed(OpClass::Experts, bytes, || {
-            Ok(self.kernels.moe(
-                experts.slots(),
-                base,
-                per_layer,
-                routes,
-                &spec,
-                x,
-                &mut act,
-                out,
-            )?)
-        })?;
-        experts.consumed()
-    }
-
-    /// A step whose rows need more distinct experts than the tiers hold at
-    /// once (a long prompt chunk under a small budget): rows one at a time.
-    fn moe_in_groups(
-        &self,
-        experts: &mut CudaExperts,
-        layer: usize,
-        x: &DevAct,
-        routes: &DevRoutes,
-        ids: &[u32],
-        out: &mut DevAct,
-    ) -> Result<(), EngineError> {
-        let k = routes.top_k();
-        let h = x.cols();
-        let (_, weights) = routes.to_host(&self.kernels)?;
-        let xs = x.to_host(self.gpu.stream())?;
-        let mut all = Vec::with_capacity(x.rows() * h);
-        for r in 0..x.rows() {
-            let row_ids = &ids[r * k..(r + 1) * k];
-            experts.ensure(layer, row_ids)?;
-            let mut xr = self.zeros(1, h)?;
-            xr.upload(self.gpu.stream(), &xs[r * h..(r + 1) * h])?;
-            let one = self
-                .kernels
-                .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
-            let mut yr = self.zeros(1, h)?;
-            self.moe_rows(experts, layer, &xr, &one, &mut yr)?;
-            all.extend(yr.to_host(self.gpu.stream())?);
-        }
-        out.upload(self.gpu.stream(), &all)?;
-        Ok(())
     }
 }

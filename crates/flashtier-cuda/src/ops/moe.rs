@@ -1,0 +1,101 @@
+//! The routed experts' step on the device: gate/up with SiLU for every
+//! (row, routed expert) pair, then each row's down projections summed in
+//! routed (ascending id) order, the records found through the slots' table.
+
+use cudarc::driver::PushKernelArg;
+
+use super::buffers::DevAct;
+use super::experts::{ExpertSlots, ExpertSpec};
+use super::route::DevRoutes;
+use super::{DecodeKernels, blocks_cfg};
+use crate::error::CudaError;
+
+impl DecodeKernels {
+    /// `out[r] = sum over row r's routed experts (ascending id) of weight *
+    /// down(silu(gate x[r]) * up x[r])`, the records found through
+    /// `slots`' table at `layer_base + id`; `act` (`rows * top_k x inter`)
+    /// is scratch.
+    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
+    pub fn moe(
+        &self,
+        slots: &ExpertSlots,
+        layer_base: usize,
+        experts: usize,
+        routes: &DevRoutes,
+        spec: &ExpertSpec,
+        x: &DevAct,
+        act: &mut DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), CudaError> {
+        spec.validate()?;
+        let (rows, k) = (x.rows(), routes.top_k());
+        let pairs = rows * k;
+        let ok = routes.rows() == rows
+            && x.cols() == spec.hidden
+            && out.rows() == rows
+            && out.cols() == spec.hidden
+            && act.rows() == pairs
+            && act.cols() == spec.inter
+            && layer_base + experts <= slots.entries()
+            && slots.record_bytes >= spec.min_record_bytes();
+        if !ok {
+            return Err(CudaError::invalid(
+                "moe",
+                format!(
+                    "{rows} rows x top-{k}, {}x{} input, table base {layer_base} + {experts} of {}",
+                    x.rows(),
+                    x.cols(),
+                    slots.entries()
+                ),
+            ));
+        }
+        let geo = spec.geometry();
+        let sfx = spec.ty.suffix();
+        let vec = i32::from(spec.hidden % 8 == 0 && spec.inter % 8 == 0);
+        let (base, kk, h, i) = (
+            layer_base as i32,
+            k as i32,
+            spec.hidden as i32,
+            spec.inter as i32,
+        );
+        let stream = self.gpu.stream();
+        let mut b = stream.launch_builder(self.func(&format!("moe_gate_up_{sfx}"))?);
+        b.arg(&slots.table_dev)
+            .arg(&base)
+            .arg(routes.ids())
+            .arg(&kk)
+            .arg(x.buf())
+            .arg(&h)
+            .arg(&i)
+            .arg(&geo)
+            .arg(&vec)
+            .arg(act.buf_mut());
+        // SAFETY: matches `moe_gate_up_*`. Routed ids are below `experts`
+        // (the routing kernels choose among the logits' columns), so every
+        // table index is below `entries`; every set entry points at a record
+        // of at least `record_bytes >= min_record_bytes` bytes (checked when
+        // set), cleared ones are 0 and never read; x holds rows x hidden and
+        // act pairs x inter (checked above).
+        unsafe { b.launch(blocks_cfg(spec.inter.div_ceil(4), pairs)?) }
+            .map_err(CudaError::driver("launch moe_gate_up"))?;
+        let mut b = stream.launch_builder(self.func(&format!("moe_down_{sfx}"))?);
+        b.arg(&slots.table_dev)
+            .arg(&base)
+            .arg(routes.ids())
+            .arg(routes.weights())
+            .arg(&kk)
+            .arg(act.buf())
+            .arg(&h)
+            .arg(&i)
+            .arg(&geo)
+            .arg(&vec)
+            .arg(out.buf_mut());
+        // SAFETY: as above, reading act (pairs x inter) and the routed
+        // weights (rows x top_k), writing out (rows x hidden); each row's
+        // experts are summed in routed (ascending id) order; top_k <=
+        // MAX_TOP_K fits the kernel's shared products.
+        unsafe { b.launch(blocks_cfg(spec.hidden, rows)?) }
+            .map_err(CudaError::driver("launch moe_down"))?;
+        Ok(())
+    }
+}
