@@ -292,11 +292,12 @@ fn verify_with_the_model_catches_an_edited_manifest() {
         String::from_utf8_lossy(&ok.stderr)
     );
     let st = Store::open(&store).expect("open");
-    let file = std::fs::File::open(&store).expect("file");
+    let file =
+        flashtier_io::StoreFile::open_read(&store, flashtier_io::DirectMode::Off).expect("file");
     let records: Vec<Vec<u8>> = (0..st.record_count())
         .map(|i| {
             let mut r = vec![0u8; st.payload_bytes() as usize];
-            st.read_record(&file, i, &mut r).expect("record");
+            st.read_record(file.as_ref(), i, &mut r).expect("record");
             r
         })
         .collect();

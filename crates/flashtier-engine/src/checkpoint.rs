@@ -13,9 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flashtier_format::Dtype;
-use flashtier_io::{
-    AlignedBuf, DirectMode, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile,
-};
+use flashtier_io::{AlignedBuf, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile};
 
 use crate::error::EngineError;
 use crate::matrix::to_f32;
@@ -64,11 +62,13 @@ impl Checkpoint {
     /// [`Checkpoint::open`] reading through `backend`.
     pub fn open_with(dir: &Path, backend: Arc<dyn StorageBackend>) -> Result<Self, EngineError> {
         let source = Source::open(dir)?;
+        // The handles the headers were read through: the tensors come from
+        // the same files.
         let files = source
             .files()
             .iter()
-            .map(|f| StoreFile::open_read(&f.path, DirectMode::Off))
-            .collect::<Result<_, _>>()?;
+            .map(|f| f.buffered().clone())
+            .collect();
         Ok(Self {
             source,
             files,

@@ -10,7 +10,14 @@
 //! the caller's buffer, so the reader holds no more than the headers in
 //! memory: buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the
 //! page cache so packing a checkpoint larger than memory does not evict
-//! everything else ([`Checkpoint::read_tensor_part_direct`]).
+//! everything else ([`Checkpoint::read_tensor_part_direct`]). Every read of
+//! a safetensors file, header or tensor, goes through a `flashtier-io`
+//! [`StoreFile`] (exact, retried, errors naming path, offset and length);
+//! only `config.json` and the index are read here directly.
+//!
+//! Every file is opened as a regular file: a FIFO or a device given as
+//! `config.json`, the index or a safetensors file is refused before it is
+//! opened, so opening a checkpoint never blocks on a pipe.
 //!
 //! # Tiling: no overlap, no gap, no trailing bytes
 //! Sorted by offset, the first tensor starts at byte 0 of the data section,
@@ -37,12 +44,12 @@
 //! needs no allowance here.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
+use flashtier_format::open_regular_read;
+use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
 
 mod error;
 mod header;
@@ -80,13 +87,22 @@ pub struct WeightFile {
     pub len_bytes: u64,
     /// The raw header (8-byte length + JSON), for pairing checksums.
     pub header: Vec<u8>,
-    file: File,
+    /// The file opened for buffered reads: its header was parsed through
+    /// this handle, and buffered tensor reads use it.
+    buffered: Arc<StoreFile>,
     /// The same file opened for direct reads (O_DIRECT where allowed), on
     /// first use, so buffered users never see an O_DIRECT warning.
     direct: Mutex<Option<Arc<StoreFile>>>,
 }
 
 impl WeightFile {
+    /// The buffered read handle (the one its header was read through), for
+    /// reads through a [`flashtier_io::StorageBackend`].
+    #[must_use]
+    pub fn buffered(&self) -> &Arc<StoreFile> {
+        &self.buffered
+    }
+
     fn direct_handle(&self) -> Result<Arc<StoreFile>, CheckpointError> {
         let mut slot = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = slot.as_ref() {
@@ -131,7 +147,10 @@ fn io_err(path: &Path, offset: u64, len: u64) -> impl FnOnce(std::io::Error) -> 
 }
 
 fn read_json(path: &Path) -> Result<(serde_json::Value, Vec<u8>), CheckpointError> {
-    let bytes = std::fs::read(path).map_err(io_err(path, 0, 0))?;
+    let mut bytes = Vec::new();
+    open_regular_read(path)?
+        .read_to_end(&mut bytes)
+        .map_err(io_err(path, 0, 0))?;
     let v = serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Json {
         path: path.to_path_buf(),
         what: e.to_string(),
@@ -223,9 +242,7 @@ impl Checkpoint {
         dst: &mut [u8],
     ) -> Result<(), CheckpointError> {
         let (wf, offset) = self.locate_part(name, at, dst.len())?;
-        wf.file
-            .read_exact_at(dst, offset)
-            .map_err(io_err(&wf.path, offset, dst.len() as u64))
+        Ok(wf.buffered.read_exact_at(dst, offset)?)
     }
 
     fn check_whole(&self, name: &str, dst: &[u8]) -> Result<(), CheckpointError> {
@@ -271,10 +288,11 @@ impl Checkpoint {
 
 impl Checkpoint {
     /// [`Checkpoint::read_tensor_part`] with direct I/O, bypassing the page
-    /// cache: the 4096-aligned window around the bytes lands in `staging`
-    /// (grown to the window when smaller, so its size is bounded by the
-    /// largest read plus 8 KiB), then they are copied out. Falls back to
-    /// the buffered read where the file system refuses O_DIRECT.
+    /// cache: the aligned window around the bytes lands in `staging`
+    /// (replaced by a larger one when too small, so its size is bounded by
+    /// the largest read plus 8 KiB), then they are copied out
+    /// ([`StoreFile::read_exact_at_staged`]). Reads buffered where the file
+    /// system refuses O_DIRECT.
     pub fn read_tensor_part_direct(
         &self,
         name: &str,
@@ -284,34 +302,7 @@ impl Checkpoint {
     ) -> Result<(), CheckpointError> {
         let (wf, offset) = self.locate_part(name, at, dst.len())?;
         let direct = wf.direct_handle()?;
-        if !direct.is_direct() {
-            return self.read_tensor_part(name, at, dst);
-        }
-        let len = dst.len() as u64;
-        let align = (direct.offset_align() as u64).max(ALIGN as u64);
-        let start = offset / align * align;
-        let head = (offset - start) as usize;
-        let need = head + dst.len();
-        let window = need.next_multiple_of(align as usize);
-        if staging.capacity() < window {
-            *staging = AlignedBuf::zeroed(window);
-        }
-        let buf = &mut staging.as_full_mut()[..window];
-        let mut done = 0usize;
-        while done < need {
-            let got = direct.file().read_at(&mut buf[done..], start + done as u64);
-            match got {
-                Ok(0) => {
-                    let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-                    return Err(io_err(&wf.path, offset, len)(eof));
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_err(&wf.path, offset, len)(e)),
-            }
-        }
-        dst.copy_from_slice(&buf[head..need]);
-        Ok(())
+        Ok(direct.read_exact_at_staged(dst, offset, staging)?)
     }
 }
 

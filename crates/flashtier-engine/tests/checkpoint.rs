@@ -3,6 +3,8 @@
 use std::path::Path;
 
 use flashtier_engine::source::{Checkpoint, CheckpointError};
+use flashtier_format::OpenError;
+use flashtier_io::IoError;
 
 fn write_st(dir: &Path, name: &str, header: &str, data_len: usize) {
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
@@ -88,11 +90,116 @@ fn malformed_json_and_missing_files_are_named() {
     .expect("index");
     let err = Checkpoint::open(d.path()).expect_err("missing shard");
     assert!(
-        matches!(err, CheckpointError::Io { ref path, .. } if path.ends_with("gone.safetensors")),
+        matches!(err, CheckpointError::Storage(IoError::Open { ref path, .. }) if path.ends_with("gone.safetensors")),
         "{err}"
     );
     let err = Checkpoint::open(&d.path().join("nowhere")).expect_err("no config");
-    assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::Open(OpenError::Os { ref path, .. }) if path.ends_with("config.json")),
+        "{err}"
+    );
+}
+
+/// `Checkpoint::open` on a thread, failing the test if it blocks.
+fn open_at_once(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(Checkpoint::open(&dir));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(5))
+        .expect("Checkpoint::open blocked")
+}
+
+fn mkfifo(path: &Path) {
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+}
+
+/// A FIFO given as config.json, as the index or as a safetensors file is
+/// refused at once with a typed error naming it (the old reader blocked in
+/// `open(2)` until a writer appeared).
+#[test]
+fn a_fifo_in_the_checkpoint_is_refused_at_once() {
+    let header = r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}"#;
+    let d = dir_with(header, 4);
+    std::fs::remove_file(d.path().join("config.json")).expect("rm");
+    mkfifo(&d.path().join("config.json"));
+    let err = open_at_once(d.path()).expect_err("config FIFO");
+    assert!(
+        matches!(err, CheckpointError::Open(OpenError::NotRegular { ref path, what: "a FIFO (named pipe)" }) if path.ends_with("config.json")),
+        "{err}"
+    );
+
+    let d = dir_with(header, 4);
+    std::fs::remove_file(d.path().join("model.safetensors")).expect("rm");
+    mkfifo(&d.path().join("model.safetensors"));
+    let err = open_at_once(d.path()).expect_err("weights FIFO");
+    assert!(
+        matches!(err, CheckpointError::Storage(IoError::NotRegular { ref path, .. }) if path.ends_with("model.safetensors")),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("is a FIFO (named pipe), not a regular file"),
+        "{err}"
+    );
+
+    let d = dir_with(header, 4);
+    mkfifo(&d.path().join("model.safetensors.index.json"));
+    let err = open_at_once(d.path()).expect_err("index FIFO");
+    assert!(
+        matches!(err, CheckpointError::Open(OpenError::NotRegular { ref path, .. }) if path.ends_with("model.safetensors.index.json")),
+        "{err}"
+    );
+}
+
+/// Tensor reads go through flashtier-io: a file truncated after it was
+/// opened ends a read with a `ShortRead` naming the file, the tensor's
+/// offset and length and the bytes that were there, buffered and direct.
+#[test]
+fn a_tensor_cut_short_after_opening_is_a_short_read_naming_the_range() {
+    let header = r#"{"a":{"dtype":"U8","shape":[5000],"data_offsets":[0,5000]},"b":{"dtype":"U8","shape":[3000],"data_offsets":[5000,8000]}}"#;
+    let d = dir_with(header, 8000);
+    let c = Checkpoint::open(d.path()).expect("open");
+    let b = c.tensor("b").expect("b").clone();
+    let st = d.path().join("model.safetensors");
+    let len = std::fs::metadata(&st).expect("meta").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&st)
+        .and_then(|f| f.set_len(len - 1000))
+        .expect("truncate");
+    let mut dst = vec![0u8; 3000];
+    let mut staging = flashtier_io::AlignedBuf::zeroed(0);
+    let errs = [
+        c.read_tensor("b", &mut dst).expect_err("buffered"),
+        c.read_tensor_part_direct("b", 0, &mut dst, &mut staging)
+            .expect_err("direct"),
+    ];
+    for err in errs {
+        match err {
+            CheckpointError::Storage(IoError::ShortRead {
+                path,
+                offset,
+                len,
+                got,
+            }) => {
+                assert!(path.ends_with("model.safetensors"));
+                assert_eq!((offset, len, got), (b.offset, 3000, 2000));
+            }
+            other => panic!("expected a short read, got {other}"),
+        }
+    }
+    // Bytes before the cut still read exactly, at any alignment.
+    let mut part = vec![1u8; 1999];
+    c.read_tensor_part_direct("b", 1, &mut part, &mut staging)
+        .expect("direct part");
+    assert!(part.iter().all(|&v| v == 0));
 }
 
 #[test]

@@ -74,10 +74,10 @@ fn pack(model: &Path, out: &Path) -> Result<PackReport, PackError> {
 /// Every record of the store at `path` verifies against its checksum.
 fn verify_all(path: &Path) {
     let store = Store::open(path).unwrap();
-    let file = std::fs::File::open(path).unwrap();
+    let file = flashtier_io::StoreFile::open_read(path, flashtier_io::DirectMode::Off).unwrap();
     let mut buf = vec![0u8; store.payload_bytes() as usize];
     for i in 0..store.record_count() {
-        store.read_record(&file, i, &mut buf).unwrap();
+        store.read_record(file.as_ref(), i, &mut buf).unwrap();
         store.verify_record(i, &buf).unwrap();
     }
 }

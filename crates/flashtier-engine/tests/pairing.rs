@@ -30,11 +30,12 @@ fn synth(dir: &Path, arch: SynthArch, dtype: Dtype) -> (PathBuf, Store) {
 /// same records, every checksum (records, table, manifest, header) valid.
 fn rewrite(path: &Path, edit: impl FnOnce(&mut Manifest)) -> Store {
     let store = Store::open(path).expect("open");
-    let file = std::fs::File::open(path).expect("file");
+    let file =
+        flashtier_io::StoreFile::open_read(path, flashtier_io::DirectMode::Off).expect("file");
     let records: Vec<Vec<u8>> = (0..store.record_count())
         .map(|i| {
             let mut r = vec![0u8; store.payload_bytes() as usize];
-            store.read_record(&file, i, &mut r).expect("record");
+            store.read_record(file.as_ref(), i, &mut r).expect("record");
             r
         })
         .collect();

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::text::hex_bytes;
+
 /// Why a store file (or one of its records) was refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -20,8 +22,15 @@ pub enum FormatError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The file could not be opened, or is no regular file (a FIFO, a
+    /// device).
+    #[error(transparent)]
+    Open(#[from] crate::regular::OpenError),
     /// The first 8 bytes are not the store magic.
-    #[error("{path}: not a flashtier store (magic {found:02x?}, expected \"FTSTORE\\0\")")]
+    #[error(
+        "{path}: not a flashtier store (magic {}, expected FTSTORE\\0)",
+        hex_bytes(found)
+    )]
     BadMagic {
         /// File.
         path: PathBuf,

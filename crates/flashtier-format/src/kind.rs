@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::header::MAGIC;
 use crate::kv::KV_MAGIC;
 use crate::row_shard::ROW_SHARD_MAGIC;
+use crate::text::hex_bytes;
 
 /// Bytes [`FileKind::sniff`] looks at.
 pub const SNIFF_BYTES: usize = 8;
@@ -63,7 +64,7 @@ impl FileKind {
     pub fn sniff_path(path: &Path, first: &[u8]) -> Result<Self, UnknownKind> {
         Self::sniff(first).ok_or_else(|| UnknownKind {
             path: path.to_path_buf(),
-            found: render_magic(first),
+            found: hex_bytes(first.get(..SNIFF_BYTES).unwrap_or(first)),
         })
     }
 }
@@ -85,19 +86,6 @@ pub struct UnknownKind {
     pub path: PathBuf,
     /// Its first bytes (up to 8) as hex, or `none` for an empty file.
     pub found: String,
-}
-
-/// Up to 8 bytes as space-separated hex (`46 54 ...`), `none` when empty.
-fn render_magic(first: &[u8]) -> String {
-    let shown: Vec<String> = first
-        .iter()
-        .take(SNIFF_BYTES)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    if shown.is_empty() {
-        return "none".into();
-    }
-    shown.join(" ")
 }
 
 #[cfg(test)]

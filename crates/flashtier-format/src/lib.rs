@@ -1,6 +1,7 @@
 //! On-disk formats of flashtier.
 //!
-//! Everything here is pure: no `unsafe`, no syscalls beyond `std::fs` reads
+//! Everything here is pure: no `unsafe`, no syscalls beyond opening a
+//! regular file ([`regular`]: never a FIFO or a device) and `std::fs` reads
 //! of a store's header and tables, and every on-disk integer is fixed-width
 //! little-endian. Parsers validate every field before any byte of a record is
 //! served, and each failure is its own typed error naming the file and the
@@ -32,8 +33,10 @@ pub mod kind;
 pub mod kv;
 mod le;
 pub mod manifest;
+pub mod regular;
 pub mod row_shard;
 pub mod store;
+pub mod text;
 
 pub use checksum::{ChecksumAlgo, Xxh3Stream, xxh3_64};
 pub use error::FormatError;
@@ -42,4 +45,5 @@ pub use kind::{FileKind, UnknownKind};
 pub use manifest::{
     Dtype, Manifest, ModelInfo, RecordKey, RecordLayout, SourceCheckpoint, SourceFile, TensorLayout,
 };
+pub use regular::{OpenError, open_regular, open_regular_read};
 pub use store::{ByteSource, Store, StoreWriterPlan};

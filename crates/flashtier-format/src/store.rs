@@ -21,8 +21,12 @@ use crate::checksum::{ChecksumAlgo, decode_table, encode_table};
 use crate::error::FormatError;
 use crate::header::{HEADER_BYTES, Header, StoreKind};
 use crate::manifest::{Manifest, RecordKey, TensorLayout};
+use crate::regular::open_regular_read;
 
-/// Something a store can be read from by position: a file, or bytes in memory.
+/// Something a store can be read from by position: a store image in
+/// memory (`[u8]`), or a file handle of `flashtier-io` (its `StoreFile`),
+/// which is the only layer that reads a store file's records. [`Store::open`]
+/// reads the header and tables of a file through a private adapter.
 pub trait ByteSource {
     /// Total length in bytes.
     fn len_bytes(&self) -> std::io::Result<u64>;
@@ -30,12 +34,16 @@ pub trait ByteSource {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
 }
 
-impl ByteSource for std::fs::File {
+/// The header and tables of a store file, for [`Store::open`] only (records
+/// are read through `flashtier-io`).
+struct TableReader(std::fs::File);
+
+impl ByteSource for TableReader {
     fn len_bytes(&self) -> std::io::Result<u64> {
-        Ok(self.metadata()?.len())
+        Ok(self.0.metadata()?.len())
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
     }
 }
 
@@ -84,15 +92,11 @@ fn read_region(
 
 impl Store {
     /// Open and validate the store file at `path` (buffered reads of the
-    /// header and tables only).
+    /// header and tables only). A FIFO, device or directory is refused
+    /// before it is opened ([`crate::regular`]).
     pub fn open(path: &Path) -> Result<Self, FormatError> {
-        let file = std::fs::File::open(path).map_err(|source| FormatError::Io {
-            path: path.to_path_buf(),
-            offset: 0,
-            len: 0,
-            source,
-        })?;
-        Self::read_from(path, &file)
+        let file = open_regular_read(path)?;
+        Self::read_from(path, &TableReader(file))
     }
 
     /// Validate a whole store image held in memory.
@@ -294,8 +298,9 @@ impl Store {
     }
 
     /// Read record `index`'s payload from `src` into `buf` (exactly
-    /// `payload_bytes` long) and verify it. For tools and tests; the tiers
-    /// read through `flashtier-io` and call [`Store::verify_record`].
+    /// `payload_bytes` long) and verify it: from an image in memory, or a
+    /// `flashtier-io` `StoreFile`. The tiers read through a `StorageBackend`
+    /// and call [`Store::verify_record`].
     pub fn read_record(
         &self,
         src: &(impl ByteSource + ?Sized),

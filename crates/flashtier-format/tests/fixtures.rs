@@ -116,10 +116,10 @@ fn fixtures_are_current() {
 fn the_valid_fixture_reads_back() {
     let path = dir().join("valid.ftstore");
     let store = open("valid.ftstore").expect("valid");
-    let file = std::fs::File::open(&path).expect("file");
+    let image = std::fs::read(&path).expect("file");
     for i in 0..store.record_count() {
         let mut buf = vec![0u8; store.payload_bytes() as usize];
-        store.read_record(&file, i, &mut buf).expect("record");
+        store.read_record(&image[..], i, &mut buf).expect("record");
     }
     assert_eq!(store.index_of(RecordKey::new(1, 0)).expect("key"), 2);
 }
@@ -128,13 +128,13 @@ fn the_valid_fixture_reads_back() {
 fn a_flipped_record_byte_is_a_record_checksum_error() {
     let path = dir().join("flipped_record_byte.ftstore");
     let store = open("flipped_record_byte.ftstore").expect("header and tables are intact");
-    let file = std::fs::File::open(&path).expect("file");
+    let image = std::fs::read(&path).expect("file");
     let mut buf = vec![0u8; store.payload_bytes() as usize];
     store
-        .read_record(&file, 0, &mut buf)
+        .read_record(&image[..], 0, &mut buf)
         .expect("record 0 is intact");
     let err = store
-        .read_record(&file, 1, &mut buf)
+        .read_record(&image[..], 1, &mut buf)
         .expect_err("record 1 is damaged");
     assert!(
         matches!(err, FormatError::RecordChecksum { index: 1, ref key, .. } if key == "layer=0 expert=1"),

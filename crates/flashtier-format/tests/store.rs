@@ -57,6 +57,68 @@ fn every_record_reads_back_and_verifies() {
     ));
 }
 
+/// `Store::open` of a FIFO fails at once, naming the path, instead of
+/// blocking until a writer opens the pipe; a device and a directory are
+/// refused the same way.
+#[test]
+fn a_fifo_device_or_directory_is_no_store() {
+    use flashtier_format::OpenError;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("pipe.ftstore");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .expect("mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(&p).map(|_| ()));
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("Store::open blocked on a FIFO")
+        .expect_err("a FIFO");
+    assert!(
+        matches!(
+            err,
+            FormatError::Open(OpenError::NotRegular { ref path, what: "a FIFO (named pipe)" })
+                if *path == fifo
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("pipe.ftstore is a FIFO"), "{err}");
+    for (path, what) in [
+        (Path::new("/dev/null"), "a character device"),
+        (dir.path(), "a directory"),
+    ] {
+        let err = Store::open(path).expect_err("not a store");
+        assert!(
+            matches!(err, FormatError::Open(OpenError::NotRegular { what: w, .. }) if w == what),
+            "{err}"
+        );
+    }
+    let err = Store::open(&dir.path().join("absent")).expect_err("absent");
+    assert!(
+        matches!(err, FormatError::Open(OpenError::Os { .. })),
+        "{err}"
+    );
+}
+
+/// A wrong magic is shown as hex bytes, not as a Rust array.
+#[test]
+fn a_bad_magic_is_named_in_hex() {
+    let (mut image, _) = sample_image(1, 64);
+    image[..8].copy_from_slice(b"NOTSTORE");
+    let err = Store::from_bytes(path(), &image).expect_err("bad magic");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("magic 4e 4f 54 53 54 4f 52 45, expected FTSTORE\\0"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn a_flipped_record_byte_names_index_and_key() {
     let (mut image, _) = sample_image(6, 4096);

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use flashtier_format::OpenError;
+
 /// An I/O failure, always naming what was being read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -14,6 +16,15 @@ pub enum IoError {
         path: PathBuf,
         /// OS error.
         source: std::io::Error,
+    },
+    /// The path names a FIFO, device, socket or directory: refused before
+    /// it was opened, so the caller never blocks on a pipe.
+    #[error("{path} is {what}, not a regular file")]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead (`a FIFO (named pipe)`, `a character device`...).
+        what: &'static str,
     },
     /// The file system refused O_DIRECT and the caller required it.
     #[error(
@@ -123,6 +134,19 @@ pub enum IoError {
     /// A caller passed an invalid argument (queue depth, geometry...).
     #[error("invalid argument: {0}")]
     Invalid(String),
+}
+
+impl From<OpenError> for IoError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::NotRegular { path, what } => Self::NotRegular { path, what },
+            OpenError::Os { path, source } => Self::Open { path, source },
+            other => Self::Open {
+                path: other.path().to_path_buf(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
 }
 
 impl IoError {

@@ -5,15 +5,28 @@
 //! it, else 4096. Where the file system refuses O_DIRECT (tmpfs, NFS, SSHFS)
 //! the file is opened buffered and a one-line warning says so, once per
 //! file system; with [`DirectMode::Require`] that refusal is an error.
+//!
+//! Only regular files open: a FIFO, device, socket or directory is refused
+//! with [`IoError::NotRegular`] before any `open(2)` that could block
+//! ([`flashtier_format::regular`]), and the `O_NONBLOCK` the open uses is
+//! cleared again before a backend sees the file.
+//!
+//! Reads: [`StoreFile::read_exact_at`] needs an aligned range on a direct
+//! file; [`StoreFile::read_exact_at_staged`] takes any range, landing the
+//! aligned window around it in a caller-owned staging buffer. Both retry
+//! EINTR and short reads and name the caller's path, offset and length in
+//! every error.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::buf::ALIGN;
+use flashtier_format::{OpenError, open_regular};
+
+use crate::buf::{ALIGN, AlignedBuf};
 use crate::error::IoError;
 
 /// How to treat O_DIRECT.
@@ -72,18 +85,17 @@ impl StoreFile {
     }
 
     fn open_with(path: &Path, mode: DirectMode, opts: &OpenOptions) -> Result<Arc<Self>, IoError> {
-        let open_err = |source| IoError::Open {
-            path: path.to_path_buf(),
-            source,
-        };
-        refuse_special(path).map_err(open_err)?;
         let direct_file = if mode == DirectMode::Off {
             None
         } else {
-            match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
+            match open_regular(path, opts, libc::O_DIRECT) {
                 Ok(f) => Some(f),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
-                Err(e) => return Err(open_err(e)),
+                Err(OpenError::Os { source, .. })
+                    if source.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    None
+                }
+                Err(e) => return Err(e.into()),
             }
         };
         let (file, direct) = match direct_file {
@@ -94,13 +106,17 @@ impl StoreFile {
                 });
             }
             None => {
-                let f = opts.open(path).map_err(open_err)?;
+                let f = open_regular(path, opts, 0)?;
                 if mode == DirectMode::Prefer {
                     warn_buffered_once(&f, path);
                 }
                 (f, false)
             }
         };
+        clear_nonblock(&file).map_err(|source| IoError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let (mem_align, offset_align) = if direct { dio_alignment(&file) } else { (1, 1) };
         Ok(Arc::new(Self {
             file,
@@ -176,6 +192,8 @@ impl StoreFile {
 
     /// Blocking positional read of exactly `dst.len()` bytes at `offset`,
     /// retrying EINTR and short reads; EOF before the end is [`IoError::ShortRead`].
+    /// On a direct file `offset`, `dst.len()` and `dst` must be aligned
+    /// ([`StoreFile::read_exact_at_staged`] takes any range).
     pub fn read_exact_at(&self, dst: &mut [u8], offset: u64) -> Result<(), IoError> {
         self.read_exact_at_parts(dst, offset, |rest| rest)
     }
@@ -188,45 +206,110 @@ impl StoreFile {
         &self,
         dst: &mut [u8],
         offset: u64,
-        mut ask: impl FnMut(usize) -> usize,
+        ask: impl FnMut(usize) -> usize,
     ) -> Result<(), IoError> {
         let len = dst.len();
         self.check_aligned(offset, len, dst.as_ptr())?;
+        self.fill_at(dst, offset, len, ask)
+            .map_err(|fault| self.read_fault(fault, offset, len, 0))
+    }
+
+    /// [`StoreFile::read_exact_at`] of any range, aligned or not: on a
+    /// direct file the aligned window around the bytes lands in `staging`
+    /// (replaced by a larger buffer when too small, so it never grows past
+    /// the largest read plus twice the alignment), then they are copied to
+    /// `dst`; a buffered file reads straight into `dst`. The window may run
+    /// past the end of the file: only the bytes asked for must exist. Errors
+    /// name `offset` and `dst.len()`, not the window.
+    pub fn read_exact_at_staged(
+        &self,
+        dst: &mut [u8],
+        offset: u64,
+        staging: &mut AlignedBuf,
+    ) -> Result<(), IoError> {
+        if !self.direct {
+            return self.read_exact_at(dst, offset);
+        }
+        let len = dst.len();
+        let align = self.offset_align as u64;
+        let start = offset - offset % align;
+        // Below `align` (at most 4096): fits a usize.
+        let head = (offset - start) as usize;
+        let need = head + len;
+        let window = need.next_multiple_of(self.offset_align);
+        if staging.capacity() < window {
+            *staging = AlignedBuf::zeroed(window);
+        }
+        let Some(buf) = staging.as_full_mut().get_mut(..window) else {
+            return Err(IoError::Invalid(format!(
+                "staging buffer of {} bytes for a {window}-byte window",
+                staging.capacity()
+            )));
+        };
+        self.check_aligned(start, window, buf.as_ptr())?;
+        self.fill_at(buf, start, need, |rest| rest)
+            .map_err(|fault| self.read_fault(fault, offset, len, head))?;
+        let landed = buf.get(head..need).ok_or_else(|| {
+            IoError::Invalid(format!("window of {window} bytes holds no {len} at {head}"))
+        })?;
+        dst.copy_from_slice(landed);
+        Ok(())
+    }
+
+    /// Read into `buf` from `offset` until at least `need` bytes landed
+    /// (`buf` may be longer: a direct window past the bytes wanted),
+    /// retrying EINTR and short reads; each `read_at` asks for `ask(rest)`
+    /// bytes (clamped to `1..=rest`) of the `rest` of `buf`. At most one
+    /// read per byte of `buf`.
+    fn fill_at(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        need: usize,
+        mut ask: impl FnMut(usize) -> usize,
+    ) -> Result<(), ReadFault> {
         let mut done = 0usize;
-        while done < len {
-            let want = ask(len - done).clamp(1, len - done);
-            let Some(rest) = dst.get_mut(done..done + want) else {
-                break;
+        while done < need {
+            let rest = buf.len() - done;
+            let want = ask(rest).clamp(1, rest);
+            let Some(part) = buf.get_mut(done..done + want) else {
+                return Err(ReadFault::Eof(done));
             };
-            let short = |got: usize| IoError::ShortRead {
-                path: self.path.clone(),
-                offset,
-                len,
-                got,
-            };
-            match self.file.read_at(rest, offset + done as u64) {
-                Ok(0) => return Err(short(done)),
+            match self.file.read_at(part, offset + done as u64) {
+                Ok(0) => return Err(ReadFault::Eof(done)),
                 Ok(n) => {
                     done += n;
                     // Direct I/O stops short of an aligned boundary only at
                     // end of file; asking again would fail with EINVAL.
                     let next = offset + done as u64;
-                    if done < len && self.direct && next % self.offset_align as u64 != 0 {
-                        return Err(short(done));
+                    if done < need && self.direct && next % self.offset_align as u64 != 0 {
+                        return Err(ReadFault::Eof(done));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(IoError::Read {
-                        path: self.path.clone(),
-                        offset,
-                        len,
-                        source,
-                    });
-                }
+                Err(e) => return Err(ReadFault::Os(e)),
             }
         }
         Ok(())
+    }
+
+    /// The error of a failed [`StoreFile::fill_at`] for the caller's range
+    /// (`len` bytes at `offset`, found `head` bytes into what was read).
+    fn read_fault(&self, fault: ReadFault, offset: u64, len: usize, head: usize) -> IoError {
+        match fault {
+            ReadFault::Eof(done) => IoError::ShortRead {
+                path: self.path.clone(),
+                offset,
+                len,
+                got: done.saturating_sub(head).min(len),
+            },
+            ReadFault::Os(source) => IoError::Read {
+                path: self.path.clone(),
+                offset,
+                len,
+                source,
+            },
+        }
     }
 
     /// Blocking positional write of all of `src` at `offset`, retrying EINTR
@@ -278,35 +361,46 @@ impl StoreFile {
     }
 }
 
-/// Refuse a path that exists and is not a regular file, from its metadata
-/// alone: opening a FIFO for reading blocks until a writer appears, and a
-/// device node, socket or directory is no store. A missing path passes (the
-/// open reports it, or creates the file).
-fn refuse_special(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
-    };
-    let t = meta.file_type();
-    let what = if t.is_file() {
-        return Ok(());
-    } else if t.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file"
-    };
-    Err(std::io::Error::new(
-        std::io::ErrorKind::InvalidInput,
-        format!("{what}; a store must be a regular file"),
-    ))
+/// A store's header and tables (and, for tools and tests, its records) read
+/// through this handle: [`flashtier_format::Store::read_from`] and
+/// [`flashtier_format::Store::read_record`] take it. Any range is allowed,
+/// direct or not ([`StoreFile::read_exact_at_staged`]).
+impl flashtier_format::ByteSource for StoreFile {
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let mut staging = AlignedBuf::zeroed(0);
+        // The caller's error (FormatError::Io) names the path, offset and
+        // length; the source keeps the kind and what happened.
+        self.read_exact_at_staged(buf, offset, &mut staging)
+            .map_err(|e| match e {
+                IoError::Read { source, .. } => source,
+                IoError::ShortRead { got, .. } => std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the file ended after {got} of the bytes"),
+                ),
+                other => std::io::Error::other(other.to_string()),
+            })
+    }
+}
+
+/// How a positional read fell short.
+enum ReadFault {
+    /// End of file after this many bytes.
+    Eof(usize),
+    /// The kernel failed the read.
+    Os(std::io::Error),
+}
+
+/// Clear the `O_NONBLOCK` that [`open_regular`] opens with: io_uring would
+/// honour it and end a read that has to wait for the drive with EAGAIN.
+fn clear_nonblock(file: &File) -> std::io::Result<()> {
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+    let flags = fcntl_getfl(file)?;
+    fcntl_setfl(file, flags - OFlags::NONBLOCK)?;
+    Ok(())
 }
 
 /// `(mem_align, offset_align)` for direct I/O on `file`.

@@ -24,6 +24,9 @@ pub enum LockError {
         /// OS error.
         source: std::io::Error,
     },
+    /// The path names a FIFO, device or directory (refused before opening).
+    #[error(transparent)]
+    NotRegular(flashtier_format::OpenError),
     /// The file could not be mapped.
     #[error("mmap {path} ({len_bytes} bytes): {source}")]
     Map {
@@ -70,9 +73,9 @@ pub struct LockedMap {
 impl LockedMap {
     /// Map `path` read-only, fault it in, and lock it in RAM.
     pub fn open(path: &Path) -> Result<Self, LockError> {
-        let file = File::open(path).map_err(|source| LockError::Open {
-            path: path.to_path_buf(),
-            source,
+        let file = flashtier_format::open_regular_read(path).map_err(|e| match e {
+            flashtier_format::OpenError::Os { path, source } => LockError::Open { path, source },
+            other => LockError::NotRegular(other),
         })?;
         Self::from_file(&file, path)
     }

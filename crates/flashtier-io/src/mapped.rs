@@ -114,7 +114,7 @@ impl MappedFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(open_err)?;
+        let file = flashtier_format::open_regular_read(path)?;
         let meta = file.metadata().map_err(open_err)?;
         // SAFETY: the mapping is read-only and private to this value, and
         // lives no longer than it. Modifying a mapped file in place breaks the

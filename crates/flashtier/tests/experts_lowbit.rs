@@ -101,11 +101,12 @@ fn companions_dequantize_within_their_error_and_copy_scales_exactly() {
         );
         let store = Store::open(&out).expect("companion is a valid store");
         assert_eq!(store.manifest().extra["lowbit"]["bits"], bits);
-        let file = std::fs::File::open(&out).expect("open");
+        let file =
+            flashtier_io::StoreFile::open_read(&out, flashtier_io::DirectMode::Off).expect("open");
         let mut buf = vec![0u8; store.payload_bytes() as usize];
         for (i, src) in values.iter().enumerate() {
             store
-                .read_record(&file, i as u64, &mut buf)
+                .read_record(file.as_ref(), i as u64, &mut buf)
                 .expect("checksum ok");
             let f16s = |b: &[u8]| {
                 b.chunks_exact(2)
@@ -191,10 +192,11 @@ fn a_slot_holds_a_low_bit_record_only_by_choice_and_says_so() {
         "default stays exact"
     );
     assert_eq!(addr_a.len_bytes, q2_store.payload_bytes() as usize);
-    let file = std::fs::File::open(&q2).expect("open");
+    let file =
+        flashtier_io::StoreFile::open_read(&q2, flashtier_io::DirectMode::Off).expect("open");
     let mut want = vec![0u8; q2_store.payload_bytes() as usize];
     q2_store
-        .read_record(&file, a as u64, &mut want)
+        .read_record(file.as_ref(), a as u64, &mut want)
         .expect("read");
     assert_eq!(pool.bytes(a).expect("ready"), &want[..]);
     assert!(

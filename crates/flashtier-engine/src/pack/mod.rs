@@ -28,6 +28,7 @@
 //! use flashtier_engine::pack::{PackOptions, pack_experts};
 //! use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 //! use flashtier_format::{Dtype, RecordKey, Store};
+//! use flashtier_io::{DirectMode, StoreFile};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
 //! let model = dir.path().join("model");
@@ -39,7 +40,9 @@
 //! assert_eq!(store.record_count(), report.records);
 //! let i = store.index_of(RecordKey::new(1, 3))?; // layer 1, expert 3
 //! let mut record = vec![0u8; store.payload_bytes() as usize];
-//! store.read_record(&std::fs::File::open(&out)?, i, &mut record)?;
+//! // Records are read through flashtier-io, then checked against their checksum.
+//! let file = StoreFile::open_read(&out, DirectMode::Off)?;
+//! store.read_record(file.as_ref(), i, &mut record)?;
 //! let gate = store.manifest().record.tensor("gate_proj.weight").expect("gate");
 //! let source = spec.tensor_bytes("model.layers.1.mlp.experts.3.gate_proj.weight").expect("tensor");
 //! assert_eq!(&record[gate.offset as usize..][..gate.len_bytes as usize], &source[..]);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
-    /// A file could not be opened or read.
+    /// `config.json` or the index could not be read.
     #[error("read {path} at offset {offset} length {len}: {source}")]
     Io {
         /// File.
@@ -19,9 +19,15 @@ pub enum CheckpointError {
         /// OS error.
         source: std::io::Error,
     },
-    /// Opening a file for direct reads failed.
+    /// `config.json` or the index could not be opened, or is no regular
+    /// file (a FIFO, a device).
     #[error(transparent)]
-    Direct(#[from] flashtier_io::IoError),
+    Open(#[from] flashtier_format::OpenError),
+    /// A safetensors file could not be opened or read through
+    /// `flashtier-io` (names the file, offset and length; a FIFO or device
+    /// is refused before it is opened).
+    #[error(transparent)]
+    Storage(#[from] flashtier_io::IoError),
     /// Neither `model.safetensors` nor `model.safetensors.index.json` exists.
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     NoWeights {

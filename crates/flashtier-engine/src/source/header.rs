@@ -2,12 +2,12 @@
 //! its tensors must obey (see the [`crate::source`] docs for the evidence
 //! behind the tiling rule).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::{CheckpointError, MAX_HEADER_BYTES, TensorInfo, WeightFile, dtype_size_bytes, io_err};
+use flashtier_io::{DirectMode, StoreFile};
+
+use super::{CheckpointError, MAX_HEADER_BYTES, TensorInfo, WeightFile, dtype_size_bytes};
 
 /// The tensors of one file, in header order.
 pub(super) type Entries = Vec<(String, TensorInfo)>;
@@ -20,11 +20,10 @@ pub(super) fn open_weight_file(
     index: usize,
 ) -> Result<(WeightFile, Entries), CheckpointError> {
     let path = dir.join(&name);
-    let file = File::open(&path).map_err(io_err(&path, 0, 0))?;
-    let len_bytes = file.metadata().map_err(io_err(&path, 0, 0))?.len();
+    let file = StoreFile::open_read(&path, DirectMode::Off)?;
+    let len_bytes = file.len_bytes()?;
     let mut len_word = [0u8; 8];
-    file.read_exact_at(&mut len_word, 0)
-        .map_err(io_err(&path, 0, 8))?;
+    file.read_exact_at(&mut len_word, 0)?;
     let header_len = u64::from_le_bytes(len_word);
     let bad = |why: String| CheckpointError::BadTensor {
         path: path.clone(),
@@ -38,8 +37,7 @@ pub(super) fn open_weight_file(
     }
     // Bounded by MAX_HEADER_BYTES just above.
     let mut header = vec![0u8; 8 + header_len as usize];
-    file.read_exact_at(&mut header, 0)
-        .map_err(io_err(&path, 0, 8 + header_len))?;
+    file.read_exact_at(&mut header, 0)?;
     let json: serde_json::Value =
         serde_json::from_slice(&header[8..]).map_err(|e| CheckpointError::Json {
             path: path.clone(),
@@ -65,7 +63,7 @@ pub(super) fn open_weight_file(
             path,
             len_bytes,
             header,
-            file,
+            buffered: file,
         },
         entries,
     ))

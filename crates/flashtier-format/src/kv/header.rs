@@ -4,6 +4,7 @@
 
 use crate::checksum::xxh3_64;
 use crate::le::{get_u32, get_u64, put_u32, put_u64};
+use crate::text::hex_bytes;
 
 use super::group::{BlockOrder, GroupLayout, KvGeometry};
 
@@ -64,7 +65,7 @@ pub enum KvFormatError {
         need: usize,
     },
     /// Not a KV store.
-    #[error("bad KV store magic {found:02x?}")]
+    #[error("bad KV store magic {} (expected FTKVSTOR)", hex_bytes(found))]
     BadMagic {
         /// The magic found.
         found: [u8; 8],

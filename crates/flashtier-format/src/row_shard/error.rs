@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::ROW_SHARD_VERSION;
+use crate::text::hex_bytes;
 
 /// A packed row shard failed validation. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +19,10 @@ pub enum RowShardError {
         len_bytes: u64,
     },
     /// The magic is not `FTROWSH1`.
-    #[error("{path}: not a packed row shard (magic {found:02x?})")]
+    #[error(
+        "{path}: not a packed row shard (magic {}, expected FTROWSH1)",
+        hex_bytes(found)
+    )]
     BadMagic {
         /// Shard file.
         path: PathBuf,

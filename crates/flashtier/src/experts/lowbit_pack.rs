@@ -268,10 +268,9 @@ fn write_body(
     file: &StoreFile,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(RecordLayout, QuantError), LowbitError> {
-    let src_file = std::fs::File::open(source.path()).map_err(|e| flashtier_io::IoError::Open {
-        path: source.path().to_path_buf(),
-        source: e,
-    })?;
+    // Records are read through flashtier-io, then checked against the
+    // source's checksum table before they are quantized.
+    let src_file = StoreFile::open_read(source.path(), DirectMode::Off)?;
     let layout = companion_layout(&source.manifest().record, spec);
     let mut manifest: Manifest = source.manifest().clone();
     manifest.record = layout.clone();
@@ -284,7 +283,8 @@ fn write_body(
     let mut error = QuantError::default();
     let mut sums = Vec::with_capacity(source.record_count() as usize);
     for i in 0..source.record_count() {
-        source.read_record(&src_file, i, &mut src_buf)?;
+        src_file.read_exact_at(&mut src_buf, source.record_offset(i)?)?;
+        source.verify_record(i, &src_buf)?;
         let mut rec = vec![0u8; layout.payload_bytes as usize];
         quantize_record(
             &source.manifest().record,

@@ -32,7 +32,7 @@ impl OpenStore {
         // Through flashtier-io first: it refuses a FIFO or device node
         // before anything blocks reading it.
         let buffered = StoreFile::open_read(path, DirectMode::Off)?;
-        let store = Store::read_from(path, buffered.file())?;
+        let store = Store::read_from(path, buffered.as_ref())?;
         store.expect_kind(StoreKind::Experts)?;
         Ok(Self {
             direct: StoreFile::open_read(path, DirectMode::Prefer)?,

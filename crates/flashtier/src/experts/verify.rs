@@ -21,7 +21,7 @@ use crate::verify::{BadUnit, Progress, Unit, VerifyReport, scan};
 /// any read. Returns it with the buffered handle it was read from.
 pub fn open_store(path: &Path) -> Result<(Store, Arc<StoreFile>), ExpertsError> {
     let file = StoreFile::open_read(path, DirectMode::Off)?;
-    let store = Store::read_from(path, file.file())?;
+    let store = Store::read_from(path, file.as_ref())?;
     Ok((store, file))
 }
 

@@ -246,7 +246,8 @@ fn find_tensor(model: &Path, name: &str) -> Result<TensorInfo, RowError> {
 /// Parse the header of `path` and return `name`'s entry, if present.
 fn read_tensor(path: &Path, name: &str) -> Result<Option<TensorInfo>, RowError> {
     let err = |w: String| source_err(path, w);
-    let mut f = std::fs::File::open(path).map_err(|e| err(format!("open: {e}")))?;
+    // A FIFO or device is refused before it is opened (never blocks).
+    let mut f = flashtier_format::open_regular_read(path).map_err(|e| err(e.reason()))?;
     let file_bytes = f.metadata().map_err(|e| err(e.to_string()))?.len();
     let mut len8 = [0u8; 8];
     f.read_exact(&mut len8)
@@ -379,6 +380,34 @@ mod tests {
         assert!(TableSource::safetensors(&p, "a", "b").is_err());
         std::fs::write(&p, [4u8, 0, 0, 0, 0, 0, 0, 0, b'{', b'x', b'}', b' ']).expect("write");
         assert!(TableSource::safetensors(&p, "a", "b").is_err());
+    }
+
+    /// A FIFO among a directory's safetensors files is refused at once
+    /// (the header scan opened it and waited for a writer).
+    #[test]
+    fn a_fifo_in_the_scanned_folder_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("a.safetensors");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(TableSource::safetensors(&d, "e.w", "e.s").map(|_| ()));
+        });
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the scan blocked on a FIFO")
+            .expect_err("a FIFO");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("a.safetensors: a FIFO (named pipe), not a regular file"),
+            "{msg}"
+        );
     }
 
     #[test]
