@@ -84,8 +84,9 @@ pub fn open(
     placement: Placement,
     gpu: &GpuOptions,
 ) -> Result<(Engine, Chosen), EngineError> {
-    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
+    // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
+    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let (dev, fallback) = match placement {
         Placement::Cpu => (None, None),
         Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),

@@ -126,8 +126,9 @@ pub fn cpu_experts(
 
 /// Load the model in `model` on the CPU with experts from `opts.store`.
 pub fn load_cpu(model: &Path, opts: &LoadOptions) -> Result<Model<CpuDevice>, EngineError> {
-    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
+    // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
+    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let store = resolve_store(model, opts, &|_, _| {})?;
     let experts = cpu_experts(&cfg, &ckpt, &store, opts)?;
     Model::new(CpuDevice, &cfg, &ckpt, experts)
@@ -249,8 +250,9 @@ pub fn load_cuda(
     opts: &LoadOptions,
     gpu: &GpuOptions,
 ) -> Result<Model<CudaDevice>, EngineError> {
-    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
+    // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
+    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let store = resolve_store(model, opts, &|_, _| {})?;
     let dev = CudaDevice::open(gpu.ordinal)?;
     check_fits(&dev, &ckpt, &store, gpu)?;

@@ -135,6 +135,35 @@ fn truncated_or_garbled_files_are_errors() {
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
 
+/// A FIFO as `config.json` fails the load at once, naming it (the config
+/// reader used to block until a writer opened the pipe).
+#[test]
+fn a_fifo_config_fails_the_load_at_once() {
+    let src = fixture("mixtral");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &dir.path().join("config.json"),
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let model = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(load(&model).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the load blocked on a FIFO config.json")
+        .unwrap_err();
+    assert!(err.contains("config.json is a FIFO (named pipe)"), "{err}");
+}
+
 #[test]
 fn bad_requests_are_typed_errors() {
     let dir = fixture("mixtral");

@@ -141,9 +141,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The model with experts from `--store` (packed first when missing) or
 /// from the store cache, paired with this checkpoint.
 fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
     // Counts the checkpoint contradicts are refused before anything is packed.
     flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
     drop(ckpt);
