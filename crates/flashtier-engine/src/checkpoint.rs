@@ -17,14 +17,14 @@ use flashtier_io::{AlignedBuf, Landing, PosixBackend, ReadReq, StorageBackend, S
 
 use crate::error::EngineError;
 use crate::matrix::to_f32;
-use crate::source::{Checkpoint as Source, TensorInfo};
+use crate::source::{CheckpointFiles, TensorInfo};
 
 /// Reader threads of the default backend for weight loads.
 const LOAD_READERS: usize = 4;
 
 /// The tensors of a checkpoint directory, by name.
 pub struct Checkpoint {
-    source: Source,
+    source: CheckpointFiles,
     /// One read handle per safetensors file, in `source.files()` order.
     files: Vec<Arc<StoreFile>>,
     backend: Arc<dyn StorageBackend>,
@@ -61,7 +61,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::open`] reading through `backend`.
     pub fn open_with(dir: &Path, backend: Arc<dyn StorageBackend>) -> Result<Self, EngineError> {
-        let source = Source::open(dir)?;
+        let source = CheckpointFiles::open(dir)?;
         // The handles the headers were read through: the tensors come from
         // the same files.
         let files = source
@@ -77,7 +77,7 @@ impl Checkpoint {
     }
 
     /// The parsed checkpoint (files, headers, config) underneath.
-    pub fn source(&self) -> &Source {
+    pub fn source(&self) -> &CheckpointFiles {
         &self.source
     }
 

@@ -13,8 +13,9 @@
 //! - [`config::ModelConfig`]: `config.json` in transformers 4.x and 5.x
 //!   spellings; anything unsupported is an [`EngineError::Config`] naming
 //!   the field.
-//! - [`checkpoint::Checkpoint`]: single or sharded safetensors, headers
-//!   validated ([`source`]), tensors read on demand through the I/O seam.
+//! - [`checkpoint::Checkpoint`]: single or sharded safetensors, tensors
+//!   checked against the config and read on demand through the I/O seam,
+//!   over the validated files and headers of [`source::CheckpointFiles`].
 //! - [`matrix::Matrix`]: weights kept in their stored form (BF16/F16/F32,
 //!   or FP8 codes with block scales).
 //! - [`experts`]: the record layout of a packed store, the expert counters,

@@ -8,9 +8,9 @@
 //! dtypes whose size is known, and the tensors tiling the data section
 //! exactly (below). Tensor bytes are then read with positional reads into
 //! the caller's buffer, so the reader holds no more than the headers in
-//! memory: buffered ([`Checkpoint::read_tensor`]) or direct, bypassing the
+//! memory: buffered ([`CheckpointFiles::read_tensor`]) or direct, bypassing the
 //! page cache so packing a checkpoint larger than memory does not evict
-//! everything else ([`Checkpoint::read_tensor_part_direct`]). Every read of
+//! everything else ([`CheckpointFiles::read_tensor_part_direct`]). Every read of
 //! a safetensors file, header or tensor, goes through a `flashtier-io`
 //! [`StoreFile`] (exact, retried, errors naming path, offset and length);
 //! only `config.json` and the index are read here directly.
@@ -64,7 +64,7 @@ pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 /// One tensor of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
-    /// Index of its file in [`Checkpoint::files`].
+    /// Index of its file in [`CheckpointFiles::files`].
     pub file: usize,
     /// safetensors dtype name (`BF16`, `F8_E4M3`, `I64`...).
     pub dtype: String,
@@ -114,9 +114,14 @@ impl WeightFile {
     }
 }
 
-/// An opened checkpoint: config, files, and every tensor's place.
+/// The files of a checkpoint folder, opened and validated: `config.json`,
+/// every safetensors file with its parsed header, and every tensor's place
+/// (file, offset, length, dtype, shape), with raw-byte reads. The packer and
+/// the pairing check work on this; the forward pass works on
+/// [`crate::checkpoint::Checkpoint`], which wraps it with dtype and shape
+/// checks and reads through a `StorageBackend`.
 #[derive(Debug)]
-pub struct Checkpoint {
+pub struct CheckpointFiles {
     dir: PathBuf,
     config: serde_json::Value,
     config_bytes: Vec<u8>,
@@ -158,7 +163,7 @@ fn read_json(path: &Path) -> Result<(serde_json::Value, Vec<u8>), CheckpointErro
     Ok((v, bytes))
 }
 
-impl Checkpoint {
+impl CheckpointFiles {
     /// Open the checkpoint in `dir`, parsing every safetensors header.
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
         let (config, config_bytes) = read_json(&dir.join("config.json"))?;
@@ -286,8 +291,8 @@ impl Checkpoint {
     }
 }
 
-impl Checkpoint {
-    /// [`Checkpoint::read_tensor_part`] with direct I/O, bypassing the page
+impl CheckpointFiles {
+    /// [`CheckpointFiles::read_tensor_part`] with direct I/O, bypassing the page
     /// cache: the aligned window around the bytes lands in `staging`
     /// (replaced by a larger one when too small, so its size is bounded by
     /// the largest read plus 8 KiB), then they are copied out

@@ -20,7 +20,7 @@ use crate::error::EngineError;
 use crate::pack::{
     PackOptions, PackReport, check_pairing, pack_experts, plan_experts, planned_bytes,
 };
-use crate::source::Checkpoint;
+use crate::source::CheckpointFiles;
 
 /// What [`StoreCache::ensure`] found or did.
 #[derive(Clone, Debug)]
@@ -102,7 +102,7 @@ impl StoreCache {
         if path.exists() && pairs(&path, model)? {
             return Ok(CachedStore::Reused(path));
         }
-        let ckpt = Checkpoint::open(model)?;
+        let ckpt = CheckpointFiles::open(model)?;
         // A config the checkpoint contradicts is refused before anything is packed.
         bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
         let (_, manifest) = plan_experts(&ckpt)?;
@@ -136,6 +136,6 @@ fn pairs(path: &Path, model: &Path) -> Result<bool, EngineError> {
     let Ok(store) = Store::open(path) else {
         return Ok(false);
     };
-    let ckpt = Checkpoint::open(model)?;
+    let ckpt = CheckpointFiles::open(model)?;
     Ok(check_pairing(&store, &ckpt).is_ok())
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use flashtier_engine::source::{Checkpoint, CheckpointError};
+use flashtier_engine::source::{CheckpointError, CheckpointFiles};
 use flashtier_format::OpenError;
 use flashtier_io::IoError;
 
@@ -26,7 +26,7 @@ fn a_well_formed_file_reads_back() {
         r#"{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}}"#,
         8,
     );
-    let c = Checkpoint::open(d.path()).expect("open");
+    let c = CheckpointFiles::open(d.path()).expect("open");
     let mut buf = [1u8; 8];
     c.read_tensor("a", &mut buf).expect("read");
     assert_eq!(buf, [0u8; 8]);
@@ -46,7 +46,7 @@ fn offsets_past_the_file_are_refused() {
         r#"{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#,
         4,
     );
-    let err = Checkpoint::open(d.path()).expect_err("short data");
+    let err = CheckpointFiles::open(d.path()).expect_err("short data");
     assert!(
         matches!(err, CheckpointError::BadTensor { ref tensor, .. } if tensor == "a"),
         "{err}"
@@ -59,7 +59,7 @@ fn a_length_that_disagrees_with_the_shape_is_refused() {
         r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}}"#,
         8,
     );
-    let err = Checkpoint::open(d.path()).expect_err("F32 needs 16 bytes");
+    let err = CheckpointFiles::open(d.path()).expect_err("F32 needs 16 bytes");
     assert!(matches!(err, CheckpointError::BadTensor { .. }), "{err}");
 }
 
@@ -70,7 +70,7 @@ fn a_header_length_past_the_file_is_refused() {
     let mut bytes = 1_000_000u64.to_le_bytes().to_vec();
     bytes.extend_from_slice(b"{}");
     std::fs::write(d.path().join("model.safetensors"), bytes).expect("write");
-    let err = Checkpoint::open(d.path()).expect_err("header length");
+    let err = CheckpointFiles::open(d.path()).expect_err("header length");
     assert!(matches!(err, CheckpointError::BadTensor { .. }), "{err}");
 }
 
@@ -78,7 +78,7 @@ fn a_header_length_past_the_file_is_refused() {
 fn malformed_json_and_missing_files_are_named() {
     let d = dir_with("{not json", 0);
     assert!(matches!(
-        Checkpoint::open(d.path()),
+        CheckpointFiles::open(d.path()),
         Err(CheckpointError::Json { .. })
     ));
     let d = tempfile::tempdir().expect("tempdir");
@@ -88,27 +88,27 @@ fn malformed_json_and_missing_files_are_named() {
         r#"{"weight_map":{"a":"gone.safetensors"}}"#,
     )
     .expect("index");
-    let err = Checkpoint::open(d.path()).expect_err("missing shard");
+    let err = CheckpointFiles::open(d.path()).expect_err("missing shard");
     assert!(
         matches!(err, CheckpointError::Storage(IoError::Open { ref path, .. }) if path.ends_with("gone.safetensors")),
         "{err}"
     );
-    let err = Checkpoint::open(&d.path().join("nowhere")).expect_err("no config");
+    let err = CheckpointFiles::open(&d.path().join("nowhere")).expect_err("no config");
     assert!(
         matches!(err, CheckpointError::Open(OpenError::Os { ref path, .. }) if path.ends_with("config.json")),
         "{err}"
     );
 }
 
-/// `Checkpoint::open` on a thread, failing the test if it blocks.
-fn open_at_once(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+/// `CheckpointFiles::open` on a thread, failing the test if it blocks.
+fn open_at_once(dir: &Path) -> Result<CheckpointFiles, CheckpointError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = dir.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(Checkpoint::open(&dir));
+        let _ = tx.send(CheckpointFiles::open(&dir));
     });
     rx.recv_timeout(std::time::Duration::from_secs(5))
-        .expect("Checkpoint::open blocked")
+        .expect("CheckpointFiles::open blocked")
 }
 
 fn mkfifo(path: &Path) {
@@ -165,7 +165,7 @@ fn a_fifo_in_the_checkpoint_is_refused_at_once() {
 fn a_tensor_cut_short_after_opening_is_a_short_read_naming_the_range() {
     let header = r#"{"a":{"dtype":"U8","shape":[5000],"data_offsets":[0,5000]},"b":{"dtype":"U8","shape":[3000],"data_offsets":[5000,8000]}}"#;
     let d = dir_with(header, 8000);
-    let c = Checkpoint::open(d.path()).expect("open");
+    let c = CheckpointFiles::open(d.path()).expect("open");
     let b = c.tensor("b").expect("b").clone();
     let st = d.path().join("model.safetensors");
     let len = std::fs::metadata(&st).expect("meta").len();
@@ -210,7 +210,7 @@ fn overlapping_tensors_are_refused_naming_both() {
             "model.layers.0.mlp.experts.0.down_proj.weight":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}}"#,
         16,
     );
-    let err = Checkpoint::open(d.path()).expect_err("overlap");
+    let err = CheckpointFiles::open(d.path()).expect_err("overlap");
     match &err {
         CheckpointError::OverlappingTensors {
             path,
@@ -243,7 +243,7 @@ fn overlapping_tensors_are_refused_naming_both() {
         r#"{"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
         4,
     );
-    let err = Checkpoint::open(d.path()).expect_err("same range twice");
+    let err = CheckpointFiles::open(d.path()).expect_err("same range twice");
     assert!(
         matches!(err, CheckpointError::OverlappingTensors { .. }),
         "{err}"
@@ -258,7 +258,7 @@ fn a_gap_between_tensors_is_refused() {
         r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}"#,
         12,
     );
-    let err = Checkpoint::open(d.path()).expect_err("gap");
+    let err = CheckpointFiles::open(d.path()).expect_err("gap");
     match &err {
         CheckpointError::DataGap {
             before,
@@ -277,7 +277,7 @@ fn a_gap_between_tensors_is_refused() {
         r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}"#,
         12,
     );
-    let err = Checkpoint::open(d.path()).expect_err("leading gap");
+    let err = CheckpointFiles::open(d.path()).expect_err("leading gap");
     assert!(
         matches!(
             err,
@@ -297,7 +297,7 @@ fn trailing_bytes_after_the_last_tensor_are_refused() {
         r#"{"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#,
         16,
     );
-    let err = Checkpoint::open(d.path()).expect_err("trailing");
+    let err = CheckpointFiles::open(d.path()).expect_err("trailing");
     assert!(
         matches!(
             err,
@@ -317,7 +317,7 @@ fn empty_tensors_on_a_boundary_and_any_header_order_are_accepted() {
         r#"{"z":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
         8,
     );
-    let c = Checkpoint::open(d.path()).expect("open");
+    let c = CheckpointFiles::open(d.path()).expect("open");
     assert_eq!(c.tensors().len(), 3);
     assert_eq!(c.tensor("e").expect("e").len_bytes, 0);
 }
@@ -331,7 +331,8 @@ fn real_fixtures_and_synthetic_checkpoints_open() {
     for entry in std::fs::read_dir(&root).expect("fixtures") {
         let dir = entry.expect("entry").path();
         if dir.join("config.json").exists() {
-            let c = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let c =
+                CheckpointFiles::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
             assert!(!c.tensors().is_empty());
             opened += 1;
         }
@@ -349,7 +350,7 @@ fn real_fixtures_and_synthetic_checkpoints_open() {
             let tmp = tempfile::tempdir().expect("tempdir");
             let model = tmp.path().join("m");
             write_checkpoint(&SynthSpec::tiny(arch, dtype, 3), &model, &mut |_| {}).expect("synth");
-            Checkpoint::open(&model).unwrap_or_else(|e| panic!("{arch:?} {dtype}: {e}"));
+            CheckpointFiles::open(&model).unwrap_or_else(|e| panic!("{arch:?} {dtype}: {e}"));
         }
     }
 }

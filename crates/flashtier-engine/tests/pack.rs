@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use flashtier_engine::pack::{PackError, PackOptions, check_pairing, pack_experts, source_name};
-use flashtier_engine::source::Checkpoint;
+use flashtier_engine::source::CheckpointFiles;
 use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::{Dtype, RecordKey, Store};
 use safetensors::SafeTensors;
@@ -92,7 +92,7 @@ fn pack_and_compare_with(spec: &SynthSpec, direct_source: bool) {
     assert_eq!(compared, store.record_count() as usize * per_record);
     // Shared experts and dense MLPs are not in the store.
     assert!(store.tensors().iter().all(|t| !t.name.contains("shared")));
-    check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("pairs");
+    check_pairing(&store, &CheckpointFiles::open(&model).expect("ckpt")).expect("pairs");
 }
 
 fn every_dtype_packs_byte_identical(arch: SynthArch) {
@@ -157,7 +157,7 @@ fn a_store_paired_with_another_checkpoint_is_refused() {
     let out = tmp.path().join("a.ftstore");
     pack_experts(&PackOptions::new(&a, &out), &|_| {}).expect("pack");
     let store = Store::open(&out).expect("open");
-    let err = check_pairing(&store, &Checkpoint::open(&b).expect("b")).expect_err("mismatch");
+    let err = check_pairing(&store, &CheckpointFiles::open(&b).expect("b")).expect_err("mismatch");
     assert!(matches!(err, PackError::SourceMismatch { .. }), "{err}");
 }
 
@@ -362,7 +362,7 @@ fn fused_transformers5_checkpoints_pack_byte_identical() {
         }
         assert_eq!(compared, 3 * report.records as usize);
         assert!(report.records > 0);
-        check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("pairs");
+        check_pairing(&store, &CheckpointFiles::open(&model).expect("ckpt")).expect("pairs");
     }
 }
 

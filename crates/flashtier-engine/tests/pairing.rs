@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use flashtier::experts::lowbit::LowbitSpec;
 use flashtier::experts::lowbit_pack::write_companion;
 use flashtier_engine::pack::{PackError, PackOptions, check_pairing, pack_experts};
-use flashtier_engine::source::Checkpoint;
+use flashtier_engine::source::CheckpointFiles;
 use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::{Dtype, Manifest, Store, StoreWriterPlan};
 
@@ -51,7 +51,7 @@ fn rewrite(path: &Path, edit: impl FnOnce(&mut Manifest)) -> Store {
 }
 
 fn mismatch(store: &Store, model: &Path) -> (u64, String, String, String, String) {
-    let ckpt = Checkpoint::open(model).expect("ckpt");
+    let ckpt = CheckpointFiles::open(model).expect("ckpt");
     match check_pairing(store, &ckpt).expect_err("an edited manifest pairs") {
         PackError::RecordMismatch(m) => (m.record, m.key, m.tensor, m.source_tensor, m.why),
         other => panic!("not a record mismatch: {other}"),
@@ -62,7 +62,7 @@ fn mismatch(store: &Store, model: &Path) -> (u64, String, String, String, String
 fn an_edited_dtype_shape_or_name_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (model, store) = synth(tmp.path(), SynthArch::Mixtral, Dtype::Bf16);
-    check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("untouched pairs");
+    check_pairing(&store, &CheckpointFiles::open(&model).expect("ckpt")).expect("untouched pairs");
     let path = store.path().to_path_buf();
 
     let edited = rewrite(&path, |m| m.record.tensors[1].dtype = Dtype::F16);
@@ -109,7 +109,7 @@ fn a_swapped_key_is_refused_naming_its_record() {
 fn an_edited_fp8_scale_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (model, store) = synth(tmp.path(), SynthArch::DeepSeek, Dtype::F8E4M3);
-    check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("untouched pairs");
+    check_pairing(&store, &CheckpointFiles::open(&model).expect("ckpt")).expect("untouched pairs");
     let scale = store
         .manifest()
         .record
@@ -136,7 +136,7 @@ fn fused_records_are_checked_as_slices_of_the_fused_tensors() {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/qwen3_moe_tied");
     let tmp = tempfile::tempdir().expect("tempdir");
     let store = pack(&model, &tmp.path().join("fused.ftstore"));
-    check_pairing(&store, &Checkpoint::open(&model).expect("ckpt")).expect("untouched pairs");
+    check_pairing(&store, &CheckpointFiles::open(&model).expect("ckpt")).expect("untouched pairs");
     let edited = rewrite(store.path(), |m| m.record.tensors[2].shape.reverse());
     let (record, _, tensor, source, _) = mismatch(&edited, &model);
     assert_eq!((record, tensor.as_str()), (0, "down_proj.weight"));
@@ -147,7 +147,7 @@ fn fused_records_are_checked_as_slices_of_the_fused_tensors() {
             s.expert_tensors = "split".into();
         }
     });
-    let err = check_pairing(&edited, &Checkpoint::open(&model).expect("ckpt"))
+    let err = check_pairing(&edited, &CheckpointFiles::open(&model).expect("ckpt"))
         .expect_err("split claimed for a fused checkpoint");
     assert!(matches!(err, PackError::SourceMismatch { .. }), "{err}");
 }
@@ -160,7 +160,7 @@ fn a_lowbit_companion_pairs_and_its_edits_are_refused() {
     let spec = LowbitSpec::new(2, 32).expect("spec");
     write_companion(store.path(), &q2, spec, &mut |_, _| {}).expect("companion");
     let companion = Store::open(&q2).expect("open");
-    check_pairing(&companion, &Checkpoint::open(&model).expect("ckpt")).expect("pairs");
+    check_pairing(&companion, &CheckpointFiles::open(&model).expect("ckpt")).expect("pairs");
     let edited = rewrite(&q2, |m| {
         let t = m
             .record

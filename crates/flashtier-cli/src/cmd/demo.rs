@@ -150,7 +150,7 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
             first.error
         );
     }
-    let ckpt = flashtier_engine::source::Checkpoint::open(&ws.model)?;
+    let ckpt = flashtier_engine::source::CheckpointFiles::open(&ws.model)?;
     flashtier_engine::pack::check_pairing(&store, &ckpt)?;
     Ok(report)
 }

@@ -204,7 +204,7 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
 
 /// Pack `model`'s experts into `out` with a progress bar.
 fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::source::Checkpoint::open(model)
+    let ckpt = flashtier_engine::source::CheckpointFiles::open(model)
         .with_context(|| format!("opening {}", model.display()))?;
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);

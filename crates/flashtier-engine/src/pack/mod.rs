@@ -72,7 +72,7 @@ pub use layout::{
 };
 pub use pairing::check_pairing;
 
-use crate::source::Checkpoint;
+use crate::source::CheckpointFiles;
 use flashtier::experts::lowbit_pack::existing_store;
 
 /// Options of [`pack_experts`].
@@ -150,13 +150,13 @@ pub struct PackReport {
     pub elapsed: Duration,
 }
 
-fn config_u64(ckpt: &Checkpoint, names: &[&'static str]) -> Option<u64> {
+fn config_u64(ckpt: &CheckpointFiles, names: &[&'static str]) -> Option<u64> {
     names
         .iter()
         .find_map(|n| ckpt.config().get(*n).and_then(serde_json::Value::as_u64))
 }
 
-fn config_err(ckpt: &Checkpoint, field: &'static str, why: String) -> PackError {
+fn config_err(ckpt: &CheckpointFiles, field: &'static str, why: String) -> PackError {
     PackError::Config {
         path: ckpt.dir().join("config.json"),
         field,
@@ -167,7 +167,7 @@ fn config_err(ckpt: &Checkpoint, field: &'static str, why: String) -> PackError 
 /// Experts per layer: every expert layer holds experts `0..n` for one `n`,
 /// inside `num_layers`. Returns the layers and `n`.
 fn expert_layers(
-    ckpt: &Checkpoint,
+    ckpt: &CheckpointFiles,
     layout: &ExpertLayout,
     num_layers: u64,
 ) -> Result<(BTreeMap<u32, BTreeSet<u32>>, u64), PackError> {
@@ -202,7 +202,7 @@ fn expert_layers(
 }
 
 /// Model facts from config.json, cross-checked against the expert tensors.
-fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, PackError> {
+fn model_info(ckpt: &CheckpointFiles, layout: &ExpertLayout) -> Result<ModelInfo, PackError> {
     let num_layers = config_u64(ckpt, &["num_hidden_layers"])
         .ok_or_else(|| config_err(ckpt, "num_hidden_layers", "missing".into()))?;
     let hidden = config_u64(ckpt, &["hidden_size"])
@@ -266,7 +266,7 @@ fn model_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> Result<ModelInfo, Pac
 }
 
 /// The source-checkpoint record of the manifest.
-fn source_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> SourceCheckpoint {
+fn source_info(ckpt: &CheckpointFiles, layout: &ExpertLayout) -> SourceCheckpoint {
     let path = std::fs::canonicalize(ckpt.dir()).unwrap_or_else(|_| ckpt.dir().to_path_buf());
     SourceCheckpoint {
         path: path.display().to_string(),
@@ -290,7 +290,7 @@ fn source_info(ckpt: &Checkpoint, layout: &ExpertLayout) -> SourceCheckpoint {
 }
 
 /// Recognise the experts of `ckpt` and build the store's manifest.
-pub fn plan_experts(ckpt: &Checkpoint) -> Result<(ExpertLayout, Manifest), PackError> {
+pub fn plan_experts(ckpt: &CheckpointFiles) -> Result<(ExpertLayout, Manifest), PackError> {
     let layout = expert_layout(ckpt)?;
     let model = model_info(ckpt, &layout)?;
     let manifest = Manifest {
@@ -319,7 +319,7 @@ pub fn planned_bytes(manifest: &Manifest) -> u64 {
 }
 
 /// The files a pack of `ckpt` reads (an output may be none of them).
-fn checkpoint_inputs(ckpt: &Checkpoint) -> Vec<PathBuf> {
+fn checkpoint_inputs(ckpt: &CheckpointFiles) -> Vec<PathBuf> {
     let mut inputs = vec![
         ckpt.dir().join("config.json"),
         ckpt.dir().join("model.safetensors.index.json"),
@@ -335,7 +335,7 @@ pub fn pack_experts(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<PackReport, PackError> {
     let t0 = Instant::now();
-    let ckpt = Checkpoint::open(&opts.model_dir)?;
+    let ckpt = CheckpointFiles::open(&opts.model_dir)?;
     refuse_inputs(&opts.out, &checkpoint_inputs(&ckpt))?;
     let (layout, manifest) = plan_experts(&ckpt)?;
     let plan = StoreWriterPlan::new(manifest)?;

@@ -25,17 +25,17 @@ use flashtier_format::{RecordKey, RecordLayout, Store, TensorLayout, xxh3_64};
 
 use super::error::{PackError, RecordMismatch};
 use super::layout::{ExpertLayout, expert_layout};
-use crate::source::Checkpoint;
+use crate::source::CheckpointFiles;
 
 /// Check that `store` was packed from `ckpt`: same config.json, same
 /// safetensors files (names, lengths, header checksums), and every record's
 /// key and tensors as the checkpoint's headers lay them out.
-pub fn check_pairing(store: &Store, ckpt: &Checkpoint) -> Result<(), PackError> {
+pub fn check_pairing(store: &Store, ckpt: &CheckpointFiles) -> Result<(), PackError> {
     check_files(store, ckpt)?;
     check_records(store, ckpt)
 }
 
-fn source_mismatch(store: &Store, ckpt: &Checkpoint, why: String) -> PackError {
+fn source_mismatch(store: &Store, ckpt: &CheckpointFiles, why: String) -> PackError {
     PackError::SourceMismatch {
         store: store.path().to_path_buf(),
         dir: ckpt.dir().to_path_buf(),
@@ -43,7 +43,7 @@ fn source_mismatch(store: &Store, ckpt: &Checkpoint, why: String) -> PackError {
     }
 }
 
-fn check_files(store: &Store, ckpt: &Checkpoint) -> Result<(), PackError> {
+fn check_files(store: &Store, ckpt: &CheckpointFiles) -> Result<(), PackError> {
     let mismatch = |why: String| source_mismatch(store, ckpt, why);
     let Some(src) = &store.manifest().source else {
         return Err(mismatch(
@@ -81,7 +81,7 @@ fn check_files(store: &Store, ckpt: &Checkpoint) -> Result<(), PackError> {
 /// One record's view of a mismatch, for [`PackError::RecordMismatch`].
 struct Records<'a> {
     store: &'a Store,
-    ckpt: &'a Checkpoint,
+    ckpt: &'a CheckpointFiles,
     layout: &'a ExpertLayout,
 }
 
@@ -122,7 +122,7 @@ impl Records<'_> {
     }
 }
 
-fn check_records(store: &Store, ckpt: &Checkpoint) -> Result<(), PackError> {
+fn check_records(store: &Store, ckpt: &CheckpointFiles) -> Result<(), PackError> {
     let layout = expert_layout(ckpt)?;
     let m = store.manifest();
     let mismatch = |why: String| source_mismatch(store, ckpt, why);

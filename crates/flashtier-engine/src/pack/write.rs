@@ -23,11 +23,11 @@ use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
 use super::error::PackError;
 use super::layout::ExpertLayout;
-use crate::source::Checkpoint;
+use crate::source::CheckpointFiles;
 
 /// What the pipeline needs to fill one record.
 pub(crate) struct RecordSource<'a> {
-    pub ckpt: &'a Checkpoint,
+    pub ckpt: &'a CheckpointFiles,
     /// The records' tensors and where each comes from.
     pub layout: &'a ExpertLayout,
     /// Read source tensors with direct I/O (bypassing the page cache).

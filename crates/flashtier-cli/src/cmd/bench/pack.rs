@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use flashtier_engine::pack::{PackOptions, plan_experts};
-use flashtier_engine::source::Checkpoint;
+use flashtier_engine::source::CheckpointFiles;
 use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::{Dtype, StoreWriterPlan};
 use serde::Serialize;
@@ -141,7 +141,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = root.join("model");
     let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, args.size, 0);
     synth_with_bar(&spec, &model, !args.json)?;
-    let file_len = StoreWriterPlan::new(plan_experts(&Checkpoint::open(&model)?)?.1)?.file_len();
+    let file_len =
+        StoreWriterPlan::new(plan_experts(&CheckpointFiles::open(&model)?)?.1)?.file_len();
     let mut command = String::new();
     let reference = root.join("reference.bin");
     let (pack_bw, ref_bw) = interleaved(

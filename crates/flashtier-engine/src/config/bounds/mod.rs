@@ -40,7 +40,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, dims};
 use crate::model::PREFILL_CHUNK;
-use crate::source::{Checkpoint as Source, TensorInfo};
+use crate::source::{CheckpointFiles as Source, TensorInfo};
 
 /// Largest count a `config.json` field may hold (`u32::MAX`): far above any
 /// model's, small enough that a sum or product of two counts fits in u64.

@@ -10,7 +10,7 @@
 
 use crate::config::bounds::{checkpoint_layers, layer_mismatch};
 use crate::pack::PackError;
-use crate::source::Checkpoint;
+use crate::source::CheckpointFiles as Checkpoint;
 
 /// The config fields the manifest takes counts from.
 const COUNT_FIELDS: [&str; 9] = [
