@@ -11,7 +11,7 @@ use flashtier::kv::swap::{BlockVersion, KvError, KvSwap, SwapOptions};
 use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::blocks::BlockPath;
 use flashtier_io::sim::{Fault, FaultPlan, OpKind, SimBackend};
-use flashtier_io::{AlignedBuf, PosixBackend, StorageBackend};
+use flashtier_io::{AlignedBuf, PersistError, PosixBackend, StorageBackend};
 
 fn layout(order: BlockOrder) -> GroupLayout {
     let g = KvGeometry {
@@ -348,6 +348,67 @@ fn reopen_checks_owner_and_header() {
         KvSwap::open(posix(), &p, o),
         Err(KvError::Format { .. })
     ));
+}
+
+/// `create` used to truncate whatever was at its path. Now it replaces only
+/// a KV store of the same layout and owner (dropping its blocks), refuses
+/// anything else and leaves it byte for byte, and leaves no temp file.
+#[test]
+fn create_replaces_only_a_kv_store_of_the_same_layout_and_owner() {
+    let dir = tempfile::tempdir().expect("dir");
+    let p = dir.path().join("kv.store");
+    let o = opts(BlockPath::Coalesced);
+    let names = || {
+        let mut n: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    // Someone else's file is refused and left alone.
+    std::fs::write(&p, b"my notes, not a KV store").expect("write");
+    let err = KvSwap::create(posix(), &p, layout(BlockOrder::PerLayer), o).expect_err("notes");
+    assert!(
+        matches!(err, KvError::Persist(PersistError::NotReplaceable { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&p).expect("read"),
+        b"my notes, not a KV store"
+    );
+    assert_eq!(names(), ["kv.store"]);
+    std::fs::remove_file(&p).expect("rm");
+
+    // A store of this layout and owner is replaced by an empty one.
+    let mut swap = KvSwap::create(posix(), &p, layout(BlockOrder::PerLayer), o).expect("create");
+    let v = offload_all(&mut swap, 1);
+    swap.persist().expect("persist");
+    drop(swap);
+    let swap = KvSwap::create(posix(), &p, layout(BlockOrder::PerLayer), o).expect("recreate");
+    assert_eq!(swap.resident(v[0].id).expect("resident"), None);
+    drop(swap);
+    assert!(KvSwap::open(posix(), &p, o).is_ok());
+    assert_eq!(names(), ["kv.store"]);
+
+    // Another block order, another rank: refused, the store kept intact.
+    let before = std::fs::read(&p).expect("read");
+    let other_rank = SwapOptions { rank: 3, ..o };
+    for (l, o2) in [
+        (layout(BlockOrder::BlockMajor), o),
+        (layout(BlockOrder::PerLayer), other_rank),
+    ] {
+        let err = KvSwap::create(posix(), &p, l, o2).expect_err("another store");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, KvError::Persist(PersistError::NotReplaceable { .. }))
+                && msg.contains("it is a KV store of 3 layers x 6 blocks")
+                && msg.contains("per-layer, model 0x0 rank 0"),
+            "{msg}"
+        );
+    }
+    assert_eq!(std::fs::read(&p).expect("read"), before);
+    assert_eq!(names(), ["kv.store"]);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! this KV"; every variant names the store file, block or tile at fault.
 
 use flashtier_format::kv::{BlockId, KvFormatError};
-use flashtier_io::IoError;
+use flashtier_io::{IoError, PersistError};
 
 /// Failures of the KV tier. A restore error means "recompute this KV".
 #[derive(Debug, thiserror::Error)]
@@ -11,6 +11,10 @@ pub enum KvError {
     /// The backend failed (names file, offset and length).
     #[error(transparent)]
     Io(#[from] IoError),
+    /// Creating the store failed: another file is at its path (which is
+    /// left as it is), or the temp file, its fsync or rename failed.
+    #[error(transparent)]
+    Persist(#[from] PersistError),
     /// The store's header or a block address is invalid.
     #[error("KV store {path}: {source}")]
     Format {

@@ -5,7 +5,9 @@
 //! - [`swap::KvSwap`] owns one KV store file per (model, rank) (layout in
 //!   `docs/kv-format.md`), its per-block generation/checksum table and a
 //!   scratch [`flashtier_io::blocks::SlotPool`] of slots laid out
-//!   `[slot, K|V, kv_head, token, dim]`.
+//!   `[slot, K|V, kv_head, token, dim]`. Creating one replaces only a KV
+//!   store of the same layout and owner ([`existing`]), through a temp
+//!   file renamed into place.
 //! - [`restore`]: the pipelined restore, where tile `i + 1..i + depth` land
 //!   while tile `i` is consumed.
 //! - [`attention`]: `begin_step` / `step_tile` / `finalize`, GQA, both KV
@@ -53,6 +55,7 @@
 
 pub mod attention;
 pub mod error;
+pub mod existing;
 pub mod restore;
 pub mod swap;
 pub mod verify;

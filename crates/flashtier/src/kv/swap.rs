@@ -16,7 +16,10 @@ use flashtier_format::kv::{
 use flashtier_io::blocks::{
     BatchId, BlockPath, BlockSpan, SlotPool, write_block, write_blocks_run, write_span,
 };
+use flashtier_io::persist::{Output, Wait};
 use flashtier_io::{AlignedBuf, DirectMode, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+
+use super::existing::check_replaceable;
 
 pub use super::error::KvError;
 
@@ -100,7 +103,19 @@ fn pool_for(layout: &GroupLayout, opts: &SwapOptions) -> Result<SlotPool, KvErro
 }
 
 impl KvSwap {
-    /// Create (or truncate) a store at `path` for `layout`.
+    /// Create a store at `path` for `layout`, owned by `opts`' model and
+    /// rank, with no block resident.
+    ///
+    /// An existing file at `path` is replaced only when it is a KV store of
+    /// the same layout and owner (or one whose header is damaged); anything
+    /// else is refused with [`PersistError::NotReplaceable`] and left as it
+    /// is ([`super::existing`]). The store is written as a temp file beside
+    /// `path` and renamed over it ([`Output`]: lock, fsync, rename), so
+    /// `path` never holds a store without its header; a second creator of
+    /// the same path meanwhile gets [`PersistError::Busy`].
+    ///
+    /// [`PersistError::NotReplaceable`]: flashtier_io::PersistError::NotReplaceable
+    /// [`PersistError::Busy`]: flashtier_io::PersistError::Busy
     pub fn create(
         backend: Arc<dyn StorageBackend>,
         path: &Path,
@@ -108,17 +123,22 @@ impl KvSwap {
         opts: SwapOptions,
     ) -> Result<Self, KvError> {
         let pool = pool_for(&layout, &opts)?;
-        let file = StoreFile::open_rw(path, opts.direct, true)?;
-        file.set_len(0)?;
-        file.set_len(layout.file_len_bytes())?;
         let header = KvHeader {
             layout,
             model_hash: opts.model_hash,
             rank: opts.rank,
         };
+        let mut out = Output::lock(path, Wait::Fail)?;
+        check_replaceable(&out, &header)?;
+        let tmp = out.create_temp()?.to_path_buf();
+        let fresh = StoreFile::open_rw(&tmp, opts.direct, false)?;
+        fresh.set_len(layout.file_len_bytes())?;
         let mut page = AlignedBuf::zeroed(KV_HEADER_BYTES);
         page.copy_from_slice(&header.encode());
-        backend.write(&file, 0, &page)?;
+        fresh.write_all_at(&page, 0)?;
+        drop(fresh);
+        out.commit()?;
+        let file = StoreFile::open_rw(path, opts.direct, false)?;
         pool.register_with(backend.as_ref())?;
         Ok(Self {
             table: vec![BlockEntry::default(); table_len(&layout)?],
