@@ -64,7 +64,14 @@ fn pack_inspect_verify_and_catch_a_flipped_byte() {
     assert_eq!(info["kind"], "experts");
     assert_eq!(info["checksum"], "xxh3-64");
     let human = flashtier(&["inspect", s(&store)]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("w1.weight"));
+    let human = String::from_utf8_lossy(&human.stdout);
+    let w1 = human
+        .lines()
+        .find(|l| l.contains("w1.weight"))
+        .unwrap_or_else(|| panic!("no w1.weight in {human}"));
+    // The shape as plain text (`64x32`), not Rust's `[64, 32]`.
+    let shape = w1.split_whitespace().rev().nth(1).unwrap_or_default();
+    assert!(!w1.contains('[') && shape.split('x').count() == 2, "{w1}");
 
     let ok = flashtier(&["verify", s(&store), "--model", s(&model)]);
     assert!(

@@ -5,15 +5,14 @@ use std::path::PathBuf;
 
 use flashtier::experts::Precision;
 
-/// `[a, b, c]` for a shape in an error message.
+/// `2x3x4` for a shape in an error message.
 pub(crate) fn dims(shape: &[u64]) -> String {
-    let parts: Vec<String> = shape.iter().map(u64::to_string).collect();
-    format!("[{}]", parts.join(", "))
+    flashtier_format::text::shape(shape)
 }
 
 /// A size for an error message; `None` is a product past u64.
 fn over_u64(value: Option<u64>) -> String {
-    value.map_or_else(|| "more than 2^64".to_string(), |v| v.to_string())
+    flashtier_format::text::or_overflow(value)
 }
 
 /// Why a model could not be loaded or a decode step could not run.
@@ -126,7 +125,7 @@ pub enum EngineError {
         reason: String,
     },
     /// A low-bit copy reached the exact-record kernels.
-    #[error("record {record} is a {precision:?} copy; the engine computes with exact records only")]
+    #[error("record {record} is a {precision} copy; the engine computes with exact records only")]
     LowBitRecord {
         /// Record index.
         record: usize,

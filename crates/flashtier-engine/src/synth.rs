@@ -307,8 +307,9 @@ impl SynthSpec {
         if dims.contains(&0) || counts.contains(&0) {
             return Err(SynthError::Invalid(format!(
                 "a zero dimension or count: hidden, intermediate, dense intermediate, head_dim, \
-                 vocab {dims:?}; layers, experts, heads, kv heads, shards, experts per token \
-                 {counts:?}"
+                 vocab {}; layers, experts, heads, kv heads, shards, experts per token {}",
+                flashtier_format::text::list(&dims),
+                flashtier_format::text::list(&counts)
             )));
         }
         if self.heads % self.kv_heads != 0 || self.experts_per_token > self.experts {

@@ -240,7 +240,7 @@ fn header_errors_carry_no_debug_text() {
         .unwrap_err()
         .to_string();
     assert!(
-        text.ends_with("tensor a: 8 bytes, but shape [2, 2] of F32 needs 16"),
+        text.ends_with("tensor a: 8 bytes, but shape 2x2 of F32 needs 16"),
         "{text}"
     );
 }

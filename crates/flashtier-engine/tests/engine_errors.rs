@@ -135,6 +135,70 @@ fn truncated_or_garbled_files_are_errors() {
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
 
+/// Device shape errors spell the operands as plain text (the RoPE and
+/// head-copy specs used to print as `RopeSpec { heads: 2, .. }`), and a
+/// precision by its name.
+#[test]
+fn device_errors_carry_no_debug_text() {
+    use flashtier_engine::device::{Device, HeadCopy, KvPrecision, KvSpec, RopeSpec};
+    let dev = CpuDevice;
+    let mut x = dev.zeros(2, 8).unwrap();
+    let table = dev.rope_table(&[1.0, 0.5], 1.0, 16).unwrap();
+    let spec = RopeSpec {
+        heads: 2,
+        head_stride: 4,
+        offset: 0,
+        dims: 6,
+        interleaved: false,
+    };
+    let err = dev.rope(&mut x, &table, spec, 0).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "rope: operands do not fit: 2 groups of 6 rotated columns (first at 0, 4 columns \
+         apart) over 8 columns and 2 frequencies"
+    );
+    let src = dev.zeros(2, 8).unwrap();
+    let mut dst = dev.zeros(3, 8).unwrap();
+    let copy = HeadCopy {
+        heads: 1,
+        len: 4,
+        src_stride: 0,
+        src_offset: 0,
+        dst_stride: 0,
+        dst_offset: 2,
+        scale: 1.0,
+    };
+    let err = dev
+        .copy_heads(&mut dst, &src, copy)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with(
+            "1 heads of 4 columns (source from column 0 every 0, destination from column 2 \
+             every 0) from 2x8 to 3x8"
+        ),
+        "{err}"
+    );
+    let kv = KvSpec {
+        layers: 1,
+        q_heads: 1,
+        kv_heads: 1,
+        head_dim: flashtier::kv::attention::MAX_HEAD_DIM,
+        capacity: 4,
+        precision: KvPrecision::Bf16x2,
+    };
+    let err = dev.kv_cache(&kv).unwrap_err().to_string();
+    assert!(err.contains("stored as BF16 hi/lo pairs is"), "{err}");
+    let err = EngineError::LowBitRecord {
+        record: 3,
+        precision: flashtier::experts::Precision::Q3,
+    };
+    assert!(
+        err.to_string().starts_with("record 3 is a 3-bit copy"),
+        "{err}"
+    );
+}
+
 /// A FIFO as `config.json` fails the load at once, naming it (the config
 /// reader used to block until a writer opened the pipe).
 #[test]
@@ -148,7 +212,7 @@ fn a_fifo_config_fails_the_load_at_once() {
     .unwrap();
     rustix::fs::mkfifoat(
         rustix::fs::CWD,
-        &dir.path().join("config.json"),
+        dir.path().join("config.json"),
         rustix::fs::Mode::from_raw_mode(0o600),
     )
     .unwrap();

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use crate::error::FormatError;
 use crate::header::{FORMAT_VERSION, Header, StoreKind};
+use crate::text::{or_overflow, shape};
 
 /// Element type of a tensor in a record, named as safetensors names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -315,7 +316,11 @@ impl Manifest {
             if t.name.is_empty() || !names.insert(t.name.as_str()) {
                 return Err(invalid(
                     field("name"),
-                    format!("{:?} is empty or repeated", t.name),
+                    if t.name.is_empty() {
+                        "the name is empty".to_string()
+                    } else {
+                        format!("{} is repeated", t.name)
+                    },
                 ));
             }
             let elems = t.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
@@ -324,8 +329,11 @@ impl Manifest {
                 return Err(invalid(
                     field("len_bytes"),
                     format!(
-                        "{} bytes, but shape {:?} of {} needs {want:?}",
-                        t.len_bytes, t.shape, t.dtype
+                        "{} bytes, but shape {} of {} needs {}",
+                        t.len_bytes,
+                        shape(&t.shape),
+                        t.dtype,
+                        or_overflow(want)
                     ),
                 ));
             }

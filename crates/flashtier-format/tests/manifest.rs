@@ -42,6 +42,42 @@ fn tensor(name: &str, dtype: Dtype, shape: Vec<u64>, offset: u64) -> TensorLayou
     }
 }
 
+/// Manifest errors spell shapes and sizes as plain text, not Rust's
+/// `[2, 3]`, `Some(12)` or a quoted name.
+#[test]
+fn manifest_errors_carry_no_debug_text() {
+    let mut m = sample(
+        vec![tensor("a", Dtype::Bf16, vec![2, 3], 0)],
+        vec![RecordKey::new(0, 0)],
+    );
+    m.record.tensors[0].len_bytes = 10;
+    m.record.payload_bytes = 10;
+    let msg = m.validate(path()).expect_err("length").to_string();
+    assert!(
+        msg.ends_with("10 bytes, but shape 2x3 of BF16 needs 12"),
+        "{msg}"
+    );
+    let huge = TensorLayout {
+        name: "a".into(),
+        dtype: Dtype::Bf16,
+        shape: vec![u64::MAX, 2],
+        offset: 0,
+        len_bytes: 4,
+    };
+    let m = sample(vec![huge], vec![RecordKey::new(0, 0)]);
+    let msg = m.validate(path()).expect_err("overflow").to_string();
+    assert!(msg.ends_with("needs more than 2^64"), "{msg}");
+    let m = sample(
+        vec![
+            tensor("a", Dtype::Bf16, vec![2], 0),
+            tensor("a", Dtype::Bf16, vec![2], 4),
+        ],
+        vec![RecordKey::new(0, 0)],
+    );
+    let msg = m.validate(path()).expect_err("repeated").to_string();
+    assert!(msg.ends_with("name: a is repeated"), "{msg}");
+}
+
 #[test]
 fn rules_are_enforced() {
     let ok = sample(

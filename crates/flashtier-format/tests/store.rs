@@ -260,3 +260,26 @@ proptest! {
         let _ = Store::from_bytes(path(), &image);
     }
 }
+
+/// KV and row-shard messages: magics in hex, user input as typed.
+#[test]
+fn kv_and_row_shard_messages_carry_no_debug_text() {
+    use flashtier_format::kv::{BlockOrder, KV_HEADER_BYTES, KvHeader};
+    use flashtier_format::row_shard::RowShardHeader;
+    let e = "zigzag".parse::<BlockOrder>().expect_err("order");
+    assert_eq!(e, "unknown block order zigzag (per-layer | block-major)");
+    let mut page = vec![0u8; KV_HEADER_BYTES];
+    page[..8].copy_from_slice(b"NOTAKVST");
+    let e = KvHeader::decode(&page).expect_err("magic").to_string();
+    assert_eq!(
+        e,
+        "bad KV store magic 4e 4f 54 41 4b 56 53 54 (expected FTKVSTOR)"
+    );
+    let e = RowShardHeader::decode(path(), &page)
+        .expect_err("magic")
+        .to_string();
+    assert!(
+        e.ends_with("magic 4e 4f 54 41 4b 56 53 54, expected FTROWSH1)"),
+        "{e}"
+    );
+}

@@ -49,7 +49,7 @@ impl std::str::FromStr for DirectMode {
             "require" => Ok(Self::Require),
             "off" | "buffered" => Ok(Self::Off),
             other => Err(format!(
-                "unknown direct mode {other:?} (prefer | require | off)"
+                "unknown direct mode {other} (prefer | require | off)"
             )),
         }
     }

@@ -57,7 +57,7 @@ impl std::str::FromStr for Pattern {
             "rand" | "random" | "randread" => Ok(Self::Random),
             "seq" | "sequential" | "read" => Ok(Self::Sequential),
             other => Err(IoError::Invalid(format!(
-                "unknown pattern {other:?} (rand | seq)"
+                "unknown pattern {other} (rand | seq)"
             ))),
         }
     }

@@ -52,7 +52,7 @@ impl std::str::FromStr for BackendKind {
             "posix" | "pread" => Ok(Self::Posix),
             "sim" => Ok(Self::Sim),
             other => Err(IoError::Invalid(format!(
-                "unknown backend {other:?} (uring | uring-local | posix | sim)"
+                "unknown backend {other} (uring | uring-local | posix | sim)"
             ))),
         }
     }

@@ -166,7 +166,7 @@ fn seed_for(plan: &FaultPlan) -> Result<u64, IoError> {
         Ok(s) => s
             .trim()
             .parse::<u64>()
-            .map_err(|e| IoError::Invalid(format!("{SEED_ENV}={s:?} is not a u64 seed: {e}"))),
+            .map_err(|e| IoError::Invalid(format!("{SEED_ENV}={s} is not a u64 seed: {e}"))),
         Err(_) => Ok(plan.seed.unwrap_or_else(rand::random)),
     }
 }

@@ -79,7 +79,7 @@ pub struct Args {
 /// Parse a dtype by its safetensors name.
 pub fn parse_dtype(s: &str) -> Result<Dtype, String> {
     Dtype::from_name(&s.to_ascii_uppercase())
-        .ok_or_else(|| format!("unknown dtype {s:?} (BF16, F16, F32, F8_E4M3)"))
+        .ok_or_else(|| format!("unknown dtype {s} (BF16, F16, F32, F8_E4M3)"))
 }
 
 /// Where the demo works: a checkpoint folder and a store path inside a root
@@ -377,6 +377,14 @@ fn to_json(spec: &SynthSpec, ws: &Workspace, d: &Done) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_dtype_is_named_as_typed() {
+        assert_eq!(
+            parse_dtype("q4").map(|_| ()),
+            Err("unknown dtype q4 (BF16, F16, F32, F8_E4M3)".to_string())
+        );
+    }
 
     #[test]
     fn a_small_demo_runs_end_to_end() -> anyhow::Result<()> {

@@ -83,11 +83,11 @@ pub fn store_summary(store: &Store) -> String {
     s.push_str("  record layout:\n");
     for t in &m.record.tensors {
         s.push_str(&format!(
-            "    @{:>10}  {:>10} B  {:<8} {:?}  {}\n",
+            "    @{:>10}  {:>10} B  {:<8} {}  {}\n",
             t.offset,
             t.len_bytes,
             t.dtype.name(),
-            t.shape,
+            flashtier_format::text::shape(&t.shape),
             t.name
         ));
     }

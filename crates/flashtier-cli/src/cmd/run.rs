@@ -124,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .as_ref()
                     .and_then(|tok| tok.decode(&[t], false).ok());
                 let _ = match text {
-                    Some(s) => write!(stdout, "{t}:{s:?} "),
+                    Some(s) => write!(stdout, "{t}:{} ", token_text(&s)),
                     None => write!(stdout, "{t} "),
                 };
                 let _ = stdout.flush();
@@ -335,4 +335,33 @@ fn report(
         );
     }
     Ok(())
+}
+
+/// A token's text kept on one line as plain text: printable characters as
+/// they are, line breaks, tabs and other control characters spelled `\n`,
+/// `\t`, `\u{1b}` (no Rust quoting).
+fn token_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_text;
+
+    #[test]
+    fn token_text_is_plain_and_on_one_line() {
+        assert_eq!(token_text(" the"), " the");
+        assert_eq!(token_text("say \"hi\""), "say \"hi\"");
+        assert_eq!(token_text("a\nb\tc\u{1b}"), "a\\nb\\tc\\u{1b}");
+    }
 }

@@ -75,6 +75,15 @@ pub enum KvPrecision {
     Bf16x2,
 }
 
+impl std::fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Bf16 => "BF16",
+            Self::Bf16x2 => "BF16 hi/lo pairs",
+        })
+    }
+}
+
 /// What a KV cache holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSpec {

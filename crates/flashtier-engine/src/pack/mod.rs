@@ -59,6 +59,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use flashtier_format::manifest::hex_u64;
+use flashtier_format::text;
 use flashtier_format::{
     Dtype, FORMAT_VERSION, Manifest, ModelInfo, RecordLayout, SourceCheckpoint, SourceFile,
     StoreKind, StoreWriterPlan, xxh3_64,
@@ -231,7 +232,11 @@ fn model_info(ckpt: &CheckpointFiles, layout: &ExpertLayout) -> Result<ModelInfo
         return Err(config_err(
             ckpt,
             "hidden_size",
-            format!("{hidden}, but {} has shape {:?}", g.name, g.shape),
+            format!(
+                "{hidden}, but {} has shape {}",
+                g.name,
+                text::shape(&g.shape)
+            ),
         ));
     }
     let inter = gate

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
+use flashtier_format::text::{or_overflow, shape as shape_text};
 use flashtier_io::{DirectMode, StoreFile};
 
 use super::{CheckpointError, MAX_HEADER_BYTES, TensorInfo, WeightFile, dtype_size_bytes};
@@ -114,9 +115,10 @@ fn parse_entry(
     if let Some(size) = dtype_size_bytes(dtype) {
         let want = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
         if want != Some(len_bytes) {
-            let need = want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string());
+            let need = or_overflow(want);
             return Err(bad(format!(
-                "{len_bytes} bytes, but shape {shape:?} of {dtype} needs {need}"
+                "{len_bytes} bytes, but shape {} of {dtype} needs {need}",
+                shape_text(&shape)
             )));
         }
     }

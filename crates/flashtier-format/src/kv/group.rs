@@ -138,7 +138,7 @@ impl std::str::FromStr for BlockOrder {
             "per-layer" | "layer" => Ok(Self::PerLayer),
             "block-major" | "block" => Ok(Self::BlockMajor),
             other => Err(format!(
-                "unknown block order {other:?} (per-layer | block-major)"
+                "unknown block order {other} (per-layer | block-major)"
             )),
         }
     }

@@ -43,6 +43,24 @@ pub enum SlotState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BatchId(u64);
 
+impl std::fmt::Display for BatchId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "batch {}", self.0)
+    }
+}
+
+impl std::fmt::Display for SlotState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Empty => f.write_str("empty"),
+            Self::InFlight(b) => write!(f, "a read of {b} in flight"),
+            Self::Landed => f.write_str("landed"),
+            Self::Failed => f.write_str("failed"),
+            Self::Poisoned => f.write_str("poisoned by a failed submission"),
+        }
+    }
+}
+
 struct Batch {
     id: BatchId,
     ticket: Ticket,
@@ -157,7 +175,8 @@ impl SlotPool {
                 st,
                 Some(SlotState::InFlight(_) | SlotState::Poisoned) | None
             ) {
-                return Err(IoError::Invalid(format!("slot {s} is busy ({st:?})")));
+                let st = st.map_or_else(|| "outside the pool".to_string(), |st| st.to_string());
+                return Err(IoError::Invalid(format!("slot {s} is busy ({st})")));
             }
         }
         let reqs = span_read_reqs(file, layout, &self.region, spans, path)?;
@@ -197,7 +216,7 @@ impl SlotPool {
     /// first failure returned.
     pub fn wait(&mut self, batch: BatchId) -> Result<(), IoError> {
         let Some(pos) = self.batches.iter().position(|b| b.id == batch) else {
-            return Err(IoError::Invalid(format!("unknown batch {batch:?}")));
+            return Err(IoError::Invalid(format!("unknown {batch}")));
         };
         let b = self.batches.swap_remove(pos);
         match b.ticket.wait() {
@@ -239,7 +258,7 @@ impl SlotPool {
             let st = self.state(s)?;
             if !ok(st) {
                 return Err(IoError::Invalid(format!(
-                    "slot {s} is not available ({st:?})"
+                    "slot {s} is not available ({st})"
                 )));
             }
         }

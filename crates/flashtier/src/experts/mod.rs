@@ -76,6 +76,16 @@ pub enum Precision {
     Q2,
 }
 
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full => "exact",
+            Self::Q3 => "3-bit",
+            Self::Q2 => "2-bit",
+        })
+    }
+}
+
 impl Precision {
     /// Bits per weight of a low-bit companion (`None` for the exact record).
     #[must_use]
@@ -155,7 +165,7 @@ pub enum ExpertsError {
     #[error("expert pool: {0}")]
     Lifecycle(&'static str),
     /// No companion store of that precision is attached.
-    #[error("expert pool: no {0:?} store attached")]
+    #[error("expert pool: no {0} store attached")]
     NoStore(Precision),
     /// A companion store does not match the exact store.
     #[error("{path}: {what}")]

@@ -289,7 +289,7 @@ fn parse_header(line: usize, text: &str) -> Result<Header, TraceError> {
     let h: Header = parse_line(line, text)?;
     let bad = |what: String| Err(TraceError::Header { what });
     if h.format != FORMAT_NAME {
-        return bad(format!("format {:?}, expected {FORMAT_NAME:?}", h.format));
+        return bad(format!("format {}, expected {FORMAT_NAME}", h.format));
     }
     if h.version != VERSION {
         return bad(format!("version {}, this build reads {VERSION}", h.version));

@@ -128,7 +128,7 @@ impl std::str::FromStr for TraceFamily {
             .find(|f| f.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Self::ALL.iter().map(|f| f.name()).collect();
-                format!("unknown trace family {s:?} ({})", names.join(" | "))
+                format!("unknown trace family {s} ({})", names.join(" | "))
             })
     }
 }

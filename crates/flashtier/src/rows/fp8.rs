@@ -23,6 +23,15 @@ pub enum ScaleFormat {
     F64Row,
 }
 
+impl std::fmt::Display for ScaleFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32Blocks => "f32 block scales",
+            Self::F64Row => "one f64 scale per row",
+        })
+    }
+}
+
 fn scale_at(scale: &[u8], format: ScaleFormat, col: usize, cols: usize) -> f32 {
     match format {
         ScaleFormat::F32Blocks => {
@@ -54,7 +63,7 @@ fn check(weight: &[u8], scale: &[u8], format: ScaleFormat, out_len: usize) -> Re
     };
     if !ok || out_len != weight.len() {
         return Err(RowError::Config(format!(
-            "dequant of {} codes with {} scale bytes ({format:?}) into {out_len} values",
+            "dequant of {} codes with {} scale bytes ({format}) into {out_len} values",
             weight.len(),
             scale.len()
         )));

@@ -121,8 +121,8 @@ impl NgramHasher {
             || config.orders.windows(2).any(|w| w[0] >= w[1])
         {
             return bad(format!(
-                "n-gram orders {:?}: need strictly increasing orders in {MIN_ORDER}..={MAX_ORDER}",
-                config.orders
+                "n-gram orders {}: need strictly increasing orders in {MIN_ORDER}..={MAX_ORDER}",
+                flashtier_format::text::list(&config.orders)
             ));
         }
         if !(1..=MAX_HEADS).contains(&config.heads) {

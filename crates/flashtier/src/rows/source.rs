@@ -26,6 +26,8 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use flashtier_format::text::{or_overflow, shape};
+
 use crate::rows::{RowError, RowGeometry, ScaleFormat};
 
 /// Largest safetensors JSON header accepted.
@@ -76,7 +78,8 @@ fn check_extent(path: &Path, what: &str, offset: u64, bytes: Option<u64>) -> Res
         _ => Err(source_err(
             path,
             format!(
-                "{what} extent at offset {offset} of {bytes:?} bytes runs past the file's {len} bytes"
+                "{what} extent at offset {offset} of {} bytes runs past the file's {len} bytes",
+                or_overflow(bytes)
             ),
         )),
     }
@@ -129,7 +132,10 @@ impl TableSource {
             (d, sh) => {
                 return Err(source_err(
                     &w.path,
-                    format!("tensor {tensor} is {d} {sh:?}; expected F8_E4M3 [rows, weight_bytes]"),
+                    format!(
+                        "tensor {tensor} is {d} {}; expected F8_E4M3 of rows x weight_bytes",
+                        shape(sh)
+                    ),
                 ));
             }
         };
@@ -141,7 +147,8 @@ impl TableSource {
                 return Err(source_err(
                     &s.path,
                     format!(
-                        "scale tensor {scales} is {d} {sh:?}; expected F32 [{rows}, n], F64 [{rows}] or U8 [{rows}, 4n]"
+                        "scale tensor {scales} is {d} {}; expected F32 {rows}xn, F64 {rows} (or {rows}x1) or U8 {rows}x4n",
+                        shape(sh)
                     ),
                 ));
             }
@@ -161,9 +168,10 @@ impl TableSource {
                 return Err(source_err(
                     &t.path,
                     format!(
-                        "tensor {} holds {} bytes, its shape needs {want:?}",
+                        "tensor {} holds {} bytes, its shape needs {}",
                         t.name,
-                        t.end - t.begin
+                        t.end - t.begin,
+                        or_overflow(want)
                     ),
                 ));
             }
@@ -284,7 +292,10 @@ fn read_tensor(path: &Path, name: &str) -> Result<Option<TensorInfo>, RowError> 
     };
     let data = 8 + n;
     let [b, e] = offs.as_slice() else {
-        return Err(err(format!("tensor {name}: data_offsets {offs:?}")));
+        return Err(err(format!(
+            "tensor {name}: data_offsets has {} entries, not 2",
+            offs.len()
+        )));
     };
     let (begin, end) = (data.saturating_add(*b), data.saturating_add(*e));
     if b > e || end > file_bytes {
@@ -370,6 +381,8 @@ mod tests {
         assert!(e.to_string().contains("nope"), "{e}");
         let e = TableSource::safetensors(&p, "e.s", "e.s").expect_err("wrong dtype");
         assert!(e.to_string().contains("F8_E4M3"), "{e}");
+        // Shapes as plain text, not Rust's `[10, 2]`.
+        assert!(e.to_string().contains("is F32 10x2; expected"), "{e}");
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl KvCache {
         };
         if width > flashtier::kv::attention::MAX_HEAD_DIM {
             return Err(EngineError::Attention(format!(
-                "head_dim {head_dim} stored as {precision:?} is {width} wide, over the KV tier's \
+                "head_dim {head_dim} stored as {precision} is {width} wide, over the KV tier's \
                  limit of {}; use KvPrecision::Bf16",
                 flashtier::kv::attention::MAX_HEAD_DIM
             )));

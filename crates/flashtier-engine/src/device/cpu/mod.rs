@@ -416,7 +416,12 @@ fn check_rope(x: &HostAct, t: &HostRope, spec: RopeSpec, first: usize) -> Result
         return Err(shape_err(
             "rope",
             format!(
-                "{spec:?} over {} columns and {} frequencies",
+                "{} groups of {} rotated columns (first at {}, {} columns apart) over {} columns \
+                 and {} frequencies",
+                spec.heads,
+                spec.dims,
+                spec.offset,
+                spec.head_stride,
                 x.cols,
                 t.inv_freq.len()
             ),
@@ -441,8 +446,18 @@ fn check_copy(dst: &HostAct, src: &HostAct, s: HeadCopy) -> Result<(), EngineErr
         return Err(shape_err(
             "copy_heads",
             format!(
-                "{s:?} from {}x{} to {}x{}",
-                src.rows, src.cols, dst.rows, dst.cols
+                "{} heads of {} columns (source from column {} every {}, destination from \
+                 column {} every {}) from {}x{} to {}x{}",
+                s.heads,
+                s.len,
+                s.src_offset,
+                s.src_stride,
+                s.dst_offset,
+                s.dst_stride,
+                src.rows,
+                src.cols,
+                dst.rows,
+                dst.cols
             ),
         ));
     }

@@ -101,7 +101,7 @@ impl std::str::FromStr for PolicyKind {
             "layer-clock" | "layerclock" => Ok(Self::LayerClock),
             "default" => Ok(Self::default()),
             other => Err(format!(
-                "unknown policy {other:?} (layer-clock = default | s3-fifo | sieve | lru)"
+                "unknown policy {other} (layer-clock = default | s3-fifo | sieve | lru)"
             )),
         }
     }

@@ -34,8 +34,8 @@ impl ExpertPool {
                     .is_some_and(|a| a.table().is_busy(e.slot as usize));
                 if busy && e.residency != Residency::Loading {
                     return Err(format!(
-                        "slot {} has a read in flight but record {r} is {:?}",
-                        e.slot, e.residency
+                        "slot {} has a read in flight but record {r} is not loading",
+                        e.slot
                     ));
                 }
             }

@@ -22,7 +22,7 @@ impl std::str::FromStr for Backing {
         match s {
             "mapped" => Ok(Self::Mapped),
             "slots" => Ok(Self::Slots),
-            o => Err(format!("unknown backing {o:?} (mapped | slots)")),
+            o => Err(format!("unknown backing {o} (mapped | slots)")),
         }
     }
 }
