@@ -155,9 +155,13 @@ fn check_replaceable(dir: &Path) -> Result<(), SynthError> {
     if entries.next().is_none() {
         return Ok(());
     }
-    let synthetic = std::fs::read(dir.join("config.json"))
+    // A FIFO or device as config.json is refused unopened: no synthetic
+    // checkpoint, and no wait for a writer.
+    let mut config = Vec::new();
+    let synthetic = flashtier_format::open_regular_read(&dir.join("config.json"))
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut config).ok())
+        .and_then(|_| serde_json::from_slice::<serde_json::Value>(&config).ok())
         .is_some_and(|v| v.get("flashtier_synthetic").is_some());
     if synthetic {
         Ok(())

@@ -158,6 +158,32 @@ fn a_fifo_in_the_checkpoint_is_refused_at_once() {
     );
 }
 
+/// The synthesizer asks whether a folder holds its own checkpoint by
+/// reading config.json: a FIFO there is no synthetic checkpoint, refused at
+/// once (it used to wait for a writer), and the folder is left alone.
+#[test]
+fn a_fifo_config_is_no_synthetic_checkpoint() {
+    let d = tempfile::tempdir().expect("tempdir");
+    mkfifo(&d.path().join("config.json"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = d.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(flashtier_engine::synth::remove_synthetic(&dir));
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("remove_synthetic blocked on a FIFO")
+        .expect_err("not synthetic");
+    assert!(
+        matches!(
+            err,
+            flashtier_engine::synth::SynthError::NotSynthetic { .. }
+        ),
+        "{err}"
+    );
+    assert!(d.path().join("config.json").exists());
+}
+
 /// Tensor reads go through flashtier-io: a file truncated after it was
 /// opened ends a read with a `ShortRead` naming the file, the tensor's
 /// offset and length and the bytes that were there, buffered and direct.
