@@ -140,6 +140,32 @@ pub struct HeadCopy {
     pub scale: f32,
 }
 
+impl std::fmt::Display for RopeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} groups of {} rotated columns (first at {}, {} columns apart)",
+            self.heads, self.dims, self.offset, self.head_stride
+        )
+    }
+}
+
+impl std::fmt::Display for HeadCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} heads of {} columns (source from column {} every {}, destination from column {} \
+             every {})",
+            self.heads,
+            self.len,
+            self.src_offset,
+            self.src_stride,
+            self.dst_offset,
+            self.dst_stride
+        )
+    }
+}
+
 /// A compute device. See the module docs for shapes and determinism.
 pub trait Device {
     /// Activations.

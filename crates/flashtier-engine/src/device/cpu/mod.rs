@@ -416,12 +416,7 @@ fn check_rope(x: &HostAct, t: &HostRope, spec: RopeSpec, first: usize) -> Result
         return Err(shape_err(
             "rope",
             format!(
-                "{} groups of {} rotated columns (first at {}, {} columns apart) over {} columns \
-                 and {} frequencies",
-                spec.heads,
-                spec.dims,
-                spec.offset,
-                spec.head_stride,
+                "{spec} over {} columns and {} frequencies",
                 x.cols,
                 t.inv_freq.len()
             ),
@@ -446,18 +441,8 @@ fn check_copy(dst: &HostAct, src: &HostAct, s: HeadCopy) -> Result<(), EngineErr
         return Err(shape_err(
             "copy_heads",
             format!(
-                "{} heads of {} columns (source from column {} every {}, destination from \
-                 column {} every {}) from {}x{} to {}x{}",
-                s.heads,
-                s.len,
-                s.src_offset,
-                s.src_stride,
-                s.dst_offset,
-                s.dst_stride,
-                src.rows,
-                src.cols,
-                dst.rows,
-                dst.cols
+                "{s} from {}x{} to {}x{}",
+                src.rows, src.cols, dst.rows, dst.cols
             ),
         ));
     }
