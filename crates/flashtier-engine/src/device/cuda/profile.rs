@@ -94,18 +94,10 @@ impl Profiler {
         let event = || {
             gpu.context()
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| EngineError::Layout {
-                    what: "a profiling event".into(),
-                    reason: format!("{e:?}"),
-                })
+                .map_err(event_error)
         };
         let (start, end) = (event()?, event()?);
-        let record = |e: &CudaEvent| {
-            e.record(gpu.stream()).map_err(|e| EngineError::Layout {
-                what: "a profiling event".into(),
-                reason: format!("{e:?}"),
-            })
-        };
+        let record = |e: &CudaEvent| e.record(gpu.stream()).map_err(event_error);
         record(&start)?;
         let out = op()?;
         record(&end)?;
@@ -125,17 +117,8 @@ impl Profiler {
         let marks = self.marks.borrow_mut().take().unwrap_or_default();
         let mut out: Vec<ClassTime> = Vec::new();
         for m in marks {
-            m.end.synchronize().map_err(|e| EngineError::Layout {
-                what: "a profiling event".into(),
-                reason: format!("{e:?}"),
-            })?;
-            let ms = m
-                .start
-                .elapsed_ms(&m.end)
-                .map_err(|e| EngineError::Layout {
-                    what: "a profiling event".into(),
-                    reason: format!("{e:?}"),
-                })?;
+            m.end.synchronize().map_err(event_error)?;
+            let ms = m.start.elapsed_ms(&m.end).map_err(event_error)?;
             let slot = match out.iter_mut().find(|c| c.class == m.class) {
                 Some(c) => c,
                 None => {
@@ -155,5 +138,13 @@ impl Profiler {
         }
         out.sort_by_key(|c| c.class);
         Ok(out)
+    }
+}
+
+/// A failed profiling event, as the engine reports it.
+fn event_error(e: flashtier_cuda::cudarc::driver::DriverError) -> EngineError {
+    EngineError::Layout {
+        what: "a profiling event".into(),
+        reason: e.to_string(),
     }
 }

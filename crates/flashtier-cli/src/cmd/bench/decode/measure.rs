@@ -54,7 +54,7 @@ pub(super) struct ClassRow {
 #[derive(Debug, Serialize)]
 pub(super) struct Streamed {
     pub(super) drive_bytes_per_sec: f64,
-    drive_probe_reads: usize,
+    pub(super) drive_probe_reads: usize,
     pub(super) io_bound_tokens_per_sec: f64,
     pub(super) fraction_of_io_bound: f64,
     compute_secs_per_token: f64,

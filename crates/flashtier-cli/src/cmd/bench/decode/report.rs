@@ -225,6 +225,12 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
             100.0 * s.fraction_of_io_bound,
             s.projected_tokens_per_sec_at_14gbps
         );
+        if s.fraction_of_io_bound > 1.1 {
+            println!(
+                "  (above the bound: the decode's reads went faster than the probe's {} fresh records right after it, so the drive varied between the two; read the fraction as 100%, not more)",
+                s.drive_probe_reads
+            );
+        }
     }
     println!("speed-ups: {}", r.speedups);
     Ok(())
