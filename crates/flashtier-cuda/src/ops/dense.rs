@@ -20,7 +20,7 @@ struct Mats {
     out_stride: [i64; 4],
 }
 
-// SAFETY: plain-old-data with the C layout of `struct Mats` in decode.cu:
+// SAFETY: plain-old-data with the C layout of `struct Mats` in kernels/decode/:
 // twelve 8-byte pointers, nine 4-byte ints (padded to 8-byte alignment),
 // four 8-byte strides.
 unsafe impl DeviceRepr for Mats {}
@@ -162,7 +162,7 @@ impl DecodeKernels {
                 .arg(&rows)
                 .arg(&vec)
                 .arg(&wpri);
-            // SAFETY: matches `gemv_*` in decode.cu. Each matrix holds its
+            // SAFETY: matches `gemv_*` in kernels/decode/. Each matrix holds its
             // rows of `row_bytes` (checked at upload) and, for FP8, a scale
             // grid covering every (row / br, col / bc); output q's rows
             // `start..start + rows` hold that matrix's rows and input rows

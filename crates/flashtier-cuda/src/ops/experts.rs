@@ -62,7 +62,7 @@ pub(super) struct Geometry {
     bc: i32,
 }
 
-// SAFETY: plain-old-data with the C layout of `struct Expert` in decode.cu
+// SAFETY: plain-old-data with the C layout of `struct Expert` in kernels/decode/
 // (six 64-bit offsets, then four 32-bit ints; 64 bytes, 8-byte aligned).
 unsafe impl DeviceRepr for Geometry {}
 

@@ -1,4 +1,4 @@
-//! The decode engine's kernels (`kernels/decode.cu`, compiled by NVRTC for
+//! The decode engine's kernels (`kernels/decode/`, compiled by NVRTC for
 //! the device), behind safe launch functions that check every shape and
 //! every byte range before a launch: a kernel never reads or writes outside
 //! the buffers it is given.
@@ -31,11 +31,20 @@ use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::nvrtc::load_module;
 
-/// Source of the decode kernels (after the shared definitions).
+/// Source of the decode kernels: the shared definitions, then each part
+/// of `kernels/decode/` (later parts use earlier ones).
 pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/common.cuh"),
     "\n",
-    include_str!("../kernels/decode.cu")
+    include_str!("../kernels/decode/gemv.cu"),
+    "\n",
+    include_str!("../kernels/decode/moe.cu"),
+    "\n",
+    include_str!("../kernels/decode/route.cu"),
+    "\n",
+    include_str!("../kernels/decode/elementwise.cu"),
+    "\n",
+    include_str!("../kernels/decode/attend.cu")
 );
 
 /// Rows one matrix-vector pass reads the weights for.

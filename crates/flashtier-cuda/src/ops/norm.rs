@@ -232,7 +232,7 @@ impl DecodeKernels {
             .arg(cos)
             .arg(sin)
             .arg(&a[4]);
-        // SAFETY: matches `qk_norm_rope` in decode.cu; q and k hold `rows`
+        // SAFETY: matches `qk_norm_rope` in kernels/decode/; q and k hold `rows`
         // rows of whole `dim`-wide heads (checked), dim <= 512 fits the
         // kernel's shared buffer, the norms are `dim` wide when read, and
         // every position's half-width table row exists (checked).

@@ -1,0 +1,213 @@
+// Part of the decode kernels (kernels/decode/, concatenated after
+// common.cuh and gemv.cu in the order ops/mod.rs gives).
+
+// ---------------------------------------------------------------------------
+// Elementwise and small kernels.
+
+// Values per thread a norm keeps in registers (rows up to 8 x 256 = 2048
+// wide; wider rows re-read the tail).
+#define NORM_REGS 8
+
+// RMSNorm of each `group`-wide slice: out = w * (x * 1 / sqrt(mean(x^2) + eps)).
+// Thread t owns elements t, t + 256, ...; grid: (groups per row, rows), 256
+// threads.
+extern "C" __global__ void __launch_bounds__(256)
+rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
+    __shared__ float red[8];
+    const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
+    const int t = threadIdx.x;
+    float v[NORM_REGS], wv[NORM_REGS];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        v[j] = i < group ? x[at + i] : 0.f;
+        wv[j] = i < group ? w[i] : 0.f;
+        if (i < group) acc = fmaf(v[j], v[j], acc);
+    }
+    for (int i = t + NORM_REGS * 256; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
+    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)group + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        if (i < group) out[at + i] = wv[j] * (v[j] * inv);
+    }
+    for (int i = t + NORM_REGS * 256; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+}
+
+// x += y, then out = w * (x / sqrt(mean(x^2) + eps)) over whole rows (the
+// residual add and the next norm in one pass), with rms_norm's arithmetic.
+// grid: rows, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
+    __shared__ float red[8];
+    const long long at = (long long)blockIdx.x * cols;
+    const int t = threadIdx.x;
+    float v[NORM_REGS], wv[NORM_REGS];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        v[j] = 0.f;
+        wv[j] = i < cols ? w[i] : 0.f;
+        if (i < cols) {
+            v[j] = x[at + i] + y[at + i];
+            x[at + i] = v[j];
+            acc = fmaf(v[j], v[j], acc);
+        }
+    }
+    for (int i = t + NORM_REGS * 256; i < cols; i += 256) {
+        const float s = x[at + i] + y[at + i];
+        x[at + i] = s;
+        acc = fmaf(s, s, acc);
+    }
+    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)cols + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; ++j) {
+        const int i = t + j * 256;
+        if (i < cols) out[at + i] = wv[j] * (v[j] * inv);
+    }
+    for (int i = t + NORM_REGS * 256; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+}
+
+extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+extern "C" __global__ void add_bias(float* x, const float* b, int cols, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % cols];
+}
+
+extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) g[i] = silu(g[i]) * u[i];
+}
+
+// acc[r][c] += sigmoid(gate[r]) * y[r][c].
+extern "C" __global__ void add_gated(float* acc, const float* y, const float* gate, int cols,
+                                     long long n) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = 1.f / (1.f + expf(-gate[i / cols]));
+    acc[i] = fmaf(g, y[i], acc[i]);
+}
+
+// dst[r][h * ds + doff + i] = scale * src[r][h * ss + soff + i]. grid: rows.
+extern "C" __global__ void copy_heads(const float* src, int src_cols, int ss, int soff, float* dst,
+                                      int dst_cols, int ds, int doff, int heads, int len,
+                                      float scale) {
+    const int r = blockIdx.x;
+    for (int t = threadIdx.x; t < heads * len; t += blockDim.x) {
+        const int h = t / len, i = t % len;
+        dst[(long long)r * dst_cols + h * ds + doff + i] =
+            src[(long long)r * src_cols + h * ss + soff + i] * scale;
+    }
+}
+
+// Write the rotation of v (2 * half values, in shared memory) by position
+// `pos` to at: rotate-half pairs (i, half + i), or interleaved pairs
+// (2i, 2i + 1) written to (i, half + i); the block's threads share the pairs.
+static __device__ __forceinline__ void rotate(const float* v, float* at, int half, int interleaved,
+                                              const float* cos_t, const float* sin_t,
+                                              long long pos) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
+        float a, b;
+        if (interleaved) {
+            a = v[2 * i];
+            b = v[2 * i + 1];
+        } else {
+            a = v[i];
+            b = v[half + i];
+        }
+        at[i] = a * c - b * s;
+        at[half + i] = b * c + a * s;
+    }
+}
+
+// RoPE on `dims` columns at `h * head_stride + offset` of each head, for
+// row r at position first + r; cos/sin from tables [positions][dims / 2].
+// grid: (heads, rows), threads >= dims / 2.
+extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset, int dims,
+                                int interleaved, const float* cos_t, const float* sin_t,
+                                int first) {
+    __shared__ float v[512];
+    const int h = blockIdx.x, r = blockIdx.y;
+    float* at = x + (long long)r * cols + h * head_stride + offset;
+    for (int i = threadIdx.x; i < dims; i += blockDim.x) v[i] = at[i];
+    __syncthreads();
+    rotate(v, at, dims / 2, interleaved, cos_t, sin_t, first + r);
+}
+
+// Qwen3's per-head q/k RMSNorm (when `has_norm`; weights qw, kw `dim` wide)
+// and then RoPE of whole heads, in place: block (h, r) takes q's head h for
+// h < q_heads, else k's head h - q_heads, of row r at position first + r.
+// The arithmetic is rms_norm's and rope's, in their order (dim <= 512, so
+// thread t owns elements t and t + 256 as in rms_norm). grid:
+// (q_heads + kv_heads, rows), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, const float* kw,
+             int dim, int has_norm, float eps, int interleaved, const float* cos_t,
+             const float* sin_t, int first) {
+    __shared__ float red[8];
+    __shared__ float v[512];
+    const int h = blockIdx.x, r = blockIdx.y;
+    const bool is_q = h < q_heads;
+    const int heads = is_q ? q_heads : kv_heads;
+    const int head = is_q ? h : h - q_heads;
+    float* at = (is_q ? q : k) + ((long long)r * heads + head) * dim;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < dim; i += 256) {
+        v[i] = at[i];
+        acc = fmaf(v[i], v[i], acc);
+    }
+    if (has_norm) {
+        const float* w = is_q ? qw : kw;
+        const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)dim + eps);
+        for (int i = threadIdx.x; i < dim; i += 256) v[i] = w[i] * (v[i] * inv);
+    }
+    __syncthreads();
+    rotate(v, at, dim / 2, interleaved, cos_t, sin_t, first + r);
+}
+
+// out[r] = table[ids[r]] widened; FP8 rows times their block scales.
+template <int DT>
+static __device__ void embed_rows(Mat a, const int* ids, int cols, float* out) {
+    const int r = blockIdx.y;
+    const int id = ids[r];
+    const u8* row = a.w + (long long)id * a.row_bytes;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
+        float v = elem<DT>(row, c);
+        if (DT == 3) v *= a.scales[(long long)(id / a.br) * a.sc_cols + c / a.bc];
+        out[(long long)r * cols + c] = v;
+    }
+}
+
+#define EMBED(NAME, DT)                                                                      \
+    extern "C" __global__ void NAME(const u8* w, long long row_bytes, const float* scales,  \
+                                    int sc_cols, int br, int bc, const int* ids, int cols,  \
+                                    float* out) {                                            \
+        Mat a = {w, row_bytes, scales, sc_cols, br, bc};                                     \
+        embed_rows<DT>(a, ids, cols, out);                                                   \
+    }
+EMBED(embed_bf16, 0)
+EMBED(embed_f16, 1)
+EMBED(embed_f32, 2)
+EMBED(embed_fp8, 3)
+
+// Index of each row's largest value (the lowest on ties). grid: rows.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+argmax_rows(const float* x, int cols, int* out) {
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    const float* row = x + (long long)blockIdx.x * cols;
+    float v;
+    int i;
+    thread_best(row, cols, &v, &i);
+    float bv;
+    int bi;
+    block_argmax(v, i, sv, si, &bv, &bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi;
+}

@@ -1,0 +1,256 @@
+// Kernels of the GPU decode engine: f32 activations and accumulation over
+// weights in their stored form (BF16, F16, F32, or FP8 E4M3 codes with F32
+// block scales). Every reduction runs in a fixed order (per-lane strided
+// sums, then a butterfly over the warp, then warps in index order), so the
+// same inputs give the same bits on every run. Compiled by NVRTC for the
+X
+//
+// Dtype codes (`DT`): 0 BF16, 1 F16, 2 F32, 3 FP8 E4M3 (unscaled codes; the
+// block scale is applied per 8-element chunk).
+
+#define WARP 32
+#define ROUTE_THREADS 256
+#define MAX_EXPERTS 1024
+#define MAX_TOPK 32
+#define MAX_ROWS 8
+#define MAX_DIM_PER_LANE 8   // head_dim <= 256
+#define ATTN_WARPS 4
+#define INFINITY __int_as_float(0x7f800000)
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum of one value per thread over a block of 256: warp sums, then the 8
+// warp sums in warp order, the same total in every thread. `red` holds 8.
+static __device__ __forceinline__ float block_sum256(float v, float* red) {
+    v = warp_sum(v);
+    if ((threadIdx.x & (WARP - 1)) == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) t += red[w];
+    return t;
+}
+
+// Element `i` of a row of dtype DT.
+template <int DT>
+static __device__ __forceinline__ float elem(const u8* row, int i) {
+    if (DT == 0) return bf16_to_f32(((const u16*)row)[i]);
+    if (DT == 1) return f16_to_f32(((const u16*)row)[i]);
+    if (DT == 2) return ((const float*)row)[i];
+    return e4m3_to_f32(row[i]);
+}
+
+// Weight loads of one-pass kernels (a decode step reads every weight byte
+// once) are evict-first (`ld.global.cs`): the step's gigabytes of weights
+// stream through L2 without pushing out what the small kernels need next
+// (their code, the activations, the KV cache). STREAM_WEIGHTS=0 turns the
+// hint off (FLASHTIER_STREAM_WEIGHTS=0), for measuring it.
+#ifndef STREAM_WEIGHTS
+#define STREAM_WEIGHTS 1
+#endif
+
+template <int ONCE, typename T>
+static __device__ __forceinline__ T load_weights(const T* p) {
+    if (STREAM_WEIGHTS && ONCE) return __ldcs(p);
+    return *p;
+}
+
+// Elements 8c..8c+8 of a row (16-byte aligned chunks for BF16/F16, 32 for
+// F32, 8 for FP8); ONCE: read once per step (see load_weights).
+template <int DT, int ONCE>
+static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
+    if (DT == 0 || DT == 1) {
+        const uint4 q = load_weights<ONCE>((const uint4*)(row + (long long)c * 16));
+        const u32 part[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (DT == 0) {
+                w[2 * k] = bf16_to_f32(part[k] & 0xFFFFu);
+                w[2 * k + 1] = bf16_to_f32(part[k] >> 16);
+            } else {
+                w[2 * k] = f16_to_f32(part[k] & 0xFFFFu);
+                w[2 * k + 1] = f16_to_f32(part[k] >> 16);
+            }
+        }
+    } else if (DT == 2) {
+        const float4 a = load_weights<ONCE>((const float4*)(row + (long long)c * 32));
+        const float4 b = load_weights<ONCE>((const float4*)(row + (long long)c * 32 + 16));
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else {
+        const uint2 q = load_weights<ONCE>((const uint2*)(row + (long long)c * 8));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            w[k] = e4m3_to_f32((q.x >> (8 * k)) & 0xFFu);
+            w[4 + k] = e4m3_to_f32((q.y >> (8 * k)) & 0xFFu);
+        }
+    }
+}
+
+// How a matrix is stored: `row_bytes` between rows; for FP8, the F32 scale
+// grid (`sc_cols` scales per grid row) of `br x bc` blocks.
+struct Mat {
+    const u8* w;
+    long long row_bytes;
+    const float* scales;
+    int sc_cols;
+    int br;
+    int bc;
+};
+
+// Lane partials of dot(row `m` of `a`, x[r]) for r < rows over chunks
+// [c0, c1) of 8 elements (vector path) or elements [c0, c1) (scalar path),
+// added into acc; four chunks in flight per lane.
+template <int DT, int R>
+static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const float* x,
+                                                 long long x_stride, int rows, int vec, int c0,
+                                                 int c1, float* acc) {
+    const int lane = threadIdx.x & (WARP - 1);
+    const u8* row = a.w + (long long)m * a.row_bytes;
+    const float* srow = DT == 3 ? a.scales + (long long)(m / a.br) * a.sc_cols : a.scales;
+    if (!vec) {
+        for (int i = c0 + lane; i < c1; i += WARP) {
+            float w = elem<DT>(row, i);
+            if (DT == 3) w *= srow[i / a.bc];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < rows) acc[r] = fmaf(w, x[r * x_stride + i], acc[r]);
+        }
+        return;
+    }
+    int c = c0 + lane;
+    for (; c + 3 * WARP < c1; c += 4 * WARP) {
+        float w[4][8];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) load8<DT, R == 1>(row, c + u * WARP, w[u]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int cu = c + u * WARP;
+            const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (r < rows) {
+                    const float4* xr = (const float4*)(x + r * x_stride + (long long)cu * 8);
+                    const float4 p = xr[0], q = xr[1];
+                    float d = w[u][0] * p.x;
+                    d = fmaf(w[u][1], p.y, d);
+                    d = fmaf(w[u][2], p.z, d);
+                    d = fmaf(w[u][3], p.w, d);
+                    d = fmaf(w[u][4], q.x, d);
+                    d = fmaf(w[u][5], q.y, d);
+                    d = fmaf(w[u][6], q.z, d);
+                    d = fmaf(w[u][7], q.w, d);
+                    acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+                }
+            }
+        }
+    }
+    for (; c < c1; c += WARP) {
+        float w[8];
+        load8<DT, R == 1>(row, c, w);
+        const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (r < rows) {
+                const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
+                const float4 p = xr[0], q = xr[1];
+                float d = w[0] * p.x;
+                d = fmaf(w[1], p.y, d);
+                d = fmaf(w[2], p.z, d);
+                d = fmaf(w[3], p.w, d);
+                d = fmaf(w[4], q.x, d);
+                d = fmaf(w[5], q.y, d);
+                d = fmaf(w[6], q.z, d);
+                d = fmaf(w[7], q.w, d);
+                acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+            }
+        }
+    }
+}
+
+// acc[r] = dot(row `m` of `a`, x[r]) for r < rows, one warp; `k` columns.
+template <int DT, int R>
+static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, const float* x,
+                                                 long long x_stride, int rows, int vec,
+                                                 float* acc) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    lane_dots<DT, R>(a, m, x, x_stride, rows, vec, 0, vec ? k / 8 : k, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// Up to four matrices sharing one input and dtype, one launch: matrix q
+// owns output rows [start[q], start[q + 1]) of the launch.
+struct Mats {
+    const u8* w[4];
+    const float* scales[4];
+    float* out[4];
+    int start[5];
+    int sc_cols[4];
+    long long out_stride[4];
+};
+
+// out_q[r][i] = W_q[i] . x[r] for r < rows (<= 8). `wpr` warps (1, 2, 4 or
+// 8) share one output row, each over a contiguous slice of the columns,
+// their sums added in warp order; 8 / wpr rows per block of 8 warps.
+template <int DT, int R>
+static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, int bc, int k,
+                                  const float* x, long long x_stride, int rows, int vec,
+                                  int wpr) {
+    __shared__ float part[8][R];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int per_block = 8 / wpr;
+    const int g = blockIdx.x * per_block + warp / wpr;
+    const int slice = warp % wpr;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    int q = 0;
+    while (q < 3 && g >= mm.start[q + 1]) ++q;
+    const bool live = g < mm.start[4];
+    if (live) {
+        const Mat a = {mm.w[q], row_bytes, mm.scales[q], mm.sc_cols[q], br, bc};
+        const int units = vec ? k / 8 : k;
+        const int per = (units + wpr - 1) / wpr;
+        const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
+        lane_dots<DT, R>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (live && slice == 0 && lane == 0) {
+        float* out = mm.out[q];
+        const int i = g - mm.start[q];
+        for (int r = 0; r < rows; ++r) {
+            float sum = 0.f;
+            for (int w = 0; w < wpr; ++w) sum += part[warp + w][r];
+            out[r * mm.out_stride[q] + i] = sum;
+        }
+    }
+}
+
+// `gemv_*` takes up to 8 input rows per pass, `gemv1_*` exactly one (fewer
+// registers, more warps resident: the decode step's case).
+#define GEMV(NAME, DT, R)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+    NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
+         long long x_stride, int rows, int vec, int wpr) {                                    \
+        gemv_multi<DT, R>(mm, row_bytes, br, bc, k, x, x_stride, rows, vec, wpr);             \
+    }
+GEMV(gemv_bf16, 0, MAX_ROWS)
+GEMV(gemv_f16, 1, MAX_ROWS)
+GEMV(gemv_f32, 2, MAX_ROWS)
+GEMV(gemv_fp8, 3, MAX_ROWS)
+GEMV(gemv1_bf16, 0, 1)
+GEMV(gemv1_f16, 1, 1)
+GEMV(gemv1_f32, 2, 1)
+GEMV(gemv1_fp8, 3, 1)

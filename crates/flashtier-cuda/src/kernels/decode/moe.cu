@@ -1,0 +1,95 @@
+// Part of the decode kernels (kernels/decode/, concatenated after
+// common.cuh and gemv.cu in the order ops/mod.rs gives).
+
+// ---------------------------------------------------------------------------
+// Routed experts. An expert record lives at `table[layer_base + id]` (a
+// device address; 0 means "not resident", which writes NaN rather than read
+// anything); its matrices sit at fixed byte offsets inside the record.
+
+struct Expert {
+    long long gate_off, up_off, down_off;        // matrix offsets in the record
+    long long gate_soff, up_soff, down_soff;     // FP8 scale offsets
+    int gu_sc_cols, dn_sc_cols, br, bc;          // FP8 scale grids
+};
+
+static __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// act[p][i] = silu(gate_i . x[r]) * (up_i . x[r]) for pair p = r * top_k + j,
+// expert ids[p]. A block of 8 warps takes 4 output rows; warp w computes
+// the gate (w even) or up (w odd) dot of row blockIdx.x * 4 + w / 2.
+// grid: (ceil(inter / 4), pairs), 256 threads.
+template <int DT>
+static __device__ void moe_gate_up(const u64* table, int layer_base, const int* ids, int top_k,
+                                   const float* x, int hidden, int inter, Expert e, int vec,
+                                   float* act) {
+    __shared__ float gu[4][2];
+    const int p = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int i = blockIdx.x * 4 + warp / 2, which = warp & 1;
+    const int r = p / top_k;
+    const u64 base = table[layer_base + ids[p]];
+    if (i < inter && base != 0) {
+        const u8* rec = (const u8*)base;
+        const long long rb = (long long)hidden * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+        const long long off = which ? e.up_off : e.gate_off;
+        const long long soff = which ? e.up_soff : e.gate_soff;
+        Mat m = {rec + off, rb, (const float*)(rec + soff), e.gu_sc_cols, e.br, e.bc};
+        float acc[1];
+        warp_dots<DT, 1>(m, i, hidden, x + (long long)r * hidden, hidden, 1, vec, acc);
+        if (lane == 0) gu[warp / 2][which] = acc[0];
+    }
+    __syncthreads();
+    const int t = threadIdx.x, it = blockIdx.x * 4 + t;
+    if (t < 4 && it < inter)
+        act[(long long)p * inter + it] = base == 0 ? __int_as_float(0x7fc00000)
+                                                   : silu(gu[t][0]) * gu[t][1];
+}
+
+// out[r][i] = sum over j < top_k (ascending id, as routed) of
+// w[r][j] * down_i(j) . act[r * top_k + j]: warp w of the block takes the
+// experts j = w, w + 8, ...; thread 0 adds their products in j order.
+// grid: (hidden, rows), 256 threads.
+template <int DT>
+static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
+                                const float* weights, int top_k, const float* act, int hidden,
+                                int inter, Expert e, int vec, float* out) {
+    __shared__ float part[MAX_TOPK];
+    const int r = blockIdx.y, i = blockIdx.x;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+    for (int j = warp; j < top_k; j += blockDim.x / WARP) {
+        const long long p = (long long)r * top_k + j;
+        const u64 base = table[layer_base + ids[p]];
+        float acc[1] = {__int_as_float(0x7fc00000)};
+        if (base != 0) {
+            const u8* rec = (const u8*)base;
+            Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols,
+                     e.br, e.bc};
+            warp_dots<DT, 1>(d, i, inter, act + p * inter, inter, 1, vec, acc);
+        }
+        if (lane == 0) part[j] = acc[0];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int j = 0; j < top_k; ++j) total = fmaf(part[j], weights[(long long)r * top_k + j], total);
+        out[(long long)r * hidden + i] = total;
+    }
+}
+
+#define MOE(DT, SUFFIX)                                                                         \
+    extern "C" __global__ void moe_gate_up_##SUFFIX(const u64* table, int layer_base,          \
+                                                    const int* ids, int top_k, const float* x,  \
+                                                    int hidden, int inter, Expert e, int vec,   \
+                                                    float* act) {                               \
+        moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act);          \
+    }                                                                                           \
+    extern "C" __global__ void moe_down_##SUFFIX(                                              \
+        const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
+        const float* act, int hidden, int inter, Expert e, int vec, float* out) {               \
+        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
+    }
+MOE(0, bf16)
+MOE(1, f16)
+MOE(2, f32)
+MOE(3, fp8)
