@@ -3,7 +3,8 @@
 // block scales). Every reduction runs in a fixed order (per-lane strided
 // sums, then a butterfly over the warp, then warps in index order), so the
 // same inputs give the same bits on every run. Compiled by NVRTC for the
-X
+// device's own architecture, after common.cuh; the other parts of
+// kernels/decode/ follow this one.
 //
 // Dtype codes (`DT`): 0 BF16, 1 F16, 2 F32, 3 FP8 E4M3 (unscaled codes; the
 // block scale is applied per 8-element chunk).
