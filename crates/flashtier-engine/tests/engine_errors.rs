@@ -267,3 +267,30 @@ fn bad_requests_are_typed_errors() {
     let ok = m.generate(&[1, 2, 3], 1, &[], false, |_| {}).unwrap();
     assert_eq!(ok.generated_ids.len(), 1);
 }
+
+/// `ModelConfig::from_file` called directly (not behind a checkpoint open)
+/// refuses a FIFO at once instead of waiting for a writer.
+#[test]
+fn config_from_a_fifo_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &path,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            flashtier_engine::config::ModelConfig::from_file(&path)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("from_file blocked on a FIFO")
+        .unwrap_err();
+    assert!(err.contains("is a FIFO (named pipe)"), "{err}");
+}

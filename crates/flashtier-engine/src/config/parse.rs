@@ -19,9 +19,13 @@ use super::{Arch, Mla, ModelConfig, Routing, bounds};
 use crate::error::EngineError;
 
 impl ModelConfig {
-    /// Read and check `config.json`.
+    /// Read and check `config.json` (a FIFO or device at `path` is refused,
+    /// not waited on).
     pub fn from_file(path: &Path) -> Result<Self, EngineError> {
-        let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+        let mut file = flashtier_format::open_regular_read(path)
+            .map_err(crate::source::CheckpointError::from)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text).map_err(|source| EngineError::Io {
             path: path.to_path_buf(),
             source,
         })?;
