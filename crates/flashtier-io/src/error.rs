@@ -26,6 +26,21 @@ pub enum IoError {
         /// What it is instead (`a FIFO (named pipe)`, `a character device`...).
         what: &'static str,
     },
+    /// Another holder (this process or another) has the file locked for
+    /// its exclusive use (see [`crate::StoreFile::lock_exclusive`]).
+    #[error("{path} is in use by another flashtier process (or another handle in this one)")]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The lock call itself failed.
+    #[error("lock {path}: {source}")]
+    Lock {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
     /// The file system refused O_DIRECT and the caller required it.
     #[error(
         "{path}: the file system refuses O_DIRECT and direct I/O was required (--direct=require)"

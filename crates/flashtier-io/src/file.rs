@@ -70,6 +70,25 @@ pub struct StoreFile {
 }
 
 impl StoreFile {
+    /// Take an exclusive advisory lock (`flock`) on the file, held until
+    /// this handle is dropped: while it is held, the same call on any other
+    /// open of the file (another process, or another handle here) fails at
+    /// once with [`IoError::InUse`]. For files one owner writes for its
+    /// whole life (a KV store), so two writers never mix.
+    pub fn lock_exclusive(&self) -> Result<(), IoError> {
+        use rustix::fs::{FlockOperation, flock};
+        match flock(&self.file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(IoError::InUse {
+                path: self.path.clone(),
+            }),
+            Err(e) => Err(IoError::Lock {
+                path: self.path.clone(),
+                source: e.into(),
+            }),
+        }
+    }
+
     /// Open for reading.
     pub fn open_read(path: &Path, mode: DirectMode) -> Result<Arc<Self>, IoError> {
         Self::open_with(path, mode, OpenOptions::new().read(true))

@@ -465,3 +465,36 @@ fn attention_over_landed_slots_equals_attention_in_memory() {
     in_mem.finalize_f32(&mut b).expect("fin");
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
+
+/// A live store is its holder's alone: a second `open` or `create` of the
+/// same path (here from this process; another process gets the same `flock`
+/// refusal) fails at once with `InUse` instead of writing beside it, and
+/// works again once the holder is dropped.
+#[test]
+fn a_live_store_is_not_opened_or_replaced_by_a_second_writer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let p = dir.path().join("kv.store");
+    let o = opts(BlockPath::Coalesced);
+    let l = layout(BlockOrder::PerLayer);
+    let held = KvSwap::create(posix(), &p, l, o).expect("create");
+    let before = std::fs::read(&p).expect("read");
+    for second in [
+        KvSwap::open(posix(), &p, o),
+        KvSwap::create(posix(), &p, l, o),
+    ] {
+        match second {
+            Err(KvError::Io(flashtier_io::IoError::InUse { path })) => assert_eq!(path, p),
+            Err(other) => panic!("expected InUse, got {other}"),
+            Ok(_) => panic!("a second writer got the live store"),
+        }
+    }
+    assert_eq!(
+        std::fs::read(&p).expect("read"),
+        before,
+        "the live store was rewritten"
+    );
+    drop(held);
+    let reopened = KvSwap::open(posix(), &p, o).expect("open after the holder is gone");
+    drop(reopened);
+    KvSwap::create(posix(), &p, l, o).expect("create after the holder is gone");
+}

@@ -1,6 +1,11 @@
 //! `KvSwap`: one KV store file, its block table, and the scratch pool that
 //! restores land in. See the durability policy in the [`crate::kv`] docs.
 //!
+//! A live `KvSwap` holds an exclusive lock on its store file
+//! ([`StoreFile::lock_exclusive`]): a second `open` or `create` of the same
+//! store, from this process or another, fails with [`IoError::InUse`]
+//! instead of writing beside it.
+//!
 //! Bounds: the block table holds `num_layers * num_blocks` entries of 16
 //! bytes; the scratch pool holds `ring_tiles * tile_slots` slots of
 //! `block_bytes` (at most [`flashtier_io::blocks::MAX_POOL_BYTES`]); at most
@@ -87,6 +92,17 @@ impl std::fmt::Debug for KvSwap {
     }
 }
 
+/// A store at `target` that a live [`KvSwap`] holds (its lock) is not
+/// replaced under it: [`IoError::InUse`].
+fn refuse_in_use(target: &Path) -> Result<(), KvError> {
+    match StoreFile::open_rw(target, DirectMode::Off, false) {
+        // The probe's lock ends when it is dropped here.
+        Ok(existing) => Ok(existing.lock_exclusive()?),
+        // Nothing there (or nothing openable): nothing in use.
+        Err(_) => Ok(()),
+    }
+}
+
 fn pool_for(layout: &GroupLayout, opts: &SwapOptions) -> Result<SlotPool, KvError> {
     if opts.tile_slots == 0 || opts.ring_tiles == 0 {
         return Err(KvError::Invalid(
@@ -130,6 +146,7 @@ impl KvSwap {
         };
         let mut out = Output::lock(path, Wait::Fail)?;
         check_replaceable(&out, &header)?;
+        refuse_in_use(out.target())?;
         let tmp = out.create_temp()?.to_path_buf();
         let fresh = StoreFile::open_rw(&tmp, opts.direct, false)?;
         fresh.set_len(layout.file_len_bytes())?;
@@ -139,6 +156,7 @@ impl KvSwap {
         drop(fresh);
         out.commit()?;
         let file = StoreFile::open_rw(path, opts.direct, false)?;
+        file.lock_exclusive()?;
         pool.register_with(backend.as_ref())?;
         Ok(Self {
             table: vec![BlockEntry::default(); table_len(&layout)?],
@@ -159,6 +177,7 @@ impl KvSwap {
         opts: SwapOptions,
     ) -> Result<Self, KvError> {
         let file = StoreFile::open_rw(path, opts.direct, false)?;
+        file.lock_exclusive()?;
         let page = read_host(backend.as_ref(), &file, 0, KV_HEADER_BYTES)?;
         let fmt_err = |source| KvError::Format {
             path: path.display().to_string(),
