@@ -12,9 +12,11 @@ use cudarc::nvrtc::sys::{self as nv, nvrtcProgram};
 use crate::context::{Gpu, nvrtc_present};
 use crate::error::CudaError;
 
-/// Source of the attention kernels: the split kernel, then the merge and
-/// finalize kernels that share its definitions.
+/// Source of the attention kernels: the definitions and PTX wrappers, the
+/// split kernel, then the merge and finalize kernels that share them.
 pub const ATTENTION_SRC: &str = concat!(
+    include_str!("kernels/attention_ptx.cu"),
+    "\n",
     include_str!("kernels/attention.cu"),
     "\n",
     include_str!("kernels/attention_merge.cu")

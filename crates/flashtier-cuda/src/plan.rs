@@ -7,7 +7,7 @@
 //! Bound: at most [`MAX_SPLITS`] splits per (sequence, head) (the partial
 //! buffers are sized for it).
 
-/// Warps per split CTA (matches `WARPS` in attention.cu).
+/// Warps per split CTA (matches `WARPS` in attention_ptx.cu).
 pub const WARPS: usize = 4;
 /// Tokens per warp sub-tile (matches `SUB`).
 pub const SUB: usize = 16;

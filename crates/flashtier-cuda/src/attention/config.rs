@@ -6,7 +6,7 @@ use crate::plan::WARPS;
 /// Most cp.async stages per warp.
 pub(super) const MAX_STAGES: usize = 6;
 
-/// Whether K is loaded straight into registers (`KREG` in attention.cu):
+/// Whether K is loaded straight into registers (`KREG` in attention_ptx.cu):
 /// opt-in with `FLASHTIER_ATTN_KREG=1`, for head dims that are multiples of
 /// 32 up to 128 (at 256 the fragments would spill). Correct (the GPU tests
 /// pass with it) but measured 10% slower on the H200 than staging K in
