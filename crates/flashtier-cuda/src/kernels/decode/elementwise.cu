@@ -8,40 +8,13 @@
 // wide; wider rows re-read the tail).
 #define NORM_REGS 8
 
-// RMSNorm of each `group`-wide slice: out = w * (x * 1 / sqrt(mean(x^2) + eps)).
-// Thread t owns elements t, t + 256, ...; grid: (groups per row, rows), 256
-// threads.
-extern "C" __global__ void __launch_bounds__(256)
-rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
+// The body of rms_norm and add_rms_norm over the n values at x: with ADD,
+// x += y first (written back); then out = w * (x / sqrt(mean(x^2) + eps)).
+// Thread t owns elements t, t + 256, ...; 256 threads.
+template <bool ADD>
+static __device__ __forceinline__ void norm_span(float* x, const float* y, const float* w, int n,
+                                                 float eps, float* out) {
     __shared__ float red[8];
-    const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
-    const int t = threadIdx.x;
-    float v[NORM_REGS], wv[NORM_REGS];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < NORM_REGS; ++j) {
-        const int i = t + j * 256;
-        v[j] = i < group ? x[at + i] : 0.f;
-        wv[j] = i < group ? w[i] : 0.f;
-        if (i < group) acc = fmaf(v[j], v[j], acc);
-    }
-    for (int i = t + NORM_REGS * 256; i < group; i += 256) acc = fmaf(x[at + i], x[at + i], acc);
-    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)group + eps);
-#pragma unroll
-    for (int j = 0; j < NORM_REGS; ++j) {
-        const int i = t + j * 256;
-        if (i < group) out[at + i] = wv[j] * (v[j] * inv);
-    }
-    for (int i = t + NORM_REGS * 256; i < group; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
-}
-
-// x += y, then out = w * (x / sqrt(mean(x^2) + eps)) over whole rows (the
-// residual add and the next norm in one pass), with rms_norm's arithmetic.
-// grid: rows, 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
-    __shared__ float red[8];
-    const long long at = (long long)blockIdx.x * cols;
     const int t = threadIdx.x;
     float v[NORM_REGS], wv[NORM_REGS];
     float acc = 0.f;
@@ -49,25 +22,41 @@ add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, floa
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
         v[j] = 0.f;
-        wv[j] = i < cols ? w[i] : 0.f;
-        if (i < cols) {
-            v[j] = x[at + i] + y[at + i];
-            x[at + i] = v[j];
+        wv[j] = i < n ? w[i] : 0.f;
+        if (i < n) {
+            v[j] = ADD ? x[i] + y[i] : x[i];
+            if (ADD) x[i] = v[j];
             acc = fmaf(v[j], v[j], acc);
         }
     }
-    for (int i = t + NORM_REGS * 256; i < cols; i += 256) {
-        const float s = x[at + i] + y[at + i];
-        x[at + i] = s;
+    for (int i = t + NORM_REGS * 256; i < n; i += 256) {
+        const float s = ADD ? x[i] + y[i] : x[i];
+        if (ADD) x[i] = s;
         acc = fmaf(s, s, acc);
     }
-    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)cols + eps);
+    const float inv = 1.f / sqrtf(block_sum256(acc, red) / (float)n + eps);
 #pragma unroll
     for (int j = 0; j < NORM_REGS; ++j) {
         const int i = t + j * 256;
-        if (i < cols) out[at + i] = wv[j] * (v[j] * inv);
+        if (i < n) out[i] = wv[j] * (v[j] * inv);
     }
-    for (int i = t + NORM_REGS * 256; i < cols; i += 256) out[at + i] = w[i] * (x[at + i] * inv);
+    for (int i = t + NORM_REGS * 256; i < n; i += 256) out[i] = w[i] * (x[i] * inv);
+}
+
+// RMSNorm of each `group`-wide slice. grid: (groups per row, rows), 256
+// threads. (x is only read: norm_span<false> never writes it.)
+extern "C" __global__ void __launch_bounds__(256)
+rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
+    const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
+    norm_span<false>((float*)x + at, nullptr, w, group, eps, out + at);
+}
+
+// x += y, then the RMSNorm of whole rows into out (the residual add and the
+// next norm in one pass), with rms_norm's arithmetic. grid: rows, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
+    const long long at = (long long)blockIdx.x * cols;
+    norm_span<true>(x + at, y + at, w, cols, eps, out + at);
 }
 
 extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
