@@ -1,6 +1,7 @@
 //! `flashtier bench`: measurements against the device's own limit, each in
 //! the layout of [`crate::kit::bench`].
 
+pub mod cpu;
 pub mod decode;
 pub mod experts;
 pub mod gpu;
@@ -12,6 +13,8 @@ pub mod rows;
 /// What to measure.
 #[derive(clap::Subcommand, Debug)]
 pub enum Bench {
+    /// The CPU engine's matrix kernels against the machine's memory bandwidth.
+    Cpu(cpu::Args),
     /// The decode engine on the GPU against HBM, PCIe and drive limits and
     /// against transformers.
     Decode(decode::Args),
@@ -32,6 +35,7 @@ pub enum Bench {
 /// Run `flashtier bench`.
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Cpu(a) => cpu::run(a),
         Bench::Decode(a) => decode::run(a),
         Bench::Io(a) => io::run(a),
         Bench::Rows(a) => rows::run(a),

@@ -1,164 +1,16 @@
-//! The CPU device's f32 kernels: matrix-vector products (rayon over rows,
-//! eight independent accumulators per row so the loop vectorises), RMSNorm,
-//! RoPE in transformers' `rotate_half` convention, SiLU and softmax.
+//! The CPU device's f32 kernels besides the matrix products
+//! ([`super::gemv`]): RMSNorm, RoPE in transformers' `rotate_half`
+//! convention, SiLU, softmax and top-k.
 //!
 //! Every reduction runs in a fixed order that depends only on the shapes, so
 //! the same inputs give bit-identical outputs however the weights arrived
 //! (resident, streamed, mapped) and however many threads run.
 
-use rayon::prelude::*;
-
-use flashtier_format::Dtype;
-
-use crate::matrix::{MatRef, block_scale};
-
-/// Rows per rayon task: small enough to spread a 64-row matrix over two
-/// cores, large enough that task overhead stays under the arithmetic.
-const ROWS_PER_TASK: usize = 16;
-
-/// Lanes of the unrolled dot product.
-const LANES: usize = 8;
-
-/// `out = W x` for a `out.len() x x.len()` matrix `w`.
-///
-/// # Panics
-/// When `w` does not hold exactly `out.len() * x.len()` elements (a caller
-/// bug: shapes are validated when the weights are loaded).
-pub fn matvec(out: &mut [f32], w: MatRef<'_>, x: &[f32]) {
-    let cols = x.len();
-    assert_eq!(w.len(), out.len() * cols, "matvec shape mismatch");
-    out.par_chunks_mut(ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(task, chunk)| {
-            let row0 = task * ROWS_PER_TASK;
-            for (i, o) in chunk.iter_mut().enumerate() {
-                let r = row0 + i;
-                *o = match w {
-                    MatRef::F32(m) => dot_f32(&m[r * cols..(r + 1) * cols], x),
-                    MatRef::Raw(b, dt) => {
-                        let width = dt.size_bytes() as usize;
-                        dot_raw(&b[r * cols * width..(r + 1) * cols * width], dt, x)
-                    }
-                    MatRef::F8Block {
-                        codes,
-                        scales,
-                        block: [br, bc],
-                        ..
-                    } => {
-                        let row = &codes[r * cols..(r + 1) * cols];
-                        let per_row = cols.div_ceil(bc);
-                        let mut acc = 0f32;
-                        for (b, (seg, xs)) in row.chunks(bc).zip(x.chunks(bc)).enumerate() {
-                            acc += block_scale(scales, r / br, b, per_row) * dot_f8(seg, xs);
-                        }
-                        acc
-                    }
-                };
-            }
-        });
-}
-
-/// Dot product with eight lane accumulators, summed pairwise at the end.
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (xa, xb) in (&mut ca).zip(&mut cb) {
-        for l in 0..LANES {
-            acc[l] += xa[l] * xb[l];
-        }
-    }
-    let mut tail = 0f32;
-    for (xa, xb) in ca.remainder().iter().zip(cb.remainder()) {
-        tail += xa * xb;
-    }
-    reduce_lanes(acc) + tail
-}
-
-/// Dot product of unscaled FP8 E4M3 codes with `x`.
-fn dot_f8(codes: &[u8], x: &[f32]) -> f32 {
-    let table = &flashtier_format::fp8::E4M3_TO_F32;
-    let mut acc = [0f32; LANES];
-    let mut cc = codes.chunks_exact(LANES);
-    let mut cx = x.chunks_exact(LANES);
-    for (c, xs) in (&mut cc).zip(&mut cx) {
-        for l in 0..LANES {
-            acc[l] += table[usize::from(c[l])] * xs[l];
-        }
-    }
-    let mut tail = 0f32;
-    for (c, xv) in cc.remainder().iter().zip(cx.remainder()) {
-        tail += table[usize::from(*c)] * xv;
-    }
-    reduce_lanes(acc) + tail
-}
-
-fn dot_raw(row: &[u8], dtype: Dtype, x: &[f32]) -> f32 {
-    match dtype {
-        Dtype::F8E4M3 => dot_f8(row, x),
-        Dtype::Bf16 => dot_half(row, x, |b| f32::from_bits(u32::from(b) << 16)),
-        Dtype::F16 => dot_half(row, x, |b| half::f16::from_bits(b).to_f32()),
-        Dtype::F32 => {
-            let mut acc = [0f32; LANES];
-            let mut tail = 0f32;
-            let mut cr = row.chunks_exact(4 * LANES);
-            let mut cx = x.chunks_exact(LANES);
-            for (r, xs) in (&mut cr).zip(&mut cx) {
-                for l in 0..LANES {
-                    let w =
-                        f32::from_le_bytes([r[4 * l], r[4 * l + 1], r[4 * l + 2], r[4 * l + 3]]);
-                    acc[l] += w * xs[l];
-                }
-            }
-            for (r, xv) in cr.remainder().chunks_exact(4).zip(cx.remainder()) {
-                tail += f32::from_le_bytes([r[0], r[1], r[2], r[3]]) * xv;
-            }
-            reduce_lanes(acc) + tail
-        }
-        // Refused by every checked constructor of a matrix; NaN rather than
-        // a plausible number if one were ever built by hand.
-        _ => f32::NAN,
-    }
-}
-
-/// Lanes of the half-precision dot product: widen 16 weights into an f32
-/// block, then multiply-add it (measured 40% faster than widening inside
-/// the multiply-add loop on baseline x86-64).
-const HALF_LANES: usize = 16;
-
-#[inline(always)]
-fn dot_half(row: &[u8], x: &[f32], widen: impl Fn(u16) -> f32) -> f32 {
-    let mut acc = [0f32; HALF_LANES];
-    let mut tail = 0f32;
-    let mut cr = row.chunks_exact(2 * HALF_LANES);
-    let mut cx = x.chunks_exact(HALF_LANES);
-    for (r, xs) in (&mut cr).zip(&mut cx) {
-        let mut w = [0f32; HALF_LANES];
-        for l in 0..HALF_LANES {
-            w[l] = widen(u16::from_le_bytes([r[2 * l], r[2 * l + 1]]));
-        }
-        for l in 0..HALF_LANES {
-            acc[l] += w[l] * xs[l];
-        }
-    }
-    for (r, xv) in cr.remainder().chunks_exact(2).zip(cx.remainder()) {
-        tail += widen(u16::from_le_bytes([r[0], r[1]])) * xv;
-    }
-    let mut half = [0f32; LANES];
-    for l in 0..LANES {
-        half[l] = acc[l] + acc[l + LANES];
-    }
-    reduce_lanes(half) + tail
-}
-
-#[inline(always)]
-fn reduce_lanes(acc: [f32; LANES]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}
+pub use super::gemv::{dot, matmul, matvec};
 
 /// `out = x / rms(x) * weight`, as transformers' RMSNorm computes it in f32.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
-    let mean_sq = dot_f32(x, x) / x.len() as f32;
+    let mean_sq = dot(x, x) / x.len() as f32;
     let inv = 1.0 / (mean_sq + eps).sqrt();
     for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
         *o = w * (v * inv);
@@ -260,45 +112,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn matvec_raw_matches_f32() {
-        let rows = 37;
-        let cols = 29;
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
-        let bytes: Vec<u8> = w
-            .iter()
-            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-            .collect();
-        let widened: Vec<f32> = bytes
-            .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-            .collect();
-        let mut a = vec![0f32; rows];
-        let mut b = vec![0f32; rows];
-        matvec(&mut a, MatRef::F32(&widened), &x);
-        matvec(&mut b, MatRef::Raw(&bytes, Dtype::Bf16), &x);
-        // Same bits on every call and every thread count: the order is fixed by the shape.
-        let mut again = vec![0f32; rows];
-        let one = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        one.install(|| matvec(&mut again, MatRef::Raw(&bytes, Dtype::Bf16), &x));
-        assert_eq!(again, b);
-        for (p, q) in a.iter().zip(&b) {
-            assert!((p - q).abs() < 1e-5);
-        }
-        for r in 0..rows {
-            let naive: f64 = (0..cols)
-                .map(|c| f64::from(widened[r * cols + c]) * f64::from(x[c]))
-                .sum();
-            assert!((naive - f64::from(a[r])).abs() < 1e-4, "row {r}");
-        }
-    }
-
-    #[test]
     fn rope_rotates_pairs_of_halves() {
         let mut x = vec![1.0, 0.0, 0.0, 0.0];
         let (cos, sin) = rope_angles(1, &[1.0, 0.01], 1.0);
@@ -317,45 +130,6 @@ mod tests {
         // The factor scales both.
         let (c, _) = rope_angles(0, &[1.0], 0.5);
         assert_eq!(c, vec![0.5]);
-    }
-
-    /// Block-scaled FP8 against the same matrix dequantized up front, on a
-    /// shape with partial blocks at both edges; wrong part sizes are errors.
-    #[test]
-    fn f8_blocks_match_the_dequantized_matrix() {
-        let (rows, cols, block) = (37usize, 29usize, [16usize, 8usize]);
-        let codes: Vec<u8> = (0..rows * cols)
-            .map(|k| {
-                let c = ((k * 89 + 7) % 254) as u8;
-                // Skip the two NaN codes (0x7F, 0xFF).
-                if c & 0x7F == 0x7F { c - 1 } else { c }
-            })
-            .collect();
-        let (sr, sc) = (rows.div_ceil(block[0]), cols.div_ceil(block[1]));
-        let scales: Vec<f32> = (0..sr * sc).map(|k| 0.001 * (k as f32 + 1.0)).collect();
-        let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-        let dense: Vec<f32> = codes
-            .iter()
-            .enumerate()
-            .map(|(k, &c)| {
-                let (r, col) = (k / cols, k % cols);
-                flashtier_format::fp8::e4m3_to_f32(c) * scales[(r / block[0]) * sc + col / block[1]]
-            })
-            .collect();
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.41).cos()).collect();
-        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
-        matvec(&mut a, MatRef::F32(&dense), &x);
-        let m = MatRef::f8_block(&codes, &scale_bytes, rows, cols, block).expect("fits");
-        matvec(&mut b, m, &x);
-        for (r, (p, q)) in a.iter().zip(&b).enumerate() {
-            assert!(
-                (p - q).abs() <= 1e-5 * p.abs().max(1.0),
-                "row {r}: {p} vs {q}"
-            );
-        }
-        assert!(MatRef::f8_block(&codes, &scale_bytes[4..], rows, cols, block).is_err());
-        assert!(MatRef::f8_block(&codes[1..], &scale_bytes, rows, cols, block).is_err());
-        assert!(MatRef::f8_block(&codes, &scale_bytes, rows, cols, [0, 8]).is_err());
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //! chunk) runs row by row through attention and the experts, so its output
 //! is bit-identical to feeding the rows one at a time.
 
+pub mod ceiling;
 pub mod experts;
+pub mod gemv;
+pub mod isa;
 pub mod kernels;
 pub mod kv;
 mod moe;

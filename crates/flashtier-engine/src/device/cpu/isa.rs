@@ -1,0 +1,127 @@
+//! Run-time choice of the CPU's vector instruction set for the kernels.
+//!
+//! The binaries are built for the baseline of their target (no
+//! `target-cpu=native`: they run on other machines than the one that built
+//! them), so the kernels are compiled once per instruction set and one is
+//! picked when the process starts. [`pulp`]'s tokens carry the proof that
+//! the CPU has the features; a kernel body runs under [`Isa::run`], which
+//! enables them for that body so LLVM vectorises it for the chosen width.
+//!
+//! Every instruction set runs the same body: fused multiply-adds into the
+//! same lanes, reduced in the same tree. A fused multiply-add rounds once
+//! whether the hardware or the software fallback computes it, so every
+//! path gives bit-identical results (the tests compare each available one
+//! with [`Isa::Scalar`]). The scalar path is the reference; on a CPU without
+//! FMA it is correct but slow.
+//!
+//! `FLASHTIER_CPU_ISA=scalar|avx2|avx512|neon` overrides the choice (for
+//! measurements and tests); a name this CPU cannot run falls back to the
+//! detected best, with a warning.
+
+use std::sync::OnceLock;
+
+/// A vector instruction set the kernels can run on.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Isa {
+    /// No vector extensions beyond the target's baseline.
+    Scalar,
+    /// x86-64-v3: AVX2, FMA, F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2(pulp::x86::V3),
+    /// x86-64-v4: AVX-512 F/BW/CD/DQ/VL on top of v3.
+    #[cfg(target_arch = "x86_64")]
+    Avx512(pulp::x86::V4),
+    /// AArch64 Advanced SIMD (Grace, Apple silicon).
+    #[cfg(target_arch = "aarch64")]
+    Neon(pulp::aarch64::Neon),
+}
+
+impl Isa {
+    /// The widest instruction set this CPU runs.
+    pub fn detect() -> Isa {
+        Isa::available().into_iter().last().unwrap_or(Isa::Scalar)
+    }
+
+    /// Every instruction set this CPU runs, narrowest first (`Scalar` always).
+    pub fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            all.extend(pulp::x86::V3::try_new().map(Isa::Avx2));
+            all.extend(pulp::x86::V4::try_new().map(Isa::Avx512));
+        }
+        #[cfg(target_arch = "aarch64")]
+        all.extend(pulp::aarch64::Neon::try_new().map(Isa::Neon));
+        all
+    }
+
+    /// The process-wide choice: `FLASHTIER_CPU_ISA` if set and runnable,
+    /// else [`Isa::detect`]. Decided once.
+    pub fn current() -> Isa {
+        static CHOICE: OnceLock<Isa> = OnceLock::new();
+        *CHOICE.get_or_init(|| {
+            let Ok(want) = std::env::var("FLASHTIER_CPU_ISA") else {
+                return Isa::detect();
+            };
+            Isa::available()
+                .into_iter()
+                .find(|isa| isa.name() == want)
+                .unwrap_or_else(|| {
+                    let best = Isa::detect();
+                    tracing::warn!(
+                        requested = %want,
+                        using = best.name(),
+                        "FLASHTIER_CPU_ISA names an instruction set this CPU does not run"
+                    );
+                    best
+                })
+        })
+    }
+
+    /// Its name, as `FLASHTIER_CPU_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(_) => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(_) => "avx512",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon(_) => "neon",
+        }
+    }
+
+    /// Run `body` with this instruction set's features enabled. The body
+    /// (a [`pulp::NullaryFnOnce`] whose `call` is `#[inline(always)]`; a
+    /// closure is not reliably inlined) and everything it calls must be
+    /// `#[inline(always)]` to be compiled for them.
+    #[inline(always)]
+    pub fn run<F: pulp::NullaryFnOnce>(self, body: F) -> F::Output {
+        match self {
+            Isa::Scalar => body.call(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(simd) => simd.vectorize(body),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(simd) => simd.vectorize(body),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon(simd) => simd.vectorize(body),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalar_is_always_available_and_detect_is_the_widest() {
+        let all = Isa::available();
+        assert_eq!(all[0].name(), "scalar");
+        assert_eq!(Isa::detect().name(), all[all.len() - 1].name());
+        assert_eq!(Isa::Scalar.run(|| 41 + 1), 42);
+        for isa in all {
+            assert_eq!(isa.run(|| 6 * 7), 42, "{}", isa.name());
+        }
+    }
+}
