@@ -121,7 +121,12 @@ pub fn cpu_experts(
         queue_depth: opts.queue_depth,
     };
     let (pool, layout) = open_pool(store, cfg, stream, backend)?;
-    Ok(PoolExperts::new(pool, layout))
+    let mut experts = PoolExperts::new(pool, layout);
+    let loaded = experts.load_all()?;
+    if loaded > 0 {
+        tracing::info!(records = loaded, "every expert record loaded up front");
+    }
+    Ok(experts)
 }
 
 /// Load the model in `model` on the CPU with experts from `opts.store`.

@@ -10,11 +10,15 @@
 //! (`budget_bytes / stride` records) is the memory bound; a step needing
 //! more records than that is [`flashtier::experts::ExpertsError::PoolTooSmall`].
 
-use flashtier::experts::{ExpertPool, Precision};
+use flashtier::experts::{Backing, ExpertPool, Precision};
 
 use crate::device::ExpertTier;
 use crate::error::EngineError;
 use crate::experts::{ExpertStats, ExpertView, PoolTier, RecordLayout, serve_landed};
+
+/// Records acquired per step of [`PoolExperts::load_all`] (the reads of a
+/// step run at the pool's queue depth).
+const LOAD_BATCH: usize = 256;
 
 /// Called with (position in the request, the expert's matrices).
 pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
@@ -47,6 +51,11 @@ impl PoolExperts {
             stall_ns: 0,
             hint: None,
         }
+    }
+
+    /// Records the pool holds at once.
+    pub fn capacity(&self) -> usize {
+        self.pool.capacity()
     }
 
     /// The pool (stats, read rows).
@@ -82,6 +91,30 @@ impl PoolExperts {
         served?;
         finished?;
         Ok(())
+    }
+
+    /// When the pool holds every record of its store (a budget of all
+    /// experts, the slots backing), read them all now, in record order and
+    /// `queue_depth` at a time, so decoding starts with no miss: the CPU
+    /// counterpart of loading every expert into HBM up front. Returns the
+    /// records read (0 when the pool is smaller than the store or mapped:
+    /// then records are read on first use).
+    pub fn load_all(&mut self) -> Result<usize, EngineError> {
+        let records = self.pool.stores().records();
+        if self.pool.backing() != Backing::Slots || self.pool.capacity() < records {
+            return Ok(0);
+        }
+        let all: Vec<usize> = (0..records).collect();
+        for batch in all.chunks(LOAD_BATCH) {
+            let need = self.pool.acquire(batch)?;
+            let read = (|| {
+                let plan = self.pool.plan(&need)?;
+                self.pool.run(plan)
+            })();
+            self.pool.finish()?;
+            read?;
+        }
+        Ok(records)
     }
 
     /// Remember a guess of `layer`'s next experts (read behind the next

@@ -367,10 +367,60 @@ impl NullaryFnOnce for Rows<'_, '_> {
             }
             return;
         }
-        for (i, o) in out.chunks_exact_mut(tokens).enumerate() {
-            token_group(o, w, row0 + i, xs, cols);
+        // A group of tokens reuses each row from the cache, so the rows are
+        // first pulled in as ROW_BLOCK streams (one load per cache line),
+        // then multiplied one at a time.
+        let rows = out.len() / tokens;
+        let step = rows / ROW_BLOCK;
+        for g in 0..step {
+            std::hint::black_box(touch(w, row0 + g, step, cols));
+            for k in 0..ROW_BLOCK {
+                let i = g + k * step;
+                token_group(
+                    &mut out[i * tokens..(i + 1) * tokens],
+                    w,
+                    row0 + i,
+                    xs,
+                    cols,
+                );
+            }
+        }
+        for i in step * ROW_BLOCK..rows {
+            token_group(
+                &mut out[i * tokens..(i + 1) * tokens],
+                w,
+                row0 + i,
+                xs,
+                cols,
+            );
         }
     }
+}
+
+/// One 8-byte load per 64-byte line of rows `r, r + step, ..` ([`ROW_BLOCK`]
+/// of them, interleaved so they stream together); the sum only keeps the
+/// loads. Stored rows only (an f32 slice matrix is left to the caches).
+#[inline(always)]
+fn touch(w: &MatRef<'_>, r: usize, step: usize, cols: usize) -> u64 {
+    const LINE: usize = 64;
+    let (bytes, width) = match *w {
+        MatRef::Raw(b, dt) => (b, dt.size_bytes() as usize),
+        MatRef::F8Block { codes, .. } => (codes, 1),
+        MatRef::F32(_) => return 0,
+    };
+    let row_bytes = cols * width;
+    let mut sum = 0u64;
+    for line in 0..row_bytes / LINE {
+        for k in 0..ROW_BLOCK {
+            let at = (r + k * step) * row_bytes + line * LINE;
+            if let Some(b) = bytes.get(at..at + 8) {
+                sum = sum.wrapping_add(u64::from_le_bytes([
+                    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+                ]));
+            }
+        }
+    }
+    sum
 }
 
 /// Row `r` against every token, [`TOKENS`] at a time.

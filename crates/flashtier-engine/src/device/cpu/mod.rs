@@ -4,10 +4,13 @@
 //! tier's paged BF16 layout ([`kv::KvCache`]) and experts are read in place
 //! from the host expert pool ([`experts::PoolExperts`]).
 //!
-//! Kernels ([`kernels`]) run on rayon's global pool; each reduction runs in
-//! an order fixed by the shapes alone. A step with several rows (a prompt
-//! chunk) runs row by row through attention and the experts, so its output
-//! is bit-identical to feeding the rows one at a time.
+//! Kernels ([`kernels`], [`gemv`]) run on rayon's global pool (one
+//! persistent pool sized to the cores) on the instruction set [`isa`] picks
+//! at start-up; each reduction runs in an order fixed by the shapes alone.
+//! A step with several rows (a prompt chunk) reads each weight row once per
+//! group of rows (dense layers, and each expert over the rows that chose
+//! it) and runs attention row by row; its output is bit-identical to
+//! feeding the rows one at a time.
 
 pub mod ceiling;
 pub mod experts;
@@ -22,9 +25,9 @@ use crate::error::EngineError;
 use crate::family::route::{RouteRule, route_row};
 use crate::matrix::Matrix;
 use experts::PoolExperts;
-use kernels::{apply_rope, apply_rope_interleaved, argmax, matvec, rms_norm, silu};
+use kernels::{apply_rope, apply_rope_interleaved, argmax, matmul, rms_norm, silu};
 use kv::KvCache;
-use moe::moe_row;
+use moe::{moe_row, moe_rows};
 
 /// A `rows x cols` f32 activation in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -180,13 +183,12 @@ impl Device for CpuDevice {
                 ),
             ));
         }
-        for r in 0..x.rows {
-            let (o, xi) = (
-                &mut out.data[r * rows..(r + 1) * rows],
-                &x.data[r * cols..(r + 1) * cols],
-            );
-            matvec(o, w.mat(), xi);
+        if x.rows == 0 {
+            return Ok(());
         }
+        // Every weight row is read once per group of tokens; the bits
+        // equal a matvec per row.
+        matmul(&mut out.data, w.mat(), &x.data, x.rows);
         Ok(())
     }
 
@@ -366,11 +368,12 @@ impl Device for CpuDevice {
                 format!("{} routed rows for {} input rows", routes.len(), x.rows),
             ));
         }
-        for (r, chosen) in routes.iter().enumerate() {
-            let y = moe_row(experts, layer, x.row(r), chosen)?;
-            out.row_mut(r).copy_from_slice(&y);
+        if let [chosen] = routes.as_slice() {
+            let y = moe_row(experts, layer, x.row(0), chosen)?;
+            out.row_mut(0).copy_from_slice(&y);
+            return Ok(());
         }
-        Ok(())
+        moe_rows(experts, layer, &x.data, routes, &mut out.data)
     }
 
     fn hint(
