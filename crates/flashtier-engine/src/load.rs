@@ -172,6 +172,26 @@ pub fn resident_weight_bytes(ckpt: &Checkpoint) -> u64 {
         .sum()
 }
 
+/// Weight bytes one decode token reads: every resident tensor, except that
+/// an untied embedding table gives one row, plus `top_k / num_experts` of
+/// the routed experts' bytes (the chosen experts of every sparse layer).
+pub fn weight_bytes_per_token(cfg: &ModelConfig, ckpt: &Checkpoint) -> u64 {
+    let mut resident = 0u64;
+    let mut routed = 0u64;
+    for (name, t) in ckpt.source().tensors() {
+        if is_routed_expert_tensor(name) {
+            routed += t.len_bytes;
+        } else if name.ends_with("embed_tokens.weight") && !cfg.tie_word_embeddings {
+            let rows = t.shape.first().copied().unwrap_or(1).max(1);
+            resident += t.len_bytes / rows;
+        } else {
+            resident += t.len_bytes;
+        }
+    }
+    let chosen = routed.saturating_mul(cfg.top_k as u64) / (cfg.num_experts.max(1) as u64);
+    resident.saturating_add(chosen)
+}
+
 /// Whether `name` is a routed expert's tensor (`...experts.E.*` per expert,
 /// or the fused `...experts.gate_up_proj` / `down_proj`), which the store
 /// serves; shared experts (`shared_expert.`, `shared_experts.`) stay.

@@ -102,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         flashtier_io::persist::refuse_inputs(path, &input_files(&args))?;
     }
-    let (mut model, store, chosen) = load_model(&args)?;
+    let (mut model, store, chosen, touched) = load_model(&args)?;
     if let (Some(why), false) = (&chosen.fallback, args.json) {
         eprintln!("decoding on the CPU: {why}");
     }
@@ -135,18 +135,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         write_logits(path, &out)?;
     }
-    report(&args, &out, &store, &model, &chosen)
+    report(&args, &out, (&store, &model, &chosen, touched))
 }
 
 /// The model with experts from `--store` (packed first when missing) or
 /// from the store cache, paired with this checkpoint.
-fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
+/// The model, its store, where it runs, and the weight bytes a decode
+/// token reads.
+fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
     let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
     // Counts the checkpoint contradicts are refused before anything is packed.
     flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
+    let touched = flashtier_engine::load::weight_bytes_per_token(&cfg, &ckpt);
     drop(ckpt);
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
@@ -199,7 +202,7 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen)> {
     let (model, chosen) = engine::open(&args.model, &path, &opts, args.device, &gpu)
         .map_err(|e| explain_pool(e, args))
         .with_context(|| format!("loading {}", args.model.display()))?;
-    Ok((model, path, chosen))
+    Ok((model, path, chosen, touched))
 }
 
 /// Pack `model`'s experts into `out` with a progress bar.
@@ -286,9 +289,7 @@ fn write_logits(path: &Path, out: &Generation) -> anyhow::Result<()> {
 fn report(
     args: &Args,
     out: &Generation,
-    store: &Path,
-    model: &Engine,
-    chosen: &Chosen,
+    (store, model, chosen, touched): (&Path, &Engine, &Chosen, u64),
 ) -> anyhow::Result<()> {
     let e = &out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
@@ -311,6 +312,8 @@ fn report(
             "budget_bytes": args.budget,
             "expert_bytes_read_total": out.total_experts.bytes_read,
             "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
+            "weight_bytes_per_token": touched,
+            "weight_bytes_per_sec": touched as f64 * out.tokens_per_sec(),
             "expert_store": store,
             "device": chosen.device,
             "gpu": chosen.gpu_name,

@@ -12,9 +12,11 @@
 //! at a time).
 //!
 //! Threads: rayon's global pool (one persistent pool, sized to the cores),
-//! over tasks of [`ROWS_PER_TASK`] weight rows. Memory: no allocation for
-//! one token; a group of tokens uses one `tokens x rows` transposition
-//! buffer.
+//! over tasks of [`ROWS_PER_TASK`] weight rows; a group of tokens is taken
+//! [`TOKEN_TILE`] at a time so their activations stay in cache. Memory: no
+//! allocation for one token; a group of tokens uses one `tokens x rows`
+//! transposition buffer per calling thread, kept between calls (bounded by
+//! the largest product: a prompt chunk times the widest matrix).
 
 use pulp::NullaryFnOnce;
 use rayon::prelude::*;
@@ -34,6 +36,10 @@ pub const ROW_BLOCK: usize = 8;
 
 /// Tokens that share one pass over a weight row.
 pub const TOKENS: usize = 4;
+
+/// Tokens whose activations a task keeps in cache at once (16 rows of 2048
+/// f32 are 128 KiB, within a core's L2).
+pub const TOKEN_TILE: usize = 16;
 
 /// Weight rows per rayon task: 16 rows of 2048 BF16 are 64 KiB, small
 /// enough to spread a 64-row matrix over cores and large enough that task
@@ -307,7 +313,39 @@ pub fn matmul_on(isa: Isa, out: &mut [f32], w: MatRef<'_>, xs: &[f32], tokens: u
     }
     // Row-major by weight row (`rows x tokens`) so tasks own whole chunks;
     // transposed into `out` after.
-    let mut by_row = vec![0f32; rows * tokens];
+    BY_ROW.with(|cell| {
+        // A nested call on this thread (a rayon worker that stole another
+        // product while waiting) finds it borrowed and uses its own.
+        let mut own = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let by_row = match held.as_deref_mut() {
+            Ok(buf) => buf,
+            Err(_) => &mut own,
+        };
+        by_row.clear();
+        by_row.resize(rows * tokens, 0.0);
+        transposed(isa, by_row, out, w, xs, tokens, cols, rows);
+    });
+}
+
+thread_local! {
+    /// The calling thread's transposition buffer, kept between calls (a
+    /// fresh multi-MiB buffer per call is fresh pages the kernel must zero).
+    static BY_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The rows-major products into `by_row`, then transposed into `out`.
+#[allow(clippy::too_many_arguments)]
+fn transposed(
+    isa: Isa,
+    by_row: &mut [f32],
+    out: &mut [f32],
+    w: MatRef<'_>,
+    xs: &[f32],
+    tokens: usize,
+    cols: usize,
+    rows: usize,
+) {
     by_row
         .par_chunks_mut(ROWS_PER_TASK * tokens)
         .enumerate()
@@ -367,60 +405,20 @@ impl NullaryFnOnce for Rows<'_, '_> {
             }
             return;
         }
-        // A group of tokens reuses each row from the cache, so the rows are
-        // first pulled in as ROW_BLOCK streams (one load per cache line),
-        // then multiplied one at a time.
+        // Tokens in tiles of TOKEN_TILE: a tile's activations stay in the
+        // core's cache while every row of the task passes over them (all the
+        // tokens' activations would be streamed again for every row).
         let rows = out.len() / tokens;
-        let step = rows / ROW_BLOCK;
-        for g in 0..step {
-            std::hint::black_box(touch(w, row0 + g, step, cols));
-            for k in 0..ROW_BLOCK {
-                let i = g + k * step;
-                token_group(
-                    &mut out[i * tokens..(i + 1) * tokens],
-                    w,
-                    row0 + i,
-                    xs,
-                    cols,
-                );
+        let mut t0 = 0;
+        while t0 < tokens {
+            let tn = (tokens - t0).min(TOKEN_TILE);
+            for i in 0..rows {
+                let o = &mut out[i * tokens + t0..i * tokens + t0 + tn];
+                token_group(o, w, row0 + i, &xs[t0 * cols..], cols);
             }
-        }
-        for i in step * ROW_BLOCK..rows {
-            token_group(
-                &mut out[i * tokens..(i + 1) * tokens],
-                w,
-                row0 + i,
-                xs,
-                cols,
-            );
+            t0 += tn;
         }
     }
-}
-
-/// One 8-byte load per 64-byte line of rows `r, r + step, ..` ([`ROW_BLOCK`]
-/// of them, interleaved so they stream together); the sum only keeps the
-/// loads. Stored rows only (an f32 slice matrix is left to the caches).
-#[inline(always)]
-fn touch(w: &MatRef<'_>, r: usize, step: usize, cols: usize) -> u64 {
-    const LINE: usize = 64;
-    let (bytes, width) = match *w {
-        MatRef::Raw(b, dt) => (b, dt.size_bytes() as usize),
-        MatRef::F8Block { codes, .. } => (codes, 1),
-        MatRef::F32(_) => return 0,
-    };
-    let row_bytes = cols * width;
-    let mut sum = 0u64;
-    for line in 0..row_bytes / LINE {
-        for k in 0..ROW_BLOCK {
-            let at = (r + k * step) * row_bytes + line * LINE;
-            if let Some(b) = bytes.get(at..at + 8) {
-                sum = sum.wrapping_add(u64::from_le_bytes([
-                    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
-                ]));
-            }
-        }
-    }
-    sum
 }
 
 /// Row `r` against every token, [`TOKENS`] at a time.
