@@ -296,19 +296,7 @@ pub fn matmul_on(isa: Isa, out: &mut [f32], w: MatRef<'_>, xs: &[f32], tokens: u
         "matmul shape mismatch"
     );
     if tokens == 1 {
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let (w, row0) = (&w, task * ROWS_PER_TASK);
-                isa.run(Rows {
-                    out,
-                    w,
-                    row0,
-                    xs,
-                    cols,
-                    tokens,
-                });
-            });
+        products(isa, out, &w, xs, cols, 1);
         return;
     }
     // Row-major by weight row (`rows x tokens`) so tasks own whole chunks;
@@ -324,7 +312,12 @@ pub fn matmul_on(isa: Isa, out: &mut [f32], w: MatRef<'_>, xs: &[f32], tokens: u
         };
         by_row.clear();
         by_row.resize(rows * tokens, 0.0);
-        transposed(isa, by_row, out, w, xs, tokens, cols, rows);
+        products(isa, by_row, &w, xs, cols, tokens);
+        for (r, vals) in by_row.chunks_exact(tokens).enumerate() {
+            for (t, v) in vals.iter().enumerate() {
+                out[t * rows + r] = *v;
+            }
+        }
     });
 }
 
@@ -334,23 +327,14 @@ thread_local! {
     static BY_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The rows-major products into `by_row`, then transposed into `out`.
-#[allow(clippy::too_many_arguments)]
-fn transposed(
-    isa: Isa,
-    by_row: &mut [f32],
-    out: &mut [f32],
-    w: MatRef<'_>,
-    xs: &[f32],
-    tokens: usize,
-    cols: usize,
-    rows: usize,
-) {
+/// Every task of [`ROWS_PER_TASK`] weight rows on the pool, into `by_row`
+/// (`rows x tokens`, row-major by weight row).
+fn products(isa: Isa, by_row: &mut [f32], w: &MatRef<'_>, xs: &[f32], cols: usize, tokens: usize) {
     by_row
         .par_chunks_mut(ROWS_PER_TASK * tokens)
         .enumerate()
         .for_each(|(task, out)| {
-            let (w, row0) = (&w, task * ROWS_PER_TASK);
+            let row0 = task * ROWS_PER_TASK;
             isa.run(Rows {
                 out,
                 w,
@@ -360,11 +344,6 @@ fn transposed(
                 tokens,
             });
         });
-    for (r, vals) in by_row.chunks_exact(tokens).enumerate() {
-        for (t, v) in vals.iter().enumerate() {
-            out[t * rows + r] = *v;
-        }
-    }
 }
 
 /// One task: weight rows from `row0` against every token, into `out`

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use super::experts::PoolExperts;
-use super::kernels::{matmul, matvec, silu};
+use super::kernels::{matmul, silu};
 use crate::error::EngineError;
 use crate::matrix::MatRef;
 
@@ -37,7 +37,7 @@ pub(super) fn moe_row(
             what: format!("expert request of {} experts", ids.len()),
             reason: format!("the tier served position {pos}"),
         })?;
-        scratch.swiglu(y, view.gate, view.up, view.down, x);
+        scratch.swiglu_rows(y, view.gate, view.up, view.down, x, 1);
         Ok(())
     })?;
     let mut out = vec![0f32; h];
@@ -110,28 +110,8 @@ struct SwigluScratch {
 }
 
 impl SwigluScratch {
-    /// `out = down(silu(gate x) * up x)`.
-    fn swiglu(
-        &mut self,
-        out: &mut [f32],
-        gate: MatRef<'_>,
-        up: MatRef<'_>,
-        down: MatRef<'_>,
-        x: &[f32],
-    ) {
-        let inter = gate.len() / x.len().max(1);
-        self.act.resize(inter, 0.0);
-        self.up.resize(inter, 0.0);
-        matvec(&mut self.act, gate, x);
-        matvec(&mut self.up, up, x);
-        for (a, u) in self.act.iter_mut().zip(&self.up) {
-            *a = silu(*a) * u;
-        }
-        matvec(out, down, &self.act);
-    }
-
     /// `out = down(silu(gate xs) * up xs)` for `tokens` rows of `xs`;
-    /// bit-identical to [`SwigluScratch::swiglu`] per row.
+    /// bit-identical to one row at a time.
     fn swiglu_rows(
         &mut self,
         out: &mut [f32],
