@@ -192,11 +192,8 @@ argmax_rows(const float* x, int cols, int* out) {
     __shared__ float sv[ROUTE_THREADS];
     __shared__ int si[ROUTE_THREADS];
     const float* row = x + (long long)blockIdx.x * cols;
-    float v;
-    int i;
-    thread_best(row, cols, &v, &i);
     float bv;
     int bi;
-    block_argmax(v, i, sv, si, &bv, &bi);
+    block_best(row, cols, sv, si, &bv, &bi);
     if (threadIdx.x == 0) out[blockIdx.x] = bi;
 }

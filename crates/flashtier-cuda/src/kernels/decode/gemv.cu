@@ -103,6 +103,19 @@ struct Mat {
     int bc;
 };
 
+// w[0..8) . x[0..8) (x 16-byte aligned), multiply-adds in element order.
+static __device__ __forceinline__ float dot8(const float* w, const float* x) {
+    const float4 p = ((const float4*)x)[0], q = ((const float4*)x)[1];
+    float d = w[0] * p.x;
+    d = fmaf(w[1], p.y, d);
+    d = fmaf(w[2], p.z, d);
+    d = fmaf(w[3], p.w, d);
+    d = fmaf(w[4], q.x, d);
+    d = fmaf(w[5], q.y, d);
+    d = fmaf(w[6], q.z, d);
+    return fmaf(w[7], q.w, d);
+}
+
 // Lane partials of dot(row `m` of `a`, x[r]) for r < rows over chunks
 // [c0, c1) of 8 elements (vector path) or elements [c0, c1) (scalar path),
 // added into acc; four chunks in flight per lane.
@@ -135,16 +148,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 if (r < rows) {
-                    const float4* xr = (const float4*)(x + r * x_stride + (long long)cu * 8);
-                    const float4 p = xr[0], q = xr[1];
-                    float d = w[u][0] * p.x;
-                    d = fmaf(w[u][1], p.y, d);
-                    d = fmaf(w[u][2], p.z, d);
-                    d = fmaf(w[u][3], p.w, d);
-                    d = fmaf(w[u][4], q.x, d);
-                    d = fmaf(w[u][5], q.y, d);
-                    d = fmaf(w[u][6], q.z, d);
-                    d = fmaf(w[u][7], q.w, d);
+                    const float d = dot8(w[u], x + r * x_stride + (long long)cu * 8);
                     acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
                 }
             }
@@ -157,16 +161,7 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if (r < rows) {
-                const float4* xr = (const float4*)(x + r * x_stride + (long long)c * 8);
-                const float4 p = xr[0], q = xr[1];
-                float d = w[0] * p.x;
-                d = fmaf(w[1], p.y, d);
-                d = fmaf(w[2], p.z, d);
-                d = fmaf(w[3], p.w, d);
-                d = fmaf(w[4], q.x, d);
-                d = fmaf(w[5], q.y, d);
-                d = fmaf(w[6], q.z, d);
-                d = fmaf(w[7], q.w, d);
+                const float d = dot8(w, x + r * x_stride + (long long)c * 8);
                 acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
             }
         }

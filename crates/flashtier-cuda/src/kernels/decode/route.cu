@@ -43,15 +43,20 @@ static __device__ void thread_best(const float* s, int n, float* v, int* idx) {
     *idx = bi;
 }
 
+// The block's best of s[0..n) (the lowest index on ties) into every thread.
+static __device__ void block_best(const float* s, int n, float* sv, int* si, float* bv, int* bi) {
+    float v;
+    int i;
+    thread_best(s, n, &v, &i);
+    block_argmax(v, i, sv, si, bv, bi);
+}
+
 // Top-k of s (destroyed: chosen entries become -inf) into sel_i.
 static __device__ void top_k_into(float* s, int n, int k, int* sel_i, float* sv, int* si) {
     for (int t = 0; t < k; ++t) {
-        float v;
-        int i;
-        thread_best(s, n, &v, &i);
         float bv;
         int bi;
-        block_argmax(v, i, sv, si, &bv, &bi);
+        block_best(s, n, sv, si, &bv, &bi);
         if (threadIdx.x == 0) {
             sel_i[t] = bi < n ? bi : 0;
             if (bi < n) s[bi] = -INFINITY;
