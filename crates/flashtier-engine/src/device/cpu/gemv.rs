@@ -31,7 +31,7 @@ use crate::matrix::{MatRef, block_scale};
 /// registers, enough chains to hide the multiply-add latency.
 pub const LANES: usize = 32;
 
-/// Weight rows dotted together for one token (four memory streams).
+/// Weight rows dotted together for one token (eight memory streams).
 pub const ROW_BLOCK: usize = 8;
 
 /// Tokens that share one pass over a weight row.
