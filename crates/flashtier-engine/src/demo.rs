@@ -136,6 +136,8 @@ pub struct DecodeRun {
     pub miss_bytes_per_token: f64,
     /// Of those, bytes read ahead on the engine's pre-gating hint.
     pub prefetch_bytes_per_token: f64,
+    /// Of the read-ahead bytes, those of records then used.
+    pub prefetch_used_bytes_per_token: f64,
     /// Share of decode time spent waiting for expert reads.
     pub stall_fraction: f64,
     /// Bytes copied host -> device per decode step (GPU tiers; 0 on the CPU).
@@ -440,6 +442,7 @@ fn decode_run(chosen: &Chosen, backing: Backing, out: &Generation) -> DecodeRun 
         expert_hit_rate: e.hit_rate(),
         miss_bytes_per_token: e.bytes_read as f64 / steps,
         prefetch_bytes_per_token: e.prefetch_bytes as f64 / steps,
+        prefetch_used_bytes_per_token: e.prefetch_used_bytes as f64 / steps,
         stall_fraction: if out.decode_secs > 0.0 {
             e.stall_ns as f64 / 1e9 / out.decode_secs
         } else {

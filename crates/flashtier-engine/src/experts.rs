@@ -34,6 +34,10 @@ pub struct ExpertStats {
     pub bytes_read: u64,
     /// Of `bytes_read`, bytes read ahead on a hint.
     pub prefetch_bytes: u64,
+    /// Of `prefetch_bytes`, bytes of records that were then used (the rest
+    /// was read for nothing: the hint was wrong or the record was evicted
+    /// before its use).
+    pub prefetch_used_bytes: u64,
     /// Nanoseconds the engine waited for expert reads.
     pub stall_ns: u64,
     /// Bytes copied from host memory to the device (GPU tiers; 0 on the CPU).
@@ -58,6 +62,9 @@ impl ExpertStats {
             misses: self.misses.saturating_sub(earlier.misses),
             bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
             prefetch_bytes: self.prefetch_bytes.saturating_sub(earlier.prefetch_bytes),
+            prefetch_used_bytes: self
+                .prefetch_used_bytes
+                .saturating_sub(earlier.prefetch_used_bytes),
             stall_ns: self.stall_ns.saturating_sub(earlier.stall_ns),
             h2d_bytes: self.h2d_bytes.saturating_sub(earlier.h2d_bytes),
         }

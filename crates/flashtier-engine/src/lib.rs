@@ -53,6 +53,7 @@ pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod family;
+pub mod hint;
 pub mod load;
 mod loader;
 pub mod matrix;

@@ -312,6 +312,7 @@ fn report(
             "budget_bytes": args.budget,
             "expert_bytes_read_total": out.total_experts.bytes_read,
             "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
+            "prefetch_used_bytes_per_token": e.prefetch_used_bytes as f64 / steps,
             "weight_bytes_per_token": touched,
             "weight_bytes_per_sec": touched as f64 * out.tokens_per_sec(),
             "expert_store": store,

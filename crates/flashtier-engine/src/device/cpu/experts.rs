@@ -15,6 +15,7 @@ use flashtier::experts::{Backing, ExpertPool, Precision};
 use crate::device::ExpertTier;
 use crate::error::EngineError;
 use crate::experts::{ExpertStats, ExpertView, PoolTier, RecordLayout, serve_landed};
+use crate::hint::HintTracker;
 
 /// Records acquired per step of [`PoolExperts::load_all`] (the reads of a
 /// step run at the pool's queue depth).
@@ -31,6 +32,8 @@ pub struct PoolExperts {
     /// The engine's guess for the next sparse layer, read behind the next
     /// step's misses.
     hint: Option<(u32, Vec<u32>)>,
+    /// Which ranks of a guess have been worth reading.
+    tracker: HintTracker,
 }
 
 impl std::fmt::Debug for PoolExperts {
@@ -50,6 +53,7 @@ impl PoolExperts {
             layout,
             stall_ns: 0,
             hint: None,
+            tracker: HintTracker::default(),
         }
     }
 
@@ -76,6 +80,11 @@ impl PoolExperts {
             .iter()
             .map(|&e| record_index(&self.pool, layer, e))
             .collect::<Result<Vec<_>, EngineError>>()?;
+        let ids: Vec<u32> = experts
+            .iter()
+            .filter_map(|&e| u32::try_from(e).ok())
+            .collect();
+        self.tracker.served(layer, &ids);
         let need = self.pool.acquire(&records)?;
         let served = (|| {
             let plan = self.pool.plan(&need)?;
@@ -117,13 +126,15 @@ impl PoolExperts {
         Ok(records)
     }
 
-    /// Remember a guess of `layer`'s next experts (read behind the next
-    /// step's misses).
+    /// Remember a guess of `layer`'s next experts, strongest first: the
+    /// ranks whose guesses have proved right often enough are read behind
+    /// the next step's misses ([`HintTracker`]).
     pub fn hint(&mut self, layer: usize, experts: &[usize]) {
-        let ids = experts
+        let ranked: Vec<u32> = experts
             .iter()
             .filter_map(|&e| u32::try_from(e).ok())
             .collect();
+        let ids = self.tracker.guessed(layer, &ranked);
         self.hint = u32::try_from(layer).ok().map(|l| (l, ids));
     }
 
@@ -187,6 +198,7 @@ impl ExpertTier for PoolExperts {
             misses: s.accesses - s.hits,
             bytes_read: s.bytes_read,
             prefetch_bytes: s.prefetch_bytes,
+            prefetch_used_bytes: s.prefetch_used_bytes,
             stall_ns: self.stall_ns,
             h2d_bytes: 0,
         }

@@ -1,22 +1,21 @@
-//! Matrix times vector(s) on the CPU, at memory bandwidth: `out = W x` for
-//! one token (decode) and for a few tokens at once (a prompt chunk, where
-//! each weight row is read once for up to [`TOKENS`] tokens).
+//! Matrix times vector(s) on the CPU: `out = W x` for one token (decode,
+//! memory-bound) and for a prompt chunk (compute-bound: a register block of
+//! a few weight rows times a few tokens, [`Blocking`]).
 //!
 //! Weights stay in their stored form (BF16, F16, F32, FP8 E4M3 with block
 //! scales) and widen to f32 in registers; activations and accumulation are
 //! f32. Each output is `LANES` fused multiply-add chains over the columns,
 //! reduced in a fixed tree, plus a tail chain: the order depends on the
 //! shape alone, so the result is bit-identical for every instruction set
-//! ([`Isa`]), every thread count, and whether a token is computed alone or
-//! in a group (a prompt chunk gives the same bits as decoding its rows one
-//! at a time).
+//! ([`Isa`]), every thread count, every register block, and whether a token
+//! is computed alone or in a group (a prompt chunk gives the same bits as
+//! decoding its rows one at a time).
 //!
 //! Threads: rayon's global pool (one persistent pool, sized to the cores),
 //! over tasks of [`ROWS_PER_TASK`] weight rows; a group of tokens is taken
 //! [`TOKEN_TILE`] at a time so their activations stay in cache. Memory: no
-//! allocation for one token; a group of tokens uses one `tokens x rows`
-//! transposition buffer per calling thread, kept between calls (bounded by
-//! the largest product: a prompt chunk times the widest matrix).
+//! allocation for one token; a group of tokens allocates one slice
+//! reference per token per task (its part of that token's output row).
 
 use pulp::NullaryFnOnce;
 use rayon::prelude::*;
@@ -49,7 +48,36 @@ pub const ROWS_PER_TASK: usize = 64;
 /// Stored element encodings, widened to f32 exactly.
 trait Widen {
     const BYTES: usize;
+    /// `LANES` stored elements.
+    type Chunk;
     fn one(b: &[u8]) -> f32;
+    /// Whole chunks of `b` (a trailing part chunk is left out).
+    fn chunks(b: &[u8]) -> &[Self::Chunk];
+    /// A chunk widened, lane `l` from element `l`.
+    fn widen(c: &Self::Chunk) -> [f32; LANES];
+}
+
+/// The `Chunk`, `chunks` and `widen` of a [`Widen`] from its `one`.
+macro_rules! chunked {
+    ($bytes:literal) => {
+        const BYTES: usize = $bytes;
+        type Chunk = [u8; $bytes * LANES];
+        #[inline(always)]
+        fn chunks(b: &[u8]) -> &[Self::Chunk] {
+            let whole = b.len() - b.len() % ($bytes * LANES);
+            bytemuck::cast_slice(&b[..whole])
+        }
+        #[inline(always)]
+        fn widen(c: &Self::Chunk) -> [f32; LANES] {
+            // A plain loop: `array::from_fn`'s machinery is not always
+            // inlined into the instruction set's function.
+            let mut w = [0f32; LANES];
+            for (l, wl) in w.iter_mut().enumerate() {
+                *wl = Self::one(&c[l * $bytes..(l + 1) * $bytes]);
+            }
+            w
+        }
+    };
 }
 
 struct Bf16;
@@ -58,7 +86,7 @@ struct F32le;
 struct E4m3;
 
 impl Widen for Bf16 {
-    const BYTES: usize = 2;
+    chunked!(2);
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
         f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
@@ -66,7 +94,7 @@ impl Widen for Bf16 {
 }
 
 impl Widen for F16 {
-    const BYTES: usize = 2;
+    chunked!(2);
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
         f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
@@ -74,7 +102,7 @@ impl Widen for F16 {
 }
 
 impl Widen for F32le {
-    const BYTES: usize = 4;
+    chunked!(4);
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
         f32::from_le_bytes([b[0], b[1], b[2], b[3]])
@@ -82,7 +110,7 @@ impl Widen for F32le {
 }
 
 impl Widen for E4m3 {
-    const BYTES: usize = 1;
+    chunked!(1);
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
         E4M3_TO_F32[usize::from(b[0])]
@@ -160,6 +188,125 @@ fn dots<W: Widen, const R: usize, const T: usize>(
         }
     }
     out
+}
+
+/// A prompt chunk's register block: `R` stored rows (`cols` elements each)
+/// against `T` activation rows (`cols` values each). Each widened weight
+/// chunk serves `T` tokens and each activation chunk `R` rows from
+/// registers; every output's arithmetic is [`dots`]'s (the same lanes, the
+/// same order along the columns, the same tree and tail).
+#[inline(always)]
+fn tile<W: Widen, const R: usize, const T: usize>(
+    rows: [&[u8]; R],
+    xs: [&[f32]; T],
+    cols: usize,
+) -> [[f32; T]; R] {
+    let full = cols / LANES;
+    let mut wc: [&[W::Chunk]; R] = [&[]; R];
+    for (c, r) in wc.iter_mut().zip(rows) {
+        *c = &W::chunks(r)[..full];
+    }
+    let mut xc: [&[[f32; LANES]]; T] = [&[]; T];
+    for (c, x) in xc.iter_mut().zip(xs) {
+        *c = bytemuck::cast_slice(&x[..full * LANES]);
+    }
+    let mut acc = [[[0f32; LANES]; T]; R];
+    for c in 0..full {
+        let mut w = [[0f32; LANES]; R];
+        for (w, rc) in w.iter_mut().zip(&wc) {
+            *w = W::widen(&rc[c]);
+        }
+        for t in 0..T {
+            // A copy: values, not a pointer that might alias the sums.
+            let x: [f32; LANES] = xc[t][c];
+            for r in 0..R {
+                for l in 0..LANES {
+                    acc[r][t][l] = w[r][l].mul_add(x[l], acc[r][t][l]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; T]; R];
+    for ((out_r, acc_r), row) in out.iter_mut().zip(acc).zip(rows) {
+        for ((o, a), x) in out_r.iter_mut().zip(acc_r).zip(xs) {
+            let mut tail = 0f32;
+            for i in full * LANES..cols {
+                let w = W::one(&row[i * W::BYTES..(i + 1) * W::BYTES]);
+                tail = w.mul_add(x[i], tail);
+            }
+            *o = reduce(a) + tail;
+        }
+    }
+    out
+}
+
+/// One task's rows against one tile of tokens in `R x T` register blocks
+/// (a single row or token where fewer are left): rows `row0..` of `bytes`
+/// (as many as each of `outs` holds) against the tile's tokens `xs`, into
+/// `outs` (one slice per token of the tile).
+#[inline(always)]
+fn tile_rows<W: Widen, const R: usize, const T: usize>(
+    outs: &mut [&mut [f32]],
+    bytes: &[u8],
+    row0: usize,
+    xs: &[f32],
+    cols: usize,
+) {
+    let rows = outs.first().map_or(0, |o| o.len());
+    let tn = outs.len();
+    let row = |i: usize| &bytes[(row0 + i) * cols * W::BYTES..(row0 + i + 1) * cols * W::BYTES];
+    let x = |t: usize| &xs[t * cols..(t + 1) * cols];
+    let rows_from = |i: usize| {
+        let mut a: [&[u8]; R] = [&[]; R];
+        for (k, r) in a.iter_mut().enumerate() {
+            *r = row(i + k);
+        }
+        a
+    };
+    let xs_from = |t: usize| {
+        let mut a: [&[f32]; T] = [&[]; T];
+        for (k, v) in a.iter_mut().enumerate() {
+            *v = x(t + k);
+        }
+        a
+    };
+    let mut put = |i: usize, t: usize, v: f32| outs[t][i] = v;
+    let mut i = 0;
+    while i < rows {
+        let rn = if rows - i >= R { R } else { 1 };
+        let mut t = 0;
+        while t < tn {
+            let step = if tn - t >= T { T } else { 1 };
+            match (rn == R, step == T) {
+                (true, true) => {
+                    let got = tile::<W, R, T>(rows_from(i), xs_from(t), cols);
+                    for (k, vals) in got.iter().enumerate() {
+                        for (j, v) in vals.iter().enumerate() {
+                            put(i + k, t + j, *v);
+                        }
+                    }
+                }
+                (true, false) => {
+                    let got = tile::<W, R, 1>(rows_from(i), [x(t)], cols);
+                    for (k, [v]) in got.iter().enumerate() {
+                        put(i + k, t, *v);
+                    }
+                }
+                (false, true) => {
+                    let [got] = tile::<W, 1, T>([row(i)], xs_from(t), cols);
+                    for (j, v) in got.iter().enumerate() {
+                        put(i, t + j, *v);
+                    }
+                }
+                (false, false) => {
+                    let [[v]] = tile::<W, 1, 1>([row(i)], [x(t)], cols);
+                    put(i, t, v);
+                }
+            }
+            t += step;
+        }
+        i += rn;
+    }
 }
 
 /// Rows `r, r + step, .., r + (R - 1) step`'s dot products with `T`
@@ -296,65 +443,68 @@ pub fn matmul_on(isa: Isa, out: &mut [f32], w: MatRef<'_>, xs: &[f32], tokens: u
         "matmul shape mismatch"
     );
     if tokens == 1 {
-        products(isa, out, &w, xs, cols, 1);
+        products(isa, out, &w, xs, cols);
         return;
     }
-    // Row-major by weight row (`rows x tokens`) so tasks own whole chunks;
-    // transposed into `out` after.
-    BY_ROW.with(|cell| {
-        // A nested call on this thread (a rayon worker that stole another
-        // product while waiting) finds it borrowed and uses its own.
-        let mut own = Vec::new();
-        let mut held = cell.try_borrow_mut();
-        let by_row = match held.as_deref_mut() {
-            Ok(buf) => buf,
-            Err(_) => &mut own,
-        };
-        by_row.clear();
-        by_row.resize(rows * tokens, 0.0);
-        products(isa, by_row, &w, xs, cols, tokens);
-        for (r, vals) in by_row.chunks_exact(tokens).enumerate() {
-            for (t, v) in vals.iter().enumerate() {
-                out[t * rows + r] = *v;
-            }
+    grouped(isa, out, &w, xs, [rows, cols, tokens]);
+}
+
+/// A prompt chunk's products: each task takes [`ROWS_PER_TASK`] weight rows
+/// against every token and writes its part of each token's output row in
+/// place (one slice per token, so no transposition afterwards).
+fn grouped(
+    isa: Isa,
+    out: &mut [f32],
+    w: &MatRef<'_>,
+    xs: &[f32],
+    [rows, cols, tokens]: [usize; 3],
+) {
+    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    let mut parts: Vec<Vec<&mut [f32]>> = (0..tasks).map(|_| Vec::with_capacity(tokens)).collect();
+    for token_row in out.chunks_exact_mut(rows) {
+        for (part, piece) in parts.iter_mut().zip(token_row.chunks_mut(ROWS_PER_TASK)) {
+            part.push(piece);
         }
-    });
-}
-
-thread_local! {
-    /// The calling thread's transposition buffer, kept between calls (a
-    /// fresh multi-MiB buffer per call is fresh pages the kernel must zero).
-    static BY_ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Every task of [`ROWS_PER_TASK`] weight rows on the pool, into `by_row`
-/// (`rows x tokens`, row-major by weight row).
-fn products(isa: Isa, by_row: &mut [f32], w: &MatRef<'_>, xs: &[f32], cols: usize, tokens: usize) {
-    by_row
-        .par_chunks_mut(ROWS_PER_TASK * tokens)
+    }
+    let blocking = Blocking::of(isa);
+    parts
+        .into_par_iter()
         .enumerate()
-        .for_each(|(task, out)| {
-            let row0 = task * ROWS_PER_TASK;
-            isa.run(Rows {
-                out,
+        .for_each(|(task, mut outs)| {
+            isa.run(Group {
+                outs: &mut outs,
                 w,
-                row0,
+                row0: task * ROWS_PER_TASK,
                 xs,
                 cols,
-                tokens,
+                blocking,
             });
         });
 }
 
-/// One task: weight rows from `row0` against every token, into `out`
-/// (`rows x tokens`, row-major by weight row).
+/// One token's products: every task of [`ROWS_PER_TASK`] weight rows on the
+/// pool, into `out`.
+fn products(isa: Isa, out: &mut [f32], w: &MatRef<'_>, x: &[f32], cols: usize) {
+    out.par_chunks_mut(ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, out)| {
+            isa.run(Rows {
+                out,
+                w,
+                row0: task * ROWS_PER_TASK,
+                x,
+                cols,
+            });
+        });
+}
+
+/// One task of one token: weight rows from `row0` against `x`, into `out`.
 struct Rows<'a, 'w> {
     out: &'a mut [f32],
     w: &'a MatRef<'w>,
     row0: usize,
-    xs: &'a [f32],
+    x: &'a [f32],
     cols: usize,
-    tokens: usize,
 }
 
 impl NullaryFnOnce for Rows<'_, '_> {
@@ -365,53 +515,123 @@ impl NullaryFnOnce for Rows<'_, '_> {
             out,
             w,
             row0,
+            x,
+            cols,
+        } = self;
+        // A full task: ROW_BLOCK streams, each over a contiguous run of
+        // `step` rows (row `g + k step` in group `g`, stream `k`).
+        let step = out.len() / ROW_BLOCK;
+        for g in 0..step {
+            let got = block_dots::<ROW_BLOCK, 1>(w, row0 + g, step, x, cols);
+            for (k, v) in got.iter().enumerate() {
+                out[g + k * step] = v[0];
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(step * ROW_BLOCK) {
+            *o = row_dots::<1>(w, row0 + i, x, cols)[0];
+        }
+    }
+}
+
+/// One task of a prompt chunk: weight rows from `row0` against every token,
+/// into `outs` (per token, this task's rows of its output).
+struct Group<'a, 'o, 'w> {
+    outs: &'a mut [&'o mut [f32]],
+    w: &'a MatRef<'w>,
+    row0: usize,
+    xs: &'a [f32],
+    cols: usize,
+    blocking: Blocking,
+}
+
+impl NullaryFnOnce for Group<'_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn call(self) {
+        let Group {
+            outs,
+            w,
+            row0,
             xs,
             cols,
-            tokens,
+            blocking,
         } = self;
-        if tokens == 1 {
-            // A full task: ROW_BLOCK streams, each over a contiguous run of
-            // `step` rows (row `g + k step` in group `g`, stream `k`).
-            let step = out.len() / ROW_BLOCK;
-            for g in 0..step {
-                let got = block_dots::<ROW_BLOCK, 1>(w, row0 + g, step, xs, cols);
-                for (k, v) in got.iter().enumerate() {
-                    out[g + k * step] = v[0];
-                }
-            }
-            for (i, o) in out.iter_mut().enumerate().skip(step * ROW_BLOCK) {
-                *o = row_dots::<1>(w, row0 + i, xs, cols)[0];
-            }
-            return;
-        }
         // Tokens in tiles of TOKEN_TILE: a tile's activations stay in the
         // core's cache while every row of the task passes over them (all the
         // tokens' activations would be streamed again for every row).
-        let rows = out.len() / tokens;
         let mut t0 = 0;
-        while t0 < tokens {
-            let tn = (tokens - t0).min(TOKEN_TILE);
-            for i in 0..rows {
-                let o = &mut out[i * tokens + t0..i * tokens + t0 + tn];
-                token_group(o, w, row0 + i, &xs[t0 * cols..], cols);
+        while t0 < outs.len() {
+            let tn = (outs.len() - t0).min(TOKEN_TILE);
+            let tile_xs = &xs[t0 * cols..(t0 + tn) * cols];
+            let tile_outs = &mut outs[t0..t0 + tn];
+            match (*w, blocking) {
+                (MatRef::Raw(b, Dtype::Bf16), Blocking::Wide) => {
+                    tile_rows::<Bf16, 3, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                (MatRef::Raw(b, Dtype::Bf16), Blocking::Narrow) => {
+                    tile_rows::<Bf16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                (MatRef::Raw(b, Dtype::F16), Blocking::Wide) => {
+                    tile_rows::<F16, 2, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                (MatRef::Raw(b, Dtype::F16), Blocking::Narrow) => {
+                    tile_rows::<F16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                (MatRef::Raw(b, Dtype::F32), _) => {
+                    tile_rows::<F32le, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                (MatRef::Raw(b, Dtype::F8E4M3), _) => {
+                    tile_rows::<E4m3, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                }
+                _ => token_group(tile_outs, w, row0, tile_xs, cols),
             }
             t0 += tn;
         }
     }
 }
 
-/// Row `r` against every token, [`TOKENS`] at a time.
-#[inline(always)]
-fn token_group(out: &mut [f32], w: &MatRef<'_>, r: usize, xs: &[f32], cols: usize) {
-    let mut t = 0;
-    while t + TOKENS <= out.len() {
-        let got = row_dots::<TOKENS>(w, r, &xs[t * cols..], cols);
-        out[t..t + TOKENS].copy_from_slice(&got);
-        t += TOKENS;
+/// The register block of a prompt chunk's products on an instruction set:
+/// `Wide` where there are 32 vector registers of 16 lanes (AVX-512: BF16 in
+/// blocks of 3 rows x 4 tokens, 24 accumulators of two registers; F16, whose
+/// widening needs more registers, 2 x 4), `Narrow` (1 row x 4 tokens)
+/// elsewhere; F32 and FP8 rows take 1 x 4 everywhere. Measured with `flashtier
+/// bench cpu --tokens 16`: 3 x 4 beat 2 x 4, 2 x 6 and 1 x 8 on BF16. The
+/// block changes which registers hold what, never the arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blocking {
+    Wide,
+    Narrow,
+}
+
+impl Blocking {
+    fn of(isa: Isa) -> Blocking {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(_) => Blocking::Wide,
+            _ => Blocking::Narrow,
+        }
     }
-    while t < out.len() {
-        out[t] = row_dots::<1>(w, r, &xs[t * cols..], cols)[0];
-        t += 1;
+}
+
+/// Rows `row0..` (as many as each of `outs` holds) against every token,
+/// [`TOKENS`] at a time, for any matrix form; `outs` one slice per token.
+#[inline(always)]
+fn token_group(outs: &mut [&mut [f32]], w: &MatRef<'_>, row0: usize, xs: &[f32], cols: usize) {
+    let rows = outs.first().map_or(0, |o| o.len());
+    for i in 0..rows {
+        let mut t = 0;
+        while t < outs.len() {
+            if outs.len() - t >= TOKENS {
+                let got = row_dots::<TOKENS>(w, row0 + i, &xs[t * cols..], cols);
+                for (j, v) in got.iter().enumerate() {
+                    outs[t + j][i] = *v;
+                }
+                t += TOKENS;
+            } else {
+                outs[t][i] = row_dots::<1>(w, row0 + i, &xs[t * cols..], cols)[0];
+                t += 1;
+            }
+        }
     }
 }
 

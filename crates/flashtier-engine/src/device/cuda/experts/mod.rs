@@ -262,6 +262,7 @@ impl ExpertTier for CudaExperts {
             misses,
             bytes_read: s.bytes_read,
             prefetch_bytes: s.prefetch_bytes,
+            prefetch_used_bytes: s.prefetch_used_bytes,
             stall_ns: self.stall_ns,
             h2d_bytes: self.tier.h2d_bytes,
         }
