@@ -436,7 +436,11 @@ impl Device for CudaDevice {
         if experts.resident_all() || routes.rows() != 1 {
             return Ok(());
         }
-        let (ids, _) = routes.to_host(&self.kernels)?;
+        let (ids, weights) = routes.to_host(&self.kernels)?;
+        // Strongest first (ties to the lower id): the tier scores ranks.
+        let mut ranked: Vec<(u32, f32)> = ids.into_iter().zip(weights).collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let ids: Vec<u32> = ranked.iter().map(|(e, _)| *e).collect();
         experts.hint(layer, &ids);
         Ok(())
     }

@@ -45,6 +45,7 @@ use flashtier_cuda::ops::experts::{ExpertSlots, ExpertSpec};
 use crate::device::ExpertTier;
 use crate::error::EngineError;
 use crate::experts::{ExpertStats, PoolTier, RecordLayout};
+use crate::hint::HintTracker;
 use hbm::HbmSlots;
 
 /// Which memory the expert kernels read.
@@ -99,6 +100,8 @@ pub struct CudaExperts {
     uses: u64,
     tier: TierStats,
     hint: Option<(u32, Vec<u32>)>,
+    /// Which ranks of a guess have been worth reading.
+    tracker: HintTracker,
 }
 
 impl std::fmt::Debug for CudaExperts {
@@ -187,6 +190,7 @@ impl CudaExperts {
         let mut distinct: Vec<u32> = ids.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
+        self.tracker.served(layer, &distinct);
         if let Some(&bad) = distinct.iter().find(|&&e| e as usize >= self.experts) {
             return Err(EngineError::ExpertOutOfRange {
                 layer,
@@ -224,12 +228,14 @@ impl CudaExperts {
         Ok(())
     }
 
-    /// Remember a guess of `layer`'s next experts.
+    /// Remember a guess of `layer`'s next experts, strongest first: the
+    /// ranks whose guesses have proved right often enough are read behind
+    /// the next step's reads ([`HintTracker`]).
     pub fn hint(&mut self, layer: usize, experts: &[u32]) {
         if self.resident_all {
             return;
         }
-        let mut ids = experts.to_vec();
+        let mut ids = self.tracker.guessed(layer, experts);
         ids.sort_unstable();
         ids.dedup();
         self.hint = u32::try_from(layer).ok().map(|l| (l, ids));

@@ -21,6 +21,7 @@ use super::hbm::HbmSlots;
 use super::{CudaExperts, ExpertPath, TierBudgets, TierStats};
 use crate::error::EngineError;
 use crate::experts::RecordLayout;
+use crate::hint::HintTracker;
 
 /// Pinned memory for the RAM pool's arena, shared with the copies and
 /// kernels that read it.
@@ -172,6 +173,7 @@ impl CudaExperts {
             uses: 0,
             tier: TierStats::default(),
             hint: None,
+            tracker: HintTracker::default(),
         };
         if path == ExpertPath::Hbm && hbm_slots >= records {
             tiers.load_all(layers)?;
