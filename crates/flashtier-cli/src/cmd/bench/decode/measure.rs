@@ -5,9 +5,10 @@
 //! bound on a streamed decode ([`streamed_bound`]).
 //!
 //! Bounds: the bandwidth probes read 4 GiB (HBM), copy 2 GiB (device to
-//! device) and 2 GiB in 8 MiB pieces (host to device); the drive probe
-//! reads 16 to 4096 whole records the decode did not read, at the decode's
-//! queue depth, so no cache serves them.
+//! device) and 2 GiB in 8 MiB pieces (host to device); the drive probes
+//! read [`PROBE_RECORDS`] whole records each, one before the streamed decode
+//! and one after it on records neither the decode nor the first probe read,
+//! at the decode's queue depth, so no cache serves them.
 
 use std::path::Path;
 
@@ -54,6 +55,8 @@ pub(super) struct ClassRow {
 #[derive(Debug, Serialize)]
 pub(super) struct Streamed {
     pub(super) drive_bytes_per_sec: f64,
+    pub(super) drive_before_bytes_per_sec: f64,
+    pub(super) drive_after_bytes_per_sec: f64,
     pub(super) drive_probe_reads: usize,
     pub(super) io_bound_tokens_per_sec: f64,
     pub(super) fraction_of_io_bound: f64,
@@ -112,32 +115,67 @@ pub(super) fn profile(
     })
 }
 
-/// The drive on records the decode did not read, as many as it read, at
-/// the same queue depth; the I/O bound and a faster drive's projection.
-pub(super) fn streamed_bound(
-    store: &Path,
+/// `want` records (whole strides) of `opened` whose offsets are not in
+/// `exclude`, spread over the store.
+pub(super) fn fresh_extents(
     opened: &Store,
-    decode: &[Extent],
-    run: &Run,
-    qd: usize,
-) -> anyhow::Result<Streamed> {
-    let read: std::collections::HashSet<u64> = decode.iter().map(|e| e.offset).collect();
+    exclude: &std::collections::HashSet<u64>,
+    want: usize,
+) -> anyhow::Result<Vec<Extent>> {
     let len = opened.stride_bytes() as usize;
-    let want = decode.len().clamp(16, 4096);
     let mut fresh = Vec::with_capacity(want);
     let records = opened.record_count();
     for i in 0..records {
         let r = (i.wrapping_mul(0x9E37_79B9) + 7) % records;
         let offset = opened.record_offset(r)?;
-        if !read.contains(&offset) && fresh.iter().all(|e: &Extent| e.offset != offset) {
+        if !exclude.contains(&offset) && fresh.iter().all(|e: &Extent| e.offset != offset) {
             fresh.push(Extent { offset, len });
         }
         if fresh.len() >= want {
             break;
         }
     }
+    Ok(fresh)
+}
+
+/// Records the drive probes read on each side of the streamed decode.
+pub(super) const PROBE_RECORDS: usize = 256;
+
+/// The drive read `PROBE_RECORDS` records at the pool's queue depth: the
+/// probe before the streamed decode (records from the end of the probe
+/// order, which the decode's pool has not read yet).
+pub(super) fn probe_before(
+    store: &Path,
+    opened: &Store,
+    qd: usize,
+) -> anyhow::Result<(f64, Vec<Extent>)> {
+    let all = fresh_extents(opened, &Default::default(), 2 * PROBE_RECORDS)?;
+    let mine = all[all.len().saturating_sub(PROBE_RECORDS)..].to_vec();
+    let probe = read_extents(store, &mine, qd, Refill::Sliding, &mut |_| {})?;
+    Ok((probe.bytes_per_sec(), mine))
+}
+
+/// The drive on records neither the decode nor the first probe read, as
+/// many as the first probe, at the same queue depth, right after the
+/// decode; the I/O bound from the mean of the two probes (the drive's rate
+/// around the decode), and a faster drive's projection.
+pub(super) fn streamed_bound(
+    store: &Path,
+    opened: &Store,
+    decode: &[Extent],
+    (run, qd): (&Run, usize),
+    (before, before_reads): (f64, &[Extent]),
+) -> anyhow::Result<Streamed> {
+    let mut exclude: std::collections::HashSet<u64> = decode.iter().map(|e| e.offset).collect();
+    exclude.extend(before_reads.iter().map(|e| e.offset));
+    let fresh = fresh_extents(opened, &exclude, before_reads.len().max(16))?;
     let probe = read_extents(store, &fresh, qd, Refill::Sliding, &mut |_| {})?;
-    let drive = probe.bytes_per_sec();
+    let after = probe.bytes_per_sec();
+    let drive = if before > 0.0 {
+        (before + after) / 2.0
+    } else {
+        after
+    };
     let bound = if run.miss_bytes_per_token > 0.0 {
         drive / run.miss_bytes_per_token
     } else {
@@ -148,6 +186,8 @@ pub(super) fn streamed_bound(
     let at_fast = 1.0 / (compute.max(run.miss_bytes_per_token / 14e9));
     Ok(Streamed {
         drive_bytes_per_sec: drive,
+        drive_before_bytes_per_sec: before,
+        drive_after_bytes_per_sec: after,
         drive_probe_reads: fresh.len(),
         io_bound_tokens_per_sec: bound,
         fraction_of_io_bound: run.tokens_per_sec / bound,

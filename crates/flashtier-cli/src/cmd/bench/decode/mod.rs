@@ -46,7 +46,7 @@ use flashtier_io::{PosixBackend, StorageBackend};
 use serde::Serialize;
 
 use crate::kit::{self, parse_bytes};
-use measure::{measure_limits, profile, streamed_bound};
+use measure::{measure_limits, probe_before, profile, streamed_bound};
 use report::{Report, emit, hf_runs, mode_run, speedups};
 
 /// A decode mode.
@@ -212,6 +212,10 @@ fn run_mode(
     show: bool,
 ) -> anyhow::Result<()> {
     let (hbm, ram) = mode_budgets(args, mode, report.expert_bytes);
+    let probe = match mode {
+        Mode::Streamed => Some(probe_before(store, opened, args.queue_depth)?),
+        _ => None,
+    };
     let (mut m, logger) = load_mode(args, mode, store, (hbm, ram))?;
     let cfg = m.config().clone();
     (report.layers, report.experts, report.top_k) = (cfg.num_layers, cfg.num_experts, cfg.top_k);
@@ -240,12 +244,13 @@ fn run_mode(
         Mode::Streamed => {
             let read = logger.reads();
             let decode_reads = &read[before.min(read.len())..];
+            let (before, before_reads) = probe.unwrap_or_default();
             report.streamed = Some(streamed_bound(
                 store,
                 opened,
                 decode_reads,
-                &run,
-                args.queue_depth,
+                (&run, args.queue_depth),
+                (before, &before_reads),
             )?);
         }
         Mode::Ram => {

@@ -219,15 +219,17 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
     }
     if let Some(s) = &r.streamed {
         println!(
-            "streamed: drive {:.2} GB/s, I/O bound {:.2} tok/s, {:.0}% of it; at 14 GB/s: {:.1} tok/s",
+            "streamed: drive {:.2} GB/s (probes before / after the decode: {:.2} / {:.2}), I/O bound {:.2} tok/s, {:.0}% of it; at 14 GB/s: {:.1} tok/s",
             gb(s.drive_bytes_per_sec),
+            gb(s.drive_before_bytes_per_sec),
+            gb(s.drive_after_bytes_per_sec),
             s.io_bound_tokens_per_sec,
             100.0 * s.fraction_of_io_bound,
             s.projected_tokens_per_sec_at_14gbps
         );
         if s.fraction_of_io_bound > 1.1 {
             println!(
-                "  (above the bound: the decode's reads went faster than the probe's {} fresh records right after it, so the drive varied between the two; read the fraction as 100%, not more)",
+                "  (above the bound: the decode's reads went faster than the probes' {} fresh records each before and after it, so the drive varied; read the fraction as 100%, not more)",
                 s.drive_probe_reads
             );
         }
