@@ -18,7 +18,10 @@
 //! Bounds: the state holds `max_seqs * num_q_heads * (head_dim + 2)` f32,
 //! allocated once in [`AttnState::new`]; a step allocates one score buffer of
 //! `gqa_ratio * block_tokens` f32 per (sequence, kv head) task. Work is
-//! spread over rayon's pool by (sequence, kv head).
+//! spread over rayon's pool by (sequence, kv head); a [`FoldRunner`] given
+//! to [`AttnState::step_tile_on`] runs each task (the engine's enables the
+//! instruction set it picked at run time), with the same bits whatever it
+//! enables.
 //!
 //! ```
 //! use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
@@ -243,6 +246,8 @@ pub struct AttnState {
 #[path = "attention_kernel.rs"]
 mod kernel;
 
+pub use kernel::{Baseline, FoldRunner, FoldTask};
+
 impl AttnState {
     /// A state for `dims` (validated), ready for `begin_step`.
     pub fn new(dims: AttentionDims) -> Result<Self, AttentionError> {
@@ -289,6 +294,18 @@ impl AttnState {
     /// head_dim]` f32; scores are `q . k * softmax_scale()` (for another
     /// scale `s`, pass `q * s / softmax_scale()`).
     pub fn step_tile(&mut self, q: &[f32], tile: &KvTile<'_>) -> Result<(), AttentionError> {
+        self.step_tile_on(q, tile, &Baseline)
+    }
+
+    /// [`AttnState::step_tile`], each (sequence, kv head) task's fold run
+    /// through `runner` (which may enable wider vector instructions for
+    /// it: the same bits, faster).
+    pub fn step_tile_on<R: FoldRunner>(
+        &mut self,
+        q: &[f32],
+        tile: &KvTile<'_>,
+        runner: &R,
+    ) -> Result<(), AttentionError> {
         let d = self.dims;
         let rows = self.num_seqs * d.num_q_heads;
         check_len("q", q.len(), rows * d.head_dim)?;
@@ -306,7 +323,16 @@ impl AttnState {
                 let q0 = (seq * d.num_q_heads + kvh * gqa) * hd;
                 let qg = q.get(q0..q0 + gqa * hd).unwrap_or_default();
                 if let Some(ts) = tile.seqs.get(seq) {
-                    kernel::fold_seq_head(&d, tile, ts, kvh, qg, m, l, o);
+                    runner.fold(FoldTask {
+                        d: &d,
+                        tile,
+                        ts,
+                        kvh,
+                        qg,
+                        m,
+                        l,
+                        o,
+                    });
                 }
             });
         Ok(())

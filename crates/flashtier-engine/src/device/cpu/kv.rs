@@ -1,11 +1,23 @@
-//! The KV cache of one sequence, and decode attention over it through the KV
-//! tier's tiled decode attention ([`flashtier::kv::attention`]).
+//! The KV cache of one sequence, and attention over it through the KV
+//! tier's tiled attention ([`flashtier::kv::attention`]).
 //!
 //! Keys and values are kept as BF16 in the KV tier's paged layout
-//! `[block, token, kv_head, dim]`, `BLOCK_TOKENS` tokens a block; the last
-//! block may be partly filled. Attention folds the blocks into an
-//! [`AttnState`] tile by tile (`begin_step`, `step_tile` per `TILE_BLOCKS`
-//! blocks, `finalize_f32`), exactly the path restored KV tiles take.
+//! `[block, token, kv_head, dim]`, `BLOCK_TOKENS` tokens a block; each
+//! layer's buffers always hold whole blocks (the last one filled up to the
+//! positions pushed), so attention reads them in place. Attention folds the
+//! blocks into an [`AttnState`] tile by tile (`begin_step`, `step_tile_on`
+//! per `TILE_BLOCKS` blocks, `finalize_f32`), exactly the path restored KV
+//! tiles take.
+//!
+//! A prompt chunk pushes its rows' keys and values first, then attends its
+//! query rows together: each row is one sequence of a tier step whose
+//! blocks end at the row's own position (causal), so it folds exactly the
+//! blocks, in exactly the order, that attending it alone after its push
+//! would: the same bits. A step takes at most [`ROW_GROUP`] rows (fewer if
+//! their scratch would pass [`MAX_SCRATCH_VALUES`]); its (row, kv head)
+//! tasks run on rayon's global pool, each on its own slices of the state,
+//! with the vector instructions [`Isa::current`] picked (the same bits as
+//! the baseline: the fold has no fused multiply-adds).
 //!
 //! Two precisions ([`KvPrecision`]):
 //! - `Bf16`: one BF16 per value, as deployments keep KV (half the memory;
@@ -20,30 +32,40 @@
 //!   `head_dim <= 128` (the tier's limit is 256).
 //!
 //! Bound: at most `capacity` positions per layer (`capacity x num_kv_heads x
-//! head_dim x 2` BF16 values per layer, growing with the positions held); a
-//! push past it is [`EngineError::ContextFull`]. With a sliding window
-//! (Mixtral) the capacity is the window, so no position ever falls out of it.
+//! head_dim x 2` BF16 values per layer, growing a block at a time with the
+//! positions held); a push past it is [`EngineError::ContextFull`]. With a
+//! sliding window (Mixtral) the capacity is the window, so no position ever
+//! falls out of it.
+//!
+//! Memory besides the blocks, kept between calls: the state of one step
+//! (`rows x q_heads x (width + 2)` f32, `width` the stored head width), the
+//! widened queries and outputs of `Bf16x2` (`rows x q_heads x width` f32
+//! each), `rows` at most [`ROW_GROUP`]; each (row, kv head) task allocates
+//! a score buffer of `gqa_ratio x BLOCK_TOKENS` f32.
 //!
 //! Limits on what a config sets, checked by [`KvCache::new`] before anything
 //! is allocated ([`EngineError::TooLarge`]): `capacity` (from
 //! `max_position_embeddings` or `sliding_window`) at most [`MAX_POSITIONS`];
 //! layers at most [`MAX_LAYERS`];
 //! the cache at full capacity (K and V of every layer) within u64 bytes;
-//! the widened query and output scratch (`q_heads x` stored head width f32)
-//! at most [`MAX_SCRATCH_VALUES`] values each.
+//! the widened query and output scratch of one row (`q_heads x` stored head
+//! width f32) at most [`MAX_SCRATCH_VALUES`] values each.
 
 use half::bf16;
 
+use super::isa::Isa;
 use crate::config::bounds::MAX_LAYERS;
 use crate::device::{KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
-use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
+use flashtier::kv::attention::{
+    AttentionDims, AttentionError, AttnState, FoldRunner, FoldTask, KvTile, TileSeq,
+};
 use flashtier_format::kv::KvStrides;
 
 /// Tokens per KV block.
 pub const BLOCK_TOKENS: usize = 16;
 
-/// Blocks folded per `step_tile` call.
+/// Blocks folded per `step_tile_on` call.
 pub const TILE_BLOCKS: usize = 32;
 
 /// Most positions one cache holds (16 Mi: above any supported model's
@@ -53,18 +75,31 @@ pub const MAX_POSITIONS: usize = 1 << 24;
 /// Most f32 values of the query and output scratch (64 MiB each).
 pub const MAX_SCRATCH_VALUES: usize = 1 << 24;
 
+/// Most query rows one attention step takes: 64 rows of 8 kv heads are
+/// 512 tasks, plenty to balance over the cores, and Qwen3-30B's 64 x 32
+/// heads x 256 stored values are 2 MiB of state.
+pub const ROW_GROUP: usize = 64;
+
 /// Keys and values of every layer, BF16 bytes, paged layout.
 #[derive(Debug)]
 pub struct KvCache {
+    /// Whole blocks per layer.
     keys: Vec<Vec<u8>>,
     values: Vec<Vec<u8>>,
+    /// Positions each layer holds.
+    held: Vec<usize>,
     precision: KvPrecision,
     head_dim: usize,
-    /// Scratch for the widened query and output (`Bf16x2`).
+    /// Scratch for the widened queries and outputs (`Bf16x2`).
     q_wide: Vec<f32>,
     out_wide: Vec<f32>,
+    /// Sized for `group` rows (`max_seqs`).
     dims: AttentionDims,
     state: AttnState,
+    /// Rows per attention step.
+    group: usize,
+    /// The instruction set the fold runs on.
+    isa: Isa,
     capacity: usize,
     len: usize,
 }
@@ -81,6 +116,31 @@ impl KvState for KvCache {
     fn advance(&mut self, n: usize) {
         self.len += n;
     }
+}
+
+/// Runs each fold task on an instruction set.
+struct IsaFold(Isa);
+
+/// One task under [`Isa::run`]: `call` inlines the whole fold.
+struct FoldBody<'a>(FoldTask<'a>);
+
+impl pulp::NullaryFnOnce for FoldBody<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        self.0.run();
+    }
+}
+
+impl FoldRunner for IsaFold {
+    fn fold(&self, task: FoldTask<'_>) {
+        self.0.run(FoldBody(task));
+    }
+}
+
+fn attention_err(e: AttentionError) -> EngineError {
+    EngineError::Attention(e.to_string())
 }
 
 /// The limits of the module docs for a cache of `spec` storing heads
@@ -152,17 +212,21 @@ impl KvCache {
             )));
         }
         let scratch = check_limits(spec, width)?;
-        let dims = AttentionDims::new(1, num_q_heads, num_kv_heads, width, BLOCK_TOKENS);
-        let state = AttnState::new(dims).map_err(|e| EngineError::Attention(e.to_string()))?;
+        let group = (MAX_SCRATCH_VALUES / scratch.max(1)).clamp(1, ROW_GROUP);
+        let dims = AttentionDims::new(group, num_q_heads, num_kv_heads, width, BLOCK_TOKENS);
+        let state = AttnState::new(dims).map_err(attention_err)?;
         Ok(Self {
             keys: vec![Vec::new(); num_layers],
             values: vec![Vec::new(); num_layers],
+            held: vec![0; num_layers],
             precision,
             head_dim,
-            q_wide: vec![0.0; scratch],
-            out_wide: vec![0.0; scratch],
+            q_wide: Vec::new(),
+            out_wide: Vec::new(),
             dims,
             state,
+            group,
+            isa: Isa::current(),
             capacity,
             len: 0,
         })
@@ -184,10 +248,7 @@ impl KvCache {
     /// step of rows ahead of the others while a step is in flight.
     pub fn push(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(), EngineError> {
         let width = self.dims.num_kv_heads * self.head_dim;
-        let held = self
-            .keys
-            .get(layer)
-            .map_or(0, |b| b.len() / self.position_bytes());
+        let held = self.held.get(layer).copied().unwrap_or(0);
         if held >= self.capacity {
             return Err(EngineError::ContextFull {
                 len: held + 1,
@@ -203,49 +264,52 @@ impl KvCache {
                 self.len
             )));
         }
-        let (d, precision) = (self.head_dim, self.precision);
-        for (dst, src) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
-            for head in src.chunks_exact(d) {
-                let hi = head.iter().map(|x| bf16::from_f32(*x));
-                dst.extend(hi.clone().flat_map(bf16::to_le_bytes));
-                if precision == KvPrecision::Bf16x2 {
-                    let lo = head
-                        .iter()
-                        .zip(hi)
-                        .map(|(x, h)| bf16::from_f32(x - h.to_f32()));
-                    dst.extend(lo.flat_map(bf16::to_le_bytes));
-                }
+        let (d, precision, bytes) = (self.head_dim, self.precision, self.position_bytes());
+        let at = held * bytes;
+        for (buf, src) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
+            if held % BLOCK_TOKENS == 0 {
+                buf.resize(at + BLOCK_TOKENS * bytes, 0);
             }
+            encode(&mut buf[at..at + bytes], src, d, precision);
         }
+        self.held[layer] += 1;
         Ok(())
     }
 
-    /// Attention of `q` (`[num_q_heads, head_dim]` f32) over every position
-    /// `layer` holds (the one being decoded included); writes `out` like `q`.
+    /// Attention of the last `rows` positions `layer` holds: `q` is their
+    /// queries, `rows x [num_q_heads, head_dim]` f32, and `out` is written
+    /// like `q`. Each row attends every position up to its own (itself
+    /// included), with the bits attending it alone right after its push
+    /// gives.
     pub fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<(), EngineError> {
-        let positions = self
-            .keys
-            .get(layer)
-            .map_or(0, |k| k.len() / self.position_bytes());
-        if positions == 0 {
+        let held = self.held.get(layer).copied().unwrap_or(0);
+        let row = self.dims.num_q_heads * self.head_dim;
+        let rows = q.len() / row.max(1);
+        if q.len() != rows * row || out.len() != q.len() || rows > held {
             return Err(EngineError::Attention(format!(
-                "layer {layer} holds no position"
+                "layer {layer}: {} query values and {} outputs are not whole rows of {} heads \
+                 of {} for the {held} positions the layer holds",
+                q.len(),
+                out.len(),
+                self.dims.num_q_heads,
+                self.head_dim
             )));
         }
-        let blocks = positions.div_ceil(BLOCK_TOKENS);
-        // Pad the last block to a whole block so every block index is in bounds.
-        let block_bytes = BLOCK_TOKENS * self.position_bytes();
-        for buf in [&mut self.keys[layer], &mut self.values[layer]] {
-            buf.resize(blocks * block_bytes, 0);
+        if rows == 0 {
+            return Err(EngineError::Attention(format!(
+                "layer {layer}: no query row (it holds {held} positions)"
+            )));
         }
-        let result = match self.precision {
-            KvPrecision::Bf16 => self.fold_tiles(layer, positions, q, out),
-            KvPrecision::Bf16x2 => self.attend_wide(layer, positions, q, out),
-        };
-        let used = positions * self.position_bytes();
-        self.keys[layer].truncate(used);
-        self.values[layer].truncate(used);
-        result
+        let step = self.group * row;
+        for (i, (qs, os)) in q.chunks(step).zip(out.chunks_mut(step)).enumerate() {
+            // Positions the group's first row sees, less one.
+            let before = held - rows + i * self.group;
+            match self.precision {
+                KvPrecision::Bf16 => self.fold_rows(layer, before, qs, os)?,
+                KvPrecision::Bf16x2 => self.attend_wide(layer, before, qs, os)?,
+            }
+        }
+        Ok(())
     }
 
     /// `Bf16x2`: `[q, q] * sqrt 2` against `[hi, lo]` heads; the output
@@ -253,27 +317,22 @@ impl KvCache {
     fn attend_wide(
         &mut self,
         layer: usize,
-        positions: usize,
+        before: usize,
         q: &[f32],
         out: &mut [f32],
     ) -> Result<(), EngineError> {
         let d = self.head_dim;
-        if q.len() != self.q_wide.len() / 2 || out.len() != q.len() {
-            return Err(EngineError::Attention(format!(
-                "query of {} values for {} heads of {d}",
-                q.len(),
-                self.dims.num_q_heads
-            )));
-        }
         let mut q_wide = std::mem::take(&mut self.q_wide);
         let mut out_wide = std::mem::take(&mut self.out_wide);
+        q_wide.resize(2 * q.len(), 0.0);
+        out_wide.resize(2 * q.len(), 0.0);
         for (wide, head) in q_wide.chunks_exact_mut(2 * d).zip(q.chunks_exact(d)) {
             for (i, x) in head.iter().enumerate() {
                 wide[i] = x * std::f32::consts::SQRT_2;
                 wide[d + i] = x * std::f32::consts::SQRT_2;
             }
         }
-        let result = self.fold_tiles(layer, positions, &q_wide, &mut out_wide);
+        let result = self.fold_rows(layer, before, &q_wide, &mut out_wide);
         for (o, wide) in out.chunks_exact_mut(d).zip(out_wide.chunks_exact(2 * d)) {
             for i in 0..d {
                 o[i] = wide[i] + wide[d + i];
@@ -284,174 +343,73 @@ impl KvCache {
         result
     }
 
-    fn fold_tiles(
+    /// One step over `q`'s rows (at most `group`, stored width): row `r`
+    /// attends the first `before + r + 1` positions.
+    fn fold_rows(
         &mut self,
         layer: usize,
-        positions: usize,
+        before: usize,
         q: &[f32],
         out: &mut [f32],
     ) -> Result<(), EngineError> {
-        let err =
-            |e: flashtier::kv::attention::AttentionError| EngineError::Attention(e.to_string());
-        let blocks = positions.div_ceil(BLOCK_TOKENS) as u32;
-        let last_tokens = positions - (blocks as usize - 1) * BLOCK_TOKENS;
+        let rows = q.len() / (self.dims.num_q_heads * self.dims.head_dim);
+        let blocks = (before + rows).div_ceil(BLOCK_TOKENS);
+        let ids: Vec<u32> = (0..blocks as u32).collect();
         let strides = KvStrides::paged(&self.dims);
-        let ids: Vec<u32> = (0..blocks).collect();
-        self.state.begin_step(1).map_err(err)?;
-        for chunk in ids.chunks(TILE_BLOCKS) {
-            let is_last = chunk.last() == ids.last();
-            let seqs = [TileSeq {
-                blocks: chunk,
-                last_block_tokens: if is_last { last_tokens } else { BLOCK_TOKENS },
-            }];
+        let runner = IsaFold(self.isa);
+        self.state.begin_step(rows).map_err(attention_err)?;
+        for first in (0..blocks).step_by(TILE_BLOCKS) {
+            let seqs: Vec<TileSeq<'_>> = (0..rows)
+                .map(|r| row_tile(&ids, first, before + r + 1))
+                .collect();
             let tile = KvTile {
                 k: &self.keys[layer],
                 v: &self.values[layer],
                 strides,
                 seqs: &seqs,
             };
-            self.state.step_tile(q, &tile).map_err(err)?;
+            self.state
+                .step_tile_on(q, &tile, &runner)
+                .map_err(attention_err)?;
         }
-        self.state.finalize_f32(out).map_err(err)
+        self.state.finalize_f32(out).map_err(attention_err)
+    }
+}
+
+/// The blocks of tile `first..first + TILE_BLOCKS` a row that sees `seen`
+/// positions folds (none once its blocks end before the tile).
+fn row_tile(ids: &[u32], first: usize, seen: usize) -> TileSeq<'_> {
+    let blocks = seen.div_ceil(BLOCK_TOKENS);
+    let end = blocks.min(first + TILE_BLOCKS);
+    TileSeq {
+        blocks: ids.get(first..end).unwrap_or_default(),
+        last_block_tokens: if end == blocks {
+            seen - (blocks - 1) * BLOCK_TOKENS
+        } else {
+            BLOCK_TOKENS
+        },
+    }
+}
+
+/// One position's f32 values (`d`-wide heads) as BF16 bytes in `dst`:
+/// per head `hi`, then for `Bf16x2` `lo`.
+fn encode(dst: &mut [u8], src: &[f32], d: usize, precision: KvPrecision) {
+    let head_bytes = match precision {
+        KvPrecision::Bf16 => 2 * d,
+        KvPrecision::Bf16x2 => 4 * d,
+    };
+    for (out, head) in dst.chunks_exact_mut(head_bytes).zip(src.chunks_exact(d)) {
+        // `lo` is empty for `Bf16`.
+        let (hi, lo) = out.split_at_mut(2 * d);
+        for (x, h) in head.iter().zip(hi.chunks_exact_mut(2)) {
+            h.copy_from_slice(&bf16::from_f32(*x).to_le_bytes());
+        }
+        for (x, l) in head.iter().zip(lo.chunks_exact_mut(2)) {
+            let rest = x - bf16::from_f32(*x).to_f32();
+            l.copy_from_slice(&bf16::from_f32(rest).to_le_bytes());
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(
-        layers: usize,
-        q_heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        precision: KvPrecision,
-    ) -> KvSpec {
-        KvSpec {
-            layers,
-            q_heads,
-            kv_heads,
-            head_dim,
-            capacity,
-            precision,
-        }
-    }
-
-    /// Plain softmax attention in f64 over exact f32 keys and values.
-    fn naive(
-        q: &[f32],
-        ks: &[Vec<f32>],
-        vs: &[Vec<f32>],
-        qh: usize,
-        kvh: usize,
-        d: usize,
-    ) -> Vec<f64> {
-        let mut out = vec![0f64; qh * d];
-        for h in 0..qh {
-            let kv = h / (qh / kvh);
-            let scores: Vec<f64> = ks
-                .iter()
-                .map(|k| {
-                    let dot: f64 = (0..d)
-                        .map(|i| f64::from(q[h * d + i]) * f64::from(k[kv * d + i]))
-                        .sum();
-                    dot / (d as f64).sqrt()
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let sum: f64 = w.iter().sum();
-            for (p, v) in w.iter().zip(vs) {
-                for i in 0..d {
-                    out[h * d + i] += p / sum * f64::from(v[kv * d + i]);
-                }
-            }
-        }
-        out
-    }
-
-    fn value(i: usize, salt: f32) -> f32 {
-        ((i as f32 * 0.618 + salt).sin() * 1.7)
-            .tan()
-            .clamp(-3.0, 3.0)
-    }
-
-    #[test]
-    fn tiled_attention_matches_f64_in_both_precisions() {
-        let (qh, kvh, d) = (4, 2, 8);
-        // 37 positions: several blocks, the last one partial, more than one tile of 2 blocks.
-        let positions = 37;
-        for (precision, tol) in [(KvPrecision::Bf16x2, 2e-5), (KvPrecision::Bf16, 3e-2)] {
-            let mut cache = KvCache::new(&spec(2, qh, kvh, d, 64, precision)).unwrap();
-            let (mut ks, mut vs) = (Vec::new(), Vec::new());
-            for p in 0..positions {
-                let k: Vec<f32> = (0..kvh * d).map(|i| value(i + 97 * p, 0.3)).collect();
-                let v: Vec<f32> = (0..kvh * d).map(|i| value(i + 89 * p, 1.1)).collect();
-                for layer in 0..2 {
-                    cache.push(layer, &k, &v).unwrap();
-                }
-                cache.advance(1);
-                ks.push(k);
-                vs.push(v);
-            }
-            let q: Vec<f32> = (0..qh * d).map(|i| value(i, 2.0)).collect();
-            let mut out = vec![0f32; qh * d];
-            cache.attend(1, &q, &mut out).unwrap();
-            let want = naive(&q, &ks, &vs, qh, kvh, d);
-            let worst = out
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (f64::from(*a) - b).abs())
-                .fold(0.0, f64::max);
-            assert!(worst < tol, "{precision:?}: max error {worst}");
-        }
-    }
-
-    #[test]
-    fn capacity_and_width_limits_are_errors() {
-        let mut cache = KvCache::new(&spec(1, 2, 1, 4, 1, KvPrecision::Bf16x2)).unwrap();
-        cache.push(0, &[0.0; 4], &[0.0; 4]).unwrap();
-        cache.advance(1);
-        assert!(matches!(
-            cache.push(0, &[0.0; 4], &[0.0; 4]),
-            Err(EngineError::ContextFull { len: 2, max: 1 })
-        ));
-        assert!(matches!(
-            cache.attend(0, &[0.0; 3], &mut [0.0; 3]),
-            Err(EngineError::Attention(_))
-        ));
-        assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16x2)).is_err());
-        assert!(KvCache::new(&spec(1, 2, 1, 256, 8, KvPrecision::Bf16)).is_ok());
-    }
-
-    #[test]
-    fn sizes_a_config_sets_are_capped_before_allocating() {
-        let e = KvCache::new(&spec(2, 2, 1, 8, 1_000_000_000_000, KvPrecision::Bf16)).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                EngineError::TooLarge {
-                    unit: "positions",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(e.to_string().contains("max_position_embeddings"), "{e}");
-        let e = KvCache::new(&spec(2, 1 << 40, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
-        assert!(
-            matches!(e, EngineError::TooLarge { unit: "values", .. }),
-            "{e}"
-        );
-        let e = KvCache::new(&spec(1 << 40, 2, 1, 8, 16, KvPrecision::Bf16)).unwrap_err();
-        assert!(
-            matches!(e, EngineError::TooLarge { unit: "layers", .. }),
-            "{e}"
-        );
-        let e =
-            KvCache::new(&spec(2, 2, usize::MAX / 4, 8, 1 << 20, KvPrecision::Bf16)).unwrap_err();
-        assert!(e.to_string().contains("more than 2^64"), "{e}");
-        assert!(KvCache::new(&spec(2, 2, 1, 8, MAX_POSITIONS, KvPrecision::Bf16)).is_ok());
-    }
-}
+mod tests;

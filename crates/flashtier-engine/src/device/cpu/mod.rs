@@ -9,8 +9,9 @@
 //! at start-up; each reduction runs in an order fixed by the shapes alone.
 //! A step with several rows (a prompt chunk) reads each weight row once per
 //! group of rows (dense layers, and each expert over the rows that chose
-//! it) and runs attention row by row; its output is bit-identical to
-//! feeding the rows one at a time.
+//! it) and attends its rows together, each over the positions up to its
+//! own ([`kv`]); its output is bit-identical to feeding the rows one at a
+//! time.
 
 pub mod ceiling;
 pub mod experts;
@@ -323,12 +324,14 @@ impl Device for CpuDevice {
                 format!("{} key rows for {} query rows", k.rows, q.rows),
             ));
         }
-        for r in 0..q.rows {
+        for r in 0..k.rows {
             kv.push(layer, k.row(r), v.row(r))?;
-            let o = &mut out.data[r * q.cols..(r + 1) * q.cols];
-            kv.attend(layer, q.row(r), o)?;
         }
-        Ok(())
+        if q.rows == 0 {
+            return Ok(());
+        }
+        // Every row at once, each over the positions up to its own.
+        kv.attend(layer, &q.data, &mut out.data)
     }
 
     fn route(
