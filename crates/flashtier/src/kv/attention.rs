@@ -16,8 +16,10 @@
 //! except the last of each sequence, which holds `last_block_tokens` tokens.
 //!
 //! Bounds: the state holds `max_seqs * num_q_heads * (head_dim + 2)` f32,
-//! allocated once in [`AttnState::new`]; a step allocates one score buffer of
-//! `gqa_ratio * block_tokens` f32 per (sequence, kv head) task. Work is
+//! allocated once in [`AttnState::new`]; each (sequence, kv head) task of a
+//! step allocates `gqa_ratio * (head_dim + block_tokens) + block_tokens *
+//! head_dim` f32 of scratch (its queries rearranged, scores, one block's
+//! rows as f32; 24.5 KiB at GQA 8, head_dim 256, 16-token blocks). Work is
 //! spread over rayon's pool by (sequence, kv head); a [`FoldRunner`] given
 //! to [`AttnState::step_tile_on`] runs each task (the engine's enables the
 //! instruction set it picked at run time), with the same bits whatever it

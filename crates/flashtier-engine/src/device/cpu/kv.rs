@@ -41,7 +41,8 @@
 //! (`rows x q_heads x (width + 2)` f32, `width` the stored head width), the
 //! widened queries and outputs of `Bf16x2` (`rows x q_heads x width` f32
 //! each), `rows` at most [`ROW_GROUP`]; each (row, kv head) task allocates
-//! a score buffer of `gqa_ratio x BLOCK_TOKENS` f32.
+//! the tier's per-task scratch while it runs (`gqa_ratio x (width +
+//! BLOCK_TOKENS) + BLOCK_TOKENS x width` f32).
 //!
 //! Limits on what a config sets, checked by [`KvCache::new`] before anything
 //! is allocated ([`EngineError::TooLarge`]): `capacity` (from
