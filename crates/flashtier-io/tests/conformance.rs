@@ -601,3 +601,61 @@ fn dropped_files_are_closed_and_their_space_freed() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Reads that fail before they reach the kernel (a landing too small), back
+/// to back on the threaded ring: each must complete, however the reaper's
+/// sleep interleaves with the next submission. The reaper once started such
+/// a batch in its last look before sleeping, cleared its sleeping flag and
+/// slept with nothing in flight, so the next batch never woke it (about
+/// once in a hundred reads).
+#[test]
+fn reads_failing_at_submission_never_leave_the_next_waiting() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, _) = make_file(dir.path(), "w.bin", 4 * UNIT)?;
+    let b = match UringBackend::new(2) {
+        Ok(b) => Arc::new(b),
+        Err(e) => {
+            flashtier_io::skip::notice(
+                "uring lost wake-up",
+                &format!("io_uring unavailable here: {e}"),
+            );
+            return Ok(());
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            for i in 0..3000u32 {
+                // A pause of 0 to 8 us, so submissions land at every point of
+                // the reaper's few microseconds between a completion and its
+                // sleep.
+                let pause = std::time::Duration::from_nanos(
+                    u64::from(i.wrapping_mul(2_654_435_761) % 80) * 100,
+                );
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < pause {
+                    std::hint::spin_loop();
+                }
+                let r = b.read(vec![ReadReq {
+                    landing: Landing::Host(AlignedBuf::zeroed(UNIT)),
+                    ..host_req(&file, 0, 2 * UNIT, 0)
+                }]);
+                if !matches!(r, Err(IoError::Landing { .. })) {
+                    let _ = tx.send(Err(format!("read {i}: not a landing error")));
+                    return;
+                }
+            }
+            let _ = tx.send(Ok(()));
+        })
+    };
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Ok(())) => {
+            let _ = worker.join();
+            Ok(())
+        }
+        Ok(Err(what)) => anyhow::bail!("{what}"),
+        // The worker is stuck in a read; leave it (the process ends).
+        Err(_) => anyhow::bail!("a read failing at submission never completed within 60 s"),
+    }
+}

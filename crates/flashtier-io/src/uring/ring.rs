@@ -222,7 +222,13 @@ impl Reaper {
                 // which saves a wake-up and a syscall per batch.
                 waker.sleeping.store(true, Ordering::SeqCst);
                 if self.fill(Some(rx)) > 0 {
+                    // Go round again rather than sleep: the batch's reads
+                    // may all have failed at once (nothing in flight), and a
+                    // sleep with the flag cleared and nothing in flight is
+                    // one no submitter would wake.
                     waker.sleeping.store(false, Ordering::SeqCst);
+                    let _ = self.ring.submit();
+                    continue;
                 }
             }
             self.submit_and_wait();
