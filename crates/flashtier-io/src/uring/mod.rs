@@ -26,7 +26,10 @@
 //! - No busy spinning: the reaper always sleeps in `io_uring_enter`. With
 //!   fewer than `max(1, queue_depth / 4)` reads in flight it also waits on an
 //!   eventfd read that submitters poke (only when it sleeps so); with more in
-//!   flight, new batches are taken at the next wake-up, which is near. With
+//!   flight, new batches are taken at the next wake-up, which is near. It
+//!   never sleeps with nothing in flight unless its sleeping flag is set
+//!   (a batch found in its last look goes round the loop again, since its
+//!   reads may all fail before reaching the kernel). With
 //!   many reads in flight a wake-up waits for an eighth of them (at most 8)
 //!   to complete, so one `io_uring_enter` refills several slots; the device
 //!   queue stays at least 7/8 full meanwhile.
