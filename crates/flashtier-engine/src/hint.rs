@@ -33,6 +33,14 @@ pub const PRIOR: u32 = 4;
 /// Guesses of one rank after which its counts halve.
 pub const WINDOW: u32 = 512;
 
+/// A guess's experts strongest first (ties to the lower id), from
+/// (expert, routing weight) pairs.
+pub fn ranked<E: Copy + Ord>(guess: impl IntoIterator<Item = (E, f32)>) -> Vec<E> {
+    let mut pairs: Vec<(E, f32)> = guess.into_iter().collect();
+    pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    pairs.into_iter().map(|(e, _)| e).collect()
+}
+
 /// Precision per guess rank, from scored guesses.
 #[derive(Debug, Default)]
 pub struct HintTracker {
@@ -87,6 +95,11 @@ impl HintTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guesses_rank_by_weight_then_id() {
+        assert_eq!(ranked([(3u32, 0.2), (1, 0.5), (2, 0.2)]), vec![1, 2, 3]);
+    }
 
     #[test]
     fn every_rank_is_tried_until_it_proves_wrong() {

@@ -387,11 +387,8 @@ impl Device for CpuDevice {
     ) -> Result<(), EngineError> {
         // One token's guess; a prompt chunk's rows would each guess apart.
         if let [row] = routes.as_slice() {
-            // Strongest first (ties to the lower id): the tier scores ranks.
-            let mut ranked = row.clone();
-            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let ids: Vec<usize> = ranked.iter().map(|(e, _)| *e).collect();
-            experts.hint(layer, &ids);
+            // Strongest first: the tier scores ranks.
+            experts.hint(layer, &crate::hint::ranked(row.iter().copied()));
         }
         Ok(())
     }

@@ -437,11 +437,8 @@ impl Device for CudaDevice {
             return Ok(());
         }
         let (ids, weights) = routes.to_host(&self.kernels)?;
-        // Strongest first (ties to the lower id): the tier scores ranks.
-        let mut ranked: Vec<(u32, f32)> = ids.into_iter().zip(weights).collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let ids: Vec<u32> = ranked.iter().map(|(e, _)| *e).collect();
-        experts.hint(layer, &ids);
+        // Strongest first: the tier scores ranks.
+        experts.hint(layer, &crate::hint::ranked(ids.into_iter().zip(weights)));
         Ok(())
     }
 
