@@ -1,6 +1,8 @@
 //! Matrix times vector(s) on the CPU: `out = W x` for one token (decode,
 //! memory-bound) and for a prompt chunk (compute-bound: a register block of
-//! a few weight rows times a few tokens, [`Blocking`]).
+//! a few weight rows times a few tokens, [`Blocking`]; on AVX-512 the BF16
+//! blocks widen in pairs, [`pairs`], against one rearranged copy of the
+//! chunk's activations, `tokens x cols` f32).
 //!
 //! Weights stay in their stored form (BF16, F16, F32, FP8 E4M3 with block
 //! scales) and widen to f32 in registers; activations and accumulation are
@@ -240,12 +242,70 @@ fn tile<W: Widen, const R: usize, const T: usize>(
     out
 }
 
+/// A register block's products for any `R x T` (the edges of a task take
+/// `R x 1`, `1 x T` and `1 x 1`): [`tile`] on a stored form, or a kernel
+/// for one instruction set with the same arithmetic.
+trait Kernel: Copy {
+    /// Bytes per stored element.
+    const BYTES: usize;
+    fn tile<const R: usize, const T: usize>(
+        self,
+        rows: [&[u8]; R],
+        xs: [&[f32]; T],
+        cols: usize,
+    ) -> [[f32; T]; R];
+}
+
+/// [`tile`] of a stored form, on whatever instruction set runs it.
+struct Auto<W>(std::marker::PhantomData<W>);
+
+impl<W> Clone for Auto<W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W> Copy for Auto<W> {}
+
+impl<W: Widen> Kernel for Auto<W> {
+    const BYTES: usize = W::BYTES;
+    #[inline(always)]
+    fn tile<const R: usize, const T: usize>(
+        self,
+        rows: [&[u8]; R],
+        xs: [&[f32]; T],
+        cols: usize,
+    ) -> [[f32; T]; R] {
+        tile::<W, R, T>(rows, xs, cols)
+    }
+}
+
+/// [`tile_rows`] on a stored form's [`tile`].
+#[inline(always)]
+fn auto_rows<W: Widen, const R: usize, const T: usize>(
+    outs: &mut [&mut [f32]],
+    bytes: &[u8],
+    row0: usize,
+    xs: &[f32],
+    cols: usize,
+) {
+    tile_rows::<_, R, T>(
+        Auto::<W>(std::marker::PhantomData),
+        outs,
+        bytes,
+        row0,
+        xs,
+        cols,
+    );
+}
+
 /// One task's rows against one tile of tokens in `R x T` register blocks
 /// (a single row or token where fewer are left): rows `row0..` of `bytes`
 /// (as many as each of `outs` holds) against the tile's tokens `xs`, into
 /// `outs` (one slice per token of the tile).
 #[inline(always)]
-fn tile_rows<W: Widen, const R: usize, const T: usize>(
+fn tile_rows<K: Kernel, const R: usize, const T: usize>(
+    k: K,
     outs: &mut [&mut [f32]],
     bytes: &[u8],
     row0: usize,
@@ -254,7 +314,7 @@ fn tile_rows<W: Widen, const R: usize, const T: usize>(
 ) {
     let rows = outs.first().map_or(0, |o| o.len());
     let tn = outs.len();
-    let row = |i: usize| &bytes[(row0 + i) * cols * W::BYTES..(row0 + i + 1) * cols * W::BYTES];
+    let row = |i: usize| &bytes[(row0 + i) * cols * K::BYTES..(row0 + i + 1) * cols * K::BYTES];
     let x = |t: usize| &xs[t * cols..(t + 1) * cols];
     let rows_from = |i: usize| {
         let mut a: [&[u8]; R] = [&[]; R];
@@ -279,7 +339,7 @@ fn tile_rows<W: Widen, const R: usize, const T: usize>(
             let step = if tn - t >= T { T } else { 1 };
             match (rn == R, step == T) {
                 (true, true) => {
-                    let got = tile::<W, R, T>(rows_from(i), xs_from(t), cols);
+                    let got = k.tile::<R, T>(rows_from(i), xs_from(t), cols);
                     for (k, vals) in got.iter().enumerate() {
                         for (j, v) in vals.iter().enumerate() {
                             put(i + k, t + j, *v);
@@ -287,19 +347,19 @@ fn tile_rows<W: Widen, const R: usize, const T: usize>(
                     }
                 }
                 (true, false) => {
-                    let got = tile::<W, R, 1>(rows_from(i), [x(t)], cols);
+                    let got = k.tile::<R, 1>(rows_from(i), [x(t)], cols);
                     for (k, [v]) in got.iter().enumerate() {
                         put(i + k, t, *v);
                     }
                 }
                 (false, true) => {
-                    let [got] = tile::<W, 1, T>([row(i)], xs_from(t), cols);
+                    let [got] = k.tile::<1, T>([row(i)], xs_from(t), cols);
                     for (j, v) in got.iter().enumerate() {
                         put(i, t + j, *v);
                     }
                 }
                 (false, false) => {
-                    let [[v]] = tile::<W, 1, 1>([row(i)], [x(t)], cols);
+                    let [[v]] = k.tile::<1, 1>([row(i)], [x(t)], cols);
                     put(i, t, v);
                 }
             }
@@ -467,6 +527,11 @@ fn grouped(
         }
     }
     let blocking = Blocking::of(isa);
+    // AVX-512 widens BF16 in pairs, against activations laid out to match
+    // (one copy of them per product).
+    let paired = (blocking.is_wide() && matches!(w, MatRef::Raw(_, Dtype::Bf16)))
+        .then(|| pairs::pair_lanes(xs, cols));
+    let xs = paired.as_deref().unwrap_or(xs);
     parts
         .into_par_iter()
         .enumerate()
@@ -478,6 +543,7 @@ fn grouped(
                 xs,
                 cols,
                 blocking,
+                paired: paired.is_some(),
             });
         });
 }
@@ -542,6 +608,8 @@ struct Group<'a, 'o, 'w> {
     xs: &'a [f32],
     cols: usize,
     blocking: Blocking,
+    /// `xs` in [`pairs::pair_lanes`] order (AVX-512 and BF16 weights).
+    paired: bool,
 }
 
 impl NullaryFnOnce for Group<'_, '_, '_> {
@@ -555,6 +623,7 @@ impl NullaryFnOnce for Group<'_, '_, '_> {
             xs,
             cols,
             blocking,
+            paired,
         } = self;
         // Tokens in tiles of TOKEN_TILE: a tile's activations stay in the
         // core's cache while every row of the task passes over them (all the
@@ -565,23 +634,24 @@ impl NullaryFnOnce for Group<'_, '_, '_> {
             let tile_xs = &xs[t0 * cols..(t0 + tn) * cols];
             let tile_outs = &mut outs[t0..t0 + tn];
             match (*w, blocking) {
-                (MatRef::Raw(b, Dtype::Bf16), Blocking::Wide) => {
-                    tile_rows::<Bf16, 3, 4>(tile_outs, b, row0, tile_xs, cols)
+                #[cfg(target_arch = "x86_64")]
+                (MatRef::Raw(b, Dtype::Bf16), Blocking::Wide(Isa::Avx512(simd))) if paired => {
+                    tile_rows::<_, 3, 4>(pairs::PairsV4(simd), tile_outs, b, row0, tile_xs, cols)
                 }
-                (MatRef::Raw(b, Dtype::Bf16), Blocking::Narrow) => {
-                    tile_rows::<Bf16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                (MatRef::Raw(b, Dtype::Bf16), _) => {
+                    auto_rows::<Bf16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
                 }
-                (MatRef::Raw(b, Dtype::F16), Blocking::Wide) => {
-                    tile_rows::<F16, 2, 4>(tile_outs, b, row0, tile_xs, cols)
+                (MatRef::Raw(b, Dtype::F16), Blocking::Wide(_)) => {
+                    auto_rows::<F16, 2, 4>(tile_outs, b, row0, tile_xs, cols)
                 }
                 (MatRef::Raw(b, Dtype::F16), Blocking::Narrow) => {
-                    tile_rows::<F16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                    auto_rows::<F16, 1, 4>(tile_outs, b, row0, tile_xs, cols)
                 }
                 (MatRef::Raw(b, Dtype::F32), _) => {
-                    tile_rows::<F32le, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                    auto_rows::<F32le, 1, 4>(tile_outs, b, row0, tile_xs, cols)
                 }
                 (MatRef::Raw(b, Dtype::F8E4M3), _) => {
-                    tile_rows::<E4m3, 1, 4>(tile_outs, b, row0, tile_xs, cols)
+                    auto_rows::<E4m3, 1, 4>(tile_outs, b, row0, tile_xs, cols)
                 }
                 _ => token_group(tile_outs, w, row0, tile_xs, cols),
             }
@@ -592,14 +662,16 @@ impl NullaryFnOnce for Group<'_, '_, '_> {
 
 /// The register block of a prompt chunk's products on an instruction set:
 /// `Wide` where there are 32 vector registers of 16 lanes (AVX-512: BF16 in
-/// blocks of 3 rows x 4 tokens, 24 accumulators of two registers; F16, whose
+/// blocks of 3 rows x 4 tokens, 24 accumulators of two registers, widened
+/// in pairs without a shuffle by [`pairs::PairsV4`]; F16, whose
 /// widening needs more registers, 2 x 4), `Narrow` (1 row x 4 tokens)
 /// elsewhere; F32 and FP8 rows take 1 x 4 everywhere. Measured with `flashtier
 /// bench cpu --tokens 16`: 3 x 4 beat 2 x 4, 2 x 6 and 1 x 8 on BF16. The
 /// block changes which registers hold what, never the arithmetic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Blocking {
-    Wide,
+    /// The instruction set with 32 vector registers.
+    Wide(Isa),
     Narrow,
 }
 
@@ -607,9 +679,13 @@ impl Blocking {
     fn of(isa: Isa) -> Blocking {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512(_) => Blocking::Wide,
+            Isa::Avx512(_) => Blocking::Wide(isa),
             _ => Blocking::Narrow,
         }
+    }
+
+    fn is_wide(self) -> bool {
+        matches!(self, Blocking::Wide(_))
     }
 }
 
@@ -635,5 +711,6 @@ fn token_group(outs: &mut [&mut [f32]], w: &MatRef<'_>, row0: usize, xs: &[f32],
     }
 }
 
+mod pairs;
 #[cfg(test)]
 mod tests;

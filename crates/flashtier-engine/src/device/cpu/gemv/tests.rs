@@ -112,6 +112,8 @@ fn every_isa_matches_scalar_on_edge_shapes() {
         (16, 256, 9),
         // Several tasks, several token tiles, every register-block remainder.
         (70, 64, 21),
+        // Long rows (many chunks, a tail) and token blocks with remainders.
+        (7, 20 * LANES + 45, 9),
     ] {
         check_shape(rows, cols, tokens, (rows * 131 + cols) as u64);
     }
