@@ -290,7 +290,7 @@ fn sparse_layers(
 }
 
 /// `eos_token_id`: absent, null, one id or a list of ids.
-fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
+pub(super) fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
     let bad = || EngineError::config("eos_token_id", "not a token id or a list of ids");
     let id = |v: &Value| {
         v.as_u64()

@@ -1,0 +1,563 @@
+//! `config.json` of a Qwen4-Exp checkpoint (transformers 5.17's
+//! `qwen4_exp_text`, or the multimodal `qwen4_exp` whose `text_config` is
+//! read and whose vision tower is not run).
+//!
+//! Checked as transformers' `validate_architecture` checks it, plus the
+//! engine's own bounds: every count is at most
+//! [`super::bounds::MAX_CONFIG_COUNT`]; layers at most
+//! [`super::bounds::MAX_LAYERS`]; `hc_count` in `2..=`[`MAX_HC_COUNT`];
+//! `ngram_size` in `2..=`[`MAX_NGRAM_SIZE`]; `ngram_vocab_size_base` at most
+//! [`MAX_NGRAM_VOCAB_BASE`] (the per-head primes are found by trial
+//! division); every head, key and value width even where RoPE or a split
+//! needs it. A value transformers would refuse, or one the engine would
+//! compute differently (RoPE other than `default`, `attention_bias`, an
+//! activation other than SiLU, a QSA indexer with several key heads), is an
+//! [`EngineError::Config`] naming the field (`text_config.` prefixed inside
+//! the wrapper).
+
+use serde_json::{Map, Value};
+
+use super::bounds;
+use super::fields::Fields;
+use super::parse::eos_ids;
+use crate::error::EngineError;
+
+/// Most hyper-connection streams.
+pub const MAX_HC_COUNT: usize = 64;
+/// Largest n-gram order.
+pub const MAX_NGRAM_SIZE: usize = 8;
+/// Largest `ngram_vocab_size_base` (primes above it are found by trial
+/// division: about 2^18 divisions per candidate at most).
+pub const MAX_NGRAM_VOCAB_BASE: u64 = 1 << 36;
+
+/// What a decoder layer mixes tokens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// GatedDeltaNet (`linear_attention`).
+    Linear,
+    /// Full attention with RoPE and, when configured, the QSA indexer
+    /// (`qwen_sparse_attention`, or `full_attention` in real checkpoints).
+    Sparse,
+}
+
+/// The GatedDeltaNet shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinearAttn {
+    /// Causal conv kernel width.
+    pub conv_kernel: usize,
+    /// Key (and query) heads.
+    pub k_heads: usize,
+    /// Value heads (a multiple of `k_heads`).
+    pub v_heads: usize,
+    /// Key head width.
+    pub k_dim: usize,
+    /// Value head width.
+    pub v_dim: usize,
+    /// The output gate is a sigmoid (else SiLU).
+    pub sigmoid_gate: bool,
+}
+
+/// The QSA token indexer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Qsa {
+    /// Indexer query heads (one key head).
+    pub heads: usize,
+    /// Indexer head width (at least the RoPE width).
+    pub head_dim: usize,
+    /// Tokens chosen from complete blocks per query.
+    pub budget: usize,
+    /// Tokens per block (divides `budget`).
+    pub compress_ratio: usize,
+}
+
+impl Qsa {
+    /// Blocks kept per query.
+    pub fn blocks_kept(&self) -> usize {
+        self.budget / self.compress_ratio
+    }
+}
+
+/// The Per-Layer Embedding (PLE) and n-gram hashing settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ple {
+    /// Zero-based decoder layers with PLE, ascending (all `linear_attention`).
+    pub layers: Vec<usize>,
+    /// Width of the concatenated n-gram embedding.
+    pub embed_dim: usize,
+    /// Dilated short-conv kernel width (dilation `ngram_size`).
+    pub conv_kernel: usize,
+    /// Largest n-gram order (>= 2).
+    pub ngram_size: usize,
+    /// Hashed heads per order.
+    pub heads_per_ngram: usize,
+    /// The primes of the head vocabularies come after this.
+    pub vocab_base: u64,
+    /// Each layer's table is padded to a multiple of this.
+    pub vocab_divisor: u64,
+    /// Seed of the layer multipliers.
+    pub seed: u64,
+    /// Row shards of each table in the checkpoint.
+    pub split_parts: usize,
+    /// The token that starts a segment (the first `eos_token_id`).
+    pub eos: u64,
+}
+
+impl Ple {
+    /// Hashed heads per PLE layer: `(ngram_size - 1) * heads_per_ngram`.
+    pub fn heads(&self) -> usize {
+        (self.ngram_size - 1) * self.heads_per_ngram
+    }
+
+    /// Width of one table row: `embed_dim / heads`.
+    pub fn row_dim(&self) -> usize {
+        self.embed_dim / self.heads()
+    }
+}
+
+/// Everything the Qwen4-Exp forward pass needs from `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qwen4Config {
+    /// Prefix of the text model's tensors (`model`, or
+    /// `model.language_model` in the multimodal wrapper).
+    pub prefix: String,
+    /// The wrapper's vision tower is present and not run.
+    pub vision_skipped: bool,
+    /// Vocabulary.
+    pub vocab_size: usize,
+    /// Width of one residual stream.
+    pub hidden_size: usize,
+    /// Per layer, its token mixer.
+    pub layers: Vec<LayerKind>,
+    /// Attention query heads.
+    pub q_heads: usize,
+    /// Attention key/value heads.
+    pub kv_heads: usize,
+    /// Attention head width.
+    pub head_dim: usize,
+    /// Dims of a head RoPE rotates (`head_dim * partial_rotary_factor`).
+    pub rope_dim: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// GatedDeltaNet shape.
+    pub linear: LinearAttn,
+    /// Routed experts per layer.
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// One routed expert's width.
+    pub expert_intermediate: usize,
+    /// The shared expert's width.
+    pub shared_intermediate: usize,
+    /// Renormalise the top-k weights.
+    pub norm_topk_prob: bool,
+    /// Hyper-connection streams.
+    pub hc_count: usize,
+    /// Rank of the hyper-connection input mixer.
+    pub hc_lowrank: usize,
+    /// PLE, when any layer has it.
+    pub ple: Option<Ple>,
+    /// The QSA indexer, when configured.
+    pub qsa: Option<Qsa>,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Context limit.
+    pub max_positions: usize,
+    /// LM head tied to the embedding.
+    pub tie_word_embeddings: bool,
+    /// End-of-sequence ids.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Qwen4Config {
+    /// Whether `value` is a Qwen4-Exp config (text or wrapper).
+    pub fn is_qwen4(value: &Value) -> bool {
+        matches!(
+            value.get("model_type").and_then(Value::as_str),
+            Some("qwen4_exp" | "qwen4_exp_text")
+        )
+    }
+
+    /// Check a parsed `config.json`.
+    pub fn from_json(value: &Value) -> Result<Self, EngineError> {
+        let obj = value
+            .as_object()
+            .ok_or_else(|| EngineError::config("<root>", "config.json is not a JSON object"))?;
+        match Fields(obj).str("model_type")? {
+            "qwen4_exp_text" => parse_text(obj, "", "model"),
+            "qwen4_exp" => {
+                let text = obj
+                    .get("text_config")
+                    .and_then(Value::as_object)
+                    .ok_or_else(|| {
+                        EngineError::config("text_config", "missing or not an object")
+                    })?;
+                let mut cfg = parse_text(text, "text_config.", "model.language_model")?;
+                cfg.vision_skipped = true;
+                Ok(cfg)
+            }
+            other => Err(EngineError::config(
+                "model_type",
+                format!("`{other}` is not Qwen4-Exp (qwen4_exp, qwen4_exp_text)"),
+            )),
+        }
+    }
+}
+
+/// A field error with the wrapper's prefix.
+fn at(err: EngineError, scope: &str) -> EngineError {
+    match err {
+        EngineError::Config { field, reason } if !scope.is_empty() => EngineError::Config {
+            field: format!("{scope}{field}"),
+            reason,
+        },
+        other => other,
+    }
+}
+
+fn parse_text(
+    obj: &Map<String, Value>,
+    scope: &str,
+    prefix: &str,
+) -> Result<Qwen4Config, EngineError> {
+    let c = Fields(obj);
+    text_fields(&c, prefix).map_err(|e| at(e, scope))
+}
+
+fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError> {
+    let hidden_size = c.positive("hidden_size")?;
+    let num_layers = c.positive("num_hidden_layers")?;
+    if num_layers > bounds::MAX_LAYERS {
+        return Err(EngineError::config(
+            "num_hidden_layers",
+            format!(
+                "{num_layers} is over the limit of {} layers",
+                bounds::MAX_LAYERS
+            ),
+        ));
+    }
+    let layers = layer_kinds(c, num_layers)?;
+    check_supported(c)?;
+    let (q_heads, kv_heads, head_dim, rope_dim, rope_theta) = attention(c)?;
+    let num_experts = c.positive("num_experts")?;
+    let top_k = c.positive("num_experts_per_tok")?;
+    if top_k > num_experts {
+        return Err(EngineError::config(
+            "num_experts_per_tok",
+            format!("{top_k} exceeds the {num_experts} experts"),
+        ));
+    }
+    let hc_count = c.positive("hc_count")?;
+    if !(2..=MAX_HC_COUNT).contains(&hc_count) {
+        return Err(EngineError::config(
+            "hc_count",
+            format!("{hc_count} is outside 2..={MAX_HC_COUNT}"),
+        ));
+    }
+    let eos_token_ids = eos_ids(c)?;
+    let qsa = qsa(c, rope_dim)?;
+    let ple = ple(c, &layers, hidden_size, eos_token_ids.first().copied())?;
+    Ok(Qwen4Config {
+        prefix: prefix.to_string(),
+        vision_skipped: false,
+        vocab_size: c.positive("vocab_size")?,
+        hidden_size,
+        layers,
+        q_heads,
+        kv_heads,
+        head_dim,
+        rope_dim,
+        rope_theta,
+        linear: linear(c)?,
+        num_experts,
+        top_k,
+        expert_intermediate: c.positive("moe_intermediate_size")?,
+        shared_intermediate: c.positive("shared_expert_intermediate_size")?,
+        norm_topk_prob: c.opt_bool("norm_topk_prob")?.unwrap_or(true),
+        hc_count,
+        hc_lowrank: c.positive("hc_lowrank")?,
+        ple,
+        qsa,
+        rms_norm_eps: c.float("rms_norm_eps")? as f32,
+        max_positions: c.opt_positive("max_position_embeddings")?.unwrap_or(4096),
+        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        eos_token_ids,
+    })
+}
+
+/// `layer_types` (`full_attention` read as `qwen_sparse_attention`), or
+/// every `full_attention_interval`-th layer full (default 4).
+fn layer_kinds(c: &Fields<'_>, n: usize) -> Result<Vec<LayerKind>, EngineError> {
+    let Some(v) = c.get("layer_types") else {
+        let every = c.opt_positive("full_attention_interval")?.unwrap_or(4);
+        return Ok((0..n)
+            .map(|i| {
+                if (i + 1) % every == 0 {
+                    LayerKind::Sparse
+                } else {
+                    LayerKind::Linear
+                }
+            })
+            .collect());
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| EngineError::config("layer_types", "not a list"))?;
+    if list.len() != n {
+        return Err(EngineError::config(
+            "layer_types",
+            format!("{} entries for {n} layers", list.len()),
+        ));
+    }
+    list.iter()
+        .map(|t| match t.as_str() {
+            Some("linear_attention") => Ok(LayerKind::Linear),
+            Some("qwen_sparse_attention" | "full_attention") => Ok(LayerKind::Sparse),
+            _ => Err(EngineError::config(
+                "layer_types",
+                format!("{t} is not supported (linear_attention, qwen_sparse_attention)"),
+            )),
+        })
+        .collect()
+}
+
+/// Fields whose values the engine would compute differently.
+fn check_supported(c: &Fields<'_>) -> Result<(), EngineError> {
+    if let Some(act) = c.get("hidden_act").filter(|a| a.as_str() != Some("silu")) {
+        return Err(EngineError::config(
+            "hidden_act",
+            format!("{act} is not supported (silu)"),
+        ));
+    }
+    if c.opt_bool("attention_bias")? == Some(true) {
+        return Err(EngineError::config(
+            "attention_bias",
+            "true is not supported",
+        ));
+    }
+    Ok(())
+}
+
+type AttnShape = (usize, usize, usize, usize, f64);
+
+/// Heads, head width, RoPE width and base (`rope_parameters`, default type).
+fn attention(c: &Fields<'_>) -> Result<AttnShape, EngineError> {
+    let q = c.positive("num_attention_heads")?;
+    let kv = c.positive("num_key_value_heads")?;
+    if q % kv != 0 {
+        return Err(EngineError::config(
+            "num_key_value_heads",
+            format!("{kv} does not divide num_attention_heads {q}"),
+        ));
+    }
+    let d = c.positive("head_dim")?;
+    let rope = c
+        .get("rope_parameters")
+        .and_then(Value::as_object)
+        .ok_or_else(|| EngineError::config("rope_parameters", "missing or not an object"))?;
+    let r = Fields(rope);
+    match r.get("rope_type").and_then(Value::as_str) {
+        None | Some("default") => {}
+        Some(other) => {
+            return Err(EngineError::config(
+                "rope_parameters.rope_type",
+                format!("`{other}` is not supported (default)"),
+            ));
+        }
+    }
+    let theta = r
+        .float("rope_theta")
+        .map_err(|e| at(e, "rope_parameters."))?;
+    let factor = match r.get("partial_rotary_factor") {
+        None => 1.0,
+        Some(v) => v
+            .as_f64()
+            .filter(|f| *f > 0.0 && *f <= 1.0)
+            .ok_or_else(|| {
+                EngineError::config(
+                    "rope_parameters.partial_rotary_factor",
+                    "not a number in (0, 1]",
+                )
+            })?,
+    };
+    // transformers truncates: int(head_dim * factor).
+    let rope_dim = (d as f64 * factor) as usize;
+    if rope_dim == 0 || rope_dim % 2 != 0 {
+        return Err(EngineError::config(
+            "rope_parameters.partial_rotary_factor",
+            format!("rotates {rope_dim} of {d} dims (must be even and positive)"),
+        ));
+    }
+    Ok((q, kv, d, rope_dim, theta))
+}
+
+fn linear(c: &Fields<'_>) -> Result<LinearAttn, EngineError> {
+    let k_heads = c.positive("linear_num_key_heads")?;
+    let v_heads = c.positive("linear_num_value_heads")?;
+    if v_heads % k_heads != 0 {
+        return Err(EngineError::config(
+            "linear_num_value_heads",
+            format!("{v_heads} is not a multiple of linear_num_key_heads {k_heads}"),
+        ));
+    }
+    let gate = c
+        .get("output_gate_type")
+        .or_else(|| c.get("hidden_act"))
+        .and_then(Value::as_str)
+        .unwrap_or("silu");
+    let sigmoid_gate = match gate {
+        "sigmoid" => true,
+        "silu" => false,
+        other => {
+            return Err(EngineError::config(
+                "output_gate_type",
+                format!("`{other}` is not supported (sigmoid, silu)"),
+            ));
+        }
+    };
+    Ok(LinearAttn {
+        conv_kernel: c.positive("linear_conv_kernel_dim")?,
+        k_heads,
+        v_heads,
+        k_dim: c.positive("linear_key_head_dim")?,
+        v_dim: c.positive("linear_value_head_dim")?,
+        sigmoid_gate,
+    })
+}
+
+/// The indexer: all five fields or none; one key head; the budget a
+/// multiple of the block; the RoPE width within the index head.
+fn qsa(c: &Fields<'_>, rope_dim: usize) -> Result<Option<Qsa>, EngineError> {
+    const FIELDS: [&str; 5] = [
+        "indexer_n_heads",
+        "indexer_kv_heads",
+        "indexer_head_dim",
+        "indexer_budget",
+        "indexer_compress_ratio",
+    ];
+    let vals = FIELDS
+        .iter()
+        .map(|f| c.opt_positive(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    if vals.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let mut got = [0usize; 5];
+    for ((slot, v), f) in got.iter_mut().zip(&vals).zip(FIELDS) {
+        *slot =
+            v.ok_or_else(|| EngineError::config(f, "missing (QSA needs all five indexer fields)"))?;
+    }
+    let [heads, kv_heads, head_dim, budget, compress_ratio] = got;
+    if kv_heads != 1 {
+        return Err(EngineError::config(
+            "indexer_kv_heads",
+            format!("{kv_heads}: QSA needs 1"),
+        ));
+    }
+    if budget % compress_ratio != 0 {
+        return Err(EngineError::config(
+            "indexer_budget",
+            format!("{budget} is not a multiple of indexer_compress_ratio {compress_ratio}"),
+        ));
+    }
+    if rope_dim > head_dim {
+        return Err(EngineError::config(
+            "indexer_head_dim",
+            format!("{head_dim} is narrower than the {rope_dim} RoPE dims"),
+        ));
+    }
+    Ok(Some(Qsa {
+        heads,
+        head_dim,
+        budget,
+        compress_ratio,
+    }))
+}
+
+fn ple(
+    c: &Fields<'_>,
+    layers: &[LayerKind],
+    hidden: usize,
+    eos: Option<u32>,
+) -> Result<Option<Ple>, EngineError> {
+    let Some(list) = c.get("ple_layer_ids") else {
+        return Ok(None);
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| EngineError::config("ple_layer_ids", "not a list of layer ids"))?;
+    let mut ids = Vec::with_capacity(list.len().min(layers.len()));
+    for item in list {
+        let id = item.as_u64().and_then(|i| usize::try_from(i).ok());
+        let idx = id
+            .filter(|&i| (1..=layers.len()).contains(&i))
+            .ok_or_else(|| {
+                EngineError::config(
+                    "ple_layer_ids",
+                    format!("{item} is not in 1..={}", layers.len()),
+                )
+            })?
+            - 1;
+        if layers[idx] != LayerKind::Linear {
+            return Err(EngineError::config(
+                "ple_layer_ids",
+                format!("layer {} is not linear_attention (PLE needs it)", idx + 1),
+            ));
+        }
+        ids.push(idx);
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let eos = eos.ok_or_else(|| EngineError::config("eos_token_id", "missing (PLE needs it)"))?;
+    let ngram_size = c.opt_positive("ngram_size")?.unwrap_or(3);
+    if !(2..=MAX_NGRAM_SIZE).contains(&ngram_size) {
+        return Err(EngineError::config(
+            "ngram_size",
+            format!("{ngram_size} is outside 2..={MAX_NGRAM_SIZE}"),
+        ));
+    }
+    let heads_per_ngram = c.opt_positive("heads_per_ngram")?.unwrap_or(8);
+    let embed_dim = c.opt_positive("ple_embed_dim")?.unwrap_or(hidden);
+    let heads = (ngram_size - 1) * heads_per_ngram;
+    if embed_dim % heads != 0 {
+        return Err(EngineError::config(
+            "ple_embed_dim",
+            format!("{embed_dim} is not a multiple of the {heads} n-gram heads"),
+        ));
+    }
+    let vocab_base = c
+        .opt_positive("ngram_vocab_size_base")?
+        .unwrap_or(20_000_000) as u64;
+    if vocab_base > MAX_NGRAM_VOCAB_BASE || vocab_base < 2 {
+        return Err(EngineError::config(
+            "ngram_vocab_size_base",
+            format!("{vocab_base} is outside 2..={MAX_NGRAM_VOCAB_BASE}"),
+        ));
+    }
+    let seed = match c.get("seed") {
+        None => 1234,
+        Some(v) => v.as_u64().ok_or_else(|| {
+            EngineError::config("seed", format!("{v} is not a non-negative integer"))
+        })?,
+    };
+    Ok(Some(Ple {
+        layers: ids,
+        embed_dim,
+        conv_kernel: c.opt_positive("ple_conv_kernel_size")?.unwrap_or(4),
+        ngram_size,
+        heads_per_ngram,
+        vocab_base,
+        vocab_divisor: c
+            .opt_positive("make_ngram_vocab_size_divisible_by")?
+            .unwrap_or(128) as u64,
+        seed,
+        split_parts: c.opt_positive("split_ngram_parts")?.unwrap_or(512),
+        eos: u64::from(eos),
+    }))
+}
+
+#[cfg(test)]
+#[path = "qwen4_tests.rs"]
+mod tests;
