@@ -14,6 +14,7 @@
 pub mod ffn;
 pub mod gqa;
 pub mod mla;
+pub mod qwen4;
 pub mod route;
 
 use crate::checkpoint::Checkpoint;

@@ -1,0 +1,106 @@
+//! The n-gram ids against the ones transformers gathered for the fixture
+//! (`reference.json` `ngram_ids`, hooked at each PLE layer's embedding).
+
+use serde_json::Value;
+
+use super::{NgramHasher, NgramSpec, is_prime, primes_from, splitmix64};
+use crate::config::qwen4::Qwen4Config;
+
+fn fixture(file: &str) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/engine/qwen4_exp/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Prompt then greedy tokens, and per PLE layer (by decoder index) the ids.
+fn reference() -> (Vec<u32>, Vec<(usize, Vec<Vec<u64>>)>) {
+    let r = fixture("reference.json");
+    let mut tokens = u64s(&r["prompt_ids"]);
+    tokens.extend(u64s(&r["greedy_ids"]));
+    let tokens = tokens.into_iter().map(|t| t as u32).collect();
+    let mut layers: Vec<(usize, Vec<Vec<u64>>)> = r["ngram_ids"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.parse().unwrap(),
+                v.as_array().unwrap().iter().map(u64s).collect(),
+            )
+        })
+        .collect();
+    layers.sort_by_key(|(k, _)| *k);
+    (tokens, layers)
+}
+
+fn hashers() -> Vec<(usize, NgramHasher)> {
+    let c = Qwen4Config::from_json(&fixture("config.json")).unwrap();
+    let p = c.ple.unwrap();
+    let spec = NgramSpec {
+        vocab: c.vocab_size as u64,
+        ngram_size: p.ngram_size,
+        heads_per_ngram: p.heads_per_ngram,
+        vocab_base: p.vocab_base,
+        divisor: p.vocab_divisor,
+        seed: p.seed,
+        eos: p.eos,
+    };
+    p.layers
+        .iter()
+        .enumerate()
+        .map(|(rank, &l)| (l, NgramHasher::new(spec, rank)))
+        .collect()
+}
+
+#[test]
+fn splitmix_and_primes_match_their_definitions() {
+    // The first output of splitmix64 from state 0.
+    assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
+    assert!(is_prime(2) && is_prime(101) && is_prime(1_000_000_007));
+    assert!(!is_prime(1) && !is_prime(100) && !is_prime(1_000_000_007 * 3));
+    assert_eq!(primes_from(100, 4), [101, 103, 107, 109]);
+}
+
+#[test]
+fn ids_match_transformers_token_by_token_and_at_once() {
+    let (tokens, want) = reference();
+    let prompt = tokens.len() - 8;
+    for ((layer, mut h), (wl, ids)) in hashers().into_iter().zip(&want) {
+        assert_eq!(layer, *wl);
+        assert_eq!(ids.len(), tokens.len());
+        let mut at_once = h.clone();
+        assert_eq!(&at_once.step(&tokens), ids, "layer {layer}: whole sequence");
+        // The prompt as one step, then each greedy token alone.
+        let mut got = h.step(&tokens[..prompt]);
+        for &t in &tokens[prompt..] {
+            got.extend(h.step(&[t]));
+        }
+        assert_eq!(&got, ids, "layer {layer}: prompt then decode steps");
+        let rows = h.rows();
+        assert!(ids.iter().flatten().all(|&i| i < rows));
+        h.reset();
+        assert_eq!(h.step(&tokens[..prompt]), ids[..prompt], "after reset");
+    }
+}
+
+#[test]
+fn the_fixture_needs_the_eos_segments() {
+    // The prompt holds EOS twice: ignoring the segments changes some ids.
+    let (tokens, want) = reference();
+    for ((_, h), (layer, ids)) in hashers().into_iter().zip(&want) {
+        let plain = h.ids(&tokens, false);
+        let differ = plain.iter().zip(ids).filter(|(a, b)| a != b).count();
+        assert!(differ >= 2, "layer {layer}: only {differ} positions differ");
+        assert_eq!(h.ids(&tokens, true), *ids);
+    }
+}
