@@ -17,9 +17,9 @@
 
 use serde_json::{Map, Value};
 
-use super::bounds;
 use super::fields::Fields;
 use super::parse::eos_ids;
+use super::{Arch, ModelConfig, Routing, bounds};
 use crate::error::EngineError;
 
 /// Most hyper-connection streams.
@@ -169,6 +169,43 @@ pub struct Qwen4Config {
 }
 
 impl Qwen4Config {
+    /// The routed experts as the expert tier and the packer see them: a
+    /// Qwen3-MoE-shaped [`ModelConfig`] with every layer sparse, softmax
+    /// top-k routing and no FP8 (its attention fields are the QSA layers'
+    /// and are not used by the tier).
+    pub fn expert_view(&self) -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Qwen3Moe,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_layers: self.layers.len(),
+            num_q_heads: self.q_heads,
+            num_kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            rope_dim: self.rope_dim,
+            yarn: None,
+            mla: None,
+            routing: Routing::Softmax,
+            dense_intermediate: self.shared_intermediate,
+            expert_intermediate: self.expert_intermediate,
+            num_experts: self.num_experts,
+            top_k: self.top_k,
+            norm_topk_prob: self.norm_topk_prob,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            sparse_layers: vec![true; self.layers.len()],
+            tie_word_embeddings: self.tie_word_embeddings,
+            max_positions: self.max_positions,
+            sliding_window: None,
+            qk_norm: true,
+            qkv_bias: false,
+            shared_expert_intermediate: Some(self.shared_intermediate),
+            shared_expert_gated: true,
+            fp8_block: None,
+            eos_token_ids: self.eos_token_ids.clone(),
+        }
+    }
+
     /// Whether `value` is a Qwen4-Exp config (text or wrapper).
     pub fn is_qwen4(value: &Value) -> bool {
         matches!(
@@ -255,6 +292,12 @@ fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError>
     }
     let eos_token_ids = eos_ids(c)?;
     let qsa = qsa(c, rope_dim)?;
+    if qsa.is_none() && layers.contains(&LayerKind::Sparse) {
+        return Err(EngineError::config(
+            "indexer_n_heads",
+            "missing (qwen_sparse_attention layers need the QSA indexer)",
+        ));
+    }
     let ple = ple(c, &layers, hidden_size, eos_token_ids.first().copied())?;
     Ok(Qwen4Config {
         prefix: prefix.to_string(),

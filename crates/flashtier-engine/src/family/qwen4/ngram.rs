@@ -87,6 +87,8 @@ pub struct NgramHasher {
     eos: u64,
     /// The last `ngram_size - 1` tokens seen (EOS before the first).
     context: Vec<u64>,
+    /// EOS starts a segment (false only to show the fixture needs it).
+    pub(crate) eos_segments: bool,
 }
 
 /// What a [`NgramHasher`] is built from.
@@ -129,6 +131,7 @@ impl NgramHasher {
             heads_per_ngram: spec.heads_per_ngram,
             eos: spec.eos,
             context: vec![spec.eos; spec.ngram_size - 1],
+            eos_segments: true,
         }
     }
 
@@ -160,7 +163,7 @@ impl NgramHasher {
     /// The row ids of every head for each of `tokens` (the next tokens of
     /// the sequence), `[token][head]`; the context moves past them.
     pub fn step(&mut self, tokens: &[u32]) -> Vec<Vec<u64>> {
-        let out = self.ids(tokens, true);
+        let out = self.ids(tokens, self.eos_segments);
         let mut history = std::mem::take(&mut self.context);
         history.extend(tokens.iter().map(|&t| u64::from(t)));
         let keep = self.mults.len() - 1;
