@@ -421,3 +421,7 @@ fn moe_forward(
     dev.add_gated(&mut out, &shared, &gate)?;
     Ok(out.into_vec())
 }
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;
