@@ -120,6 +120,11 @@ fn arch_of(c: &Fields<'_>) -> Result<Arch, EngineError> {
         "mixtral" => Ok(Arch::Mixtral),
         "qwen2_moe" => Ok(Arch::Qwen2Moe),
         "deepseek_v3" => Ok(Arch::DeepseekV3),
+        "qwen4_exp" | "qwen4_exp_text" => Err(EngineError::config(
+            "model_type",
+            "Qwen4-Exp runs on the CPU through `family::qwen4::Qwen4Model`, not yet through \
+             this decoder or the CLI",
+        )),
         other => Err(EngineError::config(
             "model_type",
             format!("`{other}` is not supported (qwen3_moe, qwen2_moe, mixtral, deepseek_v3)"),

@@ -22,13 +22,16 @@ fn u64s(v: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// Prompt then greedy tokens, and per PLE layer (by decoder index) the ids.
-fn reference() -> (Vec<u32>, Vec<(usize, Vec<Vec<u64>>)>) {
+/// Per PLE layer (by decoder index), `[position][head]` ids.
+type LayerIds = Vec<(usize, Vec<Vec<u64>>)>;
+
+/// Prompt then greedy tokens, and per PLE layer the ids.
+fn reference() -> (Vec<u32>, LayerIds) {
     let r = fixture("reference.json");
     let mut tokens = u64s(&r["prompt_ids"]);
     tokens.extend(u64s(&r["greedy_ids"]));
     let tokens = tokens.into_iter().map(|t| t as u32).collect();
-    let mut layers: Vec<(usize, Vec<Vec<u64>>)> = r["ngram_ids"]
+    let mut layers: LayerIds = r["ngram_ids"]
         .as_object()
         .unwrap()
         .iter()

@@ -119,6 +119,7 @@ impl PleLayer {
     }
 
     /// Make EOS start no segment (only to show the fixture needs it).
+    #[cfg(test)]
     pub(crate) fn ignore_eos_segments(&mut self) {
         self.hasher.eos_segments = false;
     }

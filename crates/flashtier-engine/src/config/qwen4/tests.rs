@@ -93,6 +93,17 @@ fn bad_or_absurd_values_name_their_field() {
     v.as_object_mut().unwrap().remove("indexer_budget");
     assert_eq!(field_of(&v), "indexer_budget");
     let mut v = fixture_config();
+    for f in [
+        "indexer_n_heads",
+        "indexer_kv_heads",
+        "indexer_head_dim",
+        "indexer_budget",
+    ] {
+        v.as_object_mut().unwrap().remove(f);
+    }
+    v.as_object_mut().unwrap().remove("indexer_compress_ratio");
+    assert_eq!(field_of(&v), "indexer_n_heads", "sparse layers without QSA");
+    let mut v = fixture_config();
     v["eos_token_id"] = Value::Null;
     assert_eq!(field_of(&v), "eos_token_id");
     let mut v = fixture_config();
