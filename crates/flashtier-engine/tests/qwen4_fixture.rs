@@ -9,9 +9,15 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use flashtier::experts::Backing;
+use flashtier_engine::EngineError;
 use flashtier_engine::family::qwen4::Qwen4Model;
 use flashtier_engine::load::LoadOptions;
+use safetensors::{Dtype, tensor::TensorView};
+use serde_json::Value;
 
 use common::{fixture, max_abs_diff, pack, reference};
 
@@ -95,5 +101,111 @@ fn qwen4_exp_matches_transformers_at_every_budget() {
                 );
             }
         }
+    }
+}
+
+/// Tensors by name: dtype, shape, bytes.
+type Tensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
+
+/// A copy of the fixture in one safetensors file, its tensors and config
+/// changed by `edit`.
+fn rewritten(edit: impl FnOnce(&mut Tensors, &mut Value)) -> tempfile::TempDir {
+    let src = fixture("qwen4_exp");
+    let mut tensors = Tensors::new();
+    for k in 1..=2 {
+        let bytes = std::fs::read(src.join(format!("model-0000{k}-of-00002.safetensors"))).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (name, v) in st.iter() {
+            tensors.insert(
+                name.to_string(),
+                (v.dtype(), v.shape().to_vec(), v.data().to_vec()),
+            );
+        }
+    }
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut tensors, &mut config);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, (dt, s, d))| (n.clone(), TensorView::new(*dt, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Pack `dir`'s experts and open it.
+fn open(dir: &Path) -> Result<Qwen4Model, EngineError> {
+    let report = pack(dir, dir);
+    Qwen4Model::open(dir, &report.out, &LoadOptions::store(&report.out))
+}
+
+/// The fused transformers-5 layout: `mlp.experts.gate_up_proj` `[E, 2I, H]`
+/// and `mlp.experts.down_proj` `[E, H, I]` per layer.
+fn fuse_experts(t: &mut Tensors, layers: usize, experts: usize) {
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        let (mut gu_shape, mut d_shape) = (Vec::new(), Vec::new());
+        for e in 0..experts {
+            let g = t.remove(&format!("{p}.{e}.gate_proj.weight")).unwrap();
+            let u = t.remove(&format!("{p}.{e}.up_proj.weight")).unwrap();
+            let d = t.remove(&format!("{p}.{e}.down_proj.weight")).unwrap();
+            gate_up.extend(g.2);
+            gate_up.extend(u.2);
+            down.extend(d.2);
+            gu_shape = vec![experts, 2 * g.1[0], g.1[1]];
+            d_shape = vec![experts, d.1[0], d.1[1]];
+        }
+        t.insert(
+            format!("{p}.gate_up_proj"),
+            (Dtype::BF16, gu_shape, gate_up),
+        );
+        t.insert(format!("{p}.down_proj"), (Dtype::BF16, d_shape, down));
+    }
+}
+
+#[test]
+fn the_fused_expert_layout_decodes_the_same_bits() {
+    let r = reference(&fixture("qwen4_exp"));
+    let hub = rewritten(|_, _| {});
+    let fused = rewritten(|t, _| fuse_experts(t, 4, 8));
+    let mut outs = Vec::new();
+    for dir in [&hub, &fused] {
+        let mut m = open(dir.path()).unwrap();
+        outs.push(m.generate(&r.prompt, NEW_TOKENS, &[], true).unwrap());
+    }
+    assert!(max_abs_diff(&outs[1].prompt_logits, &r.logits) <= MAX_ABS_ERR);
+    assert_eq!(outs[1].generated_ids, r.greedy);
+    assert_eq!(outs[0].prompt_logits, outs[1].prompt_logits);
+}
+
+#[test]
+fn bad_tables_tokens_and_lengths_are_typed_errors() {
+    let shard = "model.layers.2.ple.ple_embedding.ngram_embedding.shard_1.weight";
+    let dir = rewritten(|t, _| {
+        t.remove(shard);
+    });
+    match open(dir.path()).unwrap_err() {
+        EngineError::MissingTensor { name } => assert_eq!(name, shard),
+        other => panic!("{other}"),
+    }
+    // Other primes: the shards hold another number of rows than the hash needs.
+    let dir = rewritten(|_, c| c["ngram_vocab_size_base"] = 90.into());
+    match open(dir.path()).unwrap_err() {
+        EngineError::ConfigMismatch { field, .. } => assert_eq!(field, "ngram_vocab_size_base"),
+        other => panic!("{other}"),
+    }
+    let dir = rewritten(|_, c| c["max_position_embeddings"] = 16.into());
+    let mut m = open(dir.path()).unwrap();
+    let r = reference(&fixture("qwen4_exp"));
+    match m.generate(&r.prompt, NEW_TOKENS, &[], false).unwrap_err() {
+        EngineError::ContextFull { len, max } => assert_eq!((len, max), (27, 16)),
+        other => panic!("{other}"),
+    }
+    match m.forward(&[3, 256], false).unwrap_err() {
+        EngineError::TokenOutOfRange { id, vocab } => assert_eq!((id, vocab), (256, 256)),
+        other => panic!("{other}"),
     }
 }
