@@ -126,6 +126,46 @@ impl Checkpoint {
         len: usize,
     ) -> Result<AlignedBuf, EngineError> {
         let (info, _) = self.info(name)?;
+        self.read_info_range(name, info, start, len)
+    }
+
+    /// The `I64` vector `name` of `len` elements (integer buffers such as
+    /// Qwen4-Exp's n-gram hash parameters), little-endian.
+    pub fn load_i64(&self, name: &str, len: usize) -> Result<Vec<i64>, EngineError> {
+        let info = self
+            .source
+            .tensors()
+            .get(name)
+            .ok_or_else(|| EngineError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        if info.dtype != "I64" {
+            return Err(EngineError::TensorDtype {
+                name: name.to_string(),
+                dtype: format!("{} (an I64 vector is expected)", info.dtype),
+            });
+        }
+        if info.shape != [len as u64] {
+            return Err(EngineError::TensorShape {
+                name: name.to_string(),
+                got: info.shape.clone(),
+                want: vec![len as u64],
+            });
+        }
+        let bytes = self.read_info_range(name, info, 0, len * 8)?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect())
+    }
+
+    fn read_info_range(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        start: u64,
+        len: usize,
+    ) -> Result<AlignedBuf, EngineError> {
         let end = start
             .checked_add(len as u64)
             .filter(|e| *e <= info.len_bytes);

@@ -192,9 +192,25 @@ fn bad_tables_tokens_and_lengths_are_typed_errors() {
         other => panic!("{other}"),
     }
     // Other primes: the shards hold another number of rows than the hash needs.
-    let dir = rewritten(|_, c| c["ngram_vocab_size_base"] = 90.into());
+    // (Without the checkpoint's own head buffers, which would say it first.)
+    let dir = rewritten(|t, c| {
+        t.retain(|n, _| !n.contains("ngram_heads_"));
+        c["ngram_vocab_size_base"] = 90.into();
+    });
     match open(dir.path()).unwrap_err() {
-        EngineError::ConfigMismatch { field, .. } => assert_eq!(field, "ngram_vocab_size_base"),
+        EngineError::ConfigMismatch { field, found, .. } => {
+            assert_eq!(field, "ngram_vocab_size_base");
+            assert!(found.contains("432 rows"), "{found}");
+        }
+        other => panic!("{other}"),
+    }
+    // Another seed: the checkpoint's own multipliers disagree.
+    let dir = rewritten(|_, c| c["seed"] = 99.into());
+    match open(dir.path()).unwrap_err() {
+        EngineError::ConfigMismatch { field, found, .. } => {
+            assert_eq!(field, "seed");
+            assert!(found.contains("layer_multipliers"), "{found}");
+        }
         other => panic!("{other}"),
     }
     let dir = rewritten(|_, c| c["max_position_embeddings"] = 16.into());

@@ -79,6 +79,7 @@ impl PleLayer {
             eos: p.eos,
         };
         let hasher = NgramHasher::new(spec, rank);
+        check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
         let l = Loader {
             ckpt,
             dev: &CpuDevice,
@@ -274,4 +275,50 @@ fn table_shards(
         });
     }
     Ok(shards)
+}
+
+/// Where the checkpoint keeps transformers' hash buffers, they must equal
+/// the ones the config gives (a different `seed`, vocabulary base or
+/// n-gram shape would otherwise pick other rows silently).
+fn check_hash_buffers(ckpt: &Checkpoint, stem: &str, h: &NgramHasher) -> Result<(), EngineError> {
+    let buffers = [
+        ("layer_multipliers", h.multipliers(), "seed"),
+        (
+            "ngram_heads_vocab_sizes",
+            h.head_sizes(),
+            "ngram_vocab_size_base",
+        ),
+        (
+            "ngram_heads_offsets",
+            h.head_offsets(),
+            "ngram_vocab_size_base",
+        ),
+    ];
+    for (buffer, want, field) in buffers {
+        let name = format!("{stem}.{buffer}");
+        if !ckpt.contains(&name) {
+            continue;
+        }
+        let got = ckpt.load_i64(&name, want.len())?;
+        if got
+            .iter()
+            .zip(want)
+            .any(|(g, w)| u64::try_from(*g).ok() != Some(*w))
+        {
+            return Err(EngineError::ConfigMismatch {
+                field: field.into(),
+                value: format!("the hash parameters {}", list(want)),
+                found: format!("the checkpoint's `{name}` holds {}", list(&got)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `1, 2, 3` for a message.
+fn list<T: std::fmt::Display>(v: &[T]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
