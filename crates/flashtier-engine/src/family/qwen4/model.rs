@@ -13,6 +13,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use flashtier_format::Store;
 use flashtier_io::PosixBackend;
@@ -22,7 +23,7 @@ use crate::config::Routing;
 use crate::config::qwen4::{LayerKind, Qwen4Config};
 use crate::device::Device;
 use crate::device::cpu::experts::PoolExperts;
-use crate::device::cpu::{CpuDevice, HostAct};
+use crate::device::cpu::{CpuDevice, HostAct, kernels};
 use crate::error::EngineError;
 use crate::experts::{ExpertStats, StreamOptions, open_pool};
 use crate::family::ffn::DenseMlp;
@@ -30,7 +31,7 @@ use crate::family::route::{RouteRule, route_row};
 use crate::load::LoadOptions;
 use crate::loader::Loader;
 use crate::matrix::Matrix;
-use crate::model::PREFILL_CHUNK;
+use crate::model::{Generation, PREFILL_CHUNK};
 use crate::pack::check_pairing;
 
 use super::gdn::GatedDeltaNet;
@@ -329,15 +330,19 @@ impl Qwen4Model {
     }
 
     /// Greedy decoding at batch 1 (see [`crate::model::Model::generate`]):
-    /// the prompt, then up to `max_new` tokens, stopping at one in `stop_ids`.
+    /// the prompt, then up to `max_new` tokens, stopping at one in
+    /// `stop_ids`; a request past the context limit is refused first.
     pub fn generate(
         &mut self,
         prompt: &[u32],
         max_new: usize,
         stop_ids: &[u32],
         keep_prompt_logits: bool,
-    ) -> Result<crate::model::Generation, EngineError> {
-        let mut out = crate::model::Generation::default();
+    ) -> Result<Generation, EngineError> {
+        let mut out = Generation::default();
+        if prompt.is_empty() {
+            return Ok(out);
+        }
         let vocab = self.cfg.vocab_size;
         let need = (self.pos + prompt.len()).saturating_add(max_new.saturating_sub(1));
         if need > self.cfg.max_positions {
@@ -347,6 +352,7 @@ impl Qwen4Model {
             });
         }
         let start = self.expert_stats();
+        let started = Instant::now();
         let mut last = Vec::new();
         for chunk in prompt.chunks(PREFILL_CHUNK) {
             last = self.forward(chunk, keep_prompt_logits)?;
@@ -355,13 +361,11 @@ impl Qwen4Model {
                     .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
             }
         }
+        out.prefill_secs = started.elapsed().as_secs_f64();
         out.prompt_tokens = prompt.len();
-        let argmax = |l: &[f32]| {
-            crate::device::cpu::kernels::argmax(&l[l.len().saturating_sub(vocab)..]) as u32
-        };
-        if prompt.is_empty() {
-            return Ok(out);
-        }
+        let decode_start = self.expert_stats();
+        let decode_started = Instant::now();
+        let argmax = |l: &[f32]| kernels::argmax(&l[l.len().saturating_sub(vocab)..]) as u32;
         let mut next = argmax(&last);
         for _ in 0..max_new {
             out.generated_ids.push(next);
@@ -372,7 +376,11 @@ impl Qwen4Model {
             out.decode_steps += 1;
             next = argmax(&last);
         }
-        out.total_experts = self.expert_stats().since(&start);
+        out.decode_secs = decode_started.elapsed().as_secs_f64();
+        let now = self.expert_stats();
+        out.prefill_experts = decode_start.since(&start);
+        out.decode_experts = now.since(&decode_start);
+        out.total_experts = now.since(&start);
         Ok(out)
     }
 }
