@@ -16,6 +16,8 @@ Usage (needs torch, transformers, safetensors; CPU is enough):
 
 Writes config.json, model-0000K-of-00002.safetensors + index, reference.json:
   prompt_ids, prompt_logits [pos][vocab], greedy_ids (full recompute),
+  decode_logits [step][vocab] (the last position's logits before each new
+  token: step 0 is the prompt's last row),
   greedy_ids_cached (decoding with transformers' cache), margins,
   ngram_ids {layer: [pos][head]} for prompt + greedy positions (global row
   ids into that layer's concatenated table), indexer stats (blocks dropped),
@@ -130,16 +132,19 @@ def forward(model, ids):
 
 
 def greedy(model, prompt):
+    """New tokens, their margins, the full sequence, and the last-position
+    logits before each new token (the decode logits)."""
     ids = prompt.clone()
-    new, margins = [], []
+    new, margins, rows = [], [], []
     for _ in range(NEW_TOKENS):
         logits = forward(model, ids)[-1]
+        rows.append(logits.tolist())
         top = torch.topk(logits, 2).values
         margins.append((top[0] - top[1]).item())
         nxt = int(torch.argmax(logits))
         new.append(nxt)
         ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    return new, margins, ids
+    return new, margins, ids, rows
 
 
 def greedy_cached(model, prompt):
@@ -351,7 +356,7 @@ def search():
     for seed in range(40):
         model = make_model(seed)
         prompt = make_prompt(seed)
-        new, margins, full = greedy(model, prompt)
+        new, margins, full, decode_logits = greedy(model, prompt)
         rmargin = router_margin(model, full, k)
         istats = indexer_stats(model, full)
         imargin = min(s["margin"] for s in istats.values())
@@ -359,7 +364,7 @@ def search():
               f"indexer margin {imargin:.4g}, greedy {new}", flush=True)
         if (min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
                 and imargin >= MIN_INDEXER_MARGIN):
-            return seed, model, prompt, new, margins, full, rmargin, istats
+            return seed, model, prompt, new, margins, full, rmargin, istats, decode_logits
     sys.exit("no seed with clear margins")
 
 
@@ -370,7 +375,7 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     torch.set_num_threads(8)
     os.makedirs(args.out, exist_ok=True)
-    seed, model, prompt, new, margins, full, rmargin, istats = search()
+    seed, model, prompt, new, margins, full, rmargin, istats, decode_logits = search()
     prompt_logits = forward(model, prompt)
     try:
         cached = greedy_cached(model, prompt)
@@ -409,6 +414,7 @@ def main():
         "router_margin": rmargin,
         "indexer": {str(k): v for k, v in istats.items()},
         "prompt_logits": prompt_logits.tolist(),
+        "decode_logits": decode_logits,
         "ngram_ids": ngram_ids(model, full),
         "ngram_positions": "prompt then greedy tokens, one row per position",
         "layer_outputs": layer_outputs(model, prompt),

@@ -225,3 +225,37 @@ fn bad_tables_tokens_and_lengths_are_typed_errors() {
         other => panic!("{other}"),
     }
 }
+
+/// Each decode step's logits (the cached states: conv, recurrent, PLE
+/// context and short conv, KV and index keys) against transformers'
+/// full recompute of the sequence so far.
+#[test]
+fn decode_steps_match_the_full_recompute_of_transformers() {
+    let dir = fixture("qwen4_exp");
+    let r = reference(&dir);
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let want: Vec<Vec<f32>> = v["decode_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let report = pack(&dir, tmp.path());
+    let mut m = Qwen4Model::open(&dir, &report.out, &LoadOptions::store(&report.out)).unwrap();
+    let mut got = vec![m.forward(&r.prompt, false).unwrap()];
+    for &t in &r.greedy[..NEW_TOKENS - 1] {
+        got.push(m.forward(&[t], false).unwrap());
+    }
+    let worst = max_abs_diff(&got, &want);
+    println!("qwen4_exp decode steps: max abs logit error {worst:.3e}");
+    assert!(worst <= MAX_ABS_ERR, "decode logit error {worst}");
+}
