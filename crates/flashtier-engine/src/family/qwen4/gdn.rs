@@ -16,13 +16,11 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::{LinearAttn, Qwen4Config};
-use crate::device::cpu::CpuDevice;
 use crate::device::cpu::kernels::{rms_norm, silu};
 use crate::error::EngineError;
-use crate::loader::Loader;
 use crate::matrix::Matrix;
 
-use super::ops::{l2norm, linear, sigmoid, softplus};
+use super::ops::{host_loader, l2norm, linear, sigmoid, softplus};
 
 /// One GatedDeltaNet layer with its states.
 pub struct GatedDeltaNet {
@@ -50,11 +48,7 @@ impl GatedDeltaNet {
     /// Load `{prefix}.linear_attn.*`.
     pub fn load(ckpt: &Checkpoint, cfg: &Qwen4Config, prefix: &str) -> Result<Self, EngineError> {
         let s = cfg.linear.clone();
-        let l = Loader {
-            ckpt,
-            dev: &CpuDevice,
-            fp8_block: None,
-        };
+        let l = host_loader(ckpt);
         let h = cfg.hidden_size;
         let (kd, vd) = (s.k_heads * s.k_dim, s.v_heads * s.v_dim);
         let conv_dim = 2 * kd + vd;

@@ -7,13 +7,11 @@
 //! The final mixer has no injection.
 
 use crate::checkpoint::Checkpoint;
-use crate::device::cpu::CpuDevice;
+use crate::device::cpu::kernels::silu;
 use crate::error::EngineError;
-use crate::loader::Loader;
 use crate::matrix::Matrix;
 
-use super::ops::{linear, norm_groups, one_plus, sigmoid};
-use crate::device::cpu::kernels::silu;
+use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
 
 /// One gated residual mixer.
 pub struct GatedResidual {
@@ -46,11 +44,7 @@ impl GatedResidual {
         inject: bool,
         eps: f32,
     ) -> Result<Self, EngineError> {
-        let l = Loader {
-            ckpt,
-            dev: &CpuDevice,
-            fp8_block: None,
-        };
+        let l = host_loader(ckpt);
         let wide = streams * hidden;
         Ok(Self {
             norm: one_plus(l.vector(&format!("{prefix}.hc_norm.weight"), &[wide])?),

@@ -29,14 +29,13 @@ use crate::experts::{ExpertStats, StreamOptions, open_pool};
 use crate::family::ffn::DenseMlp;
 use crate::family::route::{RouteRule, route_row};
 use crate::load::LoadOptions;
-use crate::loader::Loader;
 use crate::matrix::Matrix;
 use crate::model::{Generation, PREFILL_CHUNK};
 use crate::pack::check_pairing;
 
 use super::gdn::GatedDeltaNet;
 use super::hyper::GatedResidual;
-use super::ops::{inject, linear};
+use super::ops::{host_loader, inject, linear};
 use super::ple::PleLayer;
 use super::qsa::SparseAttention;
 
@@ -159,11 +158,7 @@ impl Qwen4Model {
                 moe: load_moe(&ckpt, &cfg, &p)?,
             });
         }
-        let l = Loader {
-            ckpt: &ckpt,
-            dev: &CpuDevice,
-            fp8_block: None,
-        };
+        let l = host_loader(&ckpt);
         let embed = l.host_matrix(&format!("{pre}.embed_tokens.weight"), [cfg.vocab_size, h])?;
         let lm_head = if cfg.tie_word_embeddings {
             None
@@ -386,11 +381,7 @@ impl Qwen4Model {
 }
 
 fn load_moe(ckpt: &Checkpoint, cfg: &Qwen4Config, p: &str) -> Result<Moe, EngineError> {
-    let l = Loader {
-        ckpt,
-        dev: &CpuDevice,
-        fp8_block: None,
-    };
+    let l = host_loader(ckpt);
     let h = cfg.hidden_size;
     Ok(Moe {
         router: l.host_matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])?,

@@ -107,3 +107,43 @@ fn the_fixture_needs_the_eos_segments() {
         assert_eq!(h.ids(&tokens, true), *ids);
     }
 }
+
+proptest::proptest! {
+    /// However a sequence is cut into steps, the ids are those of the whole.
+    #[test]
+    fn any_chunking_gives_the_ids_of_the_whole(
+        tokens in proptest::collection::vec(0u32..8, 1..40),
+        cuts in proptest::collection::vec(1usize..6, 1..20),
+    ) {
+        // A tiny vocabulary makes EOS (2) frequent.
+        let spec = NgramSpec {
+            vocab: 8,
+            ngram_size: 4,
+            heads_per_ngram: 2,
+            vocab_base: 50,
+            divisor: 8,
+            seed: 7,
+            eos: 2,
+        };
+        let mut whole = NgramHasher::new(spec, 1);
+        let want = whole.step(&tokens);
+        let mut h = NgramHasher::new(spec, 1);
+        let (mut got, mut at) = (Vec::new(), 0);
+        for c in cuts.iter().cycle() {
+            if at >= tokens.len() {
+                break;
+            }
+            let end = (at + c).min(tokens.len());
+            got.extend(h.step(&tokens[at..end]));
+            at = end;
+        }
+        proptest::prop_assert_eq!(got, want);
+    }
+
+    /// Trial division agrees with a sieve below 5000.
+    #[test]
+    fn is_prime_agrees_with_a_sieve(n in 0u64..5000) {
+        let composite = (2..n).any(|d| n % d == 0);
+        proptest::prop_assert_eq!(is_prime(n), n >= 2 && !composite);
+    }
+}

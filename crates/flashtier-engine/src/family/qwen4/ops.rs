@@ -4,9 +4,22 @@
 //! Activations are row-major `rows x width` slices; every helper checks the
 //! lengths it is given and returns [`EngineError::Shape`] on a mismatch.
 
+use crate::checkpoint::Checkpoint;
+use crate::device::cpu::CpuDevice;
 use crate::device::cpu::kernels::{apply_rope, matmul, rms_norm};
 use crate::error::EngineError;
+use crate::loader::Loader;
 use crate::matrix::Matrix;
+
+/// A loader of `ckpt`'s tensors as host matrices and f32 vectors (no FP8:
+/// Qwen4-Exp checkpoints are BF16).
+pub fn host_loader(ckpt: &Checkpoint) -> Loader<'_, CpuDevice> {
+    Loader {
+        ckpt,
+        dev: &CpuDevice,
+        fp8_block: None,
+    }
+}
 
 fn shape(op: &'static str, what: String) -> EngineError {
     EngineError::Shape { op, what }

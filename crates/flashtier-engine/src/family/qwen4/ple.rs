@@ -18,14 +18,12 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
-use crate::device::cpu::CpuDevice;
 use crate::device::cpu::kernels::{dot, silu};
 use crate::error::EngineError;
-use crate::loader::Loader;
 use crate::matrix::{Matrix, to_f32};
 
 use super::ngram::{NgramHasher, NgramSpec};
-use super::ops::{linear, norm_groups, one_plus, sigmoid};
+use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
 
 /// One row shard of a PLE table.
 struct Shard {
@@ -80,11 +78,7 @@ impl PleLayer {
         };
         let hasher = NgramHasher::new(spec, rank);
         check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
-        let l = Loader {
-            ckpt,
-            dev: &CpuDevice,
-            fp8_block: None,
-        };
+        let l = host_loader(ckpt);
         let (h, hc) = (cfg.hidden_size, cfg.hc_count);
         let wide = h * hc;
         let pre = format!("{prefix}.ple");

@@ -18,13 +18,11 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::{Qsa, Qwen4Config};
-use crate::device::cpu::CpuDevice;
 use crate::device::cpu::kernels::{dot, rope_angles, softmax};
 use crate::error::EngineError;
-use crate::loader::Loader;
 use crate::matrix::Matrix;
 
-use super::ops::{linear, norm_groups, one_plus, rope_partial, sigmoid};
+use super::ops::{host_loader, linear, norm_groups, one_plus, rope_partial, sigmoid};
 
 /// One sparse-attention layer with its cache.
 pub struct SparseAttention {
@@ -65,11 +63,7 @@ impl SparseAttention {
                 "missing (qwen_sparse_attention needs the indexer)",
             )
         })?;
-        let l = Loader {
-            ckpt,
-            dev: &CpuDevice,
-            fp8_block: None,
-        };
+        let l = host_loader(ckpt);
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (qw, kvw) = (cfg.q_heads * d, cfg.kv_heads * d);
         let p = format!("{prefix}.self_attn");
