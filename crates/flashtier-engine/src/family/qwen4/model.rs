@@ -301,7 +301,8 @@ impl Qwen4Model {
     fn layer(&mut self, i: usize, x: &mut [f32], tokens: &[u32]) -> Result<(), EngineError> {
         let (n, h, first) = (tokens.len(), self.cfg.hidden_size, self.pos);
         let drop = self.drop_inject_stream;
-        let layer = &mut self.layers[i];
+        let (head, tail) = self.layers.split_at_mut(i + 1);
+        let layer = &mut head[i];
         if let Some(p) = &mut layer.ple {
             p.forward(&self.ckpt, x, tokens)?;
         }
@@ -319,7 +320,15 @@ impl Qwen4Model {
         }
         inject(x, &y, &w, h);
         let m = layer.mlp_hc.forward(x, n)?;
-        let y = moe_forward(&layer.moe, &mut self.experts, &self.rule, i, m.input, n, h)?;
+        let mut ctx = MoeStep {
+            experts: &mut self.experts,
+            rule: &self.rule,
+            layer: i,
+            rows: n,
+            hidden: h,
+        };
+        let next = tail.first().map(|l| &l.moe.router);
+        let y = layer.moe.forward(&mut ctx, next, m.input)?;
         inject(x, &y, &m.inject, h);
         Ok(())
     }
@@ -395,30 +404,57 @@ fn load_moe(ckpt: &Checkpoint, cfg: &Qwen4Config, p: &str) -> Result<Moe, Engine
     })
 }
 
-/// The MoE block of layer `layer` over the `rows` rows of `x`.
-fn moe_forward(
-    moe: &Moe,
-    experts: &mut PoolExperts,
-    rule: &RouteRule,
+/// What one layer's MoE step needs besides its weights.
+struct MoeStep<'a> {
+    experts: &'a mut PoolExperts,
+    rule: &'a RouteRule,
     layer: usize,
-    x: Vec<f32>,
     rows: usize,
-    h: usize,
-) -> Result<Vec<f32>, EngineError> {
-    let dev = CpuDevice;
-    let logits = linear(&moe.router, &x, rows)?;
-    let routes: Vec<Vec<(usize, f32)>> = logits
-        .chunks_exact(rule.num_experts)
-        .map(|row| route_row(rule, row, None))
-        .collect();
-    let xa = HostAct::from_vec(rows, h, x)?;
-    let mut out = dev.zeros(rows, h)?;
-    dev.moe(experts, layer, &xa, &routes, &mut out)?;
-    let shared = moe.shared.forward(&dev, &xa, rows, h)?;
-    let mut gate = dev.zeros(rows, 1)?;
-    dev.linear(&mut gate, &moe.shared_gate, &xa)?;
-    dev.add_gated(&mut out, &shared, &gate)?;
-    Ok(out.into_vec())
+    hidden: usize,
+}
+
+impl Moe {
+    /// The block's output for the step's rows of `x`. Before the routed
+    /// experts run, `next` (the next layer's router) is applied to `x`
+    /// and its guess hinted to the tier (pre-gating: it changes reads,
+    /// never results).
+    fn forward(
+        &self,
+        st: &mut MoeStep<'_>,
+        next: Option<&Matrix>,
+        x: Vec<f32>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let dev = CpuDevice;
+        let (rows, h) = (st.rows, st.hidden);
+        let routes = self.route(&self.router, st.rule, &x, rows)?;
+        if let Some(r) = next.filter(|_| dev.hints_wanted(st.experts)) {
+            let guess = self.route(r, st.rule, &x, rows)?;
+            dev.hint(st.experts, st.layer + 1, &guess)?;
+        }
+        let xa = HostAct::from_vec(rows, h, x)?;
+        let mut out = dev.zeros(rows, h)?;
+        dev.moe(st.experts, st.layer, &xa, &routes, &mut out)?;
+        let shared = self.shared.forward(&dev, &xa, rows, h)?;
+        let mut gate = dev.zeros(rows, 1)?;
+        dev.linear(&mut gate, &self.shared_gate, &xa)?;
+        dev.add_gated(&mut out, &shared, &gate)?;
+        Ok(out.into_vec())
+    }
+
+    /// Each row's chosen experts by `router`.
+    fn route(
+        &self,
+        router: &Matrix,
+        rule: &RouteRule,
+        x: &[f32],
+        rows: usize,
+    ) -> Result<Vec<Vec<(usize, f32)>>, EngineError> {
+        let logits = linear(router, x, rows)?;
+        Ok(logits
+            .chunks_exact(rule.num_experts)
+            .map(|row| route_row(rule, row, None))
+            .collect())
+    }
 }
 
 #[cfg(test)]
