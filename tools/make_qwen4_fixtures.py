@@ -13,6 +13,8 @@ the greedy, router and indexer choices have clear margins.
 Usage (needs torch, transformers, safetensors; CPU is enough):
 
     python3 tools/make_qwen4_fixtures.py --out crates/flashtier-engine/tests/fixtures/engine/qwen4_exp
+    python3 tools/make_qwen4_fixtures.py --variant qwen4_exp_tied \
+        --out crates/flashtier-engine/tests/fixtures/engine/qwen4_exp_tied
 
 Writes config.json, model-0000K-of-00002.safetensors + index, reference.json:
   prompt_ids, prompt_logits [pos][vocab], greedy_ids (full recompute),
@@ -89,6 +91,37 @@ CONFIG = dict(
     eos_token_id=EOS,
     bos_token_id=1,
 )
+
+
+# A second fixture for the other branches: tied embeddings, a sigmoid
+# output gate, no top-k renormalisation, full RoPE, 4-grams with one head
+# each, as many value as key heads, hc_count 3, layer kinds from
+# full_attention_interval, larger QSA blocks, an eos_token_id list.
+# None deletes a field.
+VARIANTS = {
+    "qwen4_exp": {},
+    "qwen4_exp_tied": dict(
+        tie_word_embeddings=True,
+        output_gate_type="sigmoid",
+        norm_topk_prob=False,
+        num_experts_per_tok=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ngram_size=4,
+        heads_per_ngram=1,
+        ple_embed_dim=24,
+        ngram_vocab_size_base=60,
+        make_ngram_vocab_size_divisible_by=8,
+        split_ngram_parts=2,
+        linear_num_value_heads=2,
+        hc_count=3,
+        hc_lowrank=12,
+        layer_types=None,
+        full_attention_interval=2,
+        indexer_compress_ratio=4,
+        indexer_budget=8,
+        eos_token_id=[2, 5],
+    ),
+}
 
 
 def make_model(seed):
@@ -371,7 +404,13 @@ def search():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--variant", default="qwen4_exp", choices=sorted(VARIANTS))
     args = ap.parse_args()
+    for k, v in VARIANTS[args.variant].items():
+        if v is None:
+            CONFIG.pop(k, None)
+        else:
+            CONFIG[k] = v
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     torch.set_num_threads(8)
     os.makedirs(args.out, exist_ok=True)
