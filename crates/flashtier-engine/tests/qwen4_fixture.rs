@@ -38,6 +38,17 @@ fn qwen4_exp_matches_transformers_at_every_budget() {
     check_against_reference("qwen4_exp");
 }
 
+/// Tied embeddings, a sigmoid output gate, no top-k renormalisation, full
+/// RoPE, 4-grams with one head each, hc_count 3, layer kinds from
+/// `full_attention_interval`, blocks of 4, an `eos_token_id` list. (Its
+/// random tied head makes greedy repeat one token: the logits, prompt and
+/// decode, carry the check.)
+#[test]
+fn qwen4_exp_tied_variant_matches_transformers_at_every_budget() {
+    check_against_reference("qwen4_exp_tied");
+    check_decode_steps("qwen4_exp_tied");
+}
+
 fn check_against_reference(name: &str) {
     let dir = fixture(name);
     let r = reference(&dir);
