@@ -96,7 +96,8 @@ CONFIG = dict(
 # A second fixture for the other branches: tied embeddings, a sigmoid
 # output gate, no top-k renormalisation, full RoPE, 4-grams with one head
 # each, as many value as key heads, hc_count 3, layer kinds from
-# full_attention_interval, larger QSA blocks, an eos_token_id list.
+# full_attention_interval (config.json still lists them), larger QSA
+# blocks, an eos_token_id list.
 # None deletes a field.
 VARIANTS = {
     "qwen4_exp": {},

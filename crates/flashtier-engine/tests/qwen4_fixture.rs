@@ -39,8 +39,8 @@ fn qwen4_exp_matches_transformers_at_every_budget() {
 }
 
 /// Tied embeddings, a sigmoid output gate, no top-k renormalisation, full
-/// RoPE, 4-grams with one head each, hc_count 3, layer kinds from
-/// `full_attention_interval`, blocks of 4, an `eos_token_id` list. (Its
+/// RoPE, 4-grams with one head each, hc_count 3, blocks of 4, an
+/// `eos_token_id` list. (Its
 /// random tied head makes greedy repeat one token: the logits, prompt and
 /// decode, carry the check.)
 #[test]

@@ -110,3 +110,36 @@ fn bad_or_absurd_values_name_their_field() {
     v["rope_parameters"]["rope_type"] = json!("yarn");
     assert_eq!(field_of(&v), "rope_parameters.rope_type");
 }
+
+#[test]
+fn layer_kinds_come_from_the_interval_or_the_real_spelling() {
+    use LayerKind::{Linear, Sparse};
+    let mut v = fixture_config();
+    v.as_object_mut().unwrap().remove("layer_types");
+    v["full_attention_interval"] = json!(2);
+    assert_eq!(
+        Qwen4Config::from_json(&v).unwrap().layers,
+        [Linear, Sparse, Linear, Sparse]
+    );
+    v["full_attention_interval"] = json!(0);
+    assert_eq!(field_of(&v), "full_attention_interval");
+    // Without an interval every fourth layer is full (ple layer 3 stays linear).
+    v.as_object_mut().unwrap().remove("full_attention_interval");
+    assert_eq!(
+        Qwen4Config::from_json(&v).unwrap().layers,
+        [Linear, Linear, Linear, Sparse]
+    );
+    let mut v = fixture_config();
+    v["layer_types"] = json!([
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "full_attention"
+    ]);
+    assert_eq!(
+        Qwen4Config::from_json(&v).unwrap().layers,
+        [Linear, Sparse, Linear, Sparse]
+    );
+    v["layer_types"][1] = json!("sliding_attention");
+    assert_eq!(field_of(&v), "layer_types");
+}
