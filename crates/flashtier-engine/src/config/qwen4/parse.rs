@@ -290,14 +290,11 @@ fn qsa(c: &Fields<'_>, rope_dim: usize) -> Result<Option<Qsa>, EngineError> {
     }))
 }
 
-fn ple(
-    c: &Fields<'_>,
-    layers: &[LayerKind],
-    hidden: usize,
-    eos: Option<u32>,
-) -> Result<Option<Ple>, EngineError> {
+/// `ple_layer_ids` (one-indexed, each a `linear_attention` layer) as
+/// zero-based layers, ascending, once each; none when absent.
+fn ple_layer_ids(c: &Fields<'_>, layers: &[LayerKind]) -> Result<Vec<usize>, EngineError> {
     let Some(list) = c.get("ple_layer_ids") else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let list = list
         .as_array()
@@ -324,6 +321,16 @@ fn ple(
     }
     ids.sort_unstable();
     ids.dedup();
+    Ok(ids)
+}
+
+fn ple(
+    c: &Fields<'_>,
+    layers: &[LayerKind],
+    hidden: usize,
+    eos: Option<u32>,
+) -> Result<Option<Ple>, EngineError> {
+    let ids = ple_layer_ids(c, layers)?;
     if ids.is_empty() {
         return Ok(None);
     }

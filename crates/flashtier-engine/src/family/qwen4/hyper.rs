@@ -7,6 +7,7 @@
 //! The final mixer has no injection.
 
 use crate::checkpoint::Checkpoint;
+use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::kernels::silu;
 use crate::error::EngineError;
 use crate::matrix::Matrix;
@@ -34,39 +35,28 @@ pub struct Mixed {
 
 impl GatedResidual {
     /// Load `{prefix}.*` (`inject`: with `block_inject_weight`).
-    #[allow(clippy::too_many_arguments, reason = "the mixer's shape")]
     pub fn load(
         ckpt: &Checkpoint,
         prefix: &str,
-        streams: usize,
-        hidden: usize,
-        lowrank: usize,
+        cfg: &Qwen4Config,
         inject: bool,
-        eps: f32,
     ) -> Result<Self, EngineError> {
         let l = host_loader(ckpt);
+        let (streams, hidden, lowrank) = (cfg.hc_count, cfg.hidden_size, cfg.hc_lowrank);
         let wide = streams * hidden;
+        let matrix = |name: &str, shape| l.host_matrix(&format!("{prefix}.{name}.weight"), shape);
         Ok(Self {
             norm: one_plus(l.vector(&format!("{prefix}.hc_norm.weight"), &[wide])?),
-            down: l.host_matrix(
-                &format!("{prefix}.input_mix_weight_down.weight"),
-                [lowrank, wide],
-            )?,
-            up: l.host_matrix(
-                &format!("{prefix}.input_mix_weight_up.weight"),
-                [wide, lowrank],
-            )?,
+            down: matrix("input_mix_weight_down", [lowrank, wide])?,
+            up: matrix("input_mix_weight_up", [wide, lowrank])?,
             inject: if inject {
-                Some(l.host_matrix(
-                    &format!("{prefix}.block_inject_weight.weight"),
-                    [streams, wide],
-                )?)
+                Some(matrix("block_inject_weight", [streams, wide])?)
             } else {
                 None
             },
             streams,
             hidden,
-            eps,
+            eps: cfg.rms_norm_eps,
         })
     }
 

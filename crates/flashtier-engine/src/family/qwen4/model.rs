@@ -120,44 +120,12 @@ impl Qwen4Model {
         cfg: Qwen4Config,
         experts: PoolExperts,
     ) -> Result<Self, EngineError> {
-        let (h, hc, eps) = (cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps);
+        let h = cfg.hidden_size;
         let pre = cfg.prefix.clone();
         let inv_freq = super::ops::inv_freq(cfg.rope_theta, cfg.rope_dim);
-        let mut layers = Vec::with_capacity(cfg.layers.len());
-        for (i, kind) in cfg.layers.iter().enumerate() {
-            let p = format!("{pre}.layers.{i}");
-            let rank = cfg
-                .ple
-                .as_ref()
-                .and_then(|pl| pl.layers.iter().position(|&l| l == i));
-            let ple = rank
-                .map(|r| PleLayer::load(&ckpt, &cfg, &p, r))
-                .transpose()?;
-            let mixer = match kind {
-                LayerKind::Linear => Mixer::Linear(GatedDeltaNet::load(&ckpt, &cfg, &p)?),
-                LayerKind::Sparse => {
-                    Mixer::Sparse(SparseAttention::load(&ckpt, &cfg, &p, &inv_freq)?)
-                }
-            };
-            let hcr = |name: &str| {
-                GatedResidual::load(
-                    &ckpt,
-                    &format!("{p}.{name}"),
-                    hc,
-                    h,
-                    cfg.hc_lowrank,
-                    true,
-                    eps,
-                )
-            };
-            layers.push(Layer {
-                ple,
-                attn_hc: hcr("attn_hyper_connection")?,
-                mixer,
-                mlp_hc: hcr("mlp_hyper_connection")?,
-                moe: load_moe(&ckpt, &cfg, &p)?,
-            });
-        }
+        let layers = (0..cfg.layers.len())
+            .map(|i| Layer::load(&ckpt, &cfg, i, &inv_freq))
+            .collect::<Result<Vec<_>, _>>()?;
         let l = host_loader(&ckpt);
         let embed = l.host_matrix(&format!("{pre}.embed_tokens.weight"), [cfg.vocab_size, h])?;
         let lm_head = if cfg.tie_word_embeddings {
@@ -165,15 +133,8 @@ impl Qwen4Model {
         } else {
             Some(l.host_matrix("lm_head.weight", [cfg.vocab_size, h])?)
         };
-        let mixer = GatedResidual::load(
-            &ckpt,
-            &format!("{pre}.hyper_connection_mixer"),
-            hc,
-            h,
-            cfg.hc_lowrank,
-            false,
-            eps,
-        )?;
+        let mixer =
+            GatedResidual::load(&ckpt, &format!("{pre}.hyper_connection_mixer"), &cfg, false)?;
         let rule = RouteRule {
             routing: Routing::Softmax,
             num_experts: cfg.num_experts,
@@ -386,6 +347,37 @@ impl Qwen4Model {
         out.decode_experts = now.since(&decode_start);
         out.total_experts = now.since(&start);
         Ok(out)
+    }
+}
+
+impl Layer {
+    /// Load decoder layer `i` (`{prefix}.layers.{i}.*`).
+    fn load(
+        ckpt: &Checkpoint,
+        cfg: &Qwen4Config,
+        i: usize,
+        inv_freq: &[f32],
+    ) -> Result<Self, EngineError> {
+        let p = format!("{}.layers.{i}", cfg.prefix);
+        let rank = cfg
+            .ple
+            .as_ref()
+            .and_then(|pl| pl.layers.iter().position(|&l| l == i));
+        let ple = rank.map(|r| PleLayer::load(ckpt, cfg, &p, r)).transpose()?;
+        let mixer = match cfg.layers.get(i) {
+            Some(LayerKind::Sparse) => {
+                Mixer::Sparse(SparseAttention::load(ckpt, cfg, &p, inv_freq)?)
+            }
+            _ => Mixer::Linear(GatedDeltaNet::load(ckpt, cfg, &p)?),
+        };
+        let hc = |name: &str| GatedResidual::load(ckpt, &format!("{p}.{name}"), cfg, true);
+        Ok(Self {
+            ple,
+            attn_hc: hc("attn_hyper_connection")?,
+            mixer,
+            mlp_hc: hc("mlp_hyper_connection")?,
+            moe: load_moe(ckpt, cfg, &p)?,
+        })
     }
 }
 
