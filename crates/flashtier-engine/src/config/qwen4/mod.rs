@@ -6,7 +6,9 @@
 //! engine's own bounds: every count is at most
 //! [`super::bounds::MAX_CONFIG_COUNT`]; layers at most
 //! [`super::bounds::MAX_LAYERS`]; `hc_count` in `2..=`[`MAX_HC_COUNT`];
-//! `ngram_size` in `2..=`[`MAX_NGRAM_SIZE`]; `ngram_vocab_size_base` at most
+//! `ngram_size` in `2..=`[`MAX_NGRAM_SIZE`]; at most [`MAX_NGRAM_HEADS`]
+//! hashed heads over all PLE layers; every heads-times-width product a
+//! count too; `ngram_vocab_size_base` at most
 //! [`MAX_NGRAM_VOCAB_BASE`] (the per-head primes are found by trial
 //! division); every head, key and value width even where RoPE or a split
 //! needs it. A value transformers would refuse, or one the engine would
@@ -28,6 +30,8 @@ use parse::parse_text;
 pub const MAX_HC_COUNT: usize = 64;
 /// Largest n-gram order.
 pub const MAX_NGRAM_SIZE: usize = 8;
+/// Most hashed n-gram heads over all PLE layers (each needs its own prime).
+pub const MAX_NGRAM_HEADS: usize = 1 << 12;
 /// Largest `ngram_vocab_size_base` (primes above it are found by trial
 /// division: about 2^18 divisions per candidate at most).
 pub const MAX_NGRAM_VOCAB_BASE: u64 = 1 << 36;

@@ -9,8 +9,8 @@ use super::super::bounds;
 use super::super::fields::Fields;
 use super::super::parse::eos_ids;
 use super::{
-    LayerKind, LinearAttn, MAX_HC_COUNT, MAX_NGRAM_SIZE, MAX_NGRAM_VOCAB_BASE, Ple, Qsa,
-    Qwen4Config,
+    LayerKind, LinearAttn, MAX_HC_COUNT, MAX_NGRAM_HEADS, MAX_NGRAM_SIZE, MAX_NGRAM_VOCAB_BASE,
+    Ple, Qsa, Qwen4Config,
 };
 use crate::error::EngineError;
 
@@ -73,7 +73,7 @@ fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError>
         ));
     }
     let ple = ple(c, &layers, hidden_size, eos_token_ids.first().copied())?;
-    Ok(Qwen4Config {
+    let cfg = Qwen4Config {
         prefix: prefix.to_string(),
         vision_skipped: false,
         vocab_size: c.positive("vocab_size")?,
@@ -98,7 +98,62 @@ fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError>
         max_positions: c.opt_positive("max_position_embeddings")?.unwrap_or(4096),
         tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         eos_token_ids,
-    })
+    };
+    check_widths(&cfg)?;
+    Ok(cfg)
+}
+
+/// Every width the forward pass multiplies out (heads times head width,
+/// streams times hidden) is a count too, so sums of a few of them cannot
+/// overflow; the n-gram heads of all PLE layers are at most
+/// [`MAX_NGRAM_HEADS`] (their primes are searched at load).
+fn check_widths(cfg: &Qwen4Config) -> Result<(), EngineError> {
+    let l = &cfg.linear;
+    let mut widths = vec![
+        (
+            "num_attention_heads",
+            2 * cfg.q_heads as u128 * cfg.head_dim as u128,
+        ),
+        (
+            "num_key_value_heads",
+            cfg.kv_heads as u128 * cfg.head_dim as u128,
+        ),
+        ("linear_num_key_heads", l.k_heads as u128 * l.k_dim as u128),
+        (
+            "linear_num_value_heads",
+            l.v_heads as u128 * l.v_dim as u128,
+        ),
+        ("hc_count", cfg.hc_count as u128 * cfg.hidden_size as u128),
+    ];
+    if let Some(q) = &cfg.qsa {
+        widths.push((
+            "indexer_n_heads",
+            (q.heads as u128 + 1) * q.head_dim as u128,
+        ));
+    }
+    for (field, w) in widths {
+        if w > u128::from(bounds::MAX_CONFIG_COUNT) {
+            return Err(EngineError::config(
+                field,
+                format!(
+                    "makes a {w}-wide activation, over the limit of {}",
+                    bounds::MAX_CONFIG_COUNT
+                ),
+            ));
+        }
+    }
+    if let Some(p) = &cfg.ple {
+        let heads = p.heads() as u128 * p.layers.len() as u128;
+        if heads > MAX_NGRAM_HEADS as u128 {
+            return Err(EngineError::config(
+                "heads_per_ngram",
+                format!(
+                    "{heads} hashed heads over the PLE layers, over the limit of {MAX_NGRAM_HEADS}"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `layer_types` (`full_attention` read as `qwen_sparse_attention`), or

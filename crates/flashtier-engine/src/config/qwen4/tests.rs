@@ -66,7 +66,13 @@ fn the_wrapper_reads_its_text_config_and_skips_vision() {
 
 #[test]
 fn bad_or_absurd_values_name_their_field() {
-    let cases: [(&str, Value, &str); 12] = [
+    let cases: [(&str, Value, &str); 14] = [
+        (
+            "linear_key_head_dim",
+            json!(u32::MAX),
+            "linear_num_key_heads",
+        ),
+        ("hidden_size", json!(u32::MAX), "hc_count"),
         ("hc_count", json!(1), "hc_count"),
         ("hc_count", json!(1_000_000), "hc_count"),
         ("num_hidden_layers", json!(1u64 << 40), "num_hidden_layers"),
