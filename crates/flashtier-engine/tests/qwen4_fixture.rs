@@ -284,3 +284,38 @@ fn check_decode_steps(name: &str) {
     println!("{name} decode steps: max abs logit error {worst:.3e}");
     assert!(worst <= MAX_ABS_ERR, "decode logit error {worst}");
 }
+
+/// The PLE rows' batch read: the same bytes as one read at a time, in the
+/// order asked; a range past its tensor is refused, naming it.
+#[test]
+fn batched_row_reads_equal_single_reads_and_name_a_bad_range() {
+    use flashtier_engine::checkpoint::Checkpoint;
+    let ckpt = Checkpoint::open(&fixture("qwen4_exp")).unwrap();
+    let shard =
+        |k: usize| format!("model.layers.0.ple.ple_embedding.ngram_embedding.shard_{k}.weight");
+    let (a, b) = (shard(2), shard(0));
+    // 144 rows of 8 BF16 values (16 bytes) per shard.
+    let ranges = [
+        (a.as_str(), 16 * 143, 16),
+        (b.as_str(), 0, 16),
+        (a.as_str(), 16 * 7, 32),
+    ];
+    let batch = ckpt.read_ranges(&ranges).unwrap();
+    for (got, &(name, start, len)) in batch.iter().zip(&ranges) {
+        assert_eq!(&got[..], &ckpt.read_range(name, start, len).unwrap()[..]);
+        assert_eq!(got.len(), len);
+    }
+    let bad = [(b.as_str(), 0, 16), (a.as_str(), 16 * 144, 16)];
+    match ckpt.read_ranges(&bad).unwrap_err() {
+        EngineError::TensorRange {
+            name,
+            start,
+            tensor_bytes,
+            ..
+        } => assert_eq!(
+            (name.as_str(), start, tensor_bytes),
+            (a.as_str(), 2304, 2304)
+        ),
+        other => panic!("{other}"),
+    }
+}

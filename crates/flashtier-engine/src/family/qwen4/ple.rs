@@ -13,8 +13,11 @@
 //!
 //! Rows are read from the checkpoint's `ngram_embedding.shard_K.weight`
 //! shards (`split_ngram_parts` of them, concatenated in order, or one
-//! unsplit `ngram_embedding.weight`) with one ranged read per row, so no
-//! table is resident; serving them from the row store is a later step.
+//! unsplit `ngram_embedding.weight`): all of a step's rows as one batch of
+//! ranged reads through the checkpoint's backend, so no table is resident;
+//! serving them from the row store (cached, prefetched) is a later step.
+
+use flashtier_format::Dtype;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
@@ -30,6 +33,7 @@ struct Shard {
     name: String,
     first_row: u64,
     rows: u64,
+    dtype: Dtype,
 }
 
 /// One PLE layer with its n-gram context and conv state.
@@ -125,8 +129,8 @@ impl PleLayer {
         self.conv_state.iter_mut().for_each(|v| *v = 0.0);
     }
 
-    /// The table row `id`, widened to f32.
-    fn row(&mut self, ckpt: &Checkpoint, id: u64) -> Result<Vec<f32>, EngineError> {
+    /// Where row `id` lives: shard tensor, byte offset, length, dtype.
+    fn locate(&self, id: u64) -> Result<(&str, u64, usize, Dtype), EngineError> {
         let shard = self
             .shards
             .iter()
@@ -135,15 +139,26 @@ impl PleLayer {
                 op: "ple row",
                 what: format!("row {id} is outside the table"),
             })?;
-        let (_, dtype) = ckpt.info(&shard.name)?;
-        let row_bytes = self.row_dim * dtype.size_bytes() as usize;
-        let bytes = ckpt.read_range(
-            &shard.name,
-            (id - shard.first_row) * row_bytes as u64,
-            row_bytes,
-        )?;
-        self.rows_read += 1;
-        Ok(to_f32(&bytes, dtype))
+        let row_bytes = self.row_dim * shard.dtype.size_bytes() as usize;
+        let offset = (id - shard.first_row) * row_bytes as u64;
+        Ok((shard.name.as_str(), offset, row_bytes, shard.dtype))
+    }
+
+    /// The rows `ids` (all of a step's), read as one batch and concatenated
+    /// in order, widened to f32.
+    fn gather(&mut self, ckpt: &Checkpoint, ids: &[u64]) -> Result<Vec<f32>, EngineError> {
+        let places = ids
+            .iter()
+            .map(|&id| self.locate(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ranges: Vec<(&str, u64, usize)> = places.iter().map(|p| (p.0, p.1, p.2)).collect();
+        let bufs = ckpt.read_ranges(&ranges)?;
+        let mut out = Vec::with_capacity(ids.len() * self.row_dim);
+        for (buf, place) in bufs.iter().zip(&places) {
+            out.extend(to_f32(buf, place.3));
+        }
+        self.rows_read += ids.len() as u64;
+        Ok(out)
     }
 
     /// Add the layer's injection for `tokens` into `x` (`rows x streams * hidden`).
@@ -155,11 +170,8 @@ impl PleLayer {
     ) -> Result<(), EngineError> {
         let rows = tokens.len();
         let (h, wide) = (self.hidden, self.hidden * self.streams);
-        let ids = self.hasher.step(tokens);
-        let mut e = Vec::with_capacity(rows * self.row_dim * ids.first().map_or(0, Vec::len));
-        for id in ids.iter().flatten() {
-            e.extend(self.row(ckpt, *id)?);
-        }
+        let ids: Vec<u64> = self.hasher.step(tokens).into_iter().flatten().collect();
+        let e = self.gather(ckpt, &ids)?;
         let key = norm_groups(
             &linear(&self.key_proj, &e, rows)?,
             &self.norm_key,
@@ -243,7 +255,7 @@ fn table_shards(
     let mut shards = Vec::with_capacity(names.len());
     let mut first_row = 0u64;
     for name in names {
-        let (info, _) = ckpt.info(&name)?;
+        let (info, dtype) = ckpt.info(&name)?;
         let n = match info.shape.as_slice() {
             [n, w] if *w == row_dim as u64 => *n,
             _ => {
@@ -258,6 +270,7 @@ fn table_shards(
             name,
             first_row,
             rows: n,
+            dtype,
         });
         first_row += n;
     }
