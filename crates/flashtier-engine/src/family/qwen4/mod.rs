@@ -7,6 +7,16 @@
 //! experts, so expert budgets and backings work as for the other families;
 //! it is not yet written over [`crate::device::Device`] (no GPU path), and
 //! PLE rows are read from the checkpoint, not yet from the row store.
+//!
+//! The multimodal `qwen4_exp` config loads its `text_config` (resident
+//! tensors under `model.language_model.`; the vision tower is not run, and
+//! loading says so); the expert packer does not yet recognise experts under
+//! that prefix, so such a checkpoint cannot be packed yet. The checkpoint
+//! is checked against the config where it can be: tensor shapes, the PLE
+//! tables' row counts, and transformers' saved hash buffers.
+//!
+//! Checked against transformers 5.17 by `tests/qwen4_fixture.rs` and the
+//! unit tests here, on fixtures made by `tools/make_qwen4_fixtures.py`.
 
 pub mod gdn;
 pub mod hyper;
