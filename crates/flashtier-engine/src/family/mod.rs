@@ -10,7 +10,7 @@
 //!   QSA sparse attention on hyper-connection streams, PLE n-gram rows, a
 //!   gated shared expert; its routed experts go through the same tier.
 //!
-//! All four are pre-norm decoders: per layer `x += attn(rms_norm(x))`, then
+//! The first four are pre-norm decoders: per layer `x += attn(rms_norm(x))`, then
 //! `x += ffn(rms_norm(x))` ([`ffn`]); then the final norm and the LM head.
 //! [`route`] holds the host reference of both routing rules.
 
