@@ -22,6 +22,19 @@ use crate::source::{CheckpointFiles, TensorInfo};
 /// Reader threads of the default backend for weight loads.
 const LOAD_READERS: usize = 4;
 
+/// One range to read: tensor name, its info, start in the tensor, length.
+type TensorRange<'a> = (&'a str, &'a TensorInfo, u64, usize);
+
+/// The error of a range outside its tensor (or that did not land).
+fn range_error(&(name, info, start, len): &TensorRange<'_>) -> EngineError {
+    EngineError::TensorRange {
+        name: name.to_string(),
+        start,
+        len: len as u64,
+        tensor_bytes: info.len_bytes,
+    }
+}
+
 /// The tensors of a checkpoint directory, by name.
 pub struct Checkpoint {
     source: CheckpointFiles,
@@ -126,37 +139,96 @@ impl Checkpoint {
         len: usize,
     ) -> Result<AlignedBuf, EngineError> {
         let (info, _) = self.info(name)?;
-        let end = start
-            .checked_add(len as u64)
-            .filter(|e| *e <= info.len_bytes);
-        let file = self.files.get(info.file);
-        let (Some(_), Some(file)) = (end, file) else {
-            return Err(EngineError::TensorRange {
+        self.read_info_range(name, info, start, len)
+    }
+
+    /// The `I64` vector `name` of `len` elements (integer buffers such as
+    /// Qwen4-Exp's n-gram hash parameters), little-endian.
+    pub fn load_i64(&self, name: &str, len: usize) -> Result<Vec<i64>, EngineError> {
+        let info = self
+            .source
+            .tensors()
+            .get(name)
+            .ok_or_else(|| EngineError::MissingTensor {
                 name: name.to_string(),
-                start,
-                len: len as u64,
-                tensor_bytes: info.len_bytes,
-            });
-        };
-        let req = ReadReq {
-            file: file.clone(),
-            offset: info.offset + start,
-            len,
-            landing: Landing::Host(AlignedBuf::zeroed(len)),
-            tag: 0,
-        };
-        let mut landed = self.backend.read(vec![req])?;
-        let mut buf = landed
-            .pop()
-            .and_then(|l| l.buf)
-            .ok_or_else(|| EngineError::TensorRange {
-                name: name.to_string(),
-                start,
-                len: len as u64,
-                tensor_bytes: info.len_bytes,
             })?;
-        buf.set_len(len);
-        Ok(buf)
+        if info.dtype != "I64" {
+            return Err(EngineError::TensorDtype {
+                name: name.to_string(),
+                dtype: format!("{} (an I64 vector is expected)", info.dtype),
+            });
+        }
+        if info.shape != [len as u64] {
+            return Err(EngineError::TensorShape {
+                name: name.to_string(),
+                got: info.shape.clone(),
+                want: vec![len as u64],
+            });
+        }
+        let bytes = self.read_info_range(name, info, 0, len * 8)?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect())
+    }
+
+    fn read_info_range(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        start: u64,
+        len: usize,
+    ) -> Result<AlignedBuf, EngineError> {
+        let mut bufs = self.read_batch(&[(name, info, start, len)])?;
+        bufs.pop()
+            .ok_or_else(|| range_error(&(name, info, start, len)))
+    }
+
+    /// The byte ranges `(tensor, start, len)`, read through the backend as
+    /// one batch (every read started before the first is waited on), in
+    /// the order given.
+    pub fn read_ranges(
+        &self,
+        ranges: &[(&str, u64, usize)],
+    ) -> Result<Vec<AlignedBuf>, EngineError> {
+        let mut batch = Vec::with_capacity(ranges.len());
+        for &(name, start, len) in ranges {
+            let (info, _) = self.info(name)?;
+            batch.push((name, info, start, len));
+        }
+        self.read_batch(&batch)
+    }
+
+    fn read_batch(&self, ranges: &[TensorRange<'_>]) -> Result<Vec<AlignedBuf>, EngineError> {
+        let mut reqs = Vec::with_capacity(ranges.len());
+        for (tag, r) in ranges.iter().enumerate() {
+            let &(_, info, start, len) = r;
+            let end = start
+                .checked_add(len as u64)
+                .filter(|e| *e <= info.len_bytes);
+            let (Some(_), Some(file)) = (end, self.files.get(info.file)) else {
+                return Err(range_error(r));
+            };
+            reqs.push(ReadReq {
+                file: file.clone(),
+                offset: info.offset + start,
+                len,
+                landing: Landing::Host(AlignedBuf::zeroed(len)),
+                tag: tag as u64,
+            });
+        }
+        let mut landed = self.backend.read(reqs)?.into_iter();
+        ranges
+            .iter()
+            .map(|r| {
+                let mut buf = landed
+                    .next()
+                    .and_then(|l| l.buf)
+                    .ok_or_else(|| range_error(r))?;
+                buf.set_len(r.3);
+                Ok(buf)
+            })
+            .collect()
     }
 
     /// Tensor `name`, checked against `want`, converted to f32. FP8

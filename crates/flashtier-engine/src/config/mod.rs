@@ -34,6 +34,7 @@ pub mod bounds;
 mod deepseek;
 mod fields;
 mod parse;
+pub mod qwen4;
 mod rope;
 
 /// The model families the engine runs.

@@ -120,6 +120,11 @@ fn arch_of(c: &Fields<'_>) -> Result<Arch, EngineError> {
         "mixtral" => Ok(Arch::Mixtral),
         "qwen2_moe" => Ok(Arch::Qwen2Moe),
         "deepseek_v3" => Ok(Arch::DeepseekV3),
+        "qwen4_exp" | "qwen4_exp_text" => Err(EngineError::config(
+            "model_type",
+            "Qwen4-Exp runs on the CPU through `family::qwen4::Qwen4Model`, not yet through \
+             this decoder or the CLI",
+        )),
         other => Err(EngineError::config(
             "model_type",
             format!("`{other}` is not supported (qwen3_moe, qwen2_moe, mixtral, deepseek_v3)"),
@@ -290,7 +295,7 @@ fn sparse_layers(
 }
 
 /// `eos_token_id`: absent, null, one id or a list of ids.
-fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
+pub(super) fn eos_ids(c: &Fields<'_>) -> Result<Vec<u32>, EngineError> {
     let bad = || EngineError::config("eos_token_id", "not a token id or a list of ids");
     let id = |v: &Value| {
         v.as_u64()

@@ -44,6 +44,22 @@ impl HostAct {
         &self.data
     }
 
+    /// `rows x cols` from row-major `data` (its length must be the product).
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self, EngineError> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(shape_err(
+                "from_vec",
+                format!("{} values for {rows}x{cols}", data.len()),
+            ));
+        }
+        Ok(Self { rows, cols, data })
+    }
+
+    /// The row-major values.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
+
     fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }

@@ -1,0 +1,29 @@
+//! Qwen4-Exp (transformers 5.17 `qwen4_exp`, text model) on the CPU:
+//! GatedDeltaNet ([`gdn`]) and QSA sparse attention ([`qsa`]) layers on
+//! `hc_count` hyper-connection streams ([`hyper`]), Per-Layer Embedding
+//! ([`ple`]) from hashed n-gram ids ([`ngram`]), and the 512-expert MoE
+//! through the expert tier ([`model`]). The forward pass is host f32 code
+//! ([`ops`]) that calls the CPU device for matrix products and the routed
+//! experts, so expert budgets and backings work as for the other families;
+//! it is not yet written over [`crate::device::Device`] (no GPU path), and
+//! PLE rows are read from the checkpoint, not yet from the row store.
+//!
+//! The multimodal `qwen4_exp` config loads its `text_config` (resident
+//! tensors under `model.language_model.`; the vision tower is not run, and
+//! loading says so); the expert packer does not yet recognise experts under
+//! that prefix, so such a checkpoint cannot be packed yet. The checkpoint
+//! is checked against the config where it can be: tensor shapes, the PLE
+//! tables' row counts, and transformers' saved hash buffers.
+//!
+//! Checked against transformers 5.17 by `tests/qwen4_fixture.rs` and the
+//! unit tests here, on fixtures made by `tools/make_qwen4_fixtures.py`.
+
+pub mod gdn;
+pub mod hyper;
+pub mod model;
+pub mod ngram;
+pub mod ops;
+pub mod ple;
+pub mod qsa;
+
+pub use model::Qwen4Model;

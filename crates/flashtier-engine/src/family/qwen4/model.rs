@@ -1,0 +1,454 @@
+//! A loaded Qwen4-Exp text model on the CPU, decoding one sequence.
+//!
+//! Per layer, on `hc_count` residual streams (the embedding repeated into
+//! each): the PLE injection (PLE layers), then the attention mixer's input,
+//! GatedDeltaNet or sparse attention, its output injected into every
+//! stream; then the MoE mixer's input, the routed experts (from the expert
+//! tier, summed in ascending id) plus the shared expert scaled by
+//! `sigmoid(shared_expert_gate . x)`, injected likewise. The final mixer's
+//! output goes to the LM head (there is no final norm).
+//!
+//! Bounds: a step is at most [`PREFILL_CHUNK`] tokens; the sequence at most
+//! `max_position_embeddings` positions (refused before the step runs).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use flashtier_format::Store;
+use flashtier_io::PosixBackend;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::Routing;
+use crate::config::qwen4::{LayerKind, Qwen4Config};
+use crate::device::Device;
+use crate::device::cpu::experts::PoolExperts;
+use crate::device::cpu::{CpuDevice, HostAct, kernels};
+use crate::error::EngineError;
+use crate::experts::{ExpertStats, StreamOptions, open_pool};
+use crate::family::ffn::DenseMlp;
+use crate::family::route::{RouteRule, route_row};
+use crate::load::LoadOptions;
+use crate::matrix::Matrix;
+use crate::model::{Generation, PREFILL_CHUNK};
+use crate::pack::check_pairing;
+
+use super::gdn::GatedDeltaNet;
+use super::hyper::GatedResidual;
+use super::ops::{host_loader, inject, linear};
+use super::ple::PleLayer;
+use super::qsa::SparseAttention;
+
+/// A layer's token mixer.
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Sparse(SparseAttention),
+}
+
+/// The MoE block's resident part.
+struct Moe {
+    router: Matrix,
+    shared: DenseMlp<CpuDevice>,
+    shared_gate: Matrix,
+}
+
+struct Layer {
+    ple: Option<PleLayer>,
+    attn_hc: GatedResidual,
+    mixer: Mixer,
+    mlp_hc: GatedResidual,
+    moe: Moe,
+}
+
+/// A Qwen4-Exp model with its states and expert tier.
+pub struct Qwen4Model {
+    cfg: Qwen4Config,
+    ckpt: Checkpoint,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    mixer: GatedResidual,
+    lm_head: Option<Matrix>,
+    experts: PoolExperts,
+    rule: RouteRule,
+    pos: usize,
+    /// Leave out stream `s`'s attention injection (only to show the
+    /// fixture needs every hyper-connection term).
+    pub(crate) drop_inject_stream: Option<usize>,
+}
+
+impl std::fmt::Debug for Qwen4Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qwen4Model")
+            .field("layers", &self.layers.len())
+            .field("positions", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Qwen4Model {
+    /// Load the Qwen4-Exp checkpoint in `dir` with experts from the store
+    /// file `store` (packed from it) under `opts`' budget and backing.
+    pub fn open(dir: &Path, store: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        let ckpt = Checkpoint::open(dir)?;
+        let cfg = Qwen4Config::from_json(ckpt.source().config())?;
+        if cfg.vision_skipped {
+            tracing::info!("qwen4_exp: the text model runs; the vision tower is not run");
+        }
+        let opened = Store::open(store)?;
+        check_pairing(&opened, ckpt.source())?;
+        let view = cfg.expert_view();
+        let budget = opts
+            .budget_bytes
+            .unwrap_or(opened.stride_bytes() * opened.record_count());
+        let backend = match &opts.backend {
+            Some(b) => b.clone(),
+            None => Arc::new(PosixBackend::new(opts.queue_depth.max(1))?),
+        };
+        let stream = StreamOptions {
+            backing: opts.backing,
+            budget_bytes: budget,
+            queue_depth: opts.queue_depth,
+        };
+        let (pool, layout) = open_pool(store, &view, stream, backend)?;
+        let mut experts = PoolExperts::new(pool, layout);
+        experts.load_all()?;
+        Self::with_experts(ckpt, cfg, experts)
+    }
+
+    fn with_experts(
+        ckpt: Checkpoint,
+        cfg: Qwen4Config,
+        experts: PoolExperts,
+    ) -> Result<Self, EngineError> {
+        let h = cfg.hidden_size;
+        let pre = cfg.prefix.clone();
+        let inv_freq = super::ops::inv_freq(cfg.rope_theta, cfg.rope_dim);
+        let layers = (0..cfg.layers.len())
+            .map(|i| Layer::load(&ckpt, &cfg, i, &inv_freq))
+            .collect::<Result<Vec<_>, _>>()?;
+        let l = host_loader(&ckpt);
+        let embed = l.host_matrix(&format!("{pre}.embed_tokens.weight"), [cfg.vocab_size, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(l.host_matrix("lm_head.weight", [cfg.vocab_size, h])?)
+        };
+        let mixer =
+            GatedResidual::load(&ckpt, &format!("{pre}.hyper_connection_mixer"), &cfg, false)?;
+        let rule = RouteRule {
+            routing: Routing::Softmax,
+            num_experts: cfg.num_experts,
+            top_k: cfg.top_k,
+            norm_topk_prob: cfg.norm_topk_prob,
+        };
+        Ok(Self {
+            cfg,
+            ckpt,
+            embed,
+            layers,
+            mixer,
+            lm_head,
+            experts,
+            rule,
+            pos: 0,
+            drop_inject_stream: None,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Qwen4Config {
+        &self.cfg
+    }
+
+    /// Expert counters so far.
+    pub fn expert_stats(&self) -> ExpertStats {
+        crate::device::ExpertTier::stats(&self.experts)
+    }
+
+    /// Blocks the QSA indexer left out over the sequence, summed over layers.
+    pub fn blocks_dropped(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Sparse(s) => s.blocks_dropped,
+                Mixer::Linear(_) => 0,
+            })
+            .sum()
+    }
+
+    /// PLE table rows read over the model's life.
+    pub fn ple_rows_read(&self) -> u64 {
+        self.layers
+            .iter()
+            .filter_map(|l| l.ple.as_ref())
+            .map(|p| p.rows_read)
+            .sum()
+    }
+
+    /// Forget the sequence (the expert tier stays warm).
+    pub fn reset(&mut self) {
+        for l in &mut self.layers {
+            if let Some(p) = &mut l.ple {
+                p.reset();
+            }
+            match &mut l.mixer {
+                Mixer::Linear(g) => g.reset(),
+                Mixer::Sparse(s) => s.reset(),
+            }
+        }
+        self.pos = 0;
+    }
+
+    /// Run `tokens` at the next positions; returns the logits of every
+    /// token (`all_logits`) or of the last, `[rows][vocab]` row-major.
+    pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let (x, _) = self.forward_streams(tokens, false)?;
+        let n = tokens.len();
+        let h = self.cfg.hidden_size;
+        let out = self.mixer.forward(&x, n)?.input;
+        let (head, rows) = if all_logits {
+            (out, n)
+        } else {
+            (out[(n - 1) * h..].to_vec(), 1)
+        };
+        linear(self.lm_head.as_ref().unwrap_or(&self.embed), &head, rows)
+    }
+
+    /// The decoder layers over `tokens`: the streams after the last layer,
+    /// and (with `trace`) after each layer.
+    pub(crate) fn forward_streams(
+        &mut self,
+        tokens: &[u32],
+        trace: bool,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
+        let n = tokens.len();
+        let (vocab, h, hc) = (self.cfg.vocab_size, self.cfg.hidden_size, self.cfg.hc_count);
+        if n == 0 || n > PREFILL_CHUNK {
+            return Err(EngineError::Shape {
+                op: "forward",
+                what: format!("{n} tokens in one step (1..={PREFILL_CHUNK})"),
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        if self.pos + n > self.cfg.max_positions {
+            return Err(EngineError::ContextFull {
+                len: self.pos + n,
+                max: self.cfg.max_positions,
+            });
+        }
+        let mut x = Vec::with_capacity(n * hc * h);
+        for &t in tokens {
+            let row = self
+                .embed
+                .row_f32(t as usize)
+                .ok_or(EngineError::TokenOutOfRange { id: t, vocab })?;
+            for _ in 0..hc {
+                x.extend_from_slice(&row);
+            }
+        }
+        let mut traced = Vec::new();
+        for i in 0..self.layers.len() {
+            self.layer(i, &mut x, tokens)?;
+            if trace {
+                traced.push(x.clone());
+            }
+        }
+        self.pos += n;
+        Ok((x, traced))
+    }
+
+    fn layer(&mut self, i: usize, x: &mut [f32], tokens: &[u32]) -> Result<(), EngineError> {
+        let (n, h, first) = (tokens.len(), self.cfg.hidden_size, self.pos);
+        let drop = self.drop_inject_stream;
+        let (head, tail) = self.layers.split_at_mut(i + 1);
+        let layer = &mut head[i];
+        if let Some(p) = &mut layer.ple {
+            p.forward(&self.ckpt, x, tokens)?;
+        }
+        let m = layer.attn_hc.forward(x, n)?;
+        let y = match &mut layer.mixer {
+            Mixer::Linear(g) => g.forward(&m.input, n)?,
+            Mixer::Sparse(s) => s.forward(&m.input, n, first)?,
+        };
+        let mut w = m.inject;
+        if let Some(s) = drop {
+            w.iter_mut()
+                .skip(s)
+                .step_by(self.cfg.hc_count)
+                .for_each(|v| *v = 0.0);
+        }
+        inject(x, &y, &w, h);
+        let m = layer.mlp_hc.forward(x, n)?;
+        let mut ctx = MoeStep {
+            experts: &mut self.experts,
+            rule: &self.rule,
+            layer: i,
+            rows: n,
+            hidden: h,
+        };
+        let next = tail.first().map(|l| &l.moe.router);
+        let y = layer.moe.forward(&mut ctx, next, m.input)?;
+        inject(x, &y, &m.inject, h);
+        Ok(())
+    }
+
+    /// Greedy decoding at batch 1 (see [`crate::model::Model::generate`]):
+    /// the prompt, then up to `max_new` tokens, stopping at one in
+    /// `stop_ids`; a request past the context limit is refused first.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop_ids: &[u32],
+        keep_prompt_logits: bool,
+    ) -> Result<Generation, EngineError> {
+        let mut out = Generation::default();
+        if prompt.is_empty() {
+            return Ok(out);
+        }
+        let vocab = self.cfg.vocab_size;
+        let need = (self.pos + prompt.len()).saturating_add(max_new.saturating_sub(1));
+        if need > self.cfg.max_positions {
+            return Err(EngineError::ContextFull {
+                len: need,
+                max: self.cfg.max_positions,
+            });
+        }
+        let start = self.expert_stats();
+        let started = Instant::now();
+        let mut last = Vec::new();
+        for chunk in prompt.chunks(PREFILL_CHUNK) {
+            last = self.forward(chunk, keep_prompt_logits)?;
+            if keep_prompt_logits {
+                out.prompt_logits
+                    .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
+            }
+        }
+        out.prefill_secs = started.elapsed().as_secs_f64();
+        out.prompt_tokens = prompt.len();
+        let decode_start = self.expert_stats();
+        let decode_started = Instant::now();
+        let argmax = |l: &[f32]| kernels::argmax(&l[l.len().saturating_sub(vocab)..]) as u32;
+        let mut next = argmax(&last);
+        for _ in 0..max_new {
+            out.generated_ids.push(next);
+            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
+                break;
+            }
+            last = self.forward(&[next], false)?;
+            out.decode_steps += 1;
+            next = argmax(&last);
+        }
+        out.decode_secs = decode_started.elapsed().as_secs_f64();
+        let now = self.expert_stats();
+        out.prefill_experts = decode_start.since(&start);
+        out.decode_experts = now.since(&decode_start);
+        out.total_experts = now.since(&start);
+        Ok(out)
+    }
+}
+
+impl Layer {
+    /// Load decoder layer `i` (`{prefix}.layers.{i}.*`).
+    fn load(
+        ckpt: &Checkpoint,
+        cfg: &Qwen4Config,
+        i: usize,
+        inv_freq: &[f32],
+    ) -> Result<Self, EngineError> {
+        let p = format!("{}.layers.{i}", cfg.prefix);
+        let rank = cfg
+            .ple
+            .as_ref()
+            .and_then(|pl| pl.layers.iter().position(|&l| l == i));
+        let ple = rank.map(|r| PleLayer::load(ckpt, cfg, &p, r)).transpose()?;
+        let mixer = match cfg.layers.get(i) {
+            Some(LayerKind::Sparse) => {
+                Mixer::Sparse(SparseAttention::load(ckpt, cfg, &p, inv_freq)?)
+            }
+            _ => Mixer::Linear(GatedDeltaNet::load(ckpt, cfg, &p)?),
+        };
+        let hc = |name: &str| GatedResidual::load(ckpt, &format!("{p}.{name}"), cfg, true);
+        Ok(Self {
+            ple,
+            attn_hc: hc("attn_hyper_connection")?,
+            mixer,
+            mlp_hc: hc("mlp_hyper_connection")?,
+            moe: load_moe(ckpt, cfg, &p)?,
+        })
+    }
+}
+
+fn load_moe(ckpt: &Checkpoint, cfg: &Qwen4Config, p: &str) -> Result<Moe, EngineError> {
+    let l = host_loader(ckpt);
+    let h = cfg.hidden_size;
+    Ok(Moe {
+        router: l.host_matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])?,
+        shared: DenseMlp::load(
+            &l,
+            &format!("{p}.mlp.shared_expert"),
+            cfg.shared_intermediate,
+            h,
+        )?,
+        shared_gate: l.matrix_f32(&format!("{p}.mlp.shared_expert_gate.weight"), [1, h])?,
+    })
+}
+
+/// What one layer's MoE step needs besides its weights.
+struct MoeStep<'a> {
+    experts: &'a mut PoolExperts,
+    rule: &'a RouteRule,
+    layer: usize,
+    rows: usize,
+    hidden: usize,
+}
+
+impl Moe {
+    /// The block's output for the step's rows of `x`. Before the routed
+    /// experts run, `next` (the next layer's router) is applied to `x`
+    /// and its guess hinted to the tier (pre-gating: it changes reads,
+    /// never results).
+    fn forward(
+        &self,
+        st: &mut MoeStep<'_>,
+        next: Option<&Matrix>,
+        x: Vec<f32>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let dev = CpuDevice;
+        let (rows, h) = (st.rows, st.hidden);
+        let routes = self.route(&self.router, st.rule, &x, rows)?;
+        if let Some(r) = next.filter(|_| dev.hints_wanted(st.experts)) {
+            let guess = self.route(r, st.rule, &x, rows)?;
+            dev.hint(st.experts, st.layer + 1, &guess)?;
+        }
+        let xa = HostAct::from_vec(rows, h, x)?;
+        let mut out = dev.zeros(rows, h)?;
+        dev.moe(st.experts, st.layer, &xa, &routes, &mut out)?;
+        let shared = self.shared.forward(&dev, &xa, rows, h)?;
+        let mut gate = dev.zeros(rows, 1)?;
+        dev.linear(&mut gate, &self.shared_gate, &xa)?;
+        dev.add_gated(&mut out, &shared, &gate)?;
+        Ok(out.into_vec())
+    }
+
+    /// Each row's chosen experts by `router`.
+    fn route(
+        &self,
+        router: &Matrix,
+        rule: &RouteRule,
+        x: &[f32],
+        rows: usize,
+    ) -> Result<Vec<Vec<(usize, f32)>>, EngineError> {
+        let logits = linear(router, x, rows)?;
+        Ok(logits
+            .chunks_exact(rule.num_experts)
+            .map(|row| route_row(rule, row, None))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

@@ -1,0 +1,331 @@
+//! Per-Layer Embedding (PLE): hashed n-gram rows injected into every
+//! hyper-connection stream of a `linear_attention` layer, before its mixer.
+//!
+//! For each token: the layer's n-gram ids ([`super::ngram`]) pick one row
+//! per head from the layer's table; the rows, concatenated (`e`), give one
+//! value `value_proj(e)` and one key per stream `norm_key(key_proj(e))`;
+//! stream `s`'s gate is `g = (key_s . norm_query(x)_s) / sqrt(hidden)`,
+//! signed-square-rooted (`sign(g) sqrt(max(|g|, 1e-6))`), and the stream
+//! gets `sigmoid(g) value` plus a dilated depthwise conv (kernel
+//! `ple_conv_kernel_size`, dilation `ngram_size`, SiLU) over the normed
+//! gated values (`norm_conv`); the conv state is the last
+//! `(kernel - 1) * ngram_size` of them (zeros before the first).
+//!
+//! Rows are read from the checkpoint's `ngram_embedding.shard_K.weight`
+//! shards (`split_ngram_parts` of them, concatenated in order, or one
+//! unsplit `ngram_embedding.weight`): all of a step's rows as one batch of
+//! ranged reads through the checkpoint's backend, so no table is resident;
+//! serving them from the row store (cached, prefetched) is a later step.
+
+use flashtier_format::Dtype;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::qwen4::Qwen4Config;
+use crate::device::cpu::kernels::{dot, silu};
+use crate::error::EngineError;
+use crate::matrix::{Matrix, to_f32};
+
+use super::ngram::{NgramHasher, NgramSpec};
+use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
+
+/// One row shard of a PLE table.
+struct Shard {
+    name: String,
+    first_row: u64,
+    rows: u64,
+    dtype: Dtype,
+}
+
+/// One PLE layer with its n-gram context and conv state.
+pub struct PleLayer {
+    hasher: NgramHasher,
+    shards: Vec<Shard>,
+    row_dim: usize,
+    streams: usize,
+    hidden: usize,
+    eps: f32,
+    key_proj: Matrix,
+    value_proj: Matrix,
+    norm_key: Vec<f32>,
+    norm_query: Vec<f32>,
+    norm_conv: Vec<f32>,
+    /// `[streams * hidden][kernel]`.
+    conv: Vec<f32>,
+    kernel: usize,
+    dilation: usize,
+    /// The last `(kernel - 1) * dilation` normed gated values, oldest first.
+    conv_state: Vec<f32>,
+    /// Table rows read so far.
+    pub rows_read: u64,
+}
+
+impl PleLayer {
+    /// Load `{prefix}.ple.*` of the PLE layer of rank `rank`.
+    pub fn load(
+        ckpt: &Checkpoint,
+        cfg: &Qwen4Config,
+        prefix: &str,
+        rank: usize,
+    ) -> Result<Self, EngineError> {
+        let p = cfg
+            .ple
+            .as_ref()
+            .ok_or_else(|| EngineError::config("ple_layer_ids", "missing"))?;
+        let spec = NgramSpec {
+            vocab: cfg.vocab_size as u64,
+            ngram_size: p.ngram_size,
+            heads_per_ngram: p.heads_per_ngram,
+            vocab_base: p.vocab_base,
+            divisor: p.vocab_divisor,
+            seed: p.seed,
+            eos: p.eos,
+        };
+        let hasher = NgramHasher::new(spec, rank);
+        check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
+        let l = host_loader(ckpt);
+        let (h, hc) = (cfg.hidden_size, cfg.hc_count);
+        let wide = h * hc;
+        let pre = format!("{prefix}.ple");
+        let norm = |n: &str| {
+            l.vector(&format!("{pre}.{n}.weight"), &[wide])
+                .map(one_plus)
+        };
+        let shards = table_shards(
+            ckpt,
+            &format!("{pre}.ple_embedding.ngram_embedding"),
+            p.split_parts,
+            p.row_dim(),
+            hasher.rows(),
+        )?;
+        Ok(Self {
+            shards,
+            row_dim: p.row_dim(),
+            streams: hc,
+            hidden: h,
+            eps: cfg.rms_norm_eps,
+            key_proj: l.host_matrix(&format!("{pre}.key_proj.weight"), [wide, p.embed_dim])?,
+            value_proj: l.host_matrix(&format!("{pre}.value_proj.weight"), [h, p.embed_dim])?,
+            norm_key: norm("norm_key")?,
+            norm_query: norm("norm_query")?,
+            norm_conv: norm("norm_conv")?,
+            conv: ckpt.load_f32(&format!("{pre}.conv1d.weight"), &[wide, 1, p.conv_kernel])?,
+            kernel: p.conv_kernel,
+            dilation: p.ngram_size,
+            conv_state: vec![0.0; (p.conv_kernel - 1) * p.ngram_size * wide],
+            rows_read: 0,
+            hasher,
+        })
+    }
+
+    /// Make EOS start no segment (only to show the fixture needs it).
+    #[cfg(test)]
+    pub(crate) fn ignore_eos_segments(&mut self) {
+        self.hasher.eos_segments = false;
+    }
+
+    /// Forget the sequence.
+    pub fn reset(&mut self) {
+        self.hasher.reset();
+        self.conv_state.iter_mut().for_each(|v| *v = 0.0);
+    }
+
+    /// Where row `id` lives: shard tensor, byte offset, length, dtype.
+    fn locate(&self, id: u64) -> Result<(&str, u64, usize, Dtype), EngineError> {
+        let shard = self
+            .shards
+            .iter()
+            .find(|s| id >= s.first_row && id < s.first_row + s.rows)
+            .ok_or_else(|| EngineError::Shape {
+                op: "ple row",
+                what: format!("row {id} is outside the table"),
+            })?;
+        let row_bytes = self.row_dim * shard.dtype.size_bytes() as usize;
+        let offset = (id - shard.first_row) * row_bytes as u64;
+        Ok((shard.name.as_str(), offset, row_bytes, shard.dtype))
+    }
+
+    /// The rows `ids` (all of a step's), read as one batch and concatenated
+    /// in order, widened to f32.
+    fn gather(&mut self, ckpt: &Checkpoint, ids: &[u64]) -> Result<Vec<f32>, EngineError> {
+        let places = ids
+            .iter()
+            .map(|&id| self.locate(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ranges: Vec<(&str, u64, usize)> = places.iter().map(|p| (p.0, p.1, p.2)).collect();
+        let bufs = ckpt.read_ranges(&ranges)?;
+        let mut out = Vec::with_capacity(ids.len() * self.row_dim);
+        for (buf, place) in bufs.iter().zip(&places) {
+            out.extend(to_f32(buf, place.3));
+        }
+        self.rows_read += ids.len() as u64;
+        Ok(out)
+    }
+
+    /// Add the layer's injection for `tokens` into `x` (`rows x streams * hidden`).
+    pub fn forward(
+        &mut self,
+        ckpt: &Checkpoint,
+        x: &mut [f32],
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        let rows = tokens.len();
+        let (h, wide) = (self.hidden, self.hidden * self.streams);
+        let ids: Vec<u64> = self.hasher.step(tokens).into_iter().flatten().collect();
+        let e = self.gather(ckpt, &ids)?;
+        let key = norm_groups(
+            &linear(&self.key_proj, &e, rows)?,
+            &self.norm_key,
+            h,
+            self.eps,
+        )?;
+        let value = linear(&self.value_proj, &e, rows)?;
+        let query = norm_groups(x, &self.norm_query, h, self.eps)?;
+        let mut gated = vec![0f32; rows * wide];
+        for r in 0..rows {
+            for s in 0..self.streams {
+                let at = r * wide + s * h;
+                let g = dot(&key[at..at + h], &query[at..at + h]) / (h as f32).sqrt();
+                let g = g.abs().max(1e-6).sqrt() * sign(g);
+                let w = sigmoid(g);
+                for (o, v) in gated[at..at + h].iter_mut().zip(&value[r * h..(r + 1) * h]) {
+                    *o = w * v;
+                }
+            }
+        }
+        let normed = norm_groups(&gated, &self.norm_conv, h, self.eps)?;
+        let conv = self.short_conv(&normed, rows);
+        for ((xv, g), c) in x.iter_mut().zip(&gated).zip(&conv) {
+            *xv += g + c;
+        }
+        Ok(())
+    }
+
+    /// The dilated causal conv (SiLU) of `rows` new rows after the state.
+    fn short_conv(&mut self, input: &[f32], rows: usize) -> Vec<f32> {
+        let wide = self.hidden * self.streams;
+        let (k, dil) = (self.kernel, self.dilation);
+        let held = self.conv_state.len() / wide;
+        let mut hist = std::mem::take(&mut self.conv_state);
+        hist.extend_from_slice(input);
+        let mut out = vec![0f32; rows * wide];
+        for r in 0..rows {
+            let t = held + r;
+            for c in 0..wide {
+                let w = &self.conv[c * k..(c + 1) * k];
+                let mut acc = 0f32;
+                for (m, wm) in w.iter().enumerate() {
+                    let back = (k - 1 - m) * dil;
+                    acc += wm * hist[(t - back) * wide + c];
+                }
+                out[r * wide + c] = silu(acc);
+            }
+        }
+        self.conv_state = hist.split_off(hist.len() - held * wide);
+        out
+    }
+}
+
+/// torch's sign: -1, 0 or 1.
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// The shards of table `stem` (`{stem}.shard_K.weight`, or one
+/// `{stem}.weight`), checked to be `row_dim` wide and `rows` long together.
+fn table_shards(
+    ckpt: &Checkpoint,
+    stem: &str,
+    parts: usize,
+    row_dim: usize,
+    rows: u64,
+) -> Result<Vec<Shard>, EngineError> {
+    let names: Vec<String> = if ckpt.contains(&format!("{stem}.shard_0.weight")) {
+        (0..parts)
+            .map(|k| format!("{stem}.shard_{k}.weight"))
+            .collect()
+    } else {
+        vec![format!("{stem}.weight")]
+    };
+    let mut shards = Vec::with_capacity(names.len());
+    let mut first_row = 0u64;
+    for name in names {
+        let (info, dtype) = ckpt.info(&name)?;
+        let n = match info.shape.as_slice() {
+            [n, w] if *w == row_dim as u64 => *n,
+            _ => {
+                return Err(EngineError::TensorShape {
+                    name,
+                    got: info.shape.clone(),
+                    want: vec![rows.div_ceil(parts as u64), row_dim as u64],
+                });
+            }
+        };
+        shards.push(Shard {
+            name,
+            first_row,
+            rows: n,
+            dtype,
+        });
+        first_row += n;
+    }
+    if first_row != rows {
+        return Err(EngineError::ConfigMismatch {
+            field: "ngram_vocab_size_base".into(),
+            value: format!("{rows} hashed rows"),
+            found: format!("the table `{stem}` holds {first_row} rows"),
+        });
+    }
+    Ok(shards)
+}
+
+/// Where the checkpoint keeps transformers' hash buffers, they must equal
+/// the ones the config gives (a different `seed`, vocabulary base or
+/// n-gram shape would otherwise pick other rows silently).
+fn check_hash_buffers(ckpt: &Checkpoint, stem: &str, h: &NgramHasher) -> Result<(), EngineError> {
+    let buffers = [
+        ("layer_multipliers", h.multipliers(), "seed"),
+        (
+            "ngram_heads_vocab_sizes",
+            h.head_sizes(),
+            "ngram_vocab_size_base",
+        ),
+        (
+            "ngram_heads_offsets",
+            h.head_offsets(),
+            "ngram_vocab_size_base",
+        ),
+    ];
+    for (buffer, want, field) in buffers {
+        let name = format!("{stem}.{buffer}");
+        if !ckpt.contains(&name) {
+            continue;
+        }
+        let got = ckpt.load_i64(&name, want.len())?;
+        if got
+            .iter()
+            .zip(want)
+            .any(|(g, w)| u64::try_from(*g).ok() != Some(*w))
+        {
+            return Err(EngineError::ConfigMismatch {
+                field: field.into(),
+                value: format!("the hash parameters {}", list(want)),
+                found: format!("the checkpoint's `{name}` holds {}", list(&got)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `1, 2, 3` for a message.
+fn list<T: std::fmt::Display>(v: &[T]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
