@@ -314,59 +314,54 @@ fn tile_rows<K: Kernel, const R: usize, const T: usize>(
 ) {
     let rows = outs.first().map_or(0, |o| o.len());
     let tn = outs.len();
-    let row = |i: usize| &bytes[(row0 + i) * cols * K::BYTES..(row0 + i + 1) * cols * K::BYTES];
-    let x = |t: usize| &xs[t * cols..(t + 1) * cols];
-    let rows_from = |i: usize| {
-        let mut a: [&[u8]; R] = [&[]; R];
-        for (k, r) in a.iter_mut().enumerate() {
-            *r = row(i + k);
-        }
-        a
-    };
-    let xs_from = |t: usize| {
-        let mut a: [&[f32]; T] = [&[]; T];
-        for (k, v) in a.iter_mut().enumerate() {
-            *v = x(t + k);
-        }
-        a
-    };
     let mut put = |i: usize, t: usize, v: f32| outs[t][i] = v;
+    // One `$r x $s` block at rows `i..`, tokens `t..`.
+    macro_rules! block {
+        ($r:expr, $s:expr, $i:expr, $t:expr) => {{
+            let got = k.tile::<$r, $s>(
+                rows_at::<$r, u8>(bytes, row0 + $i, cols * K::BYTES),
+                rows_at::<$s, f32>(xs, $t, cols),
+                cols,
+            );
+            for (a, vals) in got.iter().enumerate() {
+                for (j, v) in vals.iter().enumerate() {
+                    put($i + a, $t + j, *v);
+                }
+            }
+        }};
+    }
     let mut i = 0;
     while i < rows {
         let rn = if rows - i >= R { R } else { 1 };
         let mut t = 0;
         while t < tn {
-            let step = if tn - t >= T { T } else { 1 };
-            match (rn == R, step == T) {
-                (true, true) => {
-                    let got = k.tile::<R, T>(rows_from(i), xs_from(t), cols);
-                    for (k, vals) in got.iter().enumerate() {
-                        for (j, v) in vals.iter().enumerate() {
-                            put(i + k, t + j, *v);
-                        }
-                    }
-                }
-                (true, false) => {
-                    let got = k.tile::<R, 1>(rows_from(i), [x(t)], cols);
-                    for (k, [v]) in got.iter().enumerate() {
-                        put(i + k, t, *v);
-                    }
-                }
-                (false, true) => {
-                    let [got] = k.tile::<1, T>([row(i)], xs_from(t), cols);
-                    for (j, v) in got.iter().enumerate() {
-                        put(i, t + j, *v);
-                    }
-                }
-                (false, false) => {
-                    let [[v]] = k.tile::<1, 1>([row(i)], [x(t)], cols);
-                    put(i, t, v);
-                }
+            // A remainder of fewer than T tokens still shares each widened
+            // weight chunk among the tokens left.
+            let step = (tn - t).min(T);
+            match (rn == R, step) {
+                (true, s) if s == T => block!(R, T, i, t),
+                (true, 3) => block!(R, 3, i, t),
+                (true, 2) => block!(R, 2, i, t),
+                (true, _) => block!(R, 1, i, t),
+                (false, s) if s == T => block!(1, T, i, t),
+                (false, 3) => block!(1, 3, i, t),
+                (false, 2) => block!(1, 2, i, t),
+                (false, _) => block!(1, 1, i, t),
             }
             t += step;
         }
         i += rn;
     }
+}
+
+/// `N` consecutive rows of `width` elements from row `first` of `data`.
+#[inline(always)]
+fn rows_at<const N: usize, E>(data: &[E], first: usize, width: usize) -> [&[E]; N] {
+    let mut a: [&[E]; N] = [&[]; N];
+    for (k, r) in a.iter_mut().enumerate() {
+        *r = &data[(first + k) * width..(first + k + 1) * width];
+    }
+    a
 }
 
 /// Rows `r, r + step, .., r + (R - 1) step`'s dot products with `T`

@@ -114,6 +114,9 @@ fn every_isa_matches_scalar_on_edge_shapes() {
         (70, 64, 21),
         // Long rows (many chunks, a tail) and token blocks with remainders.
         (7, 20 * LANES + 45, 9),
+        // Token remainders of 3 and 2 after whole blocks of 4.
+        (12, 100, 7),
+        (13, 70, 6),
     ] {
         check_shape(rows, cols, tokens, (rows * 131 + cols) as u64);
     }
