@@ -106,6 +106,10 @@ pub struct ExpertView<'a> {
     pub up: MatRef<'a>,
     /// Down projection.
     pub down: MatRef<'a>,
+    /// Gate and up as one `[2 intermediate, hidden]` matrix (gate's rows,
+    /// then up's), where the record stores them side by side unscaled: one
+    /// product of a prompt chunk's rows instead of two, the same bits.
+    pub gate_up: Option<MatRef<'a>>,
 }
 
 /// Where gate, up and down (and FP8 block scales) sit in a store's record,
@@ -240,7 +244,26 @@ impl RecordLayout {
             };
         }
         let [gate, up, down] = mats;
-        Ok(ExpertView { gate, up, down })
+        let [g, u, _] = self.matrices;
+        let gate_up = match self.fp8 {
+            None if g.offset + g.len == u.offset => Some(MatRef::raw(
+                Span {
+                    offset: g.offset,
+                    len: g.len + u.len,
+                }
+                .of(record)?,
+                self.dtype,
+                2 * i,
+                h,
+            )?),
+            _ => None,
+        };
+        Ok(ExpertView {
+            gate,
+            up,
+            down,
+            gate_up,
+        })
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use super::experts::PoolExperts;
 use super::kernels::{matmul, silu};
 use crate::error::EngineError;
-use crate::matrix::MatRef;
+use crate::experts::ExpertView;
 
 /// One token's routed experts: each expert's output filled in whatever
 /// order the tier serves them, summed in ascending expert order.
@@ -37,7 +37,7 @@ pub(super) fn moe_row(
             what: format!("expert request of {} experts", ids.len()),
             reason: format!("the tier served position {pos}"),
         })?;
-        scratch.swiglu_rows(y, view.gate, view.up, view.down, x, 1);
+        scratch.swiglu_rows(y, view, x, 1);
         Ok(())
     })?;
     let mut out = vec![0f32; h];
@@ -84,7 +84,7 @@ pub(super) fn moe_rows(
                 xs.extend_from_slice(&x[r * h..(r + 1) * h]);
             }
             let mut y = vec![0f32; rows.len() * h];
-            scratch.swiglu_rows(&mut y, view.gate, view.up, view.down, &xs, rows.len());
+            scratch.swiglu_rows(&mut y, view, &xs, rows.len());
             for (&(r, slot), yr) in rows.iter().zip(y.chunks_exact(h)) {
                 ys[r][slot] = yr.to_vec();
             }
@@ -102,7 +102,8 @@ pub(super) fn moe_rows(
     Ok(())
 }
 
-/// Scratch of one SwiGLU: the gate and up activations.
+/// Scratch of one SwiGLU: the gate and up activations (side by side per
+/// row when the expert's gate and up are one matrix).
 #[derive(Default)]
 struct SwigluScratch {
     act: Vec<f32>,
@@ -111,25 +112,85 @@ struct SwigluScratch {
 
 impl SwigluScratch {
     /// `out = down(silu(gate xs) * up xs)` for `tokens` rows of `xs`;
-    /// bit-identical to one row at a time.
-    fn swiglu_rows(
-        &mut self,
-        out: &mut [f32],
-        gate: MatRef<'_>,
-        up: MatRef<'_>,
-        down: MatRef<'_>,
-        xs: &[f32],
-        tokens: usize,
-    ) {
+    /// bit-identical to one row at a time, and with gate and up as one
+    /// matrix or two.
+    fn swiglu_rows(&mut self, out: &mut [f32], view: ExpertView<'_>, xs: &[f32], tokens: usize) {
         let h = xs.len() / tokens.max(1);
-        let inter = gate.len() / h.max(1);
+        let inter = view.gate.len() / h.max(1);
         self.act.resize(inter * tokens, 0.0);
-        self.up.resize(inter * tokens, 0.0);
-        matmul(&mut self.act, gate, xs, tokens);
-        matmul(&mut self.up, up, xs, tokens);
-        for (a, u) in self.act.iter_mut().zip(&self.up) {
-            *a = silu(*a) * u;
+        match view.gate_up {
+            // One token reads the same bytes either way; a chunk's rows take
+            // one product (one dispatch, one rearranged copy of the rows).
+            Some(gate_up) if tokens > 1 => {
+                self.up.resize(2 * inter * tokens, 0.0);
+                matmul(&mut self.up, gate_up, xs, tokens);
+                for (a, gu) in self
+                    .act
+                    .chunks_exact_mut(inter)
+                    .zip(self.up.chunks_exact(2 * inter))
+                {
+                    let (g, u) = gu.split_at(inter);
+                    for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
+                        *a = silu(*g) * u;
+                    }
+                }
+            }
+            _ => {
+                self.up.resize(inter * tokens, 0.0);
+                matmul(&mut self.act, view.gate, xs, tokens);
+                matmul(&mut self.up, view.up, xs, tokens);
+                for (a, u) in self.act.iter_mut().zip(&self.up) {
+                    *a = silu(*a) * u;
+                }
+            }
         }
-        matmul(out, down, &self.act, tokens);
+        matmul(out, view.down, &self.act, tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flashtier_format::Dtype;
+
+    use super::*;
+    use crate::experts::{RecordLayout, Span};
+
+    /// Gate and up taken as one matrix give the bits of two products, for
+    /// one token and for chunks with every token remainder.
+    #[test]
+    fn gate_and_up_as_one_matrix_keep_the_bits() {
+        let (h, i) = (96, 40);
+        let n = i * h * 2;
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let record: Vec<u8> = (0..3 * i * h)
+            .flat_map(|_| half::bf16::from_f32(next()).to_le_bytes())
+            .collect();
+        let layout = RecordLayout {
+            matrices: [0, n, 2 * n].map(|offset| Span { offset, len: n }),
+            dtype: Dtype::Bf16,
+            fp8: None,
+            hidden: h,
+            intermediate: i,
+        };
+        let view = layout.view(&record).expect("view");
+        assert!(view.gate_up.is_some());
+        let apart = ExpertView {
+            gate_up: None,
+            ..view
+        };
+        for tokens in [1, 2, 5, 7, 9] {
+            let xs: Vec<f32> = (0..tokens * h).map(|_| next()).collect();
+            let (mut one, mut two) = (vec![0f32; tokens * h], vec![0f32; tokens * h]);
+            SwigluScratch::default().swiglu_rows(&mut one, view, &xs, tokens);
+            SwigluScratch::default().swiglu_rows(&mut two, apart, &xs, tokens);
+            assert_eq!(one, two, "{tokens} tokens");
+            assert!(one.iter().any(|v| *v != 0.0));
+        }
     }
 }
