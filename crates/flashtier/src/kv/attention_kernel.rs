@@ -136,6 +136,27 @@ pub(super) fn check_tile(d: &AttentionDims, tile: &KvTile<'_>) -> Result<(), Att
     Ok(())
 }
 
+/// `s`'s whole runs of `N` as arrays, and what is left.
+#[inline(always)]
+fn runs<T: bytemuck::Pod, const N: usize>(s: &[T]) -> (&[[T; N]], &[T])
+where
+    [T; N]: bytemuck::Pod,
+{
+    let (body, rest) = s.split_at(s.len() - s.len() % N);
+    (bytemuck::cast_slice(body), rest)
+}
+
+/// [`runs`], mutable.
+#[inline(always)]
+fn runs_mut<T: bytemuck::Pod, const N: usize>(s: &mut [T]) -> (&mut [[T; N]], &mut [T])
+where
+    [T; N]: bytemuck::Pod,
+{
+    let whole = s.len() - s.len() % N;
+    let (body, rest) = s.split_at_mut(whole);
+    (bytemuck::cast_slice_mut(body), rest)
+}
+
 /// One BF16 (little-endian bytes) as f32 (exact).
 #[inline(always)]
 fn widen(b: &[u8]) -> f32 {
@@ -216,7 +237,7 @@ fn mul_add8(a: [[f32; LANES]; 8], q: &[f32; 8], k: &[[f32; LANES]; 8]) -> [[f32;
 /// which would tempt LLVM to pack them together with their keys).
 #[inline(always)]
 fn arrange_query(q: &[f32], out: &mut [f32]) {
-    let (chunks, tail) = q.as_chunks::<8>();
+    let (chunks, tail) = runs::<_, 8>(q);
     let n = chunks.len();
     for (c, qc) in chunks.iter().enumerate() {
         for (i, x) in qc.iter().enumerate() {
@@ -238,7 +259,7 @@ fn arrange_query(q: &[f32], out: &mut [f32]) {
 #[inline(always)]
 fn head_dots(qa: &[f32], kt: &[f32], out: &mut [f32; LANES]) {
     let mut acc = [[0.0f32; LANES]; 8];
-    let (ks, k_tail) = kt.as_chunks::<LANES>().0.as_chunks::<8>();
+    let (ks, k_tail) = runs::<_, 8>(runs::<_, LANES>(kt).0);
     let n = ks.len();
     let (lanes, q_tail) = qa.split_at((8 * n).min(qa.len()));
     if n > 0 && lanes.len() == 8 * n {
@@ -280,13 +301,13 @@ fn add(a: [f32; LANES], b: &[f32; LANES]) -> [f32; LANES] {
 #[inline(always)]
 fn add_values(o: &mut [f32], p: &[f32], stride: usize, values: &[f32], hd: usize) {
     for (og, pg) in o.chunks_exact_mut(hd).zip(p.chunks_exact(stride)) {
-        let (vecs, tail) = og.as_chunks_mut::<LANES>();
-        let (groups, rest) = vecs.as_chunks_mut::<8>();
+        let (vecs, tail) = runs_mut::<_, LANES>(og);
+        let (groups, rest) = runs_mut::<_, 8>(vecs);
         let n = groups.len();
         for (gi, grp) in groups.iter_mut().enumerate() {
             let mut acc = *grp;
             for (p, v) in pg.iter().zip(values.chunks_exact(hd)) {
-                let Some(vg) = v.as_chunks::<LANES>().0.as_chunks::<8>().0.get(gi) else {
+                let Some(vg) = runs::<_, 8>(runs::<_, LANES>(v).0).0.get(gi) else {
                     continue;
                 };
                 acc = mul_add8(acc, &[*p; 8], vg);
@@ -296,7 +317,7 @@ fn add_values(o: &mut [f32], p: &[f32], stride: usize, values: &[f32], hd: usize
         for (ri, x) in rest.iter_mut().enumerate() {
             let mut acc = *x;
             for (p, v) in pg.iter().zip(values.chunks_exact(hd)) {
-                let Some(vv) = v.as_chunks::<LANES>().0.get(n * 8 + ri) else {
+                let Some(vv) = runs::<_, LANES>(v).0.get(n * 8 + ri) else {
                     continue;
                 };
                 acc = mul_add(acc, *p, vv);
