@@ -153,3 +153,89 @@ fn the_fold_is_the_plain_fold_bit_for_bit_with_any_runner() {
         }
     }
 }
+
+/// `tables[s]`'s tokens of kv head `kv`: (key, value) rows of `kf`, `vf`.
+fn table_tokens<'a>(
+    d: &AttentionDims,
+    (kf, vf): (&'a [f32], &'a [f32]),
+    (blocks, last): (&[u32], usize),
+    kv: usize,
+) -> Vec<(&'a [f32], &'a [f32])> {
+    let (bt, row) = (d.block_tokens, d.num_kv_heads * d.head_dim);
+    blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &blk)| {
+            let n = if i + 1 == blocks.len() { last } else { bt };
+            (0..n).map(move |t| (blk as usize * bt + t) * row + kv * d.head_dim)
+        })
+        .map(|at| (&kf[at..at + d.head_dim], &vf[at..at + d.head_dim]))
+        .collect()
+}
+
+#[test]
+fn sequences_folded_in_groups_keep_each_ones_plain_fold_bit_for_bit() {
+    let mut rng = SmallRng::seed_from_u64(31);
+    // GQA 8, 4 and 1; a head width with and without a dot tail and value
+    // columns past the last whole 8 vectors of 16.
+    for (qh, kvh, hd) in [(16, 2, 256), (8, 2, 44), (3, 3, 20)] {
+        // A chunk of 37 rows seeing 6..=42 tokens (rows straddle block
+        // boundaries inside a group), then rows of other tables in the same
+        // step: a shuffled one, a lone partial block, one block of a tile
+        // that ends before the others'.
+        let mut tables: Vec<(Vec<u32>, usize)> = (6..=42usize)
+            .map(|seen| {
+                let n = seen.div_ceil(16);
+                ((0..n as u32).collect(), seen - (n - 1) * 16)
+            })
+            .collect();
+        tables.extend([(vec![2, 0, 1], 5), (vec![1], 9), (vec![0], 16)]);
+        let d = AttentionDims::new(tables.len(), qh, kvh, hd, 16);
+        let (kf, kb) = paged(&d, 3, &mut rng);
+        let (vf, vb) = paged(&d, 3, &mut rng);
+        let q: Vec<f32> = (0..tables.len() * qh * hd)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let seqs: Vec<TileSeq<'_>> = tables
+            .iter()
+            .map(|(b, last)| TileSeq {
+                blocks: b,
+                last_block_tokens: *last,
+            })
+            .collect();
+        let tile = KvTile {
+            k: &kb,
+            v: &vb,
+            strides: KvStrides::paged(&d),
+            seqs: &seqs,
+        };
+        // 1 thread: groups of up to 16 sequences; 5: groups of a few.
+        for threads in [1, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut state = AttnState::new(d).unwrap();
+            let mut out = vec![0.0f32; q.len()];
+            pool.install(|| {
+                state.begin_step(tables.len()).unwrap();
+                state.step_tile(&q, &tile).unwrap();
+                state.finalize_f32(&mut out).unwrap();
+            });
+            for (seq, (blocks, last)) in tables.iter().enumerate() {
+                for h in 0..qh {
+                    let kv = h / d.gqa_ratio();
+                    let tokens = table_tokens(&d, (&kf, &vf), (blocks, *last), kv);
+                    let at = (seq * qh + h) * hd;
+                    let want = fold_one(&d, &q[at..at + hd], &tokens);
+                    let got: Vec<u32> = out[at..at + hd].iter().map(|x| x.to_bits()).collect();
+                    let want: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(
+                        got, want,
+                        "{qh}/{kvh} heads of {hd}, {threads} threads: seq {seq} head {h}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -16,14 +16,20 @@
 //! except the last of each sequence, which holds `last_block_tokens` tokens.
 //!
 //! Bounds: the state holds `max_seqs * num_q_heads * (head_dim + 2)` f32,
-//! allocated once in [`AttnState::new`]; each (sequence, kv head) task of a
-//! step allocates `gqa_ratio * (head_dim + block_tokens) + block_tokens *
-//! head_dim` f32 of scratch (its queries rearranged, scores, one block's
-//! rows as f32; 24.5 KiB at GQA 8, head_dim 256, 16-token blocks). Work is
-//! spread over rayon's pool by (sequence, kv head); a [`FoldRunner`] given
-//! to [`AttnState::step_tile_on`] runs each task (the engine's enables the
-//! instruction set it picked at run time), with the same bits whatever it
-//! enables.
+//! allocated once in [`AttnState::new`], kept kv head by kv head (then
+//! sequence, then the kv head's query heads) so one task's rows are one run
+//! of it. A step's work is split into tasks of up to 16 consecutive
+//! sequences x one kv head (about four tasks per thread of the rayon pool
+//! it runs on); a task widens each KV block once for all its sequences that
+//! read it and folds it into each one's state in that sequence's block
+//! order, so the bits of a sequence do not depend on the grouping, the
+//! pool or the instruction set. Each thread keeps one scratch buffer
+//! between tasks (no allocation per task once grown): `2 * ceil(block_tokens
+//! / 16) * 16 * head_dim + gqa_ratio * ceil(block_tokens / 16) * 16` f32 at
+//! most (32.5 KiB at GQA 8, head_dim 256, 16-token blocks). A
+//! [`FoldRunner`] given to [`AttnState::step_tile_on`] runs each task (the
+//! engine's enables the instruction set it picked at run time), with the
+//! same bits whatever it enables.
 //!
 //! ```
 //! use flashtier::kv::attention::{AttentionDims, AttnState, KvTile, TileSeq};
@@ -313,29 +319,38 @@ impl AttnState {
         check_len("q", q.len(), rows * d.head_dim)?;
         check_len("tile sequences", tile.seqs.len(), self.num_seqs)?;
         kernel::check_tile(&d, tile)?;
-        let gqa = d.gqa_ratio();
-        let hd = d.head_dim;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (gqa, hd) = (d.gqa_ratio(), d.head_dim);
+        // Per kv head, its sequences' rows; per task, a group of them.
+        let (slab, per) = (
+            self.num_seqs * gqa,
+            kernel::seqs_per_task(self.num_seqs, d.num_kv_heads) * gqa,
+        );
         self.m[..rows]
-            .par_chunks_mut(gqa)
-            .zip(self.l[..rows].par_chunks_mut(gqa))
-            .zip(self.o[..rows * hd].par_chunks_mut(gqa * hd))
+            .par_chunks_mut(slab)
+            .zip(self.l[..rows].par_chunks_mut(slab))
+            .zip(self.o[..rows * hd].par_chunks_mut(slab * hd))
             .enumerate()
-            .for_each(|(task, ((m, l), o))| {
-                let (seq, kvh) = (task / d.num_kv_heads, task % d.num_kv_heads);
-                let q0 = (seq * d.num_q_heads + kvh * gqa) * hd;
-                let qg = q.get(q0..q0 + gqa * hd).unwrap_or_default();
-                if let Some(ts) = tile.seqs.get(seq) {
-                    runner.fold(FoldTask {
-                        d: &d,
-                        tile,
-                        ts,
-                        kvh,
-                        qg,
-                        m,
-                        l,
-                        o,
-                    });
-                }
+            .flat_map(|(kvh, ((m, l), o))| {
+                m.par_chunks_mut(per)
+                    .zip(l.par_chunks_mut(per))
+                    .zip(o.par_chunks_mut(per * hd))
+                    .enumerate()
+                    .map(move |(group, ((m, l), o))| (kvh, group * per / gqa, m, l, o))
+            })
+            .for_each(|(kvh, first, m, l, o)| {
+                runner.fold(FoldTask {
+                    d: &d,
+                    tile,
+                    first,
+                    kvh,
+                    q,
+                    m,
+                    l,
+                    o,
+                });
             });
         Ok(())
     }
@@ -394,19 +409,30 @@ impl AttnState {
         let d = self.dims;
         let rows = self.num_seqs * d.num_q_heads;
         check_len("output", out_len, rows * d.head_dim)?;
-        if let Some(r) = (0..rows).find(|&r| self.l[r] <= 0.0) {
+        let at = |r: usize| self.row(r / d.num_q_heads, r % d.num_q_heads);
+        if let Some(r) = (0..rows).find(|&r| self.l[at(r)] <= 0.0) {
             return Err(AttentionError::NoTokens {
                 seq: r / d.num_q_heads,
                 head: r % d.num_q_heads,
             });
         }
         for r in 0..rows {
-            let inv = 1.0 / self.l[r];
-            for i in r * d.head_dim..(r + 1) * d.head_dim {
-                put(i, self.o[i] * inv);
+            let s = at(r);
+            let inv = 1.0 / self.l[s];
+            let o = &self.o[s * d.head_dim..(s + 1) * d.head_dim];
+            for (i, x) in o.iter().enumerate() {
+                put(r * d.head_dim + i, x * inv);
             }
         }
         Ok(())
+    }
+
+    /// Where the state of (sequence, query head) sits: kv head by kv head,
+    /// then sequence by sequence, so a task's group of sequences of one kv
+    /// head is one run of the state.
+    fn row(&self, seq: usize, head: usize) -> usize {
+        let gqa = self.dims.gqa_ratio();
+        (head / gqa * self.num_seqs + seq) * gqa + head % gqa
     }
 }
 

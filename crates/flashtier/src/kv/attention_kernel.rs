@@ -1,15 +1,42 @@
 //! The inner loops of the CPU tiled attention: bounds checks of a tile and
-//! the online-softmax fold of one (sequence, kv head) task.
+//! the online-softmax fold of one task, a group of consecutive sequences x
+//! one kv head.
+//!
+//! A task walks block index by block index and, within one, sequence by
+//! sequence: each block is widened from BF16 once and folded into every
+//! sequence of the group that reads it (a prompt chunk's rows share all
+//! their blocks but the last), so each sequence still folds its own
+//! blocks in its own order, with the operations it would get alone. Keys
+//! are widened transposed, `LANES` tokens side by side per element, so one
+//! head's scores of `LANES` tokens are vertical vector sums; values stay
+//! token-major.
+//!
+//! The order each (sequence, query head) sees, whatever the grouping or
+//! instruction set: a score is `q . k` as 8 accumulators over the whole
+//! chunks of 8 elements (lane `i` takes elements `8c + i`, `c` in order),
+//! summed in lane order as `Iterator::sum` does, plus a sequential tail,
+//! times the softmax scale; per block the running max, `alpha`, the
+//! exponentials summed in token order, `l = l * alpha + sum`, `o *= alpha`
+//! (unless 1), then `o += p_t * v_t` token by token per output value. This
+//! is pinned bit for bit by `tests/kv_attention_order.rs`.
 //!
 //! The fold is `#[inline(always)]` down to its innermost loop, so a
 //! [`FoldRunner`] that enables wider vector instructions around
 //! [`FoldTask::run`] gets all of it compiled for them. Its arithmetic is
-//! plain `+` and `*` in a fixed order (no fused multiply-add, which Rust
-//! never forms on its own), so every instruction set gives the same bits.
+//! plain `+` and `*` (no fused multiply-add, which Rust never forms on its
+//! own), so every instruction set gives the same bits.
+//!
+//! Scratch: one buffer per thread, kept between tasks and steps (no heap
+//! allocation per task once it has grown): `ceil(block_tokens / LANES) x
+//! LANES x head_dim` f32 of transposed keys, `block_tokens x head_dim` of
+//! values and `gqa_ratio x ceil(block_tokens / LANES) x LANES` of scores
+//! (at head_dim 256, 16-token blocks, GQA 8: 32.5 KiB per thread).
 
-use super::{AttentionDims, AttentionError, KvTile, TileSeq};
+use std::cell::Cell;
 
-/// Runs the fold of each (sequence, kv head) task of
+use super::{AttentionDims, AttentionError, KvTile};
+
+/// Runs the fold of each task (a group of sequences x one kv head) of
 /// [`super::AttnState::step_tile_on`], on whichever rayon thread the task
 /// lands on. An implementation may enable CPU features for the call (say,
 /// through `pulp`'s `vectorize`); it must call [`FoldTask::run`] exactly
@@ -29,14 +56,22 @@ impl FoldRunner for Baseline {
     }
 }
 
-/// One (sequence, kv head) task: its tile, its queries and its disjoint
-/// slices of the running state.
+/// Most sequences one task folds: 16 rows share each widened block.
+pub(super) const MAX_TASK_SEQS: usize = 16;
+
+/// Tokens whose keys sit side by side in the transposed block (one
+/// 512-bit vector of f32).
+const LANES: usize = 16;
+
+/// One task: its tile, the step's queries, the first sequence of its group
+/// and its disjoint slices of the running state (`m`, `l`: `seqs x gqa`,
+/// `o`: `seqs x gqa x head_dim`, sequence-major).
 pub struct FoldTask<'a> {
     pub(super) d: &'a AttentionDims,
     pub(super) tile: &'a KvTile<'a>,
-    pub(super) ts: &'a TileSeq<'a>,
+    pub(super) first: usize,
     pub(super) kvh: usize,
-    pub(super) qg: &'a [f32],
+    pub(super) q: &'a [f32],
     pub(super) m: &'a mut [f32],
     pub(super) l: &'a mut [f32],
     pub(super) o: &'a mut [f32],
@@ -46,8 +81,23 @@ impl FoldTask<'_> {
     /// Fold the task's blocks into its state (the tile was checked).
     #[inline(always)]
     pub fn run(self) {
-        fold_seq_head(self);
+        let mut scratch = SCRATCH.take();
+        fold_group(self, &mut scratch);
+        SCRATCH.set(scratch);
     }
+}
+
+thread_local! {
+    /// The fold's scratch of this thread (see the module docs). Taken for
+    /// the task and put back, so a nested use would only allocate its own.
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Sequences per task for a step of `num_seqs` x `num_kv_heads`: about four
+/// tasks per thread of the pool, at most [`MAX_TASK_SEQS`] sequences each.
+pub(super) fn seqs_per_task(num_seqs: usize, num_kv_heads: usize) -> usize {
+    let wanted = 4 * rayon::current_num_threads().max(1);
+    (num_seqs * num_kv_heads / wanted).clamp(1, MAX_TASK_SEQS)
 }
 
 /// Check every block of every sequence against its K and V buffers, so the
@@ -66,8 +116,8 @@ pub(super) fn check_tile(d: &AttentionDims, tile: &KvTile<'_>) -> Result<(), Att
             });
         }
         for &b in ts.blocks {
-            // The last element a block touches, +1 (full block: conservative
-            // for a partial last block).
+            // The last element a block touches, +1 (the fold widens whole
+            // blocks, a partial last one too).
             let end = s.block_end(d, b as usize).unwrap_or(usize::MAX);
             for (which, buf) in [("K", tile.k), ("V", tile.v)] {
                 let len = buf.len() / 2;
@@ -86,142 +136,195 @@ pub(super) fn check_tile(d: &AttentionDims, tile: &KvTile<'_>) -> Result<(), Att
     Ok(())
 }
 
-/// BF16 little-endian bytes to f32 (exact).
+/// `s`'s whole runs of `N` as arrays, and what is left.
+#[inline(always)]
+fn runs<T: bytemuck::Pod, const N: usize>(s: &[T]) -> (&[[T; N]], &[T])
+where
+    [T; N]: bytemuck::Pod,
+{
+    let (body, rest) = s.split_at(s.len() - s.len() % N);
+    (bytemuck::cast_slice(body), rest)
+}
+
+/// [`runs`], mutable.
+#[inline(always)]
+fn runs_mut<T: bytemuck::Pod, const N: usize>(s: &mut [T]) -> (&mut [[T; N]], &mut [T])
+where
+    [T; N]: bytemuck::Pod,
+{
+    let whole = s.len() - s.len() % N;
+    let (body, rest) = s.split_at_mut(whole);
+    (bytemuck::cast_slice_mut(body), rest)
+}
+
+/// One BF16 (little-endian bytes) as f32 (exact).
+#[inline(always)]
+fn widen(b: &[u8]) -> f32 {
+    let bits = u16::from_le_bytes([b[0], b[1]]);
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// A row of BF16 bytes to f32.
 #[inline(always)]
 fn load_row(src: &[u8], dst: &mut [f32]) {
     for (x, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        let bits = u16::from_le_bytes([b[0], b[1]]);
-        *x = f32::from_bits(u32::from(bits) << 16);
+        *x = widen(b);
     }
 }
 
-/// Query heads one pass of [`dots`] takes, of the `left` still to score.
-#[inline(always)]
-fn group_width(left: usize) -> usize {
-    match left {
-        8.. => 8,
-        4..=7 => 4,
-        _ => 1,
-    }
+/// The task's view of one block, widened: keys transposed (`[chunk of
+/// LANES tokens][element][lane]`), values token-major.
+struct Block<'s> {
+    keys: &'s mut [f32],
+    values: &'s mut [f32],
 }
 
-/// The whole 8-value chunks of the `gqa` query heads of `qg` (`gqa x hd`)
-/// in the order [`dots`] reads them: per group of [`group_width`] heads,
-/// per chunk, the group's heads side by side.
-#[inline(always)]
-fn arrange_queries(qg: &[f32], hd: usize, out: &mut Vec<f32>) {
-    let (body, gqa) = (hd - hd % 8, qg.len() / hd.max(1));
-    out.clear();
-    let mut g = 0;
-    while g < gqa {
-        let n = group_width(gqa - g);
-        for c in (0..body).step_by(8) {
-            for h in g..g + n {
-                out.extend_from_slice(&qg[h * hd + c..h * hd + c + 8]);
+impl Block<'_> {
+    /// Widen block `b` of kv head `kvh` (all `block_tokens` tokens; lanes
+    /// past them are zero).
+    #[inline(always)]
+    fn widen(&mut self, d: &AttentionDims, tile: &KvTile<'_>, b: u32, kvh: usize) {
+        let (hd, bt, s) = (d.head_dim, d.block_tokens, tile.strides);
+        let base = b as usize * s.block + kvh * s.kv_head;
+        for t in 0..bt {
+            let e = (base + t * s.token) * 2;
+            let keys = tile.k.get(e..e + 2 * hd).unwrap_or_default();
+            let chunk = &mut self.keys[t / LANES * LANES * hd..];
+            for (j, x) in keys.chunks_exact(2).enumerate() {
+                chunk[j * LANES + t % LANES] = widen(x);
             }
+            let values = tile.v.get(e..e + 2 * hd).unwrap_or_default();
+            load_row(values, &mut self.values[t * hd..(t + 1) * hd]);
         }
-        g += n;
-    }
-}
-
-/// `N` dot products of query heads with one key row: `qc` holds their
-/// whole chunks (see [`arrange_queries`]), `qg` the heads themselves (for
-/// the tail). Each is the dot of 8 independent accumulators over the
-/// chunks, summed in lane order, plus a sequential tail: the `N` run side
-/// by side so their add chains overlap, but each head sees the same
-/// operations in the same order as alone.
-#[inline(always)]
-fn dots<const N: usize>(qc: &[f32], qg: &[f32], row: &[f32], out: &mut [f32; N]) {
-    let (hd, full) = (row.len(), row.len() / 8);
-    let qc = &qc[..full * N * 8];
-    let mut acc = [[0.0f32; 8]; N];
-    for c in 0..full {
-        let r = &row[c * 8..c * 8 + 8];
-        for (n, a) in acc.iter_mut().enumerate() {
-            let at = (c * N + n) * 8;
-            let q = &qc[at..at + 8];
-            for i in 0..8 {
-                a[i] += q[i] * r[i];
+        for t in bt..bt.div_ceil(LANES) * LANES {
+            let chunk = &mut self.keys[t / LANES * LANES * hd..];
+            for j in 0..hd {
+                chunk[j * LANES + t % LANES] = 0.0;
             }
         }
     }
-    for (n, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
-        let mut tail = 0.0f32;
-        for i in full * 8..hd {
-            tail += qg[n * hd + i] * row[i];
-        }
-        *o = a.iter().sum::<f32>() + tail;
-    }
 }
 
-/// Scores of the `qg.len() / row.len()` query heads against one key row,
-/// `scores[g * stride] = q_g . row * scale`; `qc` is
-/// [`arrange_queries`]' layout of `qg`.
+/// `a[t] + q * k[t]` along one vector of `LANES`.
 #[inline(always)]
-fn head_scores(qc: &[f32], qg: &[f32], row: &[f32], scale: f32, scores: &mut [f32], stride: usize) {
-    let (hd, gqa) = (row.len(), qg.len() / row.len().max(1));
-    let body = hd - hd % 8;
-    let mut g = 0;
-    while g < gqa {
-        let n = group_width(gqa - g);
-        let (qc, qg) = (&qc[g * body..(g + n) * body], &qg[g * hd..]);
-        let out = &mut scores[g * stride..];
-        match n {
-            8 => head_group::<8>(qc, qg, row, scale, out, stride),
-            4 => head_group::<4>(qc, qg, row, scale, out, stride),
-            _ => head_group::<1>(qc, qg, row, scale, out, stride),
-        }
-        g += n;
+fn mul_add(a: [f32; LANES], q: f32, k: &[f32; LANES]) -> [f32; LANES] {
+    let mut out = a;
+    for t in 0..LANES {
+        out[t] = a[t] + q * k[t];
     }
+    out
 }
 
-/// [`head_scores`] of one group of `N` heads.
+/// [`mul_add`] of 8 vectors, each with its own `q`.
 #[inline(always)]
-fn head_group<const N: usize>(
-    qc: &[f32],
-    qg: &[f32],
-    row: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    stride: usize,
-) {
-    let mut s = [0.0f32; N];
-    dots(qc, qg, row, &mut s);
-    for (n, x) in s.iter().enumerate() {
-        scores[n * stride] = x * scale;
+fn mul_add8(a: [[f32; LANES]; 8], q: &[f32; 8], k: &[[f32; LANES]; 8]) -> [[f32; LANES]; 8] {
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
+    [
+        mul_add(a0, q[0], &k[0]),
+        mul_add(a1, q[1], &k[1]),
+        mul_add(a2, q[2], &k[2]),
+        mul_add(a3, q[3], &k[3]),
+        mul_add(a4, q[4], &k[4]),
+        mul_add(a5, q[5], &k[5]),
+        mul_add(a6, q[6], &k[6]),
+        mul_add(a7, q[7], &k[7]),
+    ]
+}
+
+/// One head's query lane by lane: for each of the 8 dot lanes `i` its
+/// elements `8c + i` in chunk order, then the tail past the whole chunks
+/// (so the 8 values one chunk multiplies are not side by side in memory,
+/// which would tempt LLVM to pack them together with their keys).
+#[inline(always)]
+fn arrange_query(q: &[f32], out: &mut [f32]) {
+    let (chunks, tail) = runs::<_, 8>(q);
+    let n = chunks.len();
+    for (c, qc) in chunks.iter().enumerate() {
+        for (i, x) in qc.iter().enumerate() {
+            if let Some(slot) = out.get_mut(i * n + c) {
+                *slot = *x;
+            }
+        }
+    }
+    if let Some(rest) = out.get_mut(8 * n..8 * n + tail.len()) {
+        rest.copy_from_slice(tail);
     }
 }
 
-/// Output columns [`add_values`] keeps in registers at a time.
-const COLS: usize = 32;
+/// `q . k_t` for the `LANES` tokens `t` of one chunk of transposed keys
+/// (`kt`, `head_dim x LANES`), in the order of the module docs; `qa` is
+/// the head's query as [`arrange_query`] lays it out. (Written with arrays
+/// passed by value and the 8 lanes spelled out: loops over the lanes get
+/// vectorised across them, gathering, instead of along the tokens.)
+#[inline(always)]
+fn head_dots(qa: &[f32], kt: &[f32], out: &mut [f32; LANES]) {
+    let mut acc = [[0.0f32; LANES]; 8];
+    let (ks, k_tail) = runs::<_, 8>(runs::<_, LANES>(kt).0);
+    let n = ks.len();
+    let (lanes, q_tail) = qa.split_at((8 * n).min(qa.len()));
+    if n > 0 && lanes.len() == 8 * n {
+        let l: [&[f32]; 8] = std::array::from_fn(|i| &lanes[i * n..(i + 1) * n]);
+        for (c, kc) in ks.iter().enumerate() {
+            let q = [
+                l[0][c], l[1][c], l[2][c], l[3][c], l[4][c], l[5][c], l[6][c], l[7][c],
+            ];
+            acc = mul_add8(acc, &q, kc);
+        }
+    }
+    let mut tail = [0.0f32; LANES];
+    for (qv, k) in q_tail.iter().zip(k_tail) {
+        tail = mul_add(tail, *qv, k);
+    }
+    // `Iterator::sum` over the lanes in order, from its start value.
+    let mut sum = [std::iter::empty::<f32>().sum::<f32>(); LANES];
+    for a in acc {
+        sum = add(sum, &a);
+    }
+    *out = add(sum, &tail);
+}
+
+/// `a[t] + b[t]` along one vector of `LANES`.
+#[inline(always)]
+fn add(a: [f32; LANES], b: &[f32; LANES]) -> [f32; LANES] {
+    let mut out = a;
+    for t in 0..LANES {
+        out[t] = a[t] + b[t];
+    }
+    out
+}
 
 /// `o_g += p_g[t] * v_t` for each head `g` (`o` is `gqa x hd`, `p`
 /// `gqa x stride`) over the tokens `t` of `values` (`valid x hd`) in
 /// order: per output value the same sequence of `+=` as one token at a
-/// time, with `COLS` columns held in registers across the tokens.
+/// time, with 8 vectors of `LANES` columns held in registers across the
+/// tokens.
 #[inline(always)]
 fn add_values(o: &mut [f32], p: &[f32], stride: usize, values: &[f32], hd: usize) {
-    let body = hd - hd % COLS;
     for (og, pg) in o.chunks_exact_mut(hd).zip(p.chunks_exact(stride)) {
-        let (cols, tail) = og.split_at_mut(body);
-        for (j, oc) in cols.chunks_exact_mut(COLS).enumerate() {
-            let Ok(oc) = <&mut [f32; COLS]>::try_from(oc) else {
-                continue;
-            };
-            let mut acc = *oc;
+        let (vecs, tail) = runs_mut::<_, LANES>(og);
+        let (groups, rest) = runs_mut::<_, 8>(vecs);
+        let n = groups.len();
+        for (gi, grp) in groups.iter_mut().enumerate() {
+            let mut acc = *grp;
             for (p, v) in pg.iter().zip(values.chunks_exact(hd)) {
-                let Some(Ok(v)) = v
-                    .get(j * COLS..(j + 1) * COLS)
-                    .map(<&[f32; COLS]>::try_from)
-                else {
+                let Some(vg) = runs::<_, 8>(runs::<_, LANES>(v).0).0.get(gi) else {
                     continue;
                 };
-                for i in 0..COLS {
-                    acc[i] += p * v[i];
-                }
+                acc = mul_add8(acc, &[*p; 8], vg);
             }
-            *oc = acc;
+            *grp = acc;
         }
+        for (ri, x) in rest.iter_mut().enumerate() {
+            let mut acc = *x;
+            for (p, v) in pg.iter().zip(values.chunks_exact(hd)) {
+                let Some(vv) = runs::<_, LANES>(v).0.get(n * 8 + ri) else {
+                    continue;
+                };
+                acc = mul_add(acc, *p, vv);
+            }
+            *x = acc;
+        }
+        let body = hd - tail.len();
         for (p, v) in pg.iter().zip(values.chunks_exact(hd)) {
             for (x, y) in tail.iter_mut().zip(&v[body..]) {
                 *x += p * y;
@@ -230,66 +333,130 @@ fn add_values(o: &mut [f32], p: &[f32], stride: usize, values: &[f32], hd: usize
     }
 }
 
-/// Fold the blocks of one sequence into the state of the `gqa` query heads
-/// of kv head `kvh`: `m`, `l` hold `gqa` entries, `o` holds `gqa * head_dim`,
-/// `qg` the queries. The tile was checked by [`check_tile`].
+/// One sequence's running state for the `gqa` heads of the task's kv head
+/// (`q`: their queries, each laid out by [`arrange_query`]).
+struct SeqState<'a> {
+    q: &'a [f32],
+    m: &'a mut [f32],
+    l: &'a mut [f32],
+    o: &'a mut [f32],
+}
+
+/// Fold the first `valid` tokens of the widened `block` into one
+/// sequence's state; `scores` holds `gqa x stride` f32, `stride` the
+/// block's tokens rounded up to whole `LANES`.
 #[inline(always)]
-fn fold_seq_head(task: FoldTask<'_>) {
+fn fold_block(
+    d: &AttentionDims,
+    block: &Block<'_>,
+    valid: usize,
+    st: SeqState<'_>,
+    scores: &mut [f32],
+) {
+    let (hd, gqa, scale) = (d.head_dim, d.gqa_ratio(), d.softmax_scale());
+    let stride = scores.len() / gqa.max(1);
+    let SeqState { q, m, l, o } = st;
+    for (qh, sg) in q.chunks_exact(hd).zip(scores.chunks_exact_mut(stride)) {
+        let chunks = block
+            .keys
+            .chunks_exact(LANES * hd)
+            .take(valid.div_ceil(LANES));
+        for (kt, out) in chunks.zip(sg.chunks_exact_mut(LANES)) {
+            let mut s = [0.0f32; LANES];
+            head_dots(qh, kt, &mut s);
+            for (x, y) in out.iter_mut().zip(s) {
+                *x = y * scale;
+            }
+        }
+    }
+    // Online softmax: rescale the old state to the new running max.
+    for g in 0..gqa {
+        let sg = &mut scores[g * stride..g * stride + valid];
+        let blk_max = sg.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = m[g].max(blk_max);
+        let alpha = (m[g] - m_new).exp();
+        let mut sum = 0.0f32;
+        for x in sg.iter_mut() {
+            *x = (*x - m_new).exp();
+            sum += *x;
+        }
+        l[g] = l[g] * alpha + sum;
+        m[g] = m_new;
+        if alpha != 1.0 {
+            o[g * hd..(g + 1) * hd].iter_mut().for_each(|x| *x *= alpha);
+        }
+    }
+    add_values(
+        &mut o[..gqa * hd],
+        scores,
+        stride,
+        &block.values[..valid * hd],
+        hd,
+    );
+}
+
+/// Fold the blocks of the task's sequences into their states, block index
+/// by block index, widening each block once for the sequences that share
+/// it. The tile was checked by [`check_tile`].
+#[inline(always)]
+fn fold_group(task: FoldTask<'_>, scratch: &mut Vec<f32>) {
     let FoldTask {
         d,
         tile,
-        ts,
+        first,
         kvh,
-        qg,
+        q,
         m,
         l,
         o,
     } = task;
     let (hd, bt, gqa) = (d.head_dim, d.block_tokens, d.gqa_ratio());
-    let scale = d.softmax_scale();
-    let s = tile.strides;
-    let qg = qg.get(..gqa * hd).unwrap_or_default();
-    let mut qc = Vec::with_capacity(qg.len());
-    arrange_queries(qg, hd, &mut qc);
-    // One block's keys, then its values, as f32 rows.
-    let mut rows = vec![0.0f32; bt * hd];
-    // scores[g * bt + t]
-    let mut scores = vec![0.0f32; gqa * bt];
-    let nblocks = ts.blocks.len();
-    for (i, &b) in ts.blocks.iter().enumerate() {
-        let valid = if i + 1 == nblocks {
-            ts.last_block_tokens
-        } else {
-            bt
+    let stride = bt.div_ceil(LANES) * LANES;
+    let n = m.len() / gqa.max(1);
+    let need = stride * hd + bt * hd + gqa * stride + n * gqa * hd;
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (keys, rest) = scratch.split_at_mut(stride * hd);
+    let (values, rest) = rest.split_at_mut(bt * hd);
+    let (scores, rest) = rest.split_at_mut(gqa * stride);
+    let queries = &mut rest[..n * gqa * hd];
+    for (r, qs) in queries.chunks_exact_mut(gqa * hd).enumerate() {
+        let q0 = ((first + r) * d.num_q_heads + kvh * gqa) * hd;
+        let Some(q) = q.get(q0..q0 + gqa * hd) else {
+            continue;
         };
-        let base = b as usize * s.block + kvh * s.kv_head;
-        let rows = &mut rows[..valid * hd];
-        for (t, row) in rows.chunks_exact_mut(hd).enumerate() {
-            let e = (base + t * s.token) * 2;
-            load_row(tile.k.get(e..e + 2 * hd).unwrap_or_default(), row);
-            head_scores(&qc, qg, row, scale, &mut scores[t..], bt);
+        for (head, out) in q.chunks_exact(hd).zip(qs.chunks_exact_mut(hd)) {
+            arrange_query(head, out);
         }
-        // Online softmax: rescale the old state to the new running max.
-        for g in 0..gqa {
-            let sg = &mut scores[g * bt..g * bt + valid];
-            let blk_max = sg.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_new = m[g].max(blk_max);
-            let alpha = (m[g] - m_new).exp();
-            let mut sum = 0.0f32;
-            for x in sg.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
+    }
+    let mut block = Block { keys, values };
+    let seqs = tile.seqs.get(first..first + n).unwrap_or_default();
+    let depth = seqs.iter().map(|ts| ts.blocks.len()).max().unwrap_or(0);
+    let mut widened = None;
+    for i in 0..depth {
+        for (r, ts) in seqs.iter().enumerate() {
+            let Some(&b) = ts.blocks.get(i) else {
+                continue;
+            };
+            let run = r * gqa * hd..(r + 1) * gqa * hd;
+            let (Some(q), Some(o)) = (queries.get(run.clone()), o.get_mut(run)) else {
+                continue;
+            };
+            if widened != Some(b) {
+                block.widen(d, tile, b, kvh);
+                widened = Some(b);
             }
-            l[g] = l[g] * alpha + sum;
-            m[g] = m_new;
-            if alpha != 1.0 {
-                o[g * hd..(g + 1) * hd].iter_mut().for_each(|x| *x *= alpha);
-            }
+            let valid = if i + 1 == ts.blocks.len() {
+                ts.last_block_tokens
+            } else {
+                bt
+            };
+            let (m, l) = (
+                &mut m[r * gqa..(r + 1) * gqa],
+                &mut l[r * gqa..(r + 1) * gqa],
+            );
+            fold_block(d, &block, valid, SeqState { q, m, l, o }, scores);
         }
-        for (t, row) in rows.chunks_exact_mut(hd).enumerate() {
-            let e = (base + t * s.token) * 2;
-            load_row(tile.v.get(e..e + 2 * hd).unwrap_or_default(), row);
-        }
-        add_values(&mut o[..gqa * hd], &scores, bt, rows, hd);
     }
 }

@@ -1,6 +1,7 @@
 //! `flashtier bench`: measurements against the device's own limit, each in
 //! the layout of [`crate::kit::bench`].
 
+pub mod attn;
 pub mod cpu;
 pub mod decode;
 pub mod experts;
@@ -15,6 +16,8 @@ pub mod rows;
 pub enum Bench {
     /// The CPU engine's matrix kernels against the machine's memory bandwidth.
     Cpu(cpu::Args),
+    /// The CPU engine's prompt-chunk attention alone.
+    Attn(attn::Args),
     /// The decode engine on the GPU against HBM, PCIe and drive limits and
     /// against transformers.
     Decode(decode::Args),
@@ -36,6 +39,7 @@ pub enum Bench {
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Cpu(a) => cpu::run(a),
+        Bench::Attn(a) => attn::run(a),
         Bench::Decode(a) => decode::run(a),
         Bench::Io(a) => io::run(a),
         Bench::Rows(a) => rows::run(a),

@@ -14,10 +14,12 @@
 //! blocks end at the row's own position (causal), so it folds exactly the
 //! blocks, in exactly the order, that attending it alone after its push
 //! would: the same bits. A step takes at most [`ROW_GROUP`] rows (fewer if
-//! their scratch would pass [`MAX_SCRATCH_VALUES`]); its (row, kv head)
-//! tasks run on rayon's global pool, each on its own slices of the state,
-//! with the vector instructions [`Isa::current`] picked (the same bits as
-//! the baseline: the fold has no fused multiply-adds).
+//! their scratch would pass [`MAX_SCRATCH_VALUES`]); its tasks (up to 16
+//! consecutive rows x one kv head, sharing each widened block) run on
+//! rayon's pool, each on its own slices of the state, with the vector
+//! instructions [`Isa::current`] picked (the same bits as the baseline and
+//! as any grouping: the fold has no fused multiply-adds and keeps each
+//! row's order).
 //!
 //! Two precisions ([`KvPrecision`]):
 //! - `Bf16`: one BF16 per value, as deployments keep KV (half the memory;
@@ -40,9 +42,9 @@
 //! Memory besides the blocks, kept between calls: the state of one step
 //! (`rows x q_heads x (width + 2)` f32, `width` the stored head width), the
 //! widened queries and outputs of `Bf16x2` (`rows x q_heads x width` f32
-//! each), `rows` at most [`ROW_GROUP`]; each (row, kv head) task allocates
-//! the tier's per-task scratch while it runs (`gqa_ratio x (width +
-//! BLOCK_TOKENS) + BLOCK_TOKENS x width` f32).
+//! each), `rows` at most [`ROW_GROUP`]; each thread of the pool keeps the
+//! tier's fold scratch (`2 x BLOCK_TOKENS x width + gqa_ratio x
+//! BLOCK_TOKENS` f32) between steps.
 //!
 //! Limits on what a config sets, checked by [`KvCache::new`] before anything
 //! is allocated ([`EngineError::TooLarge`]): `capacity` (from

@@ -242,3 +242,28 @@ fn attending_more_rows_than_pushed_or_none_is_an_error() {
     cache.attend(0, &[0.5; 8], &mut out[..8]).unwrap();
     assert!(out[..8].iter().all(|&x| x == 1.0), "{out:?}");
 }
+
+#[test]
+fn grouped_rows_at_gqa_8_4_and_1_equal_row_by_row_bit_for_bit_on_any_pool() {
+    // head_dim 128 stored as BF16 x2 is the benchmark model's 256-wide head.
+    // Steps start and end inside blocks, so a task's rows end in different
+    // blocks; a 1-thread pool groups up to 16 rows per task, 3 threads fewer.
+    let steps = [3, 45, 20];
+    let n: usize = steps.iter().sum();
+    for (qh, kvh) in [(8, 1), (8, 2), (2, 2)] {
+        let s = spec(1, qh, kvh, 128, n, KvPrecision::Bf16x2);
+        let x = rows(&s, n);
+        let alone = attend_in_steps(&s, &x, &vec![1; n], Isa::Scalar);
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for isa in Isa::available() {
+                let together = pool.install(|| attend_in_steps(&s, &x, &steps, isa));
+                let what = format!("{qh}/{kvh} heads, {threads} threads, {}", isa.name());
+                assert_same_bits(&together, &alone, &what);
+            }
+        }
+    }
+}
