@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use flashtier::experts::{Backing, ExpertsError};
 use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::config::qwen4::Qwen4Config;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::engine::{self, Chosen, Engine, Placement};
 use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
@@ -109,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stop: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
-        model.config().eos_token_ids.clone()
+        model.eos_token_ids().to_vec()
     };
     let quiet = args.json;
     let mut stdout = std::io::stdout();
@@ -146,10 +147,7 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    // Counts the checkpoint contradicts are refused before anything is packed.
-    flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
-    let touched = flashtier_engine::load::weight_bytes_per_token(&cfg, &ckpt);
+    let touched = checked_weight_bytes(args, &ckpt)?;
     drop(ckpt);
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
@@ -203,6 +201,22 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
         .map_err(|e| explain_pool(e, args))
         .with_context(|| format!("loading {}", args.model.display()))?;
     Ok((model, path, chosen, touched))
+}
+
+/// The weight bytes a decode token reads, after the config is checked
+/// against the checkpoint (counts it contradicts are refused before
+/// anything is packed; Qwen4-Exp's tensors are checked at load).
+fn checked_weight_bytes(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<u64> {
+    let json = ckpt.source().config();
+    if Qwen4Config::is_qwen4(json) {
+        let cfg = Qwen4Config::from_json(json)?;
+        return Ok(flashtier_engine::load::qwen4_weight_bytes_per_token(
+            &cfg, ckpt,
+        ));
+    }
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    flashtier_engine::config::bounds::check(&cfg, ckpt)?;
+    Ok(flashtier_engine::load::weight_bytes_per_token(&cfg, ckpt))
 }
 
 /// Pack `model`'s experts into `out` with a progress bar.

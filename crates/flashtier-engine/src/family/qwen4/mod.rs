@@ -5,8 +5,9 @@
 //! through the expert tier ([`model`]). The forward pass is host f32 code
 //! ([`ops`]) that calls the CPU device for matrix products and the routed
 //! experts, so expert budgets and backings work as for the other families;
-//! it is not yet written over [`crate::device::Device`] (no GPU path), and
-//! PLE rows are read from the checkpoint, not yet from the row store.
+//! it is not yet written over [`crate::device::Device`] (no GPU path:
+//! [`crate::engine::open`] keeps it on the CPU), and PLE rows are read
+//! from the checkpoint, not yet from the row store.
 //!
 //! The multimodal `qwen4_exp` config loads its `text_config` (resident
 //! tensors under `model.language_model.`; the vision tower is not run, and

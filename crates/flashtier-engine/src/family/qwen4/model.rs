@@ -304,6 +304,19 @@ impl Qwen4Model {
         stop_ids: &[u32],
         keep_prompt_logits: bool,
     ) -> Result<Generation, EngineError> {
+        self.generate_with(prompt, max_new, stop_ids, keep_prompt_logits, |_| {})
+    }
+
+    /// [`Self::generate`], calling `on_token` with each new token as it
+    /// is chosen.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop_ids: &[u32],
+        keep_prompt_logits: bool,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation, EngineError> {
         let mut out = Generation::default();
         if prompt.is_empty() {
             return Ok(out);
@@ -334,6 +347,7 @@ impl Qwen4Model {
         let mut next = argmax(&last);
         for _ in 0..max_new {
             out.generated_ids.push(next);
+            on_token(next);
             if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
                 break;
             }
