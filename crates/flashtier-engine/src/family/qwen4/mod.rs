@@ -26,5 +26,7 @@ pub mod ngram;
 pub mod ops;
 pub mod ple;
 pub mod qsa;
+pub mod rows;
 
 pub use model::Qwen4Model;
+pub use rows::{PleRowOptions, PleRowStats};
