@@ -263,3 +263,53 @@ fn qwen4_exp_text_output_and_no_gpu_path() {
         "{err}"
     );
 }
+
+/// `--rows-budget`: Qwen4-Exp's PLE rows from the row store (shards packed
+/// beside the expert store), transformers' greedy ids at a budget of 0 and
+/// of all rows, the row numbers in the JSON report; a model without row
+/// tables refuses the flag.
+#[test]
+fn qwen4_exp_rows_from_the_row_store_at_budget_zero_and_all() {
+    let r = reference("qwen4_exp");
+    let model = fixture("qwen4_exp");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("q4.ftstore");
+    let ids = prompt_ids(&r);
+    for (budget, hit_rate) in [("0", 0.0), ("1M", 1.0)] {
+        let out = run(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+            "--rows-budget",
+            budget,
+            "--prompt-ids",
+            &ids,
+            "--max-new",
+            "8",
+            "--json",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{budget}: {err}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["generated_ids"], r["greedy_ids"], "{budget}");
+        assert_eq!(v["row_hit_rate"].as_f64(), Some(hit_rate), "{v}");
+        assert!(v["row_bytes_read_per_token"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["row_stall_fraction"].as_f64().is_some(), "{v}");
+    }
+    let shards = std::fs::read_dir(dir.path().join("q4.ftstore.ple-rows")).unwrap();
+    assert_eq!(shards.count(), 6);
+    let other = run(&[
+        "--model",
+        fixture("mixtral").to_str().unwrap(),
+        "--store",
+        dir.path().join("m.ftstore").to_str().unwrap(),
+        "--rows-budget",
+        "0",
+        "--prompt-ids",
+        "1,2",
+    ]);
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("no row tables"), "{err}");
+}

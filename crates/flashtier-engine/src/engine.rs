@@ -17,7 +17,7 @@ use crate::device::cuda::CudaDevice;
 use crate::device::cuda::experts::{ExpertPath, TierStats};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
-use crate::family::qwen4::Qwen4Model;
+use crate::family::qwen4::{PleRowOptions, Qwen4Model};
 use crate::load::{GpuOptions, LoadOptions, cpu_experts, cuda_experts};
 use crate::model::{Generation, Model};
 
@@ -93,11 +93,31 @@ pub fn open(
     placement: Placement,
     gpu: &GpuOptions,
 ) -> Result<(Engine, Chosen), EngineError> {
+    open_with_rows(model, store, opts, placement, gpu, None)
+}
+
+/// [`open`], with Qwen4-Exp's PLE rows from the row store under `rows`
+/// (`None`: from the checkpoint). A model without row tables refuses
+/// `rows`.
+pub fn open_with_rows(
+    model: &Path,
+    store: &Path,
+    opts: &LoadOptions,
+    placement: Placement,
+    gpu: &GpuOptions,
+    rows: Option<&PleRowOptions>,
+) -> Result<(Engine, Chosen), EngineError> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
     if Qwen4Config::is_qwen4(ckpt.source().config()) {
         drop(ckpt);
-        return open_qwen4(model, store, opts, placement);
+        return open_qwen4(model, store, opts, placement, rows);
+    }
+    if rows.is_some() {
+        return Err(EngineError::config(
+            "model_type",
+            "this model has no row tables for the row store (Qwen4-Exp's PLE tables have)",
+        ));
     }
     let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let (dev, fallback) = match placement {
@@ -141,6 +161,7 @@ fn open_qwen4(
     store: &Path,
     opts: &LoadOptions,
     placement: Placement,
+    rows: Option<&PleRowOptions>,
 ) -> Result<(Engine, Chosen), EngineError> {
     let fallback = match placement {
         Placement::Cpu => None,
@@ -152,7 +173,7 @@ fn open_qwen4(
         }
         Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
     };
-    let m = Qwen4Model::open(model, store, opts)?;
+    let m = Qwen4Model::open_with_rows(model, store, opts, rows)?;
     let chosen = Chosen {
         device: "cpu",
         gpu_name: None,

@@ -6,8 +6,8 @@
 //! ([`ops`]) that calls the CPU device for matrix products and the routed
 //! experts, so expert budgets and backings work as for the other families;
 //! it is not yet written over [`crate::device::Device`] (no GPU path:
-//! [`crate::engine::open`] keeps it on the CPU), and PLE rows are read
-//! from the checkpoint, not yet from the row store.
+//! [`crate::engine::open`] keeps it on the CPU). PLE rows are read from the
+//! checkpoint, or from the row store ([`rows`], `--rows-budget`).
 //!
 //! The multimodal `qwen4_exp` config loads its `text_config` (resident
 //! tensors under `model.language_model.`; the vision tower is not run, and
