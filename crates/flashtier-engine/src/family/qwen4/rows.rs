@@ -157,17 +157,23 @@ impl LayerRows {
         out: &mut [u8],
     ) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        let waited = self.pending.drain(..).try_for_each(RowPrefetch::wait);
+        let done = self.wait_and_lookup(k, ids, out);
+        self.stall_ns += t0.elapsed().as_nanos() as u64;
+        done
+    }
+
+    fn wait_and_lookup(
+        &mut self,
+        k: usize,
+        ids: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.pending.drain(..).try_for_each(RowPrefetch::wait)?;
         let store = self.stores.get(k).ok_or_else(|| EngineError::Shape {
             op: "ple row",
             what: format!("shard {k} of {}", self.stores.len()),
-        });
-        let done = waited
-            .map_err(EngineError::from)
-            .and_then(|()| store)
-            .and_then(|s| Ok(s.lookup(ids, out, &mut [])?));
-        self.stall_ns += t0.elapsed().as_nanos() as u64;
-        done
+        })?;
+        Ok(store.lookup(ids, out, &mut [])?)
     }
 
     /// The layer's counters.
