@@ -345,3 +345,49 @@ fn verify_with_the_model_catches_an_edited_manifest() {
         );
     }
 }
+
+/// Qwen4-Exp's BF16 PLE n-gram shard, packed straight from the checkpoint
+/// without scales: 16-byte rows (8 values), no scale bytes, each block
+/// checksummed like any row shard's.
+#[test]
+fn a_qwen4_ple_shard_packs_unscaled_from_the_checkpoint() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../flashtier-engine/tests/fixtures/engine/qwen4_exp");
+    let shard = tmp.path().join("ple0.ftrows");
+    let packed = json(&flashtier(&[
+        "pack",
+        "rows",
+        "--model",
+        s(&model),
+        "--tensor",
+        "model.layers.0.ple.ple_embedding.ngram_embedding.shard_1.weight",
+        "--out",
+        s(&shard),
+        "--json",
+    ]));
+    assert_eq!(
+        (
+            packed["rows"].as_u64(),
+            packed["row_weight_bytes"].as_u64(),
+            packed["scale_bytes"].as_u64()
+        ),
+        (Some(144), Some(16), Some(0)),
+        "{packed}"
+    );
+    let block = u64::from(ROW_SHARD_HEADER_BYTES);
+    check_kind(&shard, "row_shard", block + 16 * 100 + 3, 0, (block, 4096));
+    let fp8 = flashtier(&[
+        "pack",
+        "rows",
+        "--model",
+        s(&model),
+        "--tensor",
+        "model.layers.0.ple.ple_embedding.ngram_heads_offsets",
+        "--out",
+        s(&tmp.path().join("bad.ftrows")),
+    ]);
+    assert!(!fp8.status.success());
+    let msg = String::from_utf8_lossy(&fp8.stderr);
+    assert!(msg.contains("ngram_heads_offsets is I64"), "{msg}");
+}

@@ -2,16 +2,22 @@
 //! [`Model`] on the CPU or on a GPU and forwards to it, so callers (the
 //! CLI, the demo) are written once. [`Placement::Auto`] takes the GPU when
 //! there is a driver and a device, and says why when it falls back.
+//!
+//! Qwen4-Exp (`qwen4_exp`, `qwen4_exp_text`) runs on its own decoder,
+//! [`Qwen4Model`], on the CPU only: `auto` places it on the CPU and says
+//! so; an explicit `cuda` is refused with [`EngineError::NoDevicePath`].
 
 use std::path::Path;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::CpuDevice;
 use crate::device::cuda::CudaDevice;
 use crate::device::cuda::experts::{ExpertPath, TierStats};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
+use crate::family::qwen4::{PleRowOptions, Qwen4Model};
 use crate::load::{GpuOptions, LoadOptions, cpu_experts, cuda_experts};
 use crate::model::{Generation, Model};
 
@@ -53,6 +59,8 @@ pub enum Engine {
     Cpu(Box<Model<CpuDevice>>),
     /// On a GPU.
     Cuda(Box<Model<CudaDevice>>),
+    /// Qwen4-Exp, on the CPU.
+    Qwen4(Box<Qwen4Model>),
 }
 
 impl std::fmt::Debug for Engine {
@@ -60,6 +68,7 @@ impl std::fmt::Debug for Engine {
         match self {
             Self::Cpu(m) => m.fmt(f),
             Self::Cuda(m) => m.fmt(f),
+            Self::Qwen4(m) => m.fmt(f),
         }
     }
 }
@@ -84,8 +93,32 @@ pub fn open(
     placement: Placement,
     gpu: &GpuOptions,
 ) -> Result<(Engine, Chosen), EngineError> {
+    open_with_rows(model, store, opts, placement, gpu, None)
+}
+
+/// [`open`], with Qwen4-Exp's PLE rows from the row store under `rows`
+/// (`None`: from the checkpoint). A model without row tables refuses
+/// `rows`.
+pub fn open_with_rows(
+    model: &Path,
+    store: &Path,
+    opts: &LoadOptions,
+    placement: Placement,
+    gpu: &GpuOptions,
+    rows: Option<&PleRowOptions>,
+) -> Result<(Engine, Chosen), EngineError> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
+    if Qwen4Config::is_qwen4(ckpt.source().config()) {
+        drop(ckpt);
+        return open_qwen4(model, store, opts, placement, rows);
+    }
+    if rows.is_some() {
+        return Err(EngineError::config(
+            "model_type",
+            "this model has no row tables for the row store (Qwen4-Exp's PLE tables have)",
+        ));
+    }
     let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let (dev, fallback) = match placement {
         Placement::Cpu => (None, None),
@@ -121,12 +154,51 @@ pub fn open(
     }
 }
 
+/// Qwen4-Exp on the CPU: `auto` says why it is not on a GPU, an explicit
+/// GPU is refused.
+fn open_qwen4(
+    model: &Path,
+    store: &Path,
+    opts: &LoadOptions,
+    placement: Placement,
+    rows: Option<&PleRowOptions>,
+) -> Result<(Engine, Chosen), EngineError> {
+    let fallback = match placement {
+        Placement::Cpu => None,
+        Placement::Cuda(n) => {
+            return Err(EngineError::NoDevicePath {
+                family: "Qwen4-Exp",
+                device: format!("cuda:{n}"),
+            });
+        }
+        Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
+    };
+    let m = Qwen4Model::open_with_rows(model, store, opts, rows)?;
+    let chosen = Chosen {
+        device: "cpu",
+        gpu_name: None,
+        fallback,
+    };
+    Ok((Engine::Qwen4(Box::new(m)), chosen))
+}
+
 impl Engine {
-    /// The model's config.
-    pub fn config(&self) -> &ModelConfig {
+    /// The model's config (`None` for Qwen4-Exp, whose config is its own:
+    /// [`Qwen4Model::config`]).
+    pub fn config(&self) -> Option<&ModelConfig> {
         match self {
-            Self::Cpu(m) => m.config(),
-            Self::Cuda(m) => m.config(),
+            Self::Cpu(m) => Some(m.config()),
+            Self::Cuda(m) => Some(m.config()),
+            Self::Qwen4(_) => None,
+        }
+    }
+
+    /// The model's end-of-sequence tokens.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        match self {
+            Self::Cpu(m) => &m.config().eos_token_ids,
+            Self::Cuda(m) => &m.config().eos_token_ids,
+            Self::Qwen4(m) => &m.config().eos_token_ids,
         }
     }
 
@@ -148,6 +220,9 @@ impl Engine {
                 m.generate(prompt, max_new, stop_ids, keep_prompt_logits, on_token)
             }),
             Self::Cuda(m) => m.generate(prompt, max_new, stop_ids, keep_prompt_logits, on_token),
+            Self::Qwen4(m) => {
+                m.generate_with(prompt, max_new, stop_ids, keep_prompt_logits, on_token)
+            }
         }
     }
 
@@ -156,6 +231,10 @@ impl Engine {
         match self {
             Self::Cpu(m) => m.reset(),
             Self::Cuda(m) => m.reset(),
+            Self::Qwen4(m) => {
+                m.reset();
+                Ok(())
+            }
         }
     }
 
@@ -164,13 +243,14 @@ impl Engine {
         match self {
             Self::Cpu(m) => m.expert_stats(),
             Self::Cuda(m) => m.expert_stats(),
+            Self::Qwen4(m) => m.expert_stats(),
         }
     }
 
     /// The GPU's per-tier counters and expert path, on a GPU.
     pub fn gpu_tiers(&self) -> Option<(TierStats, ExpertPath, bool)> {
         match self {
-            Self::Cpu(_) => None,
+            Self::Cpu(_) | Self::Qwen4(_) => None,
             Self::Cuda(m) => {
                 let e = m.experts();
                 Some((e.tier_stats(), e.path(), e.resident_all()))

@@ -11,6 +11,7 @@ use flashtier_io::{PosixBackend, StorageBackend};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::CpuDevice;
 use crate::device::cpu::experts::PoolExperts;
 use crate::device::cuda::CudaDevice;
@@ -181,6 +182,9 @@ pub fn weight_bytes_per_token(cfg: &ModelConfig, ckpt: &Checkpoint) -> u64 {
     for (name, t) in ckpt.source().tensors() {
         if is_routed_expert_tensor(name) {
             routed += t.len_bytes;
+        } else if is_row_table(name) {
+            // Row tables are counted by the rows a token reads (see
+            // `qwen4_weight_bytes_per_token`).
         } else if name.ends_with("embed_tokens.weight") && !cfg.tie_word_embeddings {
             let rows = t.shape.first().copied().unwrap_or(1).max(1);
             resident += t.len_bytes / rows;
@@ -190,6 +194,31 @@ pub fn weight_bytes_per_token(cfg: &ModelConfig, ckpt: &Checkpoint) -> u64 {
     }
     let chosen = routed.saturating_mul(cfg.top_k as u64) / (cfg.num_experts.max(1) as u64);
     resident.saturating_add(chosen)
+}
+
+/// [`weight_bytes_per_token`] of a Qwen4-Exp checkpoint: its routed
+/// experts as the expert view sees them, plus one row of every n-gram head
+/// in every PLE layer instead of the whole tables.
+pub fn qwen4_weight_bytes_per_token(cfg: &Qwen4Config, ckpt: &Checkpoint) -> u64 {
+    let row_bytes = ckpt
+        .source()
+        .tensors()
+        .iter()
+        .find(|(name, _)| is_row_table(name))
+        .map_or(0, |(_, t)| {
+            t.len_bytes / t.shape.first().copied().unwrap_or(1).max(1)
+        });
+    let rows = cfg
+        .ple
+        .as_ref()
+        .map_or(0, |p| (p.heads() * p.layers.len()) as u64);
+    weight_bytes_per_token(&cfg.expert_view(), ckpt).saturating_add(rows.saturating_mul(row_bytes))
+}
+
+/// Whether `name` is one of Qwen4-Exp's n-gram row tables
+/// (`...ngram_embedding.shard_K.weight`, or unsplit `...ngram_embedding.weight`).
+fn is_row_table(name: &str) -> bool {
+    name.contains(".ngram_embedding.")
 }
 
 /// Whether `name` is a routed expert's tensor (`...experts.E.*` per expert,

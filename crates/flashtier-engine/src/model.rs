@@ -63,6 +63,9 @@ pub struct Generation {
     pub decode_experts: ExpertStats,
     /// Expert counters over the whole call.
     pub total_experts: ExpertStats,
+    /// Row-store counters over the decode steps (Qwen4-Exp's PLE rows,
+    /// when they come from the row store).
+    pub decode_rows: Option<crate::family::qwen4::PleRowStats>,
 }
 
 impl Generation {

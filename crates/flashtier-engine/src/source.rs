@@ -42,6 +42,11 @@
 //!
 //! The padding the format does have lives inside the header's length, so it
 //! needs no allowance here.
+//!
+//! A multimodal wrapper's text model is seen through
+//! [`CheckpointFiles::text_part`] (its `text_config`, its tensors under
+//! `model.language_model.` renamed to `model.`), which the expert packer
+//! uses; the files and the raw config bytes are the wrapper's own.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -53,6 +58,7 @@ use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
 
 mod error;
 mod header;
+mod text_part;
 
 pub use error::CheckpointError;
 use header::open_weight_file;
@@ -125,7 +131,7 @@ pub struct CheckpointFiles {
     dir: PathBuf,
     config: serde_json::Value,
     config_bytes: Vec<u8>,
-    files: Vec<WeightFile>,
+    files: Arc<Vec<WeightFile>>,
     tensors: BTreeMap<String, TensorInfo>,
 }
 
@@ -187,7 +193,7 @@ impl CheckpointFiles {
             dir: dir.to_path_buf(),
             config,
             config_bytes,
-            files,
+            files: Arc::new(files),
             tensors,
         })
     }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flashtier_format::{Store, xxh3_64};
 
+use crate::config::qwen4::Qwen4Config;
 use crate::config::{ModelConfig, bounds};
 use crate::error::EngineError;
 use crate::pack::{
@@ -104,7 +105,12 @@ impl StoreCache {
         }
         let ckpt = CheckpointFiles::open(model)?;
         // A config the checkpoint contradicts is refused before anything is packed.
-        bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
+        // (Qwen4-Exp's own config is checked against its tensors at load.)
+        if Qwen4Config::is_qwen4(ckpt.config()) {
+            Qwen4Config::from_json(ckpt.config())?;
+        } else {
+            bounds::check_source(&ModelConfig::from_json(ckpt.config())?, &ckpt)?;
+        }
         let (_, manifest) = plan_experts(&ckpt)?;
         drop(ckpt);
         if let Some(parent) = path.parent() {

@@ -319,3 +319,80 @@ fn batched_row_reads_equal_single_reads_and_name_a_bad_range() {
         other => panic!("{other}"),
     }
 }
+
+/// The multimodal wrapper's layout: the text model's tensors under
+/// `model.language_model.`, its config as `text_config` of a `qwen4_exp`
+/// config (with an empty vision config: the tower is not run).
+fn wrap(t: &mut Tensors, config: &mut Value) {
+    let names: Vec<String> = t
+        .keys()
+        .filter(|n| n.starts_with("model."))
+        .cloned()
+        .collect();
+    for n in names {
+        let v = t.remove(&n).unwrap();
+        t.insert(format!("model.language_model.{}", &n["model.".len()..]), v);
+    }
+    let text = config.clone();
+    *config = serde_json::json!({
+        "model_type": "qwen4_exp",
+        "architectures": ["Qwen4ExpForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {},
+    });
+}
+
+/// The packer reads the wrapper's experts (counts from `text_config`,
+/// names under `model.language_model.`): the same records as the text
+/// checkpoint's, and the model decodes the same bits from them.
+#[test]
+fn the_wrapper_layout_packs_and_decodes_the_same_bits() {
+    let text = rewritten(|_, _| {});
+    let wrapped = rewritten(wrap);
+    let a = pack(text.path(), text.path());
+    let b = pack(wrapped.path(), wrapped.path());
+    assert_eq!((a.records, a.stride_bytes), (b.records, b.stride_bytes));
+    let (sa, sb) = (
+        flashtier_format::Store::open(&a.out).unwrap(),
+        flashtier_format::Store::open(&b.out).unwrap(),
+    );
+    assert_eq!(sa.manifest().keys, sb.manifest().keys);
+    for i in 0..sa.record_count() {
+        assert_eq!(
+            sa.checksum(i).unwrap(),
+            sb.checksum(i).unwrap(),
+            "record {i}"
+        );
+    }
+    // A store of the text checkpoint does not pair with the wrapper.
+    let err = Qwen4Model::open(wrapped.path(), &a.out, &LoadOptions::store(&a.out)).unwrap_err();
+    assert!(err.to_string().contains("does not belong"), "{err}");
+    let r = reference(&fixture("qwen4_exp"));
+    let mut outs = Vec::new();
+    for (dir, store) in [(&text, &a.out), (&wrapped, &b.out)] {
+        let mut m = Qwen4Model::open(dir.path(), store, &LoadOptions::store(store)).unwrap();
+        outs.push(m.generate(&r.prompt, NEW_TOKENS, &[], true).unwrap());
+    }
+    assert_eq!(outs[1].generated_ids, r.greedy);
+    assert_eq!(outs[0].prompt_logits, outs[1].prompt_logits);
+}
+
+/// A wrapper holding a tensor both under `model.language_model.` and
+/// under the name its text part would give it is refused, naming it.
+#[test]
+fn a_wrapper_whose_text_names_collide_is_a_typed_error() {
+    let dir = rewritten(|t, c| {
+        wrap(t, c);
+        let v = t["model.language_model.embed_tokens.weight"].clone();
+        t.insert("model.embed_tokens.weight".into(), v);
+    });
+    let store = dir.path().join("experts.ftstore");
+    let err = flashtier_engine::pack::pack_experts(
+        &flashtier_engine::pack::PackOptions::new(dir.path(), &store),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("model.embed_tokens.weight"), "{err}");
+    assert!(!store.exists());
+}

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use flashtier::experts::{Backing, ExpertsError};
 use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::config::qwen4::Qwen4Config;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::engine::{self, Chosen, Engine, Placement};
+use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 use flashtier_engine::store_cache::StoreCache;
@@ -34,6 +36,7 @@ pub struct Args {
     pub cache: Option<PathBuf>,
     /// Where to decode: `cuda` (GPU 0; `cuda:N`), `cpu`, or `auto` (the GPU
     /// when there is a driver and a device, else the CPU, saying why).
+    /// Qwen4-Exp runs on the CPU only (`auto` says so).
     #[arg(long, value_name = "DEVICE", default_value = "auto")]
     pub device: Placement,
     /// Memory budget for resident experts (K, M, G, T: powers of 1024);
@@ -56,6 +59,16 @@ pub struct Args {
     /// still end the process with SIGBUS.
     #[arg(long, value_name = "KIND", default_value = "slots")]
     pub backing: Backing,
+    /// Qwen4-Exp: RAM cache for PLE n-gram rows, served from the row store
+    /// (0: no cache, every row read from its packed shard); without it the
+    /// rows are read from the checkpoint's shards directly.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub rows_budget: Option<u64>,
+    /// Folder of the packed PLE row shards (packed there from the
+    /// checkpoint when missing) [default: the expert store's path plus
+    /// `.ple-rows`].
+    #[arg(long, value_name = "DIR", requires = "rows_budget")]
+    pub rows_dir: Option<PathBuf>,
     /// Expert reads in flight at most.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub queue_depth: usize,
@@ -72,7 +85,9 @@ pub struct Args {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Print one JSON object (generated_ids, tokens_per_sec, expert_hit_rate,
-    /// bytes_read_per_token, stall_fraction, ...) instead of text.
+    /// bytes_read_per_token, stall_fraction, ...; with --rows-budget also
+    /// row_hit_rate, row_bytes_read_per_token, row_stall_fraction) instead
+    /// of text.
     #[arg(long)]
     pub json: bool,
     /// Write {"prompt_logits": [[...] per prompt position]} to FILE (not a
@@ -109,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stop: Vec<u32> = if args.ignore_eos {
         Vec::new()
     } else {
-        model.config().eos_token_ids.clone()
+        model.eos_token_ids().to_vec()
     };
     let quiet = args.json;
     let mut stdout = std::io::stdout();
@@ -146,10 +161,7 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(&args.model)
         .with_context(|| format!("opening {}", args.model.display()))?;
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
-    // Counts the checkpoint contradicts are refused before anything is packed.
-    flashtier_engine::config::bounds::check(&cfg, &ckpt)?;
-    let touched = flashtier_engine::load::weight_bytes_per_token(&cfg, &ckpt);
+    let touched = checked_weight_bytes(args, &ckpt)?;
     drop(ckpt);
     let store = match (&args.store, &args.cache) {
         (Some(path), _) => ExpertStore::File(path.clone()),
@@ -199,10 +211,35 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
             in_place: false,
         },
     };
-    let (model, chosen) = engine::open(&args.model, &path, &opts, args.device, &gpu)
-        .map_err(|e| explain_pool(e, args))
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let rows = args.rows_budget.map(|budget_bytes| PleRowOptions {
+        dir: args.rows_dir.clone().unwrap_or_else(|| {
+            let mut dir = path.clone().into_os_string();
+            dir.push(".ple-rows");
+            PathBuf::from(dir)
+        }),
+        budget_bytes,
+    });
+    let (model, chosen) =
+        engine::open_with_rows(&args.model, &path, &opts, args.device, &gpu, rows.as_ref())
+            .map_err(|e| explain_pool(e, args))
+            .with_context(|| format!("loading {}", args.model.display()))?;
     Ok((model, path, chosen, touched))
+}
+
+/// The weight bytes a decode token reads, after the config is checked
+/// against the checkpoint (counts it contradicts are refused before
+/// anything is packed; Qwen4-Exp's tensors are checked at load).
+fn checked_weight_bytes(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<u64> {
+    let json = ckpt.source().config();
+    if Qwen4Config::is_qwen4(json) {
+        let cfg = Qwen4Config::from_json(json)?;
+        return Ok(flashtier_engine::load::qwen4_weight_bytes_per_token(
+            &cfg, ckpt,
+        ));
+    }
+    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    flashtier_engine::config::bounds::check(&cfg, ckpt)?;
+    Ok(flashtier_engine::load::weight_bytes_per_token(&cfg, ckpt))
 }
 
 /// Pack `model`'s experts into `out` with a progress bar.
@@ -294,11 +331,7 @@ fn report(
     let e = &out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
     let bytes_per_token = e.bytes_read as f64 / steps;
-    let stall = if out.decode_secs > 0.0 {
-        e.stall_ns as f64 / 1e9 / out.decode_secs
-    } else {
-        0.0
-    };
+    let stall = fraction(e.stall_ns, out.decode_secs);
     if args.json {
         let json = serde_json::json!({
             "generated_ids": out.generated_ids,
@@ -323,6 +356,10 @@ fn report(
                 "tiers": t, "expert_path": path, "all_resident": resident,
                 "budget_hbm_bytes": args.budget_hbm.or(args.budget), "budget_ram_bytes": args.budget_ram,
             })),
+            "rows_budget_bytes": args.rows_budget,
+            "row_hit_rate": out.decode_rows.map(|r| r.hit_rate()),
+            "row_bytes_read_per_token": out.decode_rows.map(|r| r.bytes_read as f64 / steps),
+            "row_stall_fraction": out.decode_rows.map(|r| fraction(r.stall_ns, out.decode_secs)),
             "prefill_tokens_per_sec": if out.prefill_secs > 0.0 { out.prompt_tokens as f64 / out.prefill_secs } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
@@ -337,8 +374,25 @@ fn report(
             bytes_per_token,
             100.0 * stall
         );
+        if let Some(r) = out.decode_rows {
+            println!(
+                "PLE rows: hit rate {:.1}%; {:.0} bytes read per token; stall {:.1}%",
+                100.0 * r.hit_rate(),
+                r.bytes_read as f64 / steps,
+                100.0 * fraction(r.stall_ns, out.decode_secs)
+            );
+        }
     }
     Ok(())
+}
+
+/// `ns` as a share of `secs` (0 when `secs` is not positive).
+fn fraction(ns: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        ns as f64 / 1e9 / secs
+    } else {
+        0.0
+    }
 }
 
 /// A token's text kept on one line as plain text: printable characters as

@@ -122,8 +122,8 @@ fn arch_of(c: &Fields<'_>) -> Result<Arch, EngineError> {
         "deepseek_v3" => Ok(Arch::DeepseekV3),
         "qwen4_exp" | "qwen4_exp_text" => Err(EngineError::config(
             "model_type",
-            "Qwen4-Exp runs on the CPU through `family::qwen4::Qwen4Model`, not yet through \
-             this decoder or the CLI",
+            "Qwen4-Exp runs on its own decoder, `family::qwen4::Qwen4Model` (which \
+             `engine::open` and `flashtier run` choose), not through this one",
         )),
         other => Err(EngineError::config(
             "model_type",

@@ -16,6 +16,13 @@
 //! written to a unique temp file in `OUT`'s folder, synced and renamed over
 //! `OUT` only when complete; a failed pack removes it.
 //!
+//! A multimodal wrapper (a `text_config`, the text model's tensors under
+//! `model.language_model.`, as Qwen4-Exp's `qwen4_exp` saves it) is packed
+//! from its text part ([`CheckpointFiles::text_part`]): the counts come
+//! from `text_config` (errors name the field without the `text_config.`
+//! prefix), the manifest's source names are the text model's
+//! (`model.layers.…`), and the pairing checksums are the wrapper's files'.
+//!
 //! Non-expert tensors (embeddings, attention, norms, routers, shared experts,
 //! dense layers) stay in the original safetensors files: duplicating them
 //! would double the disk footprint for tensors that are read once at start.
@@ -295,7 +302,12 @@ fn source_info(ckpt: &CheckpointFiles, layout: &ExpertLayout) -> SourceCheckpoin
 }
 
 /// Recognise the experts of `ckpt` and build the store's manifest.
+/// A multimodal wrapper is planned from its text part
+/// ([`CheckpointFiles::text_part`]: counts from `text_config`, tensors
+/// under `model.language_model.`).
 pub fn plan_experts(ckpt: &CheckpointFiles) -> Result<(ExpertLayout, Manifest), PackError> {
+    let text = ckpt.text_part()?;
+    let ckpt = text.as_ref().unwrap_or(ckpt);
     let layout = expert_layout(ckpt)?;
     let model = model_info(ckpt, &layout)?;
     let manifest = Manifest {
@@ -340,7 +352,13 @@ pub fn pack_experts(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<PackReport, PackError> {
     let t0 = Instant::now();
-    let ckpt = CheckpointFiles::open(&opts.model_dir)?;
+    let opened = CheckpointFiles::open(&opts.model_dir)?;
+    // A wrapper's records are read from its text part, under the names the
+    // plan gives them.
+    let ckpt = match opened.text_part()? {
+        Some(text) => text,
+        None => opened,
+    };
     refuse_inputs(&opts.out, &checkpoint_inputs(&ckpt))?;
     let (layout, manifest) = plan_experts(&ckpt)?;
     let plan = StoreWriterPlan::new(manifest)?;

@@ -29,8 +29,11 @@ use crate::source::CheckpointFiles;
 
 /// Check that `store` was packed from `ckpt`: same config.json, same
 /// safetensors files (names, lengths, header checksums), and every record's
-/// key and tensors as the checkpoint's headers lay them out.
+/// key and tensors as the checkpoint's headers lay them out (a multimodal
+/// wrapper's as its text part lays them out, as the packer does).
 pub fn check_pairing(store: &Store, ckpt: &CheckpointFiles) -> Result<(), PackError> {
+    let text = ckpt.text_part()?;
+    let ckpt = text.as_ref().unwrap_or(ckpt);
     check_files(store, ckpt)?;
     check_records(store, ckpt)
 }

@@ -16,7 +16,10 @@
 //!   | scales | `F64` | `[rows]` or `[rows, 1]` | [`ScaleFormat::F64Row`] |
 //!   | scales | `U8` | `[rows, S]` | [`ScaleFormat::F32Blocks`] (raw LE f32 bytes) |
 //!
-//!   `W` and `S` give the row geometry (256 and 8 for Engram). In a
+//!   `W` and `S` give the row geometry (256 and 8 for Engram). An
+//!   unscaled table ([`TableSource::safetensors_unscaled`]: `BF16`, `F16`
+//!   or `F32` `[rows, n]`, Qwen4-Exp's PLE shards) has rows of its `n`
+//!   values as stored and no scale bytes. In a
 //!   directory, `model.safetensors.index.json` names the file of each tensor
 //!   when present; otherwise every `*.safetensors` header is searched. The
 //!   8-byte length and JSON header are parsed here (headers over 100 MiB are
@@ -160,22 +163,8 @@ impl TableSource {
                 .map_err(|_| source_err(&s.path, "scale too wide"))?,
         };
         geometry.validate()?;
-        for (t, want) in [
-            (&w, rows.checked_mul(weight_bytes)),
-            (&s, rows.checked_mul(scale_bytes)),
-        ] {
-            if Some(t.end - t.begin) != want {
-                return Err(source_err(
-                    &t.path,
-                    format!(
-                        "tensor {} holds {} bytes, its shape needs {}",
-                        t.name,
-                        t.end - t.begin,
-                        or_overflow(want)
-                    ),
-                ));
-            }
-        }
+        check_len(&w, rows.checked_mul(weight_bytes))?;
+        check_len(&s, rows.checked_mul(scale_bytes))?;
         let src = Self {
             rows,
             geometry,
@@ -192,6 +181,67 @@ impl TableSource {
         src.validate()?;
         Ok(src)
     }
+}
+
+impl TableSource {
+    /// An unscaled table: tensor `tensor` (`BF16`, `F16` or `F32`,
+    /// `[rows, n]`) in a safetensors file or checkpoint directory, each row
+    /// its `n` values as stored (Qwen4-Exp's PLE n-gram tables,
+    /// `ngram_embedding.shard_K.weight`), with no scale bytes (the scale
+    /// extent is empty).
+    pub fn safetensors_unscaled(model: &Path, tensor: &str) -> Result<Self, RowError> {
+        let w = find_tensor(model, tensor)?;
+        let (rows, weight_bytes) = match (w.dtype.as_str(), w.shape.as_slice()) {
+            ("BF16" | "F16", [r, c]) => (*r, c.checked_mul(2)),
+            ("F32", [r, c]) => (*r, c.checked_mul(4)),
+            (d, sh) => {
+                return Err(source_err(
+                    &w.path,
+                    format!(
+                        "tensor {tensor} is {d} {}; an unscaled table is BF16, F16 or F32 of rows x values (give --scales for an FP8 table)",
+                        shape(sh)
+                    ),
+                ));
+            }
+        };
+        let geometry = RowGeometry {
+            weight_bytes: weight_bytes
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| source_err(&w.path, "row too wide"))?,
+            scale_bytes: 0,
+        };
+        geometry.validate()?;
+        check_len(&w, rows.checked_mul(u64::from(geometry.weight_bytes)))?;
+        let extent = SourceExtent {
+            path: w.path.clone(),
+            offset: w.begin,
+        };
+        let src = Self {
+            rows,
+            geometry,
+            weights: extent.clone(),
+            scales: extent,
+            scale_format: ScaleFormat::F32Blocks,
+        };
+        src.validate()?;
+        Ok(src)
+    }
+}
+
+/// `t` holds exactly `want` bytes.
+fn check_len(t: &TensorInfo, want: Option<u64>) -> Result<(), RowError> {
+    if Some(t.end - t.begin) == want {
+        return Ok(());
+    }
+    Err(source_err(
+        &t.path,
+        format!(
+            "tensor {} holds {} bytes, its shape needs {}",
+            t.name,
+            t.end - t.begin,
+            or_overflow(want)
+        ),
+    ))
 }
 
 /// A tensor located in a safetensors file.

@@ -1,7 +1,10 @@
 //! `flashtier pack rows`: write one rank's packed row shard.
 //!
 //! The table is a safetensors tensor and its scale tensor (`--model`,
-//! `--tensor`, `--scales`), or a raw table file (`--table`, `--rows`,
+//! `--tensor`, `--scales`), an unscaled BF16/F16/F32 tensor (`--model`,
+//! `--tensor` without `--scales`: Qwen4-Exp's PLE n-gram shards
+//! `ngram_embedding.shard_K.weight`, rows as stored, no scale bytes), or a
+//! raw table file (`--table`, `--rows`,
 //! `--weight-offset`, `--scale-offset`). Rank `R` of `N` owns rows
 //! `[rows * R / N, rows * (R + 1) / N)`.
 
@@ -18,10 +21,13 @@ pub struct Args {
     /// Checkpoint directory (or one .safetensors file) holding the table.
     #[arg(long, conflicts_with = "table")]
     pub model: Option<PathBuf>,
-    /// Name of the FP8 E4M3 weight tensor `[rows, 256]`.
+    /// Name of the table tensor: FP8 E4M3 `[rows, 256]` with --scales, or
+    /// an unscaled BF16, F16 or F32 `[rows, n]` without (Qwen4-Exp's
+    /// `...ngram_embedding.shard_K.weight`).
     #[arg(long, requires = "model")]
     pub tensor: Option<String>,
-    /// Name of its scale tensor (F32 [rows, 2], F64 [rows] or U8 [rows, 8]).
+    /// Name of its scale tensor (F32 [rows, 2], F64 [rows] or U8 [rows, 8]);
+    /// leave out for an unscaled table.
     #[arg(long, requires = "model")]
     pub scales: Option<String>,
     /// A raw table file instead of a checkpoint.
@@ -71,11 +77,10 @@ fn source(a: &Args) -> anyhow::Result<TableSource> {
             .tensor
             .as_deref()
             .context("--tensor is required with --model")?;
-        let scales = a
-            .scales
-            .as_deref()
-            .context("--scales is required with --model")?;
-        return Ok(TableSource::safetensors(model, tensor, scales)?);
+        return Ok(match a.scales.as_deref() {
+            Some(scales) => TableSource::safetensors(model, tensor, scales)?,
+            None => TableSource::safetensors_unscaled(model, tensor)?,
+        });
     }
     let table = a
         .table

@@ -5,13 +5,14 @@
 //! through the expert tier ([`model`]). The forward pass is host f32 code
 //! ([`ops`]) that calls the CPU device for matrix products and the routed
 //! experts, so expert budgets and backings work as for the other families;
-//! it is not yet written over [`crate::device::Device`] (no GPU path), and
-//! PLE rows are read from the checkpoint, not yet from the row store.
+//! it is not yet written over [`crate::device::Device`] (no GPU path:
+//! [`crate::engine::open`] keeps it on the CPU). PLE rows are read from the
+//! checkpoint, or from the row store ([`rows`], `--rows-budget`).
 //!
 //! The multimodal `qwen4_exp` config loads its `text_config` (resident
 //! tensors under `model.language_model.`; the vision tower is not run, and
-//! loading says so); the expert packer does not yet recognise experts under
-//! that prefix, so such a checkpoint cannot be packed yet. The checkpoint
+//! loading says so); the expert packer packs its experts from the text
+//! part ([`crate::source::CheckpointFiles::text_part`]). The checkpoint
 //! is checked against the config where it can be: tensor shapes, the PLE
 //! tables' row counts, and transformers' saved hash buffers.
 //!
@@ -25,5 +26,7 @@ pub mod ngram;
 pub mod ops;
 pub mod ple;
 pub mod qsa;
+pub mod rows;
 
 pub use model::Qwen4Model;
+pub use rows::{PleRowOptions, PleRowStats};

@@ -13,7 +13,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use flashtier_format::Store;
 use flashtier_io::PosixBackend;
@@ -23,14 +22,14 @@ use crate::config::Routing;
 use crate::config::qwen4::{LayerKind, Qwen4Config};
 use crate::device::Device;
 use crate::device::cpu::experts::PoolExperts;
-use crate::device::cpu::{CpuDevice, HostAct, kernels};
+use crate::device::cpu::{CpuDevice, HostAct};
 use crate::error::EngineError;
 use crate::experts::{ExpertStats, StreamOptions, open_pool};
 use crate::family::ffn::DenseMlp;
 use crate::family::route::{RouteRule, route_row};
 use crate::load::LoadOptions;
 use crate::matrix::Matrix;
-use crate::model::{Generation, PREFILL_CHUNK};
+use crate::model::PREFILL_CHUNK;
 use crate::pack::check_pairing;
 
 use super::gdn::GatedDeltaNet;
@@ -38,6 +37,7 @@ use super::hyper::GatedResidual;
 use super::ops::{host_loader, inject, linear};
 use super::ple::PleLayer;
 use super::qsa::SparseAttention;
+use super::rows::{PleRowOptions, PleRowStats};
 
 /// A layer's token mixer.
 enum Mixer {
@@ -89,6 +89,17 @@ impl Qwen4Model {
     /// Load the Qwen4-Exp checkpoint in `dir` with experts from the store
     /// file `store` (packed from it) under `opts`' budget and backing.
     pub fn open(dir: &Path, store: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        Self::open_with_rows(dir, store, opts, None)
+    }
+
+    /// [`Self::open`], with the PLE rows from the row store under `rows`
+    /// (`None`: read from the checkpoint's shards directly).
+    pub fn open_with_rows(
+        dir: &Path,
+        store: &Path,
+        opts: &LoadOptions,
+        rows: Option<&PleRowOptions>,
+    ) -> Result<Self, EngineError> {
         let ckpt = Checkpoint::open(dir)?;
         let cfg = Qwen4Config::from_json(ckpt.source().config())?;
         if cfg.vision_skipped {
@@ -112,7 +123,48 @@ impl Qwen4Model {
         let (pool, layout) = open_pool(store, &view, stream, backend)?;
         let mut experts = PoolExperts::new(pool, layout);
         experts.load_all()?;
-        Self::with_experts(ckpt, cfg, experts)
+        let mut m = Self::with_experts(ckpt, cfg, experts)?;
+        if let Some(r) = rows {
+            m.use_row_store(r)?;
+        }
+        Ok(m)
+    }
+
+    /// Serve every PLE layer's rows from the row store, the budget split
+    /// evenly over all their shards.
+    fn use_row_store(&mut self, opts: &PleRowOptions) -> Result<(), EngineError> {
+        let shards: usize = self
+            .layers
+            .iter()
+            .filter_map(|l| l.ple.as_ref())
+            .map(PleLayer::shard_count)
+            .sum();
+        let per_shard = opts.budget_bytes / shards.max(1) as u64;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if let Some(p) = &mut l.ple {
+                p.use_row_store(&self.ckpt, i, opts, per_shard)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// PLE row-store counters so far (`None` when rows come from the
+    /// checkpoint).
+    pub fn row_stats(&self) -> Option<PleRowStats> {
+        let mut all: Option<PleRowStats> = None;
+        for s in self
+            .layers
+            .iter()
+            .filter_map(|l| l.ple.as_ref()?.row_stats())
+        {
+            let t = all.get_or_insert_with(PleRowStats::default);
+            t.lookups += s.lookups;
+            t.hits += s.hits;
+            t.misses += s.misses;
+            t.bytes_read += s.bytes_read;
+            t.stall_ns += s.stall_ns;
+        }
+        all
     }
 
     fn with_experts(
@@ -248,6 +300,12 @@ impl Qwen4Model {
                 x.extend_from_slice(&row);
             }
         }
+        // Every PLE layer's rows are known now: start all their reads.
+        for l in &mut self.layers {
+            if let Some(p) = &mut l.ple {
+                p.start_step(tokens)?;
+            }
+        }
         let mut traced = Vec::new();
         for i in 0..self.layers.len() {
             self.layer(i, &mut x, tokens)?;
@@ -292,61 +350,6 @@ impl Qwen4Model {
         let y = layer.moe.forward(&mut ctx, next, m.input)?;
         inject(x, &y, &m.inject, h);
         Ok(())
-    }
-
-    /// Greedy decoding at batch 1 (see [`crate::model::Model::generate`]):
-    /// the prompt, then up to `max_new` tokens, stopping at one in
-    /// `stop_ids`; a request past the context limit is refused first.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        stop_ids: &[u32],
-        keep_prompt_logits: bool,
-    ) -> Result<Generation, EngineError> {
-        let mut out = Generation::default();
-        if prompt.is_empty() {
-            return Ok(out);
-        }
-        let vocab = self.cfg.vocab_size;
-        let need = (self.pos + prompt.len()).saturating_add(max_new.saturating_sub(1));
-        if need > self.cfg.max_positions {
-            return Err(EngineError::ContextFull {
-                len: need,
-                max: self.cfg.max_positions,
-            });
-        }
-        let start = self.expert_stats();
-        let started = Instant::now();
-        let mut last = Vec::new();
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
-            last = self.forward(chunk, keep_prompt_logits)?;
-            if keep_prompt_logits {
-                out.prompt_logits
-                    .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
-            }
-        }
-        out.prefill_secs = started.elapsed().as_secs_f64();
-        out.prompt_tokens = prompt.len();
-        let decode_start = self.expert_stats();
-        let decode_started = Instant::now();
-        let argmax = |l: &[f32]| kernels::argmax(&l[l.len().saturating_sub(vocab)..]) as u32;
-        let mut next = argmax(&last);
-        for _ in 0..max_new {
-            out.generated_ids.push(next);
-            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
-                break;
-            }
-            last = self.forward(&[next], false)?;
-            out.decode_steps += 1;
-            next = argmax(&last);
-        }
-        out.decode_secs = decode_started.elapsed().as_secs_f64();
-        let now = self.expert_stats();
-        out.prefill_experts = decode_start.since(&start);
-        out.decode_experts = now.since(&decode_start);
-        out.total_experts = now.since(&start);
-        Ok(out)
     }
 }
 
@@ -448,6 +451,9 @@ impl Moe {
             .collect())
     }
 }
+
+#[path = "generate.rs"]
+mod generate;
 
 #[cfg(test)]
 #[path = "model_tests.rs"]

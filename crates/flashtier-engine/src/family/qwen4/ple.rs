@@ -15,7 +15,10 @@
 //! shards (`split_ngram_parts` of them, concatenated in order, or one
 //! unsplit `ngram_embedding.weight`): all of a step's rows as one batch of
 //! ranged reads through the checkpoint's backend, so no table is resident;
-//! serving them from the row store (cached, prefetched) is a later step.
+//! or, with [`super::rows::PleRowOptions`], from the row store
+//! ([`super::rows`]: packed shards, a RAM cache, the step's reads started
+//! for every PLE layer before the first layer runs). Both give the same
+//! bytes, so the same output bits.
 
 use flashtier_format::Dtype;
 
@@ -27,6 +30,7 @@ use crate::matrix::{Matrix, to_f32};
 
 use super::ngram::{NgramHasher, NgramSpec};
 use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
+use super::rows::{LayerRows, PleRowOptions, PleRowStats};
 
 /// One row shard of a PLE table.
 struct Shard {
@@ -57,6 +61,10 @@ pub struct PleLayer {
     conv_state: Vec<f32>,
     /// Table rows read so far.
     pub rows_read: u64,
+    /// The row store's shards, when rows come from it.
+    rows: Option<LayerRows>,
+    /// This step's ids, computed before the layers run ([`Self::start_step`]).
+    step_ids: Option<Vec<u64>>,
 }
 
 impl PleLayer {
@@ -114,7 +122,51 @@ impl PleLayer {
             conv_state: vec![0.0; (p.conv_kernel - 1) * p.ngram_size * wide],
             rows_read: 0,
             hasher,
+            rows: None,
+            step_ids: None,
         })
+    }
+
+    /// Serve this layer's rows from the row store (PLE layer `layer`,
+    /// `cache_bytes` of cache per shard).
+    pub(crate) fn use_row_store(
+        &mut self,
+        ckpt: &Checkpoint,
+        layer: usize,
+        opts: &PleRowOptions,
+        cache_bytes: u64,
+    ) -> Result<(), EngineError> {
+        let names: Vec<String> = self.shards.iter().map(|s| s.name.clone()).collect();
+        self.rows = Some(LayerRows::open(ckpt, layer, &names, opts, cache_bytes)?);
+        Ok(())
+    }
+
+    /// Shards of the table.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Row-store counters (`None` when rows come from the checkpoint).
+    pub(crate) fn row_stats(&self) -> Option<PleRowStats> {
+        let mut s = self.rows.as_ref()?.stats();
+        s.lookups = self.rows_read;
+        Some(s)
+    }
+
+    /// Hash `tokens` into this step's ids and start their row reads (the
+    /// row store's prefetch; nothing to start for checkpoint reads).
+    pub(crate) fn start_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        let ids: Vec<u64> = self.hasher.step(tokens).into_iter().flatten().collect();
+        if let Some(rows) = &mut self.rows {
+            let mut per_shard = vec![Vec::new(); self.shards.len()];
+            for &id in &ids {
+                let (k, local) = locate_shard(&self.shards, id)?;
+                per_shard[k].push(local);
+            }
+            rows.prefetch(&per_shard)?;
+        }
+        self.step_ids = Some(ids);
+        Ok(())
     }
 
     /// Make EOS start no segment (only to show the fixture needs it).
@@ -131,14 +183,8 @@ impl PleLayer {
 
     /// Where row `id` lives: shard tensor, byte offset, length, dtype.
     fn locate(&self, id: u64) -> Result<(&str, u64, usize, Dtype), EngineError> {
-        let shard = self
-            .shards
-            .iter()
-            .find(|s| id >= s.first_row && id < s.first_row + s.rows)
-            .ok_or_else(|| EngineError::Shape {
-                op: "ple row",
-                what: format!("row {id} is outside the table"),
-            })?;
+        let (k, _) = locate_shard(&self.shards, id)?;
+        let shard = &self.shards[k];
         let row_bytes = self.row_dim * shard.dtype.size_bytes() as usize;
         let offset = (id - shard.first_row) * row_bytes as u64;
         Ok((shard.name.as_str(), offset, row_bytes, shard.dtype))
@@ -147,6 +193,9 @@ impl PleLayer {
     /// The rows `ids` (all of a step's), read as one batch and concatenated
     /// in order, widened to f32.
     fn gather(&mut self, ckpt: &Checkpoint, ids: &[u64]) -> Result<Vec<f32>, EngineError> {
+        if self.rows.is_some() {
+            return self.gather_from_store(ids);
+        }
         let places = ids
             .iter()
             .map(|&id| self.locate(id))
@@ -170,7 +219,10 @@ impl PleLayer {
     ) -> Result<(), EngineError> {
         let rows = tokens.len();
         let (h, wide) = (self.hidden, self.hidden * self.streams);
-        let ids: Vec<u64> = self.hasher.step(tokens).into_iter().flatten().collect();
+        if self.step_ids.is_none() {
+            self.start_step(tokens)?;
+        }
+        let ids = self.step_ids.take().unwrap_or_default();
         let e = self.gather(ckpt, &ids)?;
         let key = norm_groups(
             &linear(&self.key_proj, &e, rows)?,
@@ -226,6 +278,53 @@ impl PleLayer {
 }
 
 /// torch's sign: -1, 0 or 1.
+/// The shard holding row `id` and the row's index in it.
+fn locate_shard(shards: &[Shard], id: u64) -> Result<(usize, u64), EngineError> {
+    shards
+        .iter()
+        .position(|s| id >= s.first_row && id < s.first_row + s.rows)
+        .map(|k| (k, id - shards[k].first_row))
+        .ok_or_else(|| EngineError::Shape {
+            op: "ple row",
+            what: format!("row {id} is outside the table"),
+        })
+}
+
+impl PleLayer {
+    /// [`Self::gather`] through the row store: each shard's rows looked up
+    /// as one batch, put back in the order of `ids`.
+    fn gather_from_store(&mut self, ids: &[u64]) -> Result<Vec<f32>, EngineError> {
+        let dtype = self.shards.first().map_or(Dtype::Bf16, |s| s.dtype);
+        let row_bytes = self.row_dim * dtype.size_bytes() as usize;
+        let mut per_shard: Vec<(Vec<usize>, Vec<u64>)> =
+            vec![Default::default(); self.shards.len()];
+        for (at, &id) in ids.iter().enumerate() {
+            let (k, local) = locate_shard(&self.shards, id)?;
+            per_shard[k].0.push(at);
+            per_shard[k].1.push(local);
+        }
+        let mut bytes = vec![0u8; ids.len() * row_bytes];
+        let Some(rows) = self.rows.as_mut() else {
+            return Err(EngineError::Shape {
+                op: "ple row",
+                what: "no row store".into(),
+            });
+        };
+        for (k, (places, local)) in per_shard.iter().enumerate() {
+            if local.is_empty() {
+                continue;
+            }
+            let mut buf = vec![0u8; local.len() * row_bytes];
+            rows.lookup(k, local, &mut buf)?;
+            for (&at, row) in places.iter().zip(buf.chunks_exact(row_bytes)) {
+                bytes[at * row_bytes..(at + 1) * row_bytes].copy_from_slice(row);
+            }
+        }
+        self.rows_read += ids.len() as u64;
+        Ok(to_f32(&bytes, dtype))
+    }
+}
+
 fn sign(x: f32) -> f32 {
     if x > 0.0 {
         1.0

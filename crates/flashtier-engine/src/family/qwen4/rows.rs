@@ -1,0 +1,216 @@
+//! PLE rows through the row store: each PLE layer's n-gram shards
+//! (`ngram_embedding.shard_K.weight`, BF16 rows of `ple_embed_dim /
+//! ngram_heads` values) packed once into row shards (4 KiB blocks, an xxh3
+//! per block, checked on every read) and served by one [`RowStore`] per
+//! shard, all sharing one RAM cache budget.
+//!
+//! Files: `{dir}/layer{L}.shard{K}-{tag}.ftrows`, where `tag` is the xxh3
+//! of the checkpoint file's header and length (as the expert store's
+//! pairing checks them), so a shard packed from another checkpoint is
+//! never served; a missing shard is packed from the checkpoint tensor
+//! ([`TableSource::safetensors_unscaled`]); one whose rows or geometry do
+//! not match the tensor is an error naming it.
+//!
+//! Bounds: the budget is split evenly over the shards (a share under one
+//! cache slot gives that shard no cache; 0 gives none at all, every row
+//! read from its shard). A step's reads are started for every PLE layer as
+//! soon as its tokens are known ([`LayerRows::prefetch`], a no-op without
+//! a cache); a lookup waits for its layer's prefetch, then reads what is
+//! still missing. Stall time is the time spent in that wait and lookup.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use flashtier::rows::pack::pack_shard;
+use flashtier::rows::{RowPrefetch, RowStore, RowStoreConfig, TableSource};
+use flashtier_format::xxh3_64;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::EngineError;
+
+/// Where a Qwen4-Exp model's PLE rows come from, when not from the
+/// checkpoint directly.
+#[derive(Clone, Debug)]
+pub struct PleRowOptions {
+    /// Folder of the packed row shards (created, and shards packed there
+    /// from the checkpoint, when missing).
+    pub dir: PathBuf,
+    /// RAM cache budget over all PLE shards, in bytes (0: no cache).
+    pub budget_bytes: u64,
+}
+
+/// Row-store counters of the PLE tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PleRowStats {
+    /// Rows looked up (one per n-gram head, PLE layer and token).
+    pub lookups: u64,
+    /// Lookups served from the cache.
+    pub hits: u64,
+    /// Distinct rows read from the shards.
+    pub misses: u64,
+    /// Bytes read from the shards (4 KiB blocks).
+    pub bytes_read: u64,
+    /// Nanoseconds the forward pass waited for rows.
+    pub stall_ns: u64,
+}
+
+impl PleRowStats {
+    /// Hits over lookups (1 with no lookups).
+    pub fn hit_rate(&self) -> f64 {
+        if self.lookups == 0 {
+            1.0
+        } else {
+            self.hits as f64 / self.lookups as f64
+        }
+    }
+
+    /// The counters since `earlier`.
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            lookups: self.lookups - earlier.lookups,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            stall_ns: self.stall_ns - earlier.stall_ns,
+        }
+    }
+}
+
+/// One PLE layer's shards in the row store.
+pub(crate) struct LayerRows {
+    stores: Vec<RowStore>,
+    pending: Vec<RowPrefetch>,
+    stall_ns: u64,
+}
+
+/// Block a row-shard read fetches.
+const BLOCK_BYTES: u64 = 4096;
+
+impl LayerRows {
+    /// Open (packing first where missing) the shards `names` of PLE layer
+    /// `layer`, each with `cache_bytes` of cache.
+    pub(crate) fn open(
+        ckpt: &Checkpoint,
+        layer: usize,
+        names: &[String],
+        opts: &PleRowOptions,
+        cache_bytes: u64,
+    ) -> Result<Self, EngineError> {
+        std::fs::create_dir_all(&opts.dir).map_err(|source| EngineError::Io {
+            path: opts.dir.clone(),
+            source,
+        })?;
+        let mut stores = Vec::with_capacity(names.len());
+        for (k, name) in names.iter().enumerate() {
+            let src = TableSource::safetensors_unscaled(ckpt.source().dir(), name)?;
+            let path = shard_path(ckpt, name, &opts.dir, layer, k)?;
+            if !path.exists() {
+                pack_shard(&src, layer as u64, 0, src.rows, &path, &mut |_| {})?;
+            }
+            let cfg = RowStoreConfig {
+                cache_bytes,
+                ..Default::default()
+            };
+            let store = RowStore::open_packed(&path, cfg)?;
+            if store.rows() != src.rows
+                || store.range() != (0, src.rows)
+                || store.geometry() != src.geometry
+            {
+                return Err(EngineError::Layout {
+                    what: path.display().to_string(),
+                    reason: format!(
+                        "a row shard of {} rows ({} bytes each), but `{name}` has {} rows of {} bytes",
+                        store.rows(),
+                        store.geometry().weight_bytes,
+                        src.rows,
+                        src.geometry.weight_bytes
+                    ),
+                });
+            }
+            stores.push(store);
+        }
+        Ok(Self {
+            stores,
+            pending: Vec::new(),
+            stall_ns: 0,
+        })
+    }
+
+    /// Start reading the rows `per_shard[k]` of each shard `k` into the
+    /// caches (returns before the reads finish).
+    pub(crate) fn prefetch(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
+        for (store, ids) in self.stores.iter().zip(per_shard) {
+            if !ids.is_empty() {
+                self.pending.push(store.prefetch_start(ids)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the layer's prefetch, then look up `ids` of shard `k`
+    /// into `out` (`ids.len()` rows).
+    pub(crate) fn lookup(
+        &mut self,
+        k: usize,
+        ids: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let done = self.wait_and_lookup(k, ids, out);
+        self.stall_ns += t0.elapsed().as_nanos() as u64;
+        done
+    }
+
+    fn wait_and_lookup(
+        &mut self,
+        k: usize,
+        ids: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        self.pending.drain(..).try_for_each(RowPrefetch::wait)?;
+        let store = self.stores.get(k).ok_or_else(|| EngineError::Shape {
+            op: "ple row",
+            what: format!("shard {k} of {}", self.stores.len()),
+        })?;
+        Ok(store.lookup(ids, out, &mut [])?)
+    }
+
+    /// The layer's counters.
+    pub(crate) fn stats(&self) -> PleRowStats {
+        let mut out = PleRowStats {
+            stall_ns: self.stall_ns,
+            ..Default::default()
+        };
+        for s in &self.stores {
+            let st = s.stats();
+            out.hits += st.hits;
+            out.misses += st.misses;
+            out.bytes_read += st.reads * BLOCK_BYTES;
+        }
+        out
+    }
+}
+
+/// `{dir}/layer{L}.shard{K}-{tag}.ftrows` for tensor `name` (see the module docs).
+fn shard_path(
+    ckpt: &Checkpoint,
+    name: &str,
+    dir: &Path,
+    layer: usize,
+    k: usize,
+) -> Result<PathBuf, EngineError> {
+    let (info, _) = ckpt.info(name)?;
+    let file = ckpt
+        .source()
+        .files()
+        .get(info.file)
+        .ok_or_else(|| EngineError::MissingTensor {
+            name: name.to_string(),
+        })?;
+    let mut id = file.header.clone();
+    id.extend_from_slice(&file.len_bytes.to_le_bytes());
+    id.extend_from_slice(&info.offset.to_le_bytes());
+    let tag = xxh3_64(&id);
+    Ok(dir.join(format!("layer{layer}.shard{k}-{tag:016x}.ftrows")))
+}

@@ -1,0 +1,103 @@
+//! Qwen4-Exp's PLE rows through the row store: packed once from the
+//! checkpoint's n-gram shards, served at every cache budget (0 included)
+//! with the same output bits as reading the checkpoint directly; the
+//! counters show the cache working; a corrupted shard block is an error.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a broken fixture must fail the test loudly"
+)]
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+
+use flashtier_engine::Generation;
+use flashtier_engine::family::qwen4::{PleRowOptions, Qwen4Model};
+use flashtier_engine::load::LoadOptions;
+
+use common::{fixture, pack, reference};
+
+const NEW_TOKENS: usize = 8;
+
+fn generate(store: &std::path::Path, rows: Option<&PleRowOptions>) -> (Generation, Qwen4Model) {
+    let dir = fixture("qwen4_exp");
+    let r = reference(&dir);
+    let mut m = Qwen4Model::open_with_rows(&dir, store, &LoadOptions::store(store), rows).unwrap();
+    let out = m.generate(&r.prompt, NEW_TOKENS, &[], true).unwrap();
+    (out, m)
+}
+
+#[test]
+fn rows_from_the_row_store_give_the_same_bits_at_every_budget() {
+    let dir = fixture("qwen4_exp");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = pack(&dir, tmp.path()).out;
+    let (want, plain) = generate(&store, None);
+    assert_eq!(want.generated_ids, r.greedy);
+    assert!(plain.row_stats().is_none() && want.decode_rows.is_none());
+    let rows_dir = tmp.path().join("rows");
+    // The tables: 6 shards of 16-byte rows, 1 to 2 blocks each.
+    for budget in [0u64, 4096, 6 * 4096, 1 << 20] {
+        let opts = PleRowOptions {
+            dir: rows_dir.clone(),
+            budget_bytes: budget,
+        };
+        let (got, m) = generate(&store, Some(&opts));
+        assert_eq!(got.generated_ids, want.generated_ids, "budget {budget}");
+        assert_eq!(got.prompt_logits, want.prompt_logits, "budget {budget}");
+        let s = m.row_stats().unwrap();
+        let d = got.decode_rows.unwrap();
+        println!("budget {budget}: all {s:?}; decode {d:?}");
+        assert_eq!(s.lookups, plain.ple_rows_read());
+        assert!(d.lookups > 0 && d.lookups < s.lookups);
+        if budget == 0 {
+            assert_eq!(s.hits, 0, "no cache, no hits");
+            assert!(
+                s.misses > 0 && s.bytes_read >= 4096 * (NEW_TOKENS as u64),
+                "{s:?}"
+            );
+        }
+        if budget == 1 << 20 {
+            // Every table fits: the decode steps' rows were read ahead
+            // (prefetch) or cached before, and served from the cache.
+            assert_eq!(d.hits, d.lookups, "{d:?}");
+        }
+    }
+    let shards: Vec<_> = std::fs::read_dir(&rows_dir).unwrap().collect();
+    assert_eq!(
+        shards.len(),
+        6,
+        "one packed shard per PLE layer and table shard"
+    );
+}
+
+#[test]
+fn a_corrupt_row_shard_is_an_error_not_wrong_rows() {
+    let dir = fixture("qwen4_exp");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = pack(&dir, tmp.path()).out;
+    let opts = PleRowOptions {
+        dir: tmp.path().join("rows"),
+        budget_bytes: 0,
+    };
+    generate(&store, Some(&opts));
+    for entry in std::fs::read_dir(&opts.dir).unwrap() {
+        let path = entry.unwrap().path();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        // Every row of the first block.
+        for at in (4096..4096 + 2048).step_by(16) {
+            f.write_all_at(&[0x5a], at).unwrap();
+        }
+    }
+    let mut m =
+        Qwen4Model::open_with_rows(&dir, &store, &LoadOptions::store(&store), Some(&opts)).unwrap();
+    let err = m.generate(&r.prompt, 1, &[], false).unwrap_err();
+    println!("refused as expected: {err}");
+    assert!(err.to_string().contains("checksum"), "{err}");
+}
