@@ -348,7 +348,9 @@ impl SynthSpec {
 }
 
 mod plan;
+pub mod qwen4;
 pub use plan::config_json;
+pub use qwen4::{Qwen4Spec, write_qwen4_checkpoint};
 pub mod shape;
 mod values;
 pub use values::fill_tensor;
@@ -385,67 +387,96 @@ pub fn write_checkpoint(
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<SynthReport, SynthError> {
     spec.check()?;
-    check_replaceable(dir)?;
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| SynthError::Io { path, source }
+    let files = SynthFiles {
+        config: config_json(spec),
+        tensors: spec.tensors(),
+        shards: spec.shards,
+        seed: spec.seed,
     };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let config_path = dir.join("config.json");
-    let config = serde_json::to_vec_pretty(&config_json(spec)).unwrap_or_default();
-    std::fs::write(&config_path, config).map_err(io(&config_path))?;
-    let tensors = spec.tensors();
-    let shards = plan::split_shards(&tensors, spec.shards);
-    let n = shards.len();
-    let mut files = Vec::with_capacity(n);
-    let mut weight_map = serde_json::Map::new();
-    let mut bytes = 0u64;
-    let names: Vec<String> = (0..n)
-        .map(|i| {
-            if n == 1 {
-                "model.safetensors".to_string()
-            } else {
-                format!("model-{:05}-of-{n:05}.safetensors", i + 1)
-            }
-        })
-        .collect();
-    // Shards are independent files: written in parallel (a reference-sized
-    // model is tens of GB), progress reported under one lock.
-    let progress = std::sync::Mutex::new(progress);
-    let written: Vec<Result<u64, SynthError>> = {
-        use rayon::prelude::*;
-        shards
-            .par_iter()
-            .zip(names.par_iter())
-            .map(|(shard, name)| {
-                let path = dir.join(name);
-                let mut report = |b: u64| {
-                    if let Ok(mut p) = progress.lock() {
-                        (*p)(b);
-                    }
-                };
-                values::write_safetensors(spec.seed, shard, &path, &mut report).map_err(io(&path))
+    files.write(dir, progress)
+}
+
+/// A synthetic checkpoint as files: its config.json, its tensors in file
+/// order, how many safetensors files they are split over, and the seed of
+/// their values.
+pub(crate) struct SynthFiles {
+    pub(crate) config: serde_json::Value,
+    pub(crate) tensors: Vec<SynthTensor>,
+    pub(crate) shards: u32,
+    pub(crate) seed: u64,
+}
+
+impl SynthFiles {
+    /// Write `config.json`, the safetensors files and, when sharded, the
+    /// index into `dir` (created; an older synthetic checkpoint there is
+    /// replaced, anything else refused).
+    pub(crate) fn write(
+        &self,
+        dir: &Path,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<SynthReport, SynthError> {
+        check_replaceable(dir)?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SynthError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let config_path = dir.join("config.json");
+        let config = serde_json::to_vec_pretty(&self.config).unwrap_or_default();
+        std::fs::write(&config_path, config).map_err(io(&config_path))?;
+        let shards = plan::split_shards(&self.tensors, self.shards);
+        let n = shards.len();
+        let mut files = Vec::with_capacity(n);
+        let mut weight_map = serde_json::Map::new();
+        let mut bytes = 0u64;
+        let names: Vec<String> = (0..n)
+            .map(|i| {
+                if n == 1 {
+                    "model.safetensors".to_string()
+                } else {
+                    format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+                }
             })
-            .collect()
-    };
-    for ((shard, name), w) in shards.iter().zip(&names).zip(written) {
-        bytes += w?;
-        for t in shard {
-            weight_map.insert(t.name.clone(), json!(name));
+            .collect();
+        // Shards are independent files: written in parallel (a reference-sized
+        // model is tens of GB), progress reported under one lock.
+        let progress = std::sync::Mutex::new(progress);
+        let seed = self.seed;
+        let written: Vec<Result<u64, SynthError>> = {
+            use rayon::prelude::*;
+            shards
+                .par_iter()
+                .zip(names.par_iter())
+                .map(|(shard, name)| {
+                    let path = dir.join(name);
+                    let mut report = |b: u64| {
+                        if let Ok(mut p) = progress.lock() {
+                            (*p)(b);
+                        }
+                    };
+                    values::write_safetensors(seed, shard, &path, &mut report).map_err(io(&path))
+                })
+                .collect()
+        };
+        for ((shard, name), w) in shards.iter().zip(&names).zip(written) {
+            bytes += w?;
+            for t in shard {
+                weight_map.insert(t.name.clone(), json!(name));
+            }
+            files.push(dir.join(name));
         }
-        files.push(dir.join(name));
+        if n > 1 {
+            let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });
+            let path = dir.join("model.safetensors.index.json");
+            let mut f = std::fs::File::create(&path).map_err(io(&path))?;
+            f.write_all(&serde_json::to_vec_pretty(&index).unwrap_or_default())
+                .map_err(io(&path))?;
+        }
+        Ok(SynthReport {
+            dir: dir.to_path_buf(),
+            files,
+            tensors: self.tensors.len(),
+            bytes,
+        })
     }
-    if n > 1 {
-        let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });
-        let path = dir.join("model.safetensors.index.json");
-        let mut f = std::fs::File::create(&path).map_err(io(&path))?;
-        f.write_all(&serde_json::to_vec_pretty(&index).unwrap_or_default())
-            .map_err(io(&path))?;
-    }
-    Ok(SynthReport {
-        dir: dir.to_path_buf(),
-        files,
-        tensors: tensors.len(),
-        bytes,
-    })
 }

@@ -15,15 +15,22 @@
 //! cache slot gives that shard no cache; 0 gives none at all, every row
 //! read from its shard). A step's reads are started for every PLE layer as
 //! soon as its tokens are known ([`LayerRows::prefetch`], a no-op without
-//! a cache); a lookup waits for its layer's prefetch, then reads what is
-//! still missing. Stall time is the time spent in that wait and lookup.
+//! a cache): each layer's shards share one POSIX backend with
+//! [`ROW_QUEUE_DEPTH`] reads in flight, so the reads are only submitted
+//! there and land while the earlier layers compute (the inline backend
+//! would read them on the spot). A lookup waits for its layer's prefetch,
+//! then reads what is still missing. Stall time is all the time the forward
+//! pass spends on rows: starting the prefetch, that wait and the lookup.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use flashtier::rows::pack::pack_shard;
+use std::sync::Arc;
+
 use flashtier::rows::{RowPrefetch, RowStore, RowStoreConfig, TableSource};
 use flashtier_format::xxh3_64;
+use flashtier_io::{PosixBackend, StorageBackend};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::EngineError;
@@ -87,6 +94,10 @@ pub(crate) struct LayerRows {
 /// Block a row-shard read fetches.
 const BLOCK_BYTES: u64 = 4096;
 
+/// Row reads in flight per PLE layer (a step reads `ngram_heads` rows per
+/// layer).
+pub const ROW_QUEUE_DEPTH: usize = 32;
+
 impl LayerRows {
     /// Open (packing first where missing) the shards `names` of PLE layer
     /// `layer`, each with `cache_bytes` of cache.
@@ -102,6 +113,7 @@ impl LayerRows {
             source,
         })?;
         let mut stores = Vec::with_capacity(names.len());
+        let backend: Arc<dyn StorageBackend> = Arc::new(PosixBackend::new(ROW_QUEUE_DEPTH)?);
         for (k, name) in names.iter().enumerate() {
             let src = TableSource::safetensors_unscaled(ckpt.source().dir(), name)?;
             let path = shard_path(ckpt, name, &opts.dir, layer, k)?;
@@ -110,6 +122,7 @@ impl LayerRows {
             }
             let cfg = RowStoreConfig {
                 cache_bytes,
+                backend: Some(backend.clone()),
                 ..Default::default()
             };
             let store = RowStore::open_packed(&path, cfg)?;
@@ -140,6 +153,13 @@ impl LayerRows {
     /// Start reading the rows `per_shard[k]` of each shard `k` into the
     /// caches (returns before the reads finish).
     pub(crate) fn prefetch(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let started = self.start_reads(per_shard);
+        self.stall_ns += t0.elapsed().as_nanos() as u64;
+        started
+    }
+
+    fn start_reads(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
         for (store, ids) in self.stores.iter().zip(per_shard) {
             if !ids.is_empty() {
                 self.pending.push(store.prefetch_start(ids)?);
