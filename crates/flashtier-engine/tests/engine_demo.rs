@@ -1,7 +1,7 @@
 //! The decode demo end to end on a tiny synthetic model (no timing asserted).
 #![allow(clippy::unwrap_used, reason = "test")]
 
-use flashtier_engine::demo::{Bound, DemoOptions, DemoPhase, run_decode_demo};
+use flashtier_engine::demo::{Bound, DemoModel, DemoOptions, DemoPhase, run_decode_demo};
 use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::Dtype;
 
@@ -9,8 +9,9 @@ use flashtier_format::Dtype;
 fn tiny_demo_streams_and_maps_the_same_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = DemoOptions::new(dir.path());
-    opts.spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 3);
-    opts.spec.experts = 8;
+    let mut spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 3);
+    spec.experts = 8;
+    opts.model = DemoModel::Moe(spec);
     opts.tokens = 6;
     opts.probe_records = 4;
     opts.reps = 2;
@@ -75,8 +76,9 @@ fn tiny_demo_streams_and_maps_the_same_tokens() {
 fn tiny_fp8_deepseek_streams_and_maps_the_same_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = DemoOptions::new(dir.path());
-    opts.spec = SynthSpec::tiny(SynthArch::DeepSeek, Dtype::F8E4M3, 5);
-    opts.spec.experts = 8;
+    let mut spec = SynthSpec::tiny(SynthArch::DeepSeek, Dtype::F8E4M3, 5);
+    spec.experts = 8;
+    opts.model = DemoModel::Moe(spec);
     opts.tokens = 5;
     opts.probe_records = 4;
     opts.reps = 1;
@@ -96,4 +98,48 @@ fn tiny_fp8_deepseek_streams_and_maps_the_same_tokens() {
         .collect();
     let out = m.generate(&prompt, 5, &[], false, |_| {}).unwrap();
     assert_eq!(out.generated_ids, report.streamed.generated_ids);
+}
+
+/// The Qwen4-Exp demo: experts through the pool and PLE rows through the
+/// row store at 10% of the tables, the same tokens as the mapped reference
+/// reading its rows from the checkpoint; both tiers read and are reported.
+#[test]
+fn tiny_qwen4_demo_streams_experts_and_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = DemoOptions::new(dir.path());
+    opts.model = DemoModel::qwen4(24 << 20, 3);
+    let DemoModel::Qwen4 { spec, .. } = opts.model.clone() else {
+        unreachable!()
+    };
+    opts.tokens = 5;
+    opts.probe_records = 4;
+    opts.reps = 2;
+    let phases = std::sync::Mutex::new(Vec::new());
+    let report = run_decode_demo(&opts, &|p| {
+        let mut seen = phases.lock().unwrap();
+        if seen.last() != Some(&p.phase) {
+            seen.push(p.phase);
+        }
+    })
+    .unwrap();
+    assert!(report.same_tokens);
+    assert_eq!(report.streamed.generated_ids.len(), 5);
+    let rows = report.rows.as_ref().expect("the row report");
+    let shards = spec.ple_layers.len() * spec.split_parts as usize;
+    assert_eq!(rows.shard_files, shards);
+    assert_eq!(rows.table_bytes, spec.table_bytes());
+    assert_eq!(rows.budget_bytes, spec.table_bytes() / 10);
+    assert!(rows.shard_bytes > rows.table_bytes);
+    assert_eq!(rows.drive_probes_bytes_per_sec.len(), 3);
+    let s = &report.streamed;
+    assert!(s.row_bytes_read_per_token.unwrap() > 0.0, "{s:?}");
+    assert!((0.0..=1.0).contains(&s.row_hit_rate.unwrap()));
+    assert!((0.0..1.0).contains(&s.row_stall_fraction.unwrap()));
+    assert!(s.miss_bytes_per_token > 0.0);
+    assert_eq!(report.mapped.row_hit_rate, None);
+    assert_eq!(s.device, "cpu");
+    assert!(s.fallback.as_deref().unwrap().contains("Qwen4-Exp"));
+    assert!(report.io_bound_tokens_per_sec.is_finite());
+    let seen = phases.into_inner().unwrap();
+    assert!(seen.contains(&DemoPhase::PackRows), "{seen:?}");
 }

@@ -236,9 +236,9 @@ impl Qwen4Spec {
     /// Bytes of every PLE table.
     #[must_use]
     pub fn table_bytes(&self) -> u64 {
-        // Rows per table differ only by the primes: about `heads x base`.
-        let approx = self.ngram_heads() * self.ngram_vocab_base * self.row_dim() * 2;
-        approx * self.ple_layers.len() as u64
+        (0..self.ple_layers.len())
+            .map(|r| self.table_rows(r) * self.row_dim() * 2)
+            .sum()
     }
 
     /// Bytes of one expert record's tensors (gate, up, down).
@@ -253,8 +253,8 @@ impl Qwen4Spec {
         self.expert_bytes() * u64::from(self.experts) * u64::from(self.layers)
     }
 
-    /// Bytes of every tensor (the tables estimated from the base; exact
-    /// from [`Self::tensors`]).
+    /// Bytes of every tensor (the small attention and PLE projections
+    /// left out; exact from [`Self::tensors`]).
     #[must_use]
     pub fn total_bytes(&self) -> u64 {
         let per_layer = self.layer_bytes_without_experts();

@@ -21,8 +21,19 @@
 //! decodes must produce the same tokens (streaming never changes results,
 //! and the GPU agrees with the CPU reference); the report says so.
 //!
-//! Bounds: memory is the budget plus the resident non-expert weights plus
-//! `queue_depth` record buffers during a probe.
+//! Qwen4-Exp ([`DemoModel::Qwen4`]) adds its PLE rows: the tables are
+//! packed into row shards ([`rows::pack_rows`]) and the streamed decode
+//! reads them through the row store under `rows_fraction` of the table
+//! bytes, its prefetch started as soon as each token is known, while the
+//! reference reads them from the checkpoint. Each repetition also probes
+//! the drive on fresh 4 KiB blocks of the row shards at the row store's
+//! queue depth, and the I/O bound is the drive time of both: `1 /
+//! (expert bytes per token / expert probe + row bytes per token / row
+//! probe)`. Qwen4-Exp runs on the CPU (it has no GPU decoder yet; `auto`
+//! says so).
+//!
+//! Bounds: memory is the budget (and the row budget) plus the resident
+//! non-expert weights plus `queue_depth` record buffers during a probe.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,15 +44,70 @@ use flashtier_io::{
     LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents, record_extents,
 };
 
-use crate::config::ModelConfig;
 use crate::device::cuda::experts::TierBudgets;
-use crate::engine::{Chosen, Placement, open};
+use crate::engine::{Chosen, Placement, open_with_rows};
 use crate::error::EngineError;
+use crate::family::qwen4::PleRowOptions;
 use crate::load::{GpuOptions, LoadOptions};
 use crate::model::Generation;
 use crate::pack::{PackOptions, pack_experts};
-use crate::synth::{SynthArch, SynthSpec, write_checkpoint};
+use crate::synth::{Qwen4Spec, SynthArch, SynthSpec, write_checkpoint, write_qwen4_checkpoint};
 use flashtier::experts::Backing;
+
+pub mod rows;
+pub use rows::{RowsPacked, RowsReport};
+
+/// The synthetic model a demo runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DemoModel {
+    /// One of the MoE families of [`SynthSpec`].
+    Moe(SynthSpec),
+    /// Qwen4-Exp, its PLE rows from the row store.
+    Qwen4 {
+        /// The model.
+        spec: Qwen4Spec,
+        /// Row-cache budget as a fraction of the table bytes.
+        rows_fraction: f64,
+    },
+}
+
+impl DemoModel {
+    /// Qwen4-Exp at `size` bytes with a 10% row budget.
+    #[must_use]
+    pub fn qwen4(size: u64, seed: u64) -> Self {
+        Self::Qwen4 {
+            spec: Qwen4Spec::scaled_to(size, seed),
+            rows_fraction: 0.10,
+        }
+    }
+
+    /// Vocabulary.
+    #[must_use]
+    pub fn vocab(&self) -> u64 {
+        match self {
+            Self::Moe(s) => s.vocab,
+            Self::Qwen4 { spec, .. } => spec.vocab,
+        }
+    }
+
+    /// Bytes of every tensor.
+    #[must_use]
+    pub fn total_bytes(&self) -> u64 {
+        match self {
+            Self::Moe(s) => s.total_bytes(),
+            Self::Qwen4 { spec, .. } => spec.total_bytes(),
+        }
+    }
+
+    /// Bytes of all routed experts' tensors.
+    #[must_use]
+    pub fn expert_bytes(&self) -> u64 {
+        match self {
+            Self::Moe(s) => s.expert_bytes() * u64::from(s.experts) * u64::from(s.layers),
+            Self::Qwen4 { spec, .. } => spec.all_expert_bytes(),
+        }
+    }
+}
 
 /// What the demo runs.
 #[derive(Clone, Debug)]
@@ -49,7 +115,7 @@ pub struct DemoOptions {
     /// Folder for the checkpoint and the store (created; reused if it holds them).
     pub work_dir: PathBuf,
     /// The synthetic model.
-    pub spec: SynthSpec,
+    pub model: DemoModel,
     /// Prompt tokens before decoding.
     pub prompt_len: usize,
     /// Tokens to decode per run.
@@ -74,7 +140,7 @@ impl DemoOptions {
         let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, 1 << 30, 7);
         Self {
             work_dir: work_dir.to_path_buf(),
-            spec,
+            model: DemoModel::Moe(spec),
             prompt_len: 4,
             tokens: 24,
             budget_fraction: 0.25,
@@ -94,6 +160,8 @@ pub enum DemoPhase {
     Generate,
     /// Packing the experts (bytes).
     Pack,
+    /// Packing the PLE row shards (Qwen4-Exp; no count: `done` is 0 of 1).
+    PackRows,
     /// Measuring the drive (bytes).
     Drive,
     /// Decoding with direct reads into slots, on the chosen device (tokens).
@@ -142,6 +210,13 @@ pub struct DecodeRun {
     pub stall_fraction: f64,
     /// Bytes copied host -> device per decode step (GPU tiers; 0 on the CPU).
     pub h2d_bytes_per_token: f64,
+    /// PLE row lookups served by the row cache (rows from the row store).
+    pub row_hit_rate: Option<f64>,
+    /// Bytes of row-shard blocks read per decode step.
+    pub row_bytes_read_per_token: Option<f64>,
+    /// Share of decode time the forward pass spent on rows (starting their
+    /// prefetch, waiting for it, looking up).
+    pub row_stall_fraction: Option<f64>,
 }
 
 /// How the streamed decode compares with the drive.
@@ -200,7 +275,9 @@ pub struct DemoReport {
     pub streamed: DecodeRun,
     /// The CPU reference: the same decode on the mapped (page-cache) backing.
     pub mapped: DecodeRun,
-    /// `drive_bytes_per_sec / streamed.miss_bytes_per_token`.
+    /// Tokens/s the drive allows for the streamed decode's reads: experts
+    /// at `drive_bytes_per_sec` plus, for Qwen4-Exp, rows at
+    /// `rows.drive_bytes_per_sec`.
     pub io_bound_tokens_per_sec: f64,
     /// `streamed.tokens_per_sec / io_bound_tokens_per_sec` of every
     /// repetition against its own probe, in run order.
@@ -212,6 +289,8 @@ pub struct DemoReport {
     pub fraction_of_replay_bound: f64,
     /// Both decodes produced the same tokens.
     pub same_tokens: bool,
+    /// Qwen4-Exp's PLE rows: the tables, the budget and the row probes.
+    pub rows: Option<RowsReport>,
     /// Wall time of the whole demo, seconds.
     pub elapsed_secs: f64,
 }
@@ -224,16 +303,20 @@ pub fn run_decode_demo(
     let started = Instant::now();
     let model_dir = opts.work_dir.join("model");
     let store_path = opts.work_dir.join("experts.ftstore");
-    prepare(opts, &model_dir, &store_path, progress)?;
+    let packed = prepare(opts, &model_dir, &store_path, progress)?;
     let store = Store::open(&store_path).map_err(flashtier::experts::ExpertsError::from)?;
     let stride = store.stride_bytes();
     let records = store.record_count();
     let expert_bytes = store.payload_bytes() * records;
     let budget_bytes = ((stride * records) as f64 * opts.budget_fraction) as u64;
-    let cfg = ModelConfig::from_file(&model_dir.join("config.json"))?;
-    let prompt: Vec<u32> = (0..opts.prompt_len)
-        .map(|i| (i as u32 * 7919 + 13) % cfg.vocab_size as u32)
+    let vocab = opts.model.vocab().max(1);
+    let prompt: Vec<u32> = (0..opts.prompt_len as u64)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
+    let rows = packed.as_ref().map(|p| PleRowOptions {
+        dir: p.dir.clone(),
+        budget_bytes: p.budget_bytes,
+    });
     let run = DecodeSetup {
         model: &model_dir,
         store: &store_path,
@@ -241,13 +324,20 @@ pub fn run_decode_demo(
         budget_bytes,
     };
     // Interleaved repetitions (the machine and its drive are shared, single
-    // runs are noisy): probe, streamed decode (cold pool, reads logged),
+    // runs are noisy): probes, streamed decode (cold pool, reads logged),
     // replay of its reads; medians are reported.
     let mut probes = Vec::with_capacity(opts.reps + 1);
+    let mut row_probes = Vec::with_capacity(opts.reps + 1);
     let mut reps: Vec<(f64, f64, DecodeRun)> = Vec::with_capacity(opts.reps);
     for rep in 0..opts.reps.max(1) {
-        let probe = probe_drive(&store, &store_path, opts, rep as u64, progress)?;
+        let round = rep as u64;
+        let probe = probe_drive(&store, &store_path, opts, round, progress)?;
         probes.push(probe);
+        let row_probe = packed
+            .as_ref()
+            .map(|p| rows::probe_rows(p, round, progress))
+            .transpose()?;
+        row_probes.extend(row_probe);
         let logger = Arc::new(LoggingBackend::new(Arc::new(PosixBackend::new(
             opts.queue_depth.max(1),
         )?)));
@@ -255,6 +345,7 @@ pub fn run_decode_demo(
             opts.placement,
             Backing::Slots,
             logger.clone(),
+            rows.as_ref(),
             opts,
             progress,
         )?;
@@ -266,18 +357,23 @@ pub fn run_decode_demo(
             &mut |_| {},
         )?
         .bytes_per_sec();
-        let fraction = streamed.tokens_per_sec / io_bound(probe, streamed.miss_bytes_per_token);
+        let fraction = streamed.tokens_per_sec / io_bound(&streamed, probe, row_probe);
         reps.push((fraction, replay_bw, streamed));
     }
     let plain = Arc::new(PosixBackend::new(opts.queue_depth.max(1))?);
-    let mapped = run.decode(Placement::Cpu, Backing::Mapped, plain, opts, progress)?;
+    let mapped = run.decode(Placement::Cpu, Backing::Mapped, plain, None, opts, progress)?;
     let last = probe_drive(&store, &store_path, opts, opts.reps as u64, progress)?;
     probes.push(last);
+    if let Some(p) = &packed {
+        row_probes.push(rows::probe_rows(p, opts.reps as u64, progress)?);
+    }
     let drive = median(&probes);
+    let row_drive = packed.as_ref().map(|_| median(&row_probes));
     let fractions: Vec<f64> = reps.iter().map(|r| r.0).collect();
     reps.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (_, replay_bw, streamed) = reps.swap_remove(reps.len() / 2);
-    let bound = io_bound(drive, streamed.miss_bytes_per_token);
+    let bound = io_bound(&streamed, drive, row_drive);
+    let replay_bound = io_bound(&streamed, replay_bw, row_drive);
     Ok(DemoReport {
         expert_bytes,
         budget_bytes,
@@ -287,23 +383,26 @@ pub fn run_decode_demo(
         io_bound_tokens_per_sec: bound,
         fractions_of_io_bound: fractions,
         bound: Bound::of(streamed.tokens_per_sec, bound),
-        fraction_of_replay_bound: streamed.tokens_per_sec
-            / io_bound(replay_bw, streamed.miss_bytes_per_token),
+        fraction_of_replay_bound: streamed.tokens_per_sec / replay_bound,
         same_tokens: streamed.generated_ids == mapped.generated_ids,
+        rows: packed.map(|p| RowsReport::new(p, row_probes)),
         streamed,
         mapped,
         elapsed_secs: started.elapsed().as_secs_f64(),
     })
 }
 
-/// Tokens per second the drive allows at `bytes_per_sec` for
-/// `bytes_per_token` (infinite when nothing is read).
-fn io_bound(bytes_per_sec: f64, bytes_per_token: f64) -> f64 {
-    if bytes_per_token > 0.0 {
-        bytes_per_sec / bytes_per_token
-    } else {
-        f64::INFINITY
-    }
+/// Tokens per second the drive allows for `run`'s reads: its expert bytes
+/// at `expert_bps` plus its row bytes at `row_bps` (infinite when nothing
+/// is read).
+fn io_bound(run: &DecodeRun, expert_bps: f64, row_bps: Option<f64>) -> f64 {
+    let secs = |bytes: f64, bps: f64| if bytes > 0.0 { bytes / bps } else { 0.0 };
+    let rows = match (run.row_bytes_read_per_token, row_bps) {
+        (Some(b), Some(bps)) => secs(b, bps),
+        _ => 0.0,
+    };
+    let t = secs(run.miss_bytes_per_token, expert_bps) + rows;
+    if t > 0.0 { 1.0 / t } else { f64::INFINITY }
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -312,28 +411,35 @@ fn median(values: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Write the checkpoint and pack it, unless `work_dir` already holds both.
+/// Write the checkpoint and pack it, unless `work_dir` already holds both;
+/// for Qwen4-Exp also pack its PLE row shards (those missing).
 fn prepare(
     opts: &DemoOptions,
     model_dir: &Path,
     store_path: &Path,
     progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<(), EngineError> {
-    let total = opts.spec.total_bytes();
+) -> Result<Option<RowsPacked>, EngineError> {
+    let total = opts.model.total_bytes();
+    let rows_dir = opts.work_dir.join("rows");
     if !model_dir.join("config.json").exists() {
+        // Shards of an earlier checkpoint would only be refused later.
+        remove_row_shards(&rows_dir)?;
         let mut done = 0u64;
-        write_checkpoint(&opts.spec, model_dir, &mut |n| {
+        let mut report = |n| {
             done += n;
             progress(DemoProgress {
                 phase: DemoPhase::Generate,
                 done,
                 total,
             });
-        })?;
+        };
+        match &opts.model {
+            DemoModel::Moe(spec) => write_checkpoint(spec, model_dir, &mut report)?,
+            DemoModel::Qwen4 { spec, .. } => write_qwen4_checkpoint(spec, model_dir, &mut report)?,
+        };
     }
     if !store_path.exists() {
-        let expert_total =
-            opts.spec.expert_bytes() * u64::from(opts.spec.experts) * u64::from(opts.spec.layers);
+        let expert_total = opts.model.expert_bytes();
         let done = std::sync::atomic::AtomicU64::new(0);
         pack_experts(&PackOptions::new(model_dir, store_path), &|n| {
             let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
@@ -343,6 +449,42 @@ fn prepare(
                 total: expert_total,
             });
         })?;
+    }
+    match &opts.model {
+        DemoModel::Moe(_) => Ok(None),
+        DemoModel::Qwen4 {
+            spec,
+            rows_fraction,
+        } => {
+            progress(DemoProgress {
+                phase: DemoPhase::PackRows,
+                done: 0,
+                total: 1,
+            });
+            let table = spec.table_bytes();
+            let budget = (table as f64 * rows_fraction) as u64;
+            rows::pack_rows(model_dir, store_path, &rows_dir, table, budget).map(Some)
+        }
+    }
+}
+
+/// Remove the `.ftrows` files in `dir` (nothing else; a missing folder is
+/// fine).
+fn remove_row_shards(dir: &Path) -> Result<(), EngineError> {
+    let io = |source| EngineError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    for entry in entries {
+        let path = entry.map_err(io)?.path();
+        if path.extension().is_some_and(|e| e == "ftrows") {
+            std::fs::remove_file(&path).map_err(io)?;
+        }
     }
     Ok(())
 }
@@ -392,6 +534,7 @@ impl DecodeSetup<'_> {
         placement: Placement,
         backing: Backing,
         backend: Arc<dyn StorageBackend>,
+        rows: Option<&PleRowOptions>,
         opts: &DemoOptions,
         progress: &(dyn Fn(DemoProgress) + Sync),
     ) -> Result<DecodeRun, EngineError> {
@@ -407,7 +550,8 @@ impl DecodeSetup<'_> {
                 in_place: false,
             },
         };
-        let (mut engine, chosen) = open(self.model, self.store, &load, placement, &gpu)?;
+        let (mut engine, chosen) =
+            open_with_rows(self.model, self.store, &load, placement, &gpu, rows)?;
         let phase = if backing == Backing::Mapped {
             DemoPhase::Mapped
         } else {
@@ -426,6 +570,13 @@ impl DecodeSetup<'_> {
 fn decode_run(chosen: &Chosen, backing: Backing, out: &Generation) -> DecodeRun {
     let e = out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
+    let share = |ns: u64| {
+        if out.decode_secs > 0.0 {
+            ns as f64 / 1e9 / out.decode_secs
+        } else {
+            0.0
+        }
+    };
     let backing = match (chosen.device, backing) {
         ("cuda", _) => "hbm",
         (_, Backing::Mapped) => "mapped",
@@ -443,11 +594,10 @@ fn decode_run(chosen: &Chosen, backing: Backing, out: &Generation) -> DecodeRun 
         miss_bytes_per_token: e.bytes_read as f64 / steps,
         prefetch_bytes_per_token: e.prefetch_bytes as f64 / steps,
         prefetch_used_bytes_per_token: e.prefetch_used_bytes as f64 / steps,
-        stall_fraction: if out.decode_secs > 0.0 {
-            e.stall_ns as f64 / 1e9 / out.decode_secs
-        } else {
-            0.0
-        },
+        stall_fraction: share(e.stall_ns),
         h2d_bytes_per_token: e.h2d_bytes as f64 / steps,
+        row_hit_rate: out.decode_rows.map(|r| r.hit_rate()),
+        row_bytes_read_per_token: out.decode_rows.map(|r| r.bytes_read as f64 / steps),
+        row_stall_fraction: out.decode_rows.map(|r| share(r.stall_ns)),
     }
 }
