@@ -157,3 +157,59 @@ fn a_tiny_demo_reports_json() {
     assert_eq!(out["kept"], true);
     assert!(dir.join("experts.ftstore").exists());
 }
+
+/// `demo --arch qwen4_exp`: experts and PLE rows packed, verified and
+/// streamed; the JSON names both tiers.
+#[test]
+fn a_tiny_qwen4_demo_reports_both_tiers() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("demo");
+    let out = json(&flashtier(&[
+        "demo",
+        "--arch",
+        "qwen4_exp",
+        "--size",
+        "24MiB",
+        "--tokens",
+        "4",
+        "--dir",
+        s(&dir),
+        "--json",
+    ]));
+    assert_eq!(out["checkpoint"]["arch"], "qwen4_exp_text");
+    assert_eq!(out["verify"]["ok"], true);
+    let shards = out["rows"]["shards"].as_u64().unwrap();
+    assert!(shards >= 4, "{out}");
+    assert_eq!(out["rows"]["verified"]["files"].as_u64(), Some(shards));
+    assert_eq!(out["decode"]["same_tokens"], true);
+    let streamed = &out["decode"]["streamed"];
+    assert!(
+        streamed["row_bytes_read_per_token"].as_f64().unwrap() > 0.0,
+        "{out}"
+    );
+    assert!(
+        out["decode"]["rows"]["drive_bytes_per_sec"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}
+
+#[test]
+fn a_qwen4_demo_in_another_dtype_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashtier"))
+        .args([
+            "demo",
+            "--arch",
+            "qwen4_exp",
+            "--dtype",
+            "F8_E4M3",
+            "--tokens",
+            "0",
+        ])
+        .output()
+        .expect("run flashtier");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("BF16 only"), "{err}");
+}

@@ -51,7 +51,7 @@ pub struct PleRowOptions {
 pub struct PleRowStats {
     /// Rows looked up (one per n-gram head, PLE layer and token).
     pub lookups: u64,
-    /// Lookups served from the cache.
+    /// Lookups served from the cache (prefetched rows included).
     pub hits: u64,
     /// Distinct rows read from the shards.
     pub misses: u64,
@@ -62,12 +62,14 @@ pub struct PleRowStats {
 }
 
 impl PleRowStats {
-    /// Hits over lookups (1 with no lookups).
+    /// Lookups whose row was cached before its step (1 with no lookups).
+    /// A row the prefetch read is a miss, though its lookup then finds it
+    /// in the cache (and counts in `hits`).
     pub fn hit_rate(&self) -> f64 {
         if self.lookups == 0 {
             1.0
         } else {
-            self.hits as f64 / self.lookups as f64
+            1.0 - self.misses.min(self.lookups) as f64 / self.lookups as f64
         }
     }
 
@@ -233,4 +235,25 @@ fn shard_path(
     id.extend_from_slice(&info.offset.to_le_bytes());
     let tag = xxh3_64(&id);
     Ok(dir.join(format!("layer{layer}.shard{k}-{tag:016x}.ftrows")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PleRowStats;
+
+    #[test]
+    fn a_prefetched_row_is_a_miss_though_its_lookup_hits() {
+        // Every row of the step read ahead, then found by its lookup.
+        let s = PleRowStats {
+            lookups: 32,
+            hits: 32,
+            misses: 32,
+            bytes_read: 32 * 4096,
+            stall_ns: 0,
+        };
+        assert_eq!(s.hit_rate(), 0.0);
+        let half = PleRowStats { misses: 16, ..s };
+        assert_eq!(half.hit_rate(), 0.5);
+        assert_eq!(PleRowStats::default().hit_rate(), 1.0);
+    }
 }

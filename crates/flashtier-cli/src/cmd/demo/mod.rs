@@ -3,14 +3,21 @@
 //! 1. generate a synthetic Qwen3-MoE checkpoint in the HF safetensors layout
 //!    (about 1 GiB by default, `--size`), shaped so its experts are several
 //!    times the expert budget;
-//! 2. pack its experts into a store; 3. verify every record and the pairing;
+//! 2. pack its experts into a store (and, for `--arch qwen4_exp`, its PLE
+//!    n-gram tables into row shards); 3. verify every record (and every row
+//!    block) and the pairing;
 //! 4. replay a synthetic decode routing trace against the store under 25% of
 //!    the expert bytes, against LRU and Belady's optimum on the same trace;
 //! 5. decode tokens with the experts streamed from the store under the same
-//!    budget, against the I/O bound measured on the drive in the same run and
-//!    against the same decode on the mapped (page-cache) backing.
+//!    budget (and Qwen4-Exp's rows through the row store under
+//!    `--rows-percent` of the tables), against the I/O bound measured on the
+//!    drive in the same run and against the same decode on the mapped
+//!    (page-cache) backing.
 //!
-//! Each step is a function on a [`Workspace`].
+//! Each step is a function on a [`Workspace`]; the reports are printed by
+//! [`report`].
+
+mod report;
 
 use std::path::{Path, PathBuf};
 
@@ -22,15 +29,41 @@ use flashtier::experts::replay::{
 use flashtier::experts::tracegen::TraceFamily;
 use flashtier::verify::VerifyReport;
 use flashtier_engine::demo::{
-    Bound, DecodeRun, DemoOptions, DemoPhase, DemoReport, run_decode_demo,
+    DemoModel, DemoOptions, DemoPhase, DemoReport, RowsPacked, run_decode_demo,
 };
 use flashtier_engine::engine::Placement;
 use flashtier_engine::pack::{PackOptions, PackReport};
-use flashtier_engine::synth::{SynthArch, SynthReport, SynthSpec};
+use flashtier_engine::synth::{
+    Qwen4Spec, SynthArch, SynthReport, SynthSpec, remove_synthetic, write_qwen4_checkpoint,
+};
 use flashtier_format::Dtype;
-use flashtier_io::{BackendKind, DirectMode, StorageBackend, open_backend};
+use flashtier_io::{BackendKind, DirectMode, PosixBackend, StorageBackend, open_backend};
 
-use crate::kit::{self, count_bar, parse_bytes};
+use crate::kit::{self, bytes_bar, count_bar, parse_bytes};
+use report::Done;
+
+/// The model family of `--arch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DemoArch {
+    /// One of the MoE families of the synthetic checkpoints.
+    Moe(SynthArch),
+    /// Qwen4-Exp: experts and PLE rows, both streamed.
+    Qwen4Exp,
+}
+
+impl std::str::FromStr for DemoArch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qwen4_exp" | "qwen4_exp_text" | "qwen4" => Ok(Self::Qwen4Exp),
+            other => other.parse().map(Self::Moe).map_err(|_| {
+                format!(
+                    "unknown arch `{other}` (qwen3_moe | qwen2_moe | mixtral | deepseek | qwen4_exp)"
+                )
+            }),
+        }
+    }
+}
 
 /// Options of `flashtier demo`.
 #[derive(clap::Args, Debug)]
@@ -44,9 +77,14 @@ pub struct Args {
     /// Keep the temporary folder (checkpoint and store) afterwards.
     #[arg(long)]
     pub keep: bool,
-    /// Model family: qwen3_moe | qwen2_moe | mixtral | deepseek.
+    /// Model family: qwen3_moe | qwen2_moe | mixtral | deepseek |
+    /// qwen4_exp (Qwen4-Exp: 512 experts and PLE n-gram tables, both
+    /// streamed; BF16, CPU only).
     #[arg(long, default_value = "qwen3_moe")]
-    pub arch: SynthArch,
+    pub arch: DemoArch,
+    /// Qwen4-Exp: the row-cache budget as a percentage of the PLE tables.
+    #[arg(long, default_value_t = 10)]
+    pub rows_percent: u64,
     /// Matrix dtype: BF16 | F16 | F32 | F8_E4M3.
     #[arg(long, default_value = "BF16", value_parser = parse_dtype)]
     pub dtype: Dtype,
@@ -91,6 +129,8 @@ pub struct Workspace {
     pub model: PathBuf,
     /// The expert store.
     pub store: PathBuf,
+    /// Qwen4-Exp's packed PLE row shards.
+    pub rows: PathBuf,
     temp: Option<tempfile::TempDir>,
 }
 
@@ -117,6 +157,7 @@ impl Workspace {
         Ok(Self {
             model: root.join("model"),
             store: root.join("experts.ftstore"),
+            rows: root.join("rows"),
             root,
             temp,
         })
@@ -130,8 +171,45 @@ impl Workspace {
 
 /// Step 1: write the synthetic checkpoint (replacing an older synthetic
 /// one in the folder, never anything else).
-pub fn generate(spec: &SynthSpec, ws: &Workspace, show: bool) -> anyhow::Result<SynthReport> {
-    kit::synth_with_bar(spec, &ws.model, show)
+pub fn generate(model: &DemoModel, ws: &Workspace, show: bool) -> anyhow::Result<SynthReport> {
+    match model {
+        DemoModel::Qwen4 { spec, .. } => {
+            remove_synthetic(&ws.model)?;
+            // Row shards of an older checkpoint would be refused later.
+            if ws.rows.exists() {
+                std::fs::remove_dir_all(&ws.rows)
+                    .with_context(|| format!("remove {}", ws.rows.display()))?;
+            }
+            let bar = bytes_bar(spec.total_bytes(), "generating", show);
+            let report = write_qwen4_checkpoint(spec, &ws.model, &mut |n| bar.inc(n))?;
+            bar.finish_and_clear();
+            Ok(report)
+        }
+        DemoModel::Moe(spec) => kit::synth_with_bar(spec, &ws.model, show),
+    }
+}
+
+/// Step 2b (Qwen4-Exp): pack the PLE tables into row shards.
+pub fn pack_rows(
+    model: &DemoModel,
+    ws: &Workspace,
+    show: bool,
+) -> anyhow::Result<Option<RowsPacked>> {
+    let DemoModel::Qwen4 {
+        spec,
+        rows_fraction,
+    } = model
+    else {
+        return Ok(None);
+    };
+    let bar = count_bar(1, "packing PLE rows", show);
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let table = spec.table_bytes();
+    let budget = (table as f64 * rows_fraction) as u64;
+    let packed =
+        flashtier_engine::demo::rows::pack_rows(&ws.model, &ws.store, &ws.rows, table, budget)?;
+    bar.finish_and_clear();
+    Ok(Some(packed))
 }
 
 /// Step 2: pack the experts.
@@ -155,12 +233,68 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
     Ok(report)
 }
 
+/// Step 3b (Qwen4-Exp): verify every block of every row shard.
+pub fn verify_rows(packed: &RowsPacked, show: bool) -> anyhow::Result<RowsVerified> {
+    let backend = PosixBackend::new(flashtier::verify::QUEUE_WINDOWS)?;
+    let mut done = RowsVerified::default();
+    for path in &packed.files {
+        let report = kit::with_verify_bar(show, |p| {
+            flashtier::rows::verify::verify_shard(path, &backend, DirectMode::Prefer, p)
+        })?
+        .1;
+        if let Some(first) = report.first_bad() {
+            anyhow::bail!(
+                "verification failed: {}: {} ({}): {}",
+                path.display(),
+                first.index,
+                first.key,
+                first.error
+            );
+        }
+        done.files += 1;
+        done.blocks += report.units;
+        done.bytes += report.bytes;
+    }
+    Ok(done)
+}
+
+/// What [`verify_rows`] checked.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct RowsVerified {
+    /// Shard files.
+    pub files: usize,
+    /// Row blocks.
+    pub blocks: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
 /// The demo's model: the family's reference model (Qwen3-30B-A3B,
-/// Qwen1.5-MoE-A2.7B, Mixtral-8x7B, DeepSeek-V3) scaled to `--size`, widths,
-/// layers and vocabulary by one factor, expert count and top-k as the real
-/// model's.
-pub fn demo_spec(args: &Args) -> SynthSpec {
-    SynthSpec::scaled_to(args.arch, args.dtype, args.size, args.seed)
+/// Qwen1.5-MoE-A2.7B, Mixtral-8x7B, DeepSeek-V3, Qwen4-Exp) scaled to
+/// `--size`, widths, layers and vocabulary by one factor, expert count and
+/// top-k as the real model's.
+pub fn demo_model(args: &Args) -> anyhow::Result<DemoModel> {
+    Ok(match args.arch {
+        DemoArch::Moe(arch) => {
+            DemoModel::Moe(SynthSpec::scaled_to(arch, args.dtype, args.size, args.seed))
+        }
+        DemoArch::Qwen4Exp => {
+            anyhow::ensure!(
+                args.dtype == Dtype::Bf16,
+                "the synthetic Qwen4-Exp is BF16 only (got --dtype {})",
+                args.dtype
+            );
+            anyhow::ensure!(
+                (1..=100).contains(&args.rows_percent),
+                "--rows-percent {} (1 to 100)",
+                args.rows_percent
+            );
+            DemoModel::Qwen4 {
+                spec: Qwen4Spec::scaled_to(args.size, args.seed),
+                rows_fraction: args.rows_percent as f64 / 100.0,
+            }
+        }
+    })
 }
 
 /// Step 4: replay a synthetic decode routing trace under the budget.
@@ -184,12 +318,12 @@ pub fn replay_trace(ws: &Workspace, args: &Args, show: bool) -> anyhow::Result<R
 /// mapped backing, against the drive measured in the same run.
 pub fn decode(
     ws: &Workspace,
-    spec: &SynthSpec,
+    model: &DemoModel,
     args: &Args,
     show: bool,
 ) -> anyhow::Result<DemoReport> {
     let mut opts = DemoOptions::new(&ws.root);
-    opts.spec = spec.clone();
+    opts.model = model.clone();
     opts.tokens = args.tokens;
     opts.budget_fraction = args.budget_percent as f64 / 100.0;
     opts.placement = args.device;
@@ -198,8 +332,9 @@ pub fn decode(
         let what = match p.phase {
             DemoPhase::Generate => "generating",
             DemoPhase::Pack => "packing",
+            DemoPhase::PackRows => "packing PLE rows",
             DemoPhase::Drive => "measuring the drive",
-            DemoPhase::Streamed => "decoding, experts streamed",
+            DemoPhase::Streamed => "decoding, streamed",
             DemoPhase::Mapped => "CPU reference, mapped",
             _ => "working",
         };
@@ -211,127 +346,21 @@ pub fn decode(
     Ok(report)
 }
 
-struct Done {
-    synth: SynthReport,
-    packed: PackReport,
-    checked: VerifyReport,
-    replayed: ReplayReport,
-    decoded: Result<DemoReport, String>,
-}
-
-fn human(spec: &SynthSpec, ws: &Workspace, d: &Done) {
-    let mib = |b: u64| b as f64 / f64::from(1 << 20);
-    println!(
-        "1. generated a synthetic {} checkpoint: {} layers x {} experts (top-{}), hidden {}, expert intermediate {}, {} ({:.1} MiB in {} files)\n   {}",
-        spec.arch.model_type(),
-        spec.layers,
-        spec.experts,
-        spec.experts_per_token,
-        spec.hidden,
-        spec.intermediate,
-        spec.dtype,
-        mib(d.synth.bytes),
-        d.synth.files.len(),
-        ws.model.display()
-    );
-    println!("2. {}", kit::pack_line(&d.packed));
-    println!(
-        "3. verified all {} records ({:.1} MiB, checksums and padding) and the pairing with the checkpoint",
-        d.checked.units,
-        mib(d.checked.bytes)
-    );
-    let r = &d.replayed;
-    println!(
-        "4. replayed {} tokens of a synthetic decode trace under a {:.0} MiB budget ({} records, {}):\n   hit rate {:.1}%  (LRU {:.1}%, Belady optimum {:.1}%), read {:.1} MiB at {:.0} MiB/s",
-        r.tokens,
-        mib(r.budget_bytes),
-        r.capacity_records,
-        r.policy,
-        100.0 * r.hit_rate,
-        100.0 * r.lru_hit_rate,
-        100.0 * r.belady_hit_rate,
-        mib(r.bytes_read),
-        r.bytes_per_sec / f64::from(1 << 20)
-    );
-    match &d.decoded {
-        Ok(x) => human_decode(x),
-        Err(why) => println!("5. decode skipped: {why}"),
-    }
-    if ws.kept() {
-        println!(
-            "kept: {}  (try `flashtier inspect {}`)",
-            ws.root.display(),
-            ws.store.display()
-        );
-    } else {
-        println!(
-            "removed the temporary folder {} (use --keep or --dir to keep it)",
-            ws.root.display()
-        );
-    }
-}
-
-fn where_ran(r: &DecodeRun) -> String {
-    match (&r.gpu_name, &r.fallback) {
-        (Some(gpu), _) => format!(
-            "on the GPU ({gpu}; HBM expert slots under the budget, misses NVMe -> pinned -> HBM)"
-        ),
-        (None, Some(why)) => format!("on the CPU (no GPU: {why})"),
-        (None, None) => "on the CPU".to_owned(),
-    }
-}
-
-fn human_decode(x: &DemoReport) {
-    let mib = |b: f64| b / f64::from(1 << 20);
-    let s = &x.streamed;
-    println!(
-        "5. decoded {} tokens {} with experts streamed under a {:.0} MiB budget ({:.0} MiB of experts):\n   {:.1} tok/s, expert hit rate {:.1}%, {:.1} MiB read per token, stall {:.0}%",
-        s.steps,
-        where_ran(s),
-        mib(x.budget_bytes as f64),
-        mib(x.expert_bytes as f64),
-        s.tokens_per_sec,
-        100.0 * s.expert_hit_rate,
-        mib(s.miss_bytes_per_token),
-        100.0 * s.stall_fraction
-    );
-    let drive = format!(
-        "the drive read records of the same size at the same queue depth at {:.0} MiB/s in this run",
-        mib(x.drive_bytes_per_sec)
-    );
-    match x.bound {
-        Bound::Measured { fraction } => println!(
-            "   I/O bound {:.1} tok/s ({drive}): {:.0}% of the bound",
-            x.io_bound_tokens_per_sec,
-            100.0 * fraction
-        ),
-        Bound::Unmeasurable { ratio } => println!(
-            "   no drive bound on this machine: the decode ran {ratio:.1}x faster than {drive}, so memory (a virtual disk's host cache) served some reads; replaying the decode's own reads gave {:.0} MiB/s",
-            mib(x.replay_bytes_per_sec)
-        ),
-        Bound::NoReads => println!("   every expert use hit memory: nothing read, no I/O bound"),
-    }
-    println!(
-        "   CPU reference (mapped page-cache backing): {:.1} tok/s, hit rate {:.1}%; same tokens: {}",
-        x.mapped.tokens_per_sec,
-        100.0 * x.mapped.expert_hit_rate,
-        if x.same_tokens { "yes" } else { "NO" }
-    );
-}
-
 /// Run the demo.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = demo_model(&args)?;
     let ws = Workspace::new(args.dir.as_deref(), args.keep)?;
-    let spec = demo_spec(&args);
     let show = !args.json;
-    let synth = generate(&spec, &ws, show)?;
+    let synth = generate(&model, &ws, show)?;
     let packed = pack(&ws, show)?;
+    let rows = pack_rows(&model, &ws, show)?;
     let checked = verify(&ws, show)?;
+    let rows_checked = rows.as_ref().map(|r| verify_rows(r, show)).transpose()?;
     let replayed = replay_trace(&ws, &args, show)?;
     let decoded = if args.tokens == 0 {
         Err("--tokens 0".to_owned())
     } else {
-        Ok(decode(&ws, &spec, &args, show)?)
+        Ok(decode(&ws, &model, &args, show)?)
     };
     if let Ok(x) = &decoded {
         anyhow::ensure!(
@@ -342,6 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let done = Done {
         synth,
         packed,
+        rows: rows.zip(rows_checked),
         checked,
         replayed,
         decoded,
@@ -349,29 +379,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&spec, &ws, &done))?
+            serde_json::to_string_pretty(&report::to_json(&model, &ws, &done))?
         );
     } else {
-        human(&spec, &ws, &done);
+        report::human(&model, &ws, &done);
     }
     Ok(())
-}
-
-fn to_json(spec: &SynthSpec, ws: &Workspace, d: &Done) -> serde_json::Value {
-    serde_json::json!({
-        "dir": ws.root,
-        "kept": ws.kept(),
-        "checkpoint": { "path": ws.model, "arch": spec.arch.model_type(), "dtype": spec.dtype.name(), "layers": spec.layers,
-            "experts": spec.experts, "experts_per_token": spec.experts_per_token, "hidden": spec.hidden,
-            "expert_intermediate": spec.intermediate, "bytes": d.synth.bytes, "files": d.synth.files.len(), "seed": spec.seed },
-        "pack": kit::pack_json(&d.packed),
-        "verify": d.checked.to_json(),
-        "replay": d.replayed,
-        "decode": match &d.decoded {
-            Ok(x) => serde_json::to_value(x).unwrap_or(serde_json::Value::Null),
-            Err(why) => serde_json::json!({ "skipped": why }),
-        },
-    })
 }
 
 #[cfg(test)]
