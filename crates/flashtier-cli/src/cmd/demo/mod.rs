@@ -400,10 +400,21 @@ mod tests {
     }
 
     #[test]
+    fn arch_names_parse_with_qwen4_exp_among_them() {
+        assert_eq!("qwen4_exp".parse::<DemoArch>(), Ok(DemoArch::Qwen4Exp));
+        assert_eq!(
+            "mixtral".parse::<DemoArch>(),
+            Ok(DemoArch::Moe(SynthArch::Mixtral))
+        );
+        let err = "llama".parse::<DemoArch>().unwrap_err();
+        assert!(err.contains("qwen4_exp") && err.contains("`llama`"), "{err}");
+    }
+
+    #[test]
     fn a_small_demo_runs_end_to_end() -> anyhow::Result<()> {
         let ws = Workspace::new(None, false)?;
         let spec = SynthSpec::scaled_to(SynthArch::Qwen3Moe, Dtype::Bf16, 4 << 20, 5);
-        let synth = generate(&spec, &ws, false)?;
+        let synth = generate(&DemoModel::Moe(spec), &ws, false)?;
         let packed = pack(&ws, false)?;
         let checked = verify(&ws, false)?;
         assert!(synth.bytes > 0 && synth.bytes <= 4 << 20);
