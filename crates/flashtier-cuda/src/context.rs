@@ -134,7 +134,13 @@ impl Gpu {
     /// the next [`Gpu::launch`] or [`Gpu::flush`]); ends a recording step.
     #[must_use]
     pub fn stream(&self) -> &Arc<CudaStream> {
-        self.queue.flush_quietly(self.stream.cu_stream());
+        if self.queue.busy() {
+            // Issuing launches needs the context on this thread.
+            if let Err(e) = self.ctx.bind_to_thread() {
+                self.queue.fail(CudaError::driver("bind context")(e));
+            }
+            self.queue.flush_quietly(self.stream.cu_stream());
+        }
         &self.stream
     }
 

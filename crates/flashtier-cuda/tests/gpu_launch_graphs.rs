@@ -159,8 +159,11 @@ fn graph_replays_equal_launches_one_by_one() {
     // after the attention splits change (and the KV cache grows) at 256.
     assert!(g.builds >= 2, "{g:?}");
     assert!(g.patched_nodes > 0, "positions are rewritten into replays");
+    // Each step is 13 launches (15 past 256 positions) in segments of 5: a
+    // 3-launch tail is too short for a graph, so about 3 kernels in 4 run
+    // inside graphs.
     assert!(
-        g.graph_kernels > 10 * g.direct_kernels,
+        g.graph_kernels > 3 * g.direct_kernels,
         "most kernels run inside graphs: {g:?}"
     );
 }

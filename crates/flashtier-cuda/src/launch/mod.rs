@@ -46,7 +46,10 @@ use crate::error::CudaError;
 /// Launches queued before a segment is issued (default; the environment
 /// variable `FLASHTIER_GRAPH_SEGMENT` sets another, 1 to
 /// [`MAX_SEGMENT_LAUNCHES`]).
-pub const SEGMENT_LAUNCHES: usize = 64;
+/// 32 measured faster than 64 and 256 on the H200 (docs/benchmarks.md,
+/// session 9): a shorter segment starts on the device sooner while the
+/// host records the next one.
+pub const SEGMENT_LAUNCHES: usize = 32;
 /// Most launches one segment may queue.
 pub const MAX_SEGMENT_LAUNCHES: usize = 4096;
 /// Executable graphs kept.
@@ -261,13 +264,21 @@ impl Shared {
         r.and(stored)
     }
 
+    /// Whether launches are queued, buffers held, or a step records.
+    pub(crate) fn busy(&self) -> bool {
+        let q = self.lock();
+        !q.pending.is_empty() || !q.held.is_empty() || q.recording
+    }
+
+    /// Keep `e` for the next launch or flush to return.
+    pub(crate) fn fail(&self, e: CudaError) {
+        self.lock().error.get_or_insert(e);
+    }
+
     /// [`Self::flush`] where no error can be returned: it is kept for the
     /// next launch or flush.
     pub(crate) fn flush_quietly(&self, stream: CUstream) {
         let mut q = self.lock();
-        if q.pending.is_empty() && q.held.is_empty() && !q.recording {
-            return;
-        }
         let (r, held) = q.issue(stream);
         q.recording = false;
         if let Err(e) = r {
