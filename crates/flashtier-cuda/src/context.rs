@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 
 use crate::error::CudaError;
+use crate::launch::{Args, GraphStats, Shared};
 
 /// Whether the CUDA driver library can be loaded on this machine.
 #[must_use]
@@ -69,11 +70,17 @@ impl DeviceInfo {
 ///
 /// cudarc's automatic cross-stream event tracking is off: work on other
 /// streams is ordered explicitly (see [`HbmSink`](crate::HbmSink)).
+///
+/// Kernels of this crate launch through [`Gpu::launch`], which queues them
+/// while a decode step records ([`Gpu::begin_step`], see [`crate::launch`]);
+/// [`Gpu::stream`] issues the queue before it hands out the stream, so
+/// every other use of the stream stays in issue order.
 #[derive(Clone)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: DeviceInfo,
+    queue: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -108,7 +115,12 @@ impl Gpu {
             .new_stream()
             .map_err(CudaError::driver("create stream"))?;
         let info = read_info(&ctx, ordinal)?;
-        Ok(Self { ctx, stream, info })
+        Ok(Self {
+            ctx,
+            stream,
+            info,
+            queue: Arc::new(Shared::new()),
+        })
     }
 
     /// The cudarc context.
@@ -117,10 +129,91 @@ impl Gpu {
         &self.ctx
     }
 
-    /// The compute stream kernels of this crate launch on.
+    /// The compute stream kernels of this crate launch on, after every
+    /// launch queued so far was issued (a failure to issue is returned by
+    /// the next [`Gpu::launch`] or [`Gpu::flush`]); ends a recording step.
     #[must_use]
     pub fn stream(&self) -> &Arc<CudaStream> {
+        if self.queue.busy() {
+            // Issuing launches needs the context on this thread.
+            if let Err(e) = self.ctx.bind_to_thread() {
+                self.queue.fail(CudaError::driver("bind context")(e));
+            }
+            self.queue.flush_quietly(self.stream.cu_stream());
+        }
         &self.stream
+    }
+
+    /// The compute stream without issuing the queue (device addresses).
+    pub(crate) fn raw_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Launch `func` (named `name` in errors) now, or queue it while a
+    /// step records.
+    ///
+    /// # Safety
+    /// As `cuLaunchKernel`: `args` match the kernel's parameters, and every
+    /// buffer they point to stays allocated until the kernel ran (drop one
+    /// that queued launches may use through [`Gpu::retire`]).
+    pub(crate) unsafe fn launch(
+        &self,
+        name: &'static str,
+        func: &CudaFunction,
+        cfg: LaunchConfig,
+        args: Args,
+    ) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            self.queue
+                .launch(self.stream.cu_stream(), name, func, cfg, args)
+        }
+    }
+
+    /// Start recording a decode step: launches queue until [`Gpu::flush`]
+    /// (or any use of [`Gpu::stream`]) and are issued in segments, as
+    /// graphs once a segment's shape repeats. Without graphs (turned off
+    /// by [`Gpu::set_graphs`] or `FLASHTIER_CUDA_GRAPHS=0`) launches go out
+    /// at once.
+    pub fn begin_step(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        self.queue.begin_step(self.stream.cu_stream())
+    }
+
+    /// Issue every queued launch and end the recording step; returns an
+    /// earlier failure to issue if there was one.
+    pub fn flush(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("bind context"))?;
+        self.queue.flush(self.stream.cu_stream())
+    }
+
+    /// Drop `x` (a device buffer) once the launches queued now are issued.
+    pub fn retire<T: Send + 'static>(&self, x: T) {
+        self.queue.retire(Box::new(x));
+    }
+
+    /// Turn the recording of decode steps on or off (on by default).
+    pub fn set_graphs(&self, on: bool) {
+        self.queue.set_graphs(on);
+    }
+
+    /// Launches per issued segment of a recording step (clamped to
+    /// 1..=4096; [`crate::launch::SEGMENT_LAUNCHES`] by default).
+    pub fn set_segment_launches(&self, n: usize) {
+        self.queue.set_segment_len(n);
+    }
+
+    /// What the launch path did so far.
+    #[must_use]
+    pub fn graph_stats(&self) -> GraphStats {
+        self.queue.stats()
     }
 
     /// What the device is.

@@ -14,6 +14,8 @@
 //! - [`ops`]: the decode engine's kernels (matrix-vector products over
 //!   stored weights, routing, routed experts from HBM slots or pinned
 //!   memory, RMSNorm, RoPE, f32 KV-cache attention) behind checked launches.
+//! - [`launch`]: kernel launches at once, or queued for a decode step and
+//!   issued as CUDA graphs that replay once a step's shape repeats.
 //! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
 //!
 //! ```no_run
@@ -29,6 +31,7 @@ pub mod attention;
 pub mod context;
 pub mod dequant;
 pub mod error;
+pub mod launch;
 pub mod measure;
 pub mod nvrtc;
 pub mod ops;
@@ -41,5 +44,6 @@ pub use context::{DeviceInfo, Gpu, driver_present, nvrtc_present};
 pub use cudarc;
 pub use dequant::{Fp8Rows, UtilKernels};
 pub use error::CudaError;
+pub use launch::GraphStats;
 pub use pinned::{DeviceAddressing, PinnedMemory};
 pub use sink::HbmSink;

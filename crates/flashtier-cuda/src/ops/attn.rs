@@ -14,12 +14,13 @@
 //! little memory; the split partials hold `rows x q_heads x chunks x
 //! (dim + 2)` f32, grown as needed and reused.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::buffers::DevAct;
 use super::{DecodeKernels, addr, dim, linear_cfg};
 use crate::context::Gpu;
 use crate::error::CudaError;
+use crate::launch::Args;
 
 /// Positions per attention split.
 pub const CHUNK_POSITIONS: usize = 256;
@@ -145,6 +146,8 @@ impl DevKvCache {
         if positions <= self.allocated {
             return Ok(());
         }
+        // Queued launches may use the buffers about to be replaced.
+        self.gpu.flush()?;
         let mut target = self.allocated.max(1);
         while target < positions {
             target *= 2;
@@ -179,6 +182,8 @@ impl DevKvCache {
 
     fn part(&mut self, len: usize) -> Result<&mut CudaSlice<f32>, CudaError> {
         if self.part.as_ref().is_none_or(|p| p.len() < len) {
+            // Queued launches may use the partials about to be replaced.
+            self.gpu.flush()?;
             let fresh = self
                 .gpu
                 .stream()
@@ -253,39 +258,38 @@ impl DecodeKernels {
             addr(&gpu, &kv.keys[layer], 0),
             addr(&gpu, &kv.values[layer], 0),
         );
-        let part = kv.part(part_len)?;
+        let part_addr = addr(&gpu, kv.part(part_len)?, 0);
         let cfg = LaunchConfig {
             grid_dim: (dim(q_heads, "x")?, dim(rows, "y")?, dim(splits, "z")?),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let a = [q.cols(), kvh, d, q_heads / kvh, held, CHUNK_POSITIONS].map(|x| x as i32);
-        let stream = gpu.stream();
+        let v = [q.cols(), kvh, d, q_heads / kvh, held, CHUNK_POSITIONS].map(|x| x as i32);
         // One split: the partial kernel finishes the softmax itself.
         let direct = if splits == 1 {
             addr(&gpu, out.buf(), 0)
         } else {
             0u64
         };
-        let mut b = stream.launch_builder(self.func("attn_partial")?);
-        b.arg(q.buf())
-            .arg(&a[0])
-            .arg(&keys)
-            .arg(&values)
-            .arg(&a[1])
-            .arg(&a[2])
-            .arg(&a[3])
-            .arg(&a[4])
-            .arg(&scale)
-            .arg(&a[5])
-            .arg(&mut *part)
-            .arg(&direct);
+        let mut a = Args::new();
+        a.buf(&gpu, q.buf())
+            .push(v[0])
+            .push(keys)
+            .push(values)
+            .push(v[1])
+            .push(v[2])
+            .push(v[3])
+            .push(v[4])
+            .push(scale)
+            .push(v[5])
+            .push(part_addr)
+            .push(direct);
         // SAFETY: matches `attn_partial`; row r reads positions below held +
         // r + 1 <= the layer's length, all allocated (`grow`), of kv_heads x
         // dim each (dim <= 256, the kernel's register tile); the partials
         // hold rows x q_heads x splits x (dim + 2) (allocated above); with
         // one split it writes out (rows x q_heads * dim) instead.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch attn_partial"))?;
+        unsafe { self.launch("attn_partial", cfg, a) }?;
         if splits == 1 {
             return Ok(());
         }
@@ -295,11 +299,15 @@ impl DecodeKernels {
             shared_mem_bytes: 0,
         };
         let (di, si, oc) = (d as i32, splits as i32, out.cols() as i32);
-        let mut b = stream.launch_builder(self.func("attn_merge")?);
-        b.arg(&*part).arg(&di).arg(&si).arg(out.buf_mut()).arg(&oc);
+        let mut a = Args::new();
+        a.push(part_addr)
+            .push(di)
+            .push(si)
+            .buf(&gpu, out.buf())
+            .push(oc);
         // SAFETY: matches `attn_merge`; reads the partials written above,
         // writes q_heads x dim of each of out's rows.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch attn_merge"))?;
+        unsafe { self.launch("attn_merge", cfg, a) }?;
         Ok(())
     }
 
@@ -318,18 +326,18 @@ impl DecodeKernels {
             addr(&self.gpu, &kv.keys[layer], 0),
             addr(&self.gpu, &kv.values[layer], 0),
         );
-        let mut b = self.gpu.stream().launch_builder(self.func("kv_append")?);
-        b.arg(k.buf())
-            .arg(v.buf())
-            .arg(&keys)
-            .arg(&values)
-            .arg(&width)
-            .arg(&first)
-            .arg(&n);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, k.buf())
+            .buf(g, v.buf())
+            .push(keys)
+            .push(values)
+            .push(width)
+            .push(first)
+            .push(n);
         // SAFETY: matches `kv_append`; writes positions held..held + rows of
         // the layer, inside its allocation (grown to at least held + rows).
-        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
-            .map_err(CudaError::driver("launch kv_append"))?;
+        unsafe { self.launch("kv_append", linear_cfg(n as usize, 256)?, a) }?;
         Ok(())
     }
 }

@@ -9,7 +9,9 @@
 //! compute stream, so a buffer recycled on the host is only reused by work
 //! queued after everything that used it.
 //!
-//! Bound: the pool keeps at most [`POOL_PER_SIZE`] free buffers per size.
+//! Bound: the pool keeps at most [`POOL_PER_SIZE`] free buffers per size;
+//! one more is retired ([`Gpu::retire`]: dropped once the launches queued
+//! when it came back are issued).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -27,6 +29,8 @@ pub const POOL_PER_SIZE: usize = 16;
 #[derive(Default)]
 pub struct ActPool {
     free: RefCell<HashMap<usize, Vec<CudaSlice<f32>>>>,
+    /// The device of the buffers (known from the first `take`).
+    gpu: RefCell<Option<Gpu>>,
 }
 
 impl std::fmt::Debug for ActPool {
@@ -52,11 +56,15 @@ impl ActPool {
             .checked_mul(cols)
             .filter(|n| *n > 0)
             .ok_or_else(|| CudaError::invalid("activation", format!("{rows}x{cols}")))?;
+        if self.gpu.borrow().is_none() {
+            *self.gpu.borrow_mut() = Some(gpu.clone());
+        }
         let reused = self.free.borrow_mut().get_mut(&len).and_then(Vec::pop);
         let buf = match reused {
             Some(b) => b,
+            // Fresh memory no queued launch uses: no need to issue them.
             None => gpu
-                .stream()
+                .raw_stream()
                 .alloc_zeros::<f32>(len)
                 .map_err(CudaError::driver(format!("allocate {len} f32 activations")))?,
         };
@@ -73,6 +81,8 @@ impl ActPool {
         let list = free.entry(buf.len()).or_default();
         if list.len() < POOL_PER_SIZE {
             list.push(buf);
+        } else if let Some(gpu) = self.gpu.borrow().as_ref() {
+            gpu.retire(buf);
         }
     }
 }
@@ -126,7 +136,8 @@ impl DevAct {
             .unwrap_or_else(|| unreachable!("DevAct without a buffer"))
     }
 
-    /// Copy to the host (synchronises the stream).
+    /// Copy to the host (synchronises the stream; issue queued launches
+    /// first, [`Gpu::flush`], or `stream` must come from [`Gpu::stream`]).
     pub fn to_host(&self, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<f32>, CudaError> {
         stream
             .clone_dtoh(self.buf())

@@ -1,11 +1,12 @@
 //! Matrix-vector products, embeddings and the elementwise kernels, with
 //! their shape checks (norms and RoPE: [`super::norm`]).
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::buffers::{DevAct, DevMatrix, DevVector, WeightType};
 use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
 use crate::error::CudaError;
+use crate::launch::{Args, KernelArg};
 
 /// Up to four matrices of one launch (the C layout of `struct Mats`).
 #[repr(C)]
@@ -21,9 +22,9 @@ struct Mats {
 }
 
 // SAFETY: plain-old-data with the C layout of `struct Mats` in kernels/decode/:
-// twelve 8-byte pointers, nine 4-byte ints (padded to 8-byte alignment),
-// four 8-byte strides.
-unsafe impl DeviceRepr for Mats {}
+// twelve 8-byte pointers, nine 4-byte ints and the explicit `_pad` (so no
+// implicit padding), four 8-byte strides.
+unsafe impl KernelArg for Mats {}
 
 /// Bytes of a row one warp reads at most (one or two rounds of its four
 /// loads in flight per lane): wider rows are split between warps.
@@ -112,8 +113,8 @@ impl DecodeKernels {
             ));
         }
         let gpu = &self.gpu;
-        let many = self.func(&format!("gemv_{}", ty.suffix()))?;
-        let one = self.func(&format!("gemv1_{}", ty.suffix()))?;
+        let many = format!("gemv_{}", ty.suffix());
+        let one = format!("gemv1_{}", ty.suffix());
         let (_, br, bc) = scale_args(first);
         let row_bytes = (k * ty.elem_bytes()) as i64;
         let vec = i32::from(k % 8 == 0);
@@ -150,18 +151,18 @@ impl DecodeKernels {
                 mm.start[q] = at as i32;
             }
             let x_ptr = addr(gpu, x.buf(), start * k);
-            let f = if rows == 1 { one } else { many };
-            let mut b = gpu.stream().launch_builder(f);
-            b.arg(&mm)
-                .arg(&row_bytes)
-                .arg(&br)
-                .arg(&bc)
-                .arg(&ki)
-                .arg(&x_ptr)
-                .arg(&stride)
-                .arg(&rows)
-                .arg(&vec)
-                .arg(&wpri);
+            let f = if rows == 1 { &one } else { &many };
+            let mut a = Args::new();
+            a.push(mm)
+                .push(row_bytes)
+                .push(br)
+                .push(bc)
+                .push(ki)
+                .push(x_ptr)
+                .push(stride)
+                .push(rows)
+                .push(vec)
+                .push(wpri);
             // SAFETY: matches `gemv_*` in kernels/decode/. Each matrix holds its
             // rows of `row_bytes` (checked at upload) and, for FP8, a scale
             // grid covering every (row / br, col / bc); output q's rows
@@ -169,7 +170,7 @@ impl DecodeKernels {
             // `start..start + rows` hold k values (checked above); vector
             // loads need k % 8 == 0, which `vec` says, and every buffer
             // starts 256-byte aligned; launch rows past `start[4]` do nothing.
-            unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch gemv"))?;
+            unsafe { self.launch(f, cfg, a) }?;
         }
         Ok(())
     }
@@ -193,12 +194,21 @@ impl DecodeKernels {
             return Err(shape("embed", format!("id {bad} of {} rows", table.rows())));
         }
         let gpu = &self.gpu;
-        let ids_dev: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-        let ids_dev = gpu
-            .stream()
-            .clone_htod(&ids_dev)
-            .map_err(CudaError::driver("upload token ids"))?;
-        let f = self.func(&format!("embed_{}", table.ty().suffix()))?;
+        // One id travels in the arguments (a decode step's graph replays
+        // with no upload); more are uploaded.
+        let (ids_dev, id0) = match ids {
+            [one] => (None, *one as i32),
+            _ => {
+                let host: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+                let up = gpu
+                    .stream()
+                    .clone_htod(&host)
+                    .map_err(CudaError::driver("upload token ids"))?;
+                (Some(up), 0)
+            }
+        };
+        let ids_addr = ids_dev.as_ref().map_or(0, |d| addr(gpu, d, 0));
+        let f = format!("embed_{}", table.ty().suffix());
         let (sc_cols, br, bc) = scale_args(table);
         let row_bytes = (table.cols() * table.ty().elem_bytes()) as i64;
         let cols = table.cols() as i32;
@@ -211,20 +221,25 @@ impl DecodeKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = gpu.stream().launch_builder(f);
-        b.arg(table.data())
-            .arg(&row_bytes)
-            .arg(table.scales())
-            .arg(&sc_cols)
-            .arg(&br)
-            .arg(&bc)
-            .arg(&ids_dev)
-            .arg(&cols)
-            .arg(out.buf_mut());
+        let mut a = Args::new();
+        a.buf(gpu, table.data())
+            .push(row_bytes)
+            .buf(gpu, table.scales())
+            .push(sc_cols)
+            .push(br)
+            .push(bc)
+            .push(ids_addr)
+            .push(id0)
+            .push(cols)
+            .buf(gpu, out.buf());
         // SAFETY: matches `embed_*`; every id is below the table's rows
         // (checked above), so each row read lies in the table, and out holds
-        // ids.len() rows of cols.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch embed"))?;
+        // ids.len() rows of cols; the uploaded ids (several rows) are
+        // retired below, kept until the launch was issued.
+        unsafe { self.launch(&f, cfg, a) }?;
+        if let Some(d) = ids_dev {
+            gpu.retire(d);
+        }
         Ok(())
     }
 
@@ -232,11 +247,11 @@ impl DecodeKernels {
     pub fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), CudaError> {
         same("add", x, y)?;
         let n = (x.rows() * x.cols()) as i64;
-        let mut b = self.gpu.stream().launch_builder(self.func("add_inplace")?);
-        b.arg(x.buf_mut()).arg(y.buf()).arg(&n);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, x.buf()).buf(g, y.buf()).push(n);
         // SAFETY: matches `add_inplace`; both hold n elements.
-        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
-            .map_err(CudaError::driver("launch add"))?;
+        unsafe { self.launch("add_inplace", linear_cfg(n as usize, 256)?, a) }?;
         Ok(())
     }
 
@@ -250,11 +265,11 @@ impl DecodeKernels {
         }
         let n = (x.rows() * x.cols()) as i64;
         let cols = x.cols() as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("add_bias")?);
-        b.arg(x.buf_mut()).arg(bias.data()).arg(&cols).arg(&n);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, x.buf()).buf(g, bias.data()).push(cols).push(n);
         // SAFETY: matches `add_bias`; x holds n elements, the bias cols.
-        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
-            .map_err(CudaError::driver("launch add_bias"))?;
+        unsafe { self.launch("add_bias", linear_cfg(n as usize, 256)?, a) }?;
         Ok(())
     }
 
@@ -262,11 +277,11 @@ impl DecodeKernels {
     pub fn silu_mul(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), CudaError> {
         same("silu_mul", gate, up)?;
         let n = (gate.rows() * gate.cols()) as i64;
-        let mut b = self.gpu.stream().launch_builder(self.func("silu_mul")?);
-        b.arg(gate.buf_mut()).arg(up.buf()).arg(&n);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, gate.buf()).buf(g, up.buf()).push(n);
         // SAFETY: matches `silu_mul`; both hold n elements.
-        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
-            .map_err(CudaError::driver("launch silu_mul"))?;
+        unsafe { self.launch("silu_mul", linear_cfg(n as usize, 256)?, a) }?;
         Ok(())
     }
 
@@ -286,15 +301,15 @@ impl DecodeKernels {
         }
         let n = (acc.rows() * acc.cols()) as i64;
         let cols = acc.cols() as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("add_gated")?);
-        b.arg(acc.buf_mut())
-            .arg(y.buf())
-            .arg(gate.buf())
-            .arg(&cols)
-            .arg(&n);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, acc.buf())
+            .buf(g, y.buf())
+            .buf(g, gate.buf())
+            .push(cols)
+            .push(n);
         // SAFETY: matches `add_gated`; acc and y hold n elements, gate one per row.
-        unsafe { b.launch(linear_cfg(n as usize, 256)?) }
-            .map_err(CudaError::driver("launch add_gated"))?;
+        unsafe { self.launch("add_gated", linear_cfg(n as usize, 256)?, a) }?;
         Ok(())
     }
 
@@ -337,27 +352,24 @@ impl DecodeKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let a = [src.cols(), ss, soff, dst.cols(), ds, doff, heads, len].map(|v| v as i32);
-        let mut b = self.gpu.stream().launch_builder(self.func("copy_heads")?);
-        b.arg(src.buf())
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(&a[2])
-            .arg(dst.buf_mut())
-            .arg(&a[3])
-            .arg(&a[4])
-            .arg(&a[5])
-            .arg(&a[6])
-            .arg(&a[7])
-            .arg(&scale);
+        let v = [src.cols(), ss, soff, dst.cols(), ds, doff, heads, len].map(|v| v as i32);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, src.buf()).push(v[0]).push(v[1]).push(v[2]);
+        a.buf(g, dst.buf());
+        for x in &v[3..] {
+            a.push(*x);
+        }
+        a.push(scale);
         // SAFETY: matches `copy_heads`; the last head's slice ends inside
         // both rows (checked above).
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch copy_heads"))?;
+        unsafe { self.launch("copy_heads", cfg, a) }?;
         Ok(())
     }
 
     /// Index of each row's largest value (lowest index on ties), on the host.
     pub fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, CudaError> {
+        self.gpu.flush()?;
         let stream = self.gpu.stream();
         let mut out = stream
             .alloc_zeros::<i32>(x.rows())
@@ -387,6 +399,7 @@ impl DecodeKernels {
             ));
         }
         let c = x.cols();
+        self.gpu.flush()?;
         let src = x.buf().slice(r * c..(r + 1) * c);
         self.gpu
             .stream()

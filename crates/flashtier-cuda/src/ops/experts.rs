@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
 use super::addr;
 use super::buffers::WeightType;
@@ -63,8 +63,9 @@ pub(super) struct Geometry {
 }
 
 // SAFETY: plain-old-data with the C layout of `struct Expert` in kernels/decode/
-// (six 64-bit offsets, then four 32-bit ints; 64 bytes, 8-byte aligned).
-unsafe impl DeviceRepr for Geometry {}
+// (six 64-bit offsets, then four 32-bit ints; 64 bytes, 8-byte aligned, no
+// padding).
+unsafe impl crate::launch::KernelArg for Geometry {}
 
 impl ExpertSpec {
     /// Bytes a record must hold for every matrix and scale to lie in it.

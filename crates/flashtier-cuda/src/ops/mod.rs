@@ -124,7 +124,7 @@ impl DecodeKernels {
             gpu: gpu.clone(),
             _module: module,
             funcs,
-            routes_pool: Arc::default(),
+            routes_pool: Arc::new(route::RoutePool::new(gpu.clone())),
         })
     }
 
@@ -138,6 +138,26 @@ impl DecodeKernels {
         self.funcs
             .get(name)
             .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))
+    }
+
+    /// Launch kernel `name` through the [`Gpu`] (queued while a step
+    /// records).
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters, and every buffer they point to
+    /// stays allocated until the kernel ran (see [`Gpu::retire`]).
+    pub(crate) unsafe fn launch(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        args: crate::launch::Args,
+    ) -> Result<(), CudaError> {
+        let (&name, f) = self
+            .funcs
+            .get_key_value(name)
+            .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.gpu.launch(name, f, cfg, args) }
     }
 }
 
@@ -186,7 +206,7 @@ impl DecodeKernels {
 
 /// Device address of element `offset` of `buf`.
 pub(crate) fn addr<T>(gpu: &Gpu, buf: &CudaSlice<T>, offset: usize) -> u64 {
-    let (p, _sync) = buf.device_ptr(gpu.stream());
+    let (p, _sync) = buf.device_ptr(gpu.raw_stream());
     p + (offset * std::mem::size_of::<T>()) as u64
 }
 

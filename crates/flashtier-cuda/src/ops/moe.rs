@@ -2,13 +2,12 @@
 //! (row, routed expert) pair, then each row's down projections summed in
 //! routed (ascending id) order, the records found through the slots' table.
 
-use cudarc::driver::PushKernelArg;
-
 use super::buffers::DevAct;
 use super::experts::{ExpertSlots, ExpertSpec};
 use super::route::DevRoutes;
 use super::{DecodeKernels, blocks_cfg};
 use crate::error::CudaError;
+use crate::launch::Args;
 
 impl DecodeKernels {
     /// `out[r] = sum over row r's routed experts (ascending id) of weight *
@@ -58,44 +57,44 @@ impl DecodeKernels {
             spec.hidden as i32,
             spec.inter as i32,
         );
-        let stream = self.gpu.stream();
-        let mut b = stream.launch_builder(self.func(&format!("moe_gate_up_{sfx}"))?);
-        b.arg(&slots.table_dev)
-            .arg(&base)
-            .arg(routes.ids())
-            .arg(&kk)
-            .arg(x.buf())
-            .arg(&h)
-            .arg(&i)
-            .arg(&geo)
-            .arg(&vec)
-            .arg(act.buf_mut());
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, &slots.table_dev)
+            .push(base)
+            .buf(g, routes.ids())
+            .push(kk)
+            .buf(g, x.buf())
+            .push(h)
+            .push(i)
+            .push(geo)
+            .push(vec)
+            .buf(g, act.buf());
+        let cfg = blocks_cfg(spec.inter.div_ceil(4), pairs)?;
         // SAFETY: matches `moe_gate_up_*`. Routed ids are below `experts`
         // (the routing kernels choose among the logits' columns), so every
         // table index is below `entries`; every set entry points at a record
         // of at least `record_bytes >= min_record_bytes` bytes (checked when
         // set), cleared ones are 0 and never read; x holds rows x hidden and
         // act pairs x inter (checked above).
-        unsafe { b.launch(blocks_cfg(spec.inter.div_ceil(4), pairs)?) }
-            .map_err(CudaError::driver("launch moe_gate_up"))?;
-        let mut b = stream.launch_builder(self.func(&format!("moe_down_{sfx}"))?);
-        b.arg(&slots.table_dev)
-            .arg(&base)
-            .arg(routes.ids())
-            .arg(routes.weights())
-            .arg(&kk)
-            .arg(act.buf())
-            .arg(&h)
-            .arg(&i)
-            .arg(&geo)
-            .arg(&vec)
-            .arg(out.buf_mut());
+        unsafe { self.launch(&format!("moe_gate_up_{sfx}"), cfg, a) }?;
+        let mut a = Args::new();
+        a.buf(g, &slots.table_dev)
+            .push(base)
+            .buf(g, routes.ids())
+            .buf(g, routes.weights())
+            .push(kk)
+            .buf(g, act.buf())
+            .push(h)
+            .push(i)
+            .push(geo)
+            .push(vec)
+            .buf(g, out.buf());
+        let cfg = blocks_cfg(spec.hidden, rows)?;
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
         // experts are summed in routed (ascending id) order; top_k <=
         // MAX_TOP_K fits the kernel's shared products.
-        unsafe { b.launch(blocks_cfg(spec.hidden, rows)?) }
-            .map_err(CudaError::driver("launch moe_down"))?;
+        unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
         Ok(())
     }
 }

@@ -2,12 +2,13 @@
 //! RoPE, and Qwen3's per-head q/k norm fused with RoPE, with their shape
 //! checks.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevVector, RopeTable};
 use super::dense::{same, shape};
 use super::{DecodeKernels, dim};
 use crate::error::CudaError;
+use crate::launch::Args;
 
 /// Widest head (or rotated slice) the RoPE kernels hold in shared memory.
 pub const MAX_ROPE_DIMS: usize = 512;
@@ -35,16 +36,17 @@ impl DecodeKernels {
             shared_mem_bytes: 0,
         };
         let (cols, group) = (x.cols() as i32, g as i32);
-        let mut b = self.gpu.stream().launch_builder(self.func("rms_norm")?);
-        b.arg(x.buf())
-            .arg(w.data())
-            .arg(&cols)
-            .arg(&group)
-            .arg(&eps)
-            .arg(out.buf_mut());
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, x.buf())
+            .buf(g, w.data())
+            .push(cols)
+            .push(group)
+            .push(eps)
+            .buf(g, out.buf());
         // SAFETY: matches `rms_norm`; each block reads one group of one row
         // of x and writes the same range of out (same shape, checked).
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rms_norm"))?;
+        unsafe { self.launch("rms_norm", cfg, a) }?;
         Ok(())
     }
 
@@ -71,16 +73,17 @@ impl DecodeKernels {
             shared_mem_bytes: 0,
         };
         let cols = x.cols() as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("add_rms_norm")?);
-        b.arg(x.buf_mut())
-            .arg(y.buf())
-            .arg(w.data())
-            .arg(&cols)
-            .arg(&eps)
-            .arg(out.buf_mut());
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, x.buf())
+            .buf(g, y.buf())
+            .buf(g, w.data())
+            .push(cols)
+            .push(eps)
+            .buf(g, out.buf());
         // SAFETY: matches `add_rms_norm`; one block per row of x, y and out
         // (one shape, checked), the weight as wide as a row.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch add_rms_norm"))?;
+        unsafe { self.launch("add_rms_norm", cfg, a) }?;
         Ok(())
     }
 
@@ -130,7 +133,7 @@ impl DecodeKernels {
             shared_mem_bytes: 0,
         };
         let (cos, sin) = table.tables();
-        let a = [
+        let v = [
             x.cols(),
             head_stride,
             offset,
@@ -138,21 +141,17 @@ impl DecodeKernels {
             usize::from(interleaved),
         ]
         .map(|v| v as i32);
-        let first = first as i32;
-        let mut b = self.gpu.stream().launch_builder(self.func("rope")?);
-        b.arg(x.buf_mut())
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(&a[2])
-            .arg(&a[3])
-            .arg(&a[4])
-            .arg(cos)
-            .arg(sin)
-            .arg(&first);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, x.buf());
+        for n in v {
+            a.push(n);
+        }
+        a.buf(g, cos).buf(g, sin).push(first as i32);
         // SAFETY: matches `rope`; each head's `dims` columns lie in the row
         // (checked), dims <= 512 fits the kernel's shared buffer, and every
         // position's half-width table row exists.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch rope"))?;
+        unsafe { self.launch("rope", cfg, a) }?;
         Ok(())
     }
 
@@ -210,7 +209,7 @@ impl DecodeKernels {
             shared_mem_bytes: 0,
         };
         let (cos, sin) = table.tables();
-        let a = [q_heads, kv_heads, head_dim, usize::from(interleaved), first].map(|v| v as i32);
+        let v = [q_heads, kv_heads, head_dim, usize::from(interleaved), first].map(|v| v as i32);
         let has_norm = i32::from(norms.is_some());
         // Without norms the weight arguments are never read: pass the
         // table so the kernel sees valid pointers either way.
@@ -218,25 +217,26 @@ impl DecodeKernels {
             Some([qn, kn]) => (qn.data(), kn.data()),
             None => (cos, cos),
         };
-        let mut b = self.gpu.stream().launch_builder(self.func("qk_norm_rope")?);
-        b.arg(q.buf_mut())
-            .arg(&a[0])
-            .arg(qw)
-            .arg(k.buf_mut())
-            .arg(&a[1])
-            .arg(kw)
-            .arg(&a[2])
-            .arg(&has_norm)
-            .arg(&eps)
-            .arg(&a[3])
-            .arg(cos)
-            .arg(sin)
-            .arg(&a[4]);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, q.buf())
+            .push(v[0])
+            .buf(g, qw)
+            .buf(g, k.buf())
+            .push(v[1])
+            .buf(g, kw)
+            .push(v[2])
+            .push(has_norm)
+            .push(eps)
+            .push(v[3])
+            .buf(g, cos)
+            .buf(g, sin)
+            .push(v[4]);
         // SAFETY: matches `qk_norm_rope` in kernels/decode/; q and k hold `rows`
         // rows of whole `dim`-wide heads (checked), dim <= 512 fits the
         // kernel's shared buffer, the norms are `dim` wide when read, and
         // every position's half-width table row exists (checked).
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch qk_norm_rope"))?;
+        unsafe { self.launch("qk_norm_rope", cfg, a) }?;
         Ok(())
     }
 }

@@ -13,11 +13,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::buffers::{DevAct, DevVector};
 use super::{DecodeKernels, dim};
+use crate::context::Gpu;
 use crate::error::CudaError;
+use crate::launch::Args;
 
 /// Most experts a router may score.
 pub const MAX_EXPERTS: usize = 1024;
@@ -46,13 +48,22 @@ impl Drop for DevRoutes {
 /// One route set's buffers: ids and weights.
 type RouteBufs = (CudaSlice<i32>, CudaSlice<f32>);
 
-/// Free routing buffers by length (ids and weights of `rows * top_k`).
-#[derive(Default)]
+/// Free routing buffers by length (ids and weights of `rows * top_k`);
+/// a pair past the bound is retired (kept until queued launches that may
+/// read it are issued).
 pub(crate) struct RoutePool {
+    gpu: Gpu,
     free: Mutex<HashMap<usize, Vec<RouteBufs>>>,
 }
 
 impl RoutePool {
+    pub(crate) fn new(gpu: Gpu) -> Self {
+        Self {
+            gpu,
+            free: Mutex::default(),
+        }
+    }
+
     fn take(&self, len: usize) -> Option<RouteBufs> {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         free.get_mut(&len).and_then(Vec::pop)
@@ -63,6 +74,8 @@ impl RoutePool {
         let list = free.entry(pair.0.len()).or_default();
         if list.len() < super::buffers::POOL_PER_SIZE {
             list.push(pair);
+        } else {
+            self.gpu.retire(pair);
         }
     }
 }
@@ -112,6 +125,7 @@ impl DevRoutes {
     /// The chosen ids and weights on the host, row-major (synchronises the
     /// compute stream).
     pub fn to_host(&self, k: &DecodeKernels) -> Result<(Vec<u32>, Vec<f32>), CudaError> {
+        k.gpu().flush()?;
         let stream = k.gpu().stream();
         let ids = stream
             .clone_dtoh(self.ids())
@@ -141,7 +155,8 @@ impl DecodeKernels {
         let pair = match self.routes_pool.take(len) {
             Some(pair) => pair,
             None => {
-                let stream = self.gpu.stream();
+                // Fresh memory no queued launch uses: no need to issue them.
+                let stream = self.gpu.raw_stream();
                 let ids = stream
                     .alloc_zeros::<i32>(len)
                     .map_err(CudaError::driver("allocate routed ids"))?;
@@ -213,22 +228,19 @@ impl DecodeKernels {
         let mut r = self.routes(logits.rows(), top_k)?;
         let (n, k, nm) = (logits.cols() as i32, top_k as i32, i32::from(norm));
         let (ids, weights) = r.pair_mut();
-        let mut b = self
-            .gpu
-            .stream()
-            .launch_builder(self.func("route_softmax")?);
-        b.arg(logits.buf())
-            .arg(&n)
-            .arg(&k)
-            .arg(&nm)
-            .arg(&mut *ids)
-            .arg(&mut *weights);
+        let g = &self.gpu;
+        let mut a = Args::new();
+        a.buf(g, logits.buf())
+            .push(n)
+            .push(k)
+            .push(nm)
+            .buf(g, ids)
+            .buf(g, weights);
         // SAFETY: matches `route_softmax`; one warp per row reads its n
         // logits (n <= MAX_EXPERTS, the kernel's shared arrays) and writes
         // top_k ids and weights (top_k <= MAX_TOP_K) into buffers of
         // rows x top_k.
-        unsafe { b.launch(Self::route_cfg(logits.rows(), 32)?) }
-            .map_err(CudaError::driver("launch route_softmax"))?;
+        unsafe { self.launch("route_softmax", Self::route_cfg(logits.rows(), 32)?, a) }?;
         Ok(r)
     }
 
@@ -260,29 +272,42 @@ impl DecodeKernels {
             ));
         }
         let mut r = self.routes(logits.rows(), top_k)?;
-        let stream = self.gpu.stream();
-        let zero_bias = stream
-            .alloc_zeros::<f32>(e)
-            .map_err(CudaError::driver("allocate zero bias"))?;
-        let bias_buf = bias.map_or(&zero_bias, DevVector::data);
-        let a = [e, top_k, n_group, topk_group].map(|v| v as i32);
+        let g = &self.gpu;
+        let zero_bias = match bias {
+            Some(_) => None,
+            // Fresh memory no queued launch uses.
+            None => Some(
+                g.raw_stream()
+                    .alloc_zeros::<f32>(e)
+                    .map_err(CudaError::driver("allocate zero bias"))?,
+            ),
+        };
+        let bias_buf = bias
+            .map(DevVector::data)
+            .or(zero_bias.as_ref())
+            .ok_or_else(|| CudaError::invalid("routing", "no bias".to_string()))?;
+        let v = [e, top_k, n_group, topk_group].map(|v| v as i32);
         let nm = i32::from(norm);
         let (ids, weights) = r.pair_mut();
-        let mut b = stream.launch_builder(self.func("route_sigmoid_groups")?);
-        b.arg(logits.buf())
-            .arg(bias_buf)
-            .arg(&a[0])
-            .arg(&a[1])
-            .arg(&a[2])
-            .arg(&a[3])
-            .arg(&scaling)
-            .arg(&nm)
-            .arg(&mut *ids)
-            .arg(&mut *weights);
+        let mut a = Args::new();
+        a.buf(g, logits.buf()).buf(g, bias_buf);
+        for x in v {
+            a.push(x);
+        }
+        a.push(scaling).push(nm).buf(g, ids).buf(g, weights);
         // SAFETY: matches `route_sigmoid_groups`; as `route_softmax`, plus a
-        // bias of e values and n_group <= MAX_GROUPS (one thread per group).
-        unsafe { b.launch(Self::route_cfg(logits.rows(), 256)?) }
-            .map_err(CudaError::driver("launch route_sigmoid_groups"))?;
+        // bias of e values and n_group <= MAX_GROUPS (one thread per group);
+        // the zero bias is retired, kept until the launch was issued.
+        unsafe {
+            self.launch(
+                "route_sigmoid_groups",
+                Self::route_cfg(logits.rows(), 256)?,
+                a,
+            )
+        }?;
+        if let Some(z) = zero_bias {
+            g.retire(z);
+        }
         Ok(r)
     }
 }

@@ -163,9 +163,11 @@ qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, con
 
 // out[r] = table[ids[r]] widened; FP8 rows times their block scales.
 template <int DT>
-static __device__ void embed_rows(Mat a, const int* ids, int cols, float* out) {
+// Row r's id is ids[r], or id0 when ids is null (one row: the id travels
+// in the launch's arguments, so a replayed graph needs no upload).
+static __device__ void embed_rows(Mat a, const int* ids, int id0, int cols, float* out) {
     const int r = blockIdx.y;
-    const int id = ids[r];
+    const int id = ids ? ids[r] : id0;
     const u8* row = a.w + (long long)id * a.row_bytes;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
         float v = elem<DT>(row, c);
@@ -176,10 +178,10 @@ static __device__ void embed_rows(Mat a, const int* ids, int cols, float* out) {
 
 #define EMBED(NAME, DT)                                                                      \
     extern "C" __global__ void NAME(const u8* w, long long row_bytes, const float* scales,  \
-                                    int sc_cols, int br, int bc, const int* ids, int cols,  \
-                                    float* out) {                                            \
+                                    int sc_cols, int br, int bc, const int* ids, int id0,   \
+                                    int cols, float* out) {                                  \
         Mat a = {w, row_bytes, scales, sc_cols, br, bc};                                     \
-        embed_rows<DT>(a, ids, cols, out);                                                   \
+        embed_rows<DT>(a, ids, id0, cols, out);                                              \
     }
 EMBED(embed_bf16, 0)
 EMBED(embed_f16, 1)

@@ -11,19 +11,28 @@
 //!
 //! Host syncs per layer: none when every expert is resident in HBM; one
 //! (the routed ids) when experts stream, to decide residency.
+//!
+//! Launches: when every expert is resident, a one-token step (from its
+//! embedding to the logits' copy to the host) records: its launches queue
+//! and go out in segments, each a CUDA graph once its shape repeats
+//! ([`flashtier_cuda::launch`]); the kernels and their arguments are the
+//! same as launched one by one, so the output is bit-identical.
+//! [`CudaDevice::set_graphs`] (or `FLASHTIER_CUDA_GRAPHS=0`) turns this off;
+//! profiling and streamed steps launch one by one.
 
 pub mod experts;
 mod moe;
 pub mod profile;
 
+use std::cell::Cell;
 use std::rc::Rc;
 
-use flashtier_cuda::Gpu;
 use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::DevKvCache;
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
+use flashtier_cuda::{Gpu, GraphStats};
 use flashtier_format::Dtype;
 
 use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
@@ -69,6 +78,9 @@ pub struct CudaDevice {
     kernels: DecodeKernels,
     pool: Rc<ActPool>,
     profiler: Profiler,
+    /// Every expert was resident at the last routed step: one-token steps
+    /// may record.
+    all_resident: Cell<bool>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -89,7 +101,21 @@ impl CudaDevice {
             kernels,
             pool: ActPool::new(),
             profiler: Profiler::default(),
+            all_resident: Cell::new(false),
         })
+    }
+
+    /// Record one-token steps as CUDA graphs (on by default; off, every
+    /// kernel launches one by one, with the same results).
+    pub fn set_graphs(&self, on: bool) {
+        self.gpu.set_graphs(on);
+    }
+
+    /// What the launch path did so far (kernels launched one by one,
+    /// graphs built and launched, nodes rewritten).
+    #[must_use]
+    pub fn graph_stats(&self) -> GraphStats {
+        self.gpu.graph_stats()
     }
 
     /// Start timing every operation by kernel class (see [`profile`]).
@@ -108,7 +134,13 @@ impl CudaDevice {
         bytes: u64,
         op: impl FnOnce() -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        self.profiler.time(&self.gpu, class, bytes, op)
+        let out = self.profiler.time(&self.gpu, class, bytes, op);
+        if out.is_err() {
+            // A failed step issues what it queued before the error is
+            // returned, as if each kernel had launched at once.
+            let _ = self.gpu.flush();
+        }
+        out
     }
 
     /// The GPU.
@@ -123,6 +155,7 @@ impl CudaDevice {
 
     /// Wait for everything queued.
     pub fn synchronize(&self) -> Result<(), EngineError> {
+        self.gpu.flush()?;
         Ok(self.gpu.synchronize()?)
     }
 }
@@ -227,6 +260,9 @@ impl Device for CudaDevice {
                 id,
                 vocab: table.rows(),
             });
+        }
+        if ids.len() == 1 && self.all_resident.get() && !self.profiler.on() {
+            self.gpu.begin_step()?;
         }
         self.timed(OpClass::Other, 0, || {
             Ok(self.kernels.embed(out, table, ids)?)
@@ -411,6 +447,7 @@ impl Device for CudaDevice {
         routes: &DevRoutes,
         out: &mut DevAct,
     ) -> Result<(), EngineError> {
+        self.all_resident.set(experts.resident_all());
         if !experts.resident_all() {
             let (ids, _) = routes.to_host(&self.kernels)?;
             let cap = experts.step_capacity();
@@ -447,6 +484,8 @@ impl Device for CudaDevice {
     }
 
     fn to_host(&self, x: &DevAct) -> Result<Vec<f32>, EngineError> {
+        // The end of a recorded step: issue it, then copy.
+        self.gpu.flush()?;
         Ok(x.to_host(self.gpu.stream())?)
     }
 

@@ -241,8 +241,13 @@ impl CudaExperts {
         self.hint = u32::try_from(layer).ok().map(|l| (l, ids));
     }
 
-    /// Mark the kernels queued so far as the last readers of the slots.
+    /// Mark the kernels queued so far as the last readers of the slots
+    /// (nothing to mark when every expert is resident: no load ever
+    /// overwrites a slot, and a decode step's launches stay queued).
     pub fn consumed(&mut self) -> Result<(), EngineError> {
+        if self.resident_all {
+            return Ok(());
+        }
         Ok(self.slots.consumed()?)
     }
 }
