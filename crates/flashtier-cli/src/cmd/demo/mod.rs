@@ -407,7 +407,10 @@ mod tests {
             Ok(DemoArch::Moe(SynthArch::Mixtral))
         );
         let err = "llama".parse::<DemoArch>().unwrap_err();
-        assert!(err.contains("qwen4_exp") && err.contains("`llama`"), "{err}");
+        assert!(
+            err.contains("qwen4_exp") && err.contains("`llama`"),
+            "{err}"
+        );
     }
 
     #[test]
