@@ -5,32 +5,13 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
 
 use serde_json::Value;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../flashtier-engine/tests/fixtures/engine")
-        .join(name)
-}
-
-fn reference(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap())
-        .unwrap()
-}
-
-/// The ids of `key` in `r`, comma-separated.
-fn ids(r: &Value, key: &str) -> String {
-    let ids: Vec<String> = r[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
-    ids.join(",")
-}
+use common::{fixture, ids, reference};
 
 /// `flashtier run ARGS` with a store cache of its own (runs without
 /// `--store` pack the fixture there).

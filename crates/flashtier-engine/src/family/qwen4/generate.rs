@@ -14,6 +14,7 @@ impl Qwen4Model {
     /// Greedy decoding at batch 1 (see [`crate::model::Model::generate`]):
     /// the prompt, then up to `max_new` tokens, stopping at one in
     /// `stop_ids`; a request past the context limit is refused first.
+    /// ([`crate::engine::Engine::generate`] also streams each token.)
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -22,26 +23,6 @@ impl Qwen4Model {
         keep_prompt_logits: bool,
     ) -> Result<Generation, EngineError> {
         greedy(self, prompt, max_new, stop_ids, keep_prompt_logits, |_| {})
-    }
-
-    /// [`Self::generate`], calling `on_token` with each new token as it
-    /// is chosen.
-    pub fn generate_with(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        stop_ids: &[u32],
-        keep_prompt_logits: bool,
-        on_token: impl FnMut(u32),
-    ) -> Result<Generation, EngineError> {
-        greedy(
-            self,
-            prompt,
-            max_new,
-            stop_ids,
-            keep_prompt_logits,
-            on_token,
-        )
     }
 }
 
