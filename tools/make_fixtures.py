@@ -34,7 +34,9 @@ import sys
 
 import torch
 import transformers
-from safetensors.torch import save_file
+
+import fixture_kit
+from fixture_kit import greedy_steps, save_shards, search_seeds, topk_gap
 
 PROMPT_LEN = 6
 NEW_TOKENS = 8
@@ -357,26 +359,6 @@ def spec_experts(spec):
     return c.get("num_experts", c.get("num_local_experts", c.get("n_routed_experts")))
 
 
-def save_shards(state, out_dir, shards):
-    keys = sorted(state)
-    if shards == 1:
-        save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-        return
-    per = math.ceil(len(keys) / shards)
-    weight_map = {}
-    total = 0
-    for s in range(shards):
-        part = keys[s * per:(s + 1) * per]
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({k: state[k] for k in part}, os.path.join(out_dir, fname),
-                  metadata={"format": "pt"})
-        for k in part:
-            weight_map[k] = fname
-            total += state[k].numel() * 2
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-
-
 def router_margin(model, ids, k):
     """Smallest gap between the k-th and (k+1)-th router logit, all layers."""
     gaps = []
@@ -401,8 +383,7 @@ def router_margin(model, ids, k):
             finite = torch.isfinite(top[:, k])
             gaps.append((top[:, k - 1] - torch.where(finite, top[:, k], top[:, k - 1] - 1.0)).min().item())
             return
-        top = torch.topk(logits, k + 1, dim=-1).values
-        gaps.append((top[:, k - 1] - top[:, k]).min().item())
+        gaps.append(topk_gap(logits, k))
 
     for layer in model.model.layers:
         _, block = moe_block(layer)
@@ -416,16 +397,8 @@ def router_margin(model, ids, k):
 
 
 def greedy(model, prompt):
-    ids = prompt.clone()
-    new, margins = [], []
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = model(ids).logits[0, -1].float()
-            top = torch.topk(logits, 2).values
-            margins.append((top[0] - top[1]).item())
-            nxt = int(torch.argmax(logits))
-            new.append(nxt)
-            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    new, margins, ids, _ = greedy_steps(
+        lambda ids: model(ids).logits[0, -1].float(), prompt, NEW_TOKENS)
     return new, margins, ids
 
 
@@ -511,7 +484,8 @@ def build(spec, out_root):
     os.makedirs(out_dir, exist_ok=True)
     k = spec["config"]["num_experts_per_tok"]
     vocab = spec["config"]["vocab_size"]
-    for seed in range(40):
+
+    def try_seed(seed):
         model = make_model(spec, seed)
         fp8 = quantize_model(model, spec) if "fp8_block" in spec else {}
         gen = torch.Generator().manual_seed(1000 + seed)
@@ -522,12 +496,12 @@ def build(spec, out_root):
             prompt = torch.tensor([text_ids])
         new, margins, full = greedy(model, prompt)
         rmargin = router_margin(model, full, k)
-        print(f"{spec['name']} seed {seed}: token margin {min(margins):.4g}, "
-              f"router margin {rmargin:.4g}", flush=True)
-        if min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN:
-            break
-    else:
-        sys.exit(f"{spec['name']}: no seed with clear margins")
+        clear = min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
+        line = f"token margin {min(margins):.4g}, router margin {rmargin:.4g}"
+        return clear, line, (model, fp8, prompt, text, text_ids, new, margins, rmargin)
+
+    seed, found = search_seeds(spec["name"], try_seed)
+    model, fp8, prompt, text, text_ids, new, margins, rmargin = found
     with torch.no_grad():
         prompt_logits = model(prompt).logits[0].float()
     state = export_state(model, spec)
@@ -566,21 +540,8 @@ def build(spec, out_root):
 
 def reload_check(out_dir, prompt, prompt_logits):
     """Load the written checkpoint back with transformers: same logits?"""
-    try:
-        try:
-            m = transformers.AutoModelForCausalLM.from_pretrained(
-                out_dir, dtype=torch.float32, attn_implementation="eager")
-        except TypeError:
-            m = transformers.AutoModelForCausalLM.from_pretrained(
-                out_dir, torch_dtype=torch.float32, attn_implementation="eager")
-        with torch.no_grad():
-            got = m(prompt).logits[0].float()
-        diff = (got - prompt_logits).abs().max().item()
-    except Exception as exc:  # report, keep the fixture: the engine test decides
-        print(f"  reload check failed: {exc!r}", flush=True)
-        return None
-    print(f"  reload check: max abs diff {diff:.3g}", flush=True)
-    return diff
+    return fixture_kit.reload_check(
+        out_dir, prompt, prompt_logits, lambda m, ids: m(ids).logits[0].float())
 
 
 def main():

@@ -30,14 +30,15 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 
 import torch
 import transformers
 from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+import fixture_kit
+from fixture_kit import greedy_steps, save_shards, search_seeds, topk_gap
 
 NEW_TOKENS = 8
 PROMPT_LEN = 20
@@ -168,17 +169,7 @@ def forward(model, ids):
 def greedy(model, prompt):
     """New tokens, their margins, the full sequence, and the last-position
     logits before each new token (the decode logits)."""
-    ids = prompt.clone()
-    new, margins, rows = [], [], []
-    for _ in range(NEW_TOKENS):
-        logits = forward(model, ids)[-1]
-        rows.append(logits.tolist())
-        top = torch.topk(logits, 2).values
-        margins.append((top[0] - top[1]).item())
-        nxt = int(torch.argmax(logits))
-        new.append(nxt)
-        ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    return new, margins, ids, rows
+    return greedy_steps(lambda ids: forward(model, ids)[-1], prompt, NEW_TOKENS)
 
 
 def greedy_cached(model, prompt):
@@ -204,8 +195,7 @@ def router_margin(model, ids, k):
     def hook(module, inputs, _output):
         x = inputs[0].reshape(-1, inputs[0].shape[-1])
         probs = torch.softmax(x @ module.weight.T, dim=-1)
-        top = torch.topk(probs, k + 1, dim=-1).values
-        gaps.append((top[:, k - 1] - top[:, k]).min().item())
+        gaps.append(topk_gap(probs, k))
 
     hooks = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
     forward(model, ids)
@@ -341,23 +331,6 @@ def hub_state(model, saved):
             for k, v in out.items()}
 
 
-def save_shards(state, out_dir, shards=2):
-    keys = sorted(state)
-    per = math.ceil(len(keys) / shards)
-    weight_map, total = {}, 0
-    for s in range(shards):
-        part = keys[s * per:(s + 1) * per]
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({k: state[k] for k in part}, os.path.join(out_dir, fname),
-                  metadata={"format": "pt"})
-        for k in part:
-            weight_map[k] = fname
-            total += state[k].numel() * state[k].element_size()
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-    return total
-
-
 def clear_dir(out_dir):
     for f in os.listdir(out_dir):
         if f.endswith(".safetensors") or f.endswith(".index.json"):
@@ -365,16 +338,8 @@ def clear_dir(out_dir):
 
 
 def reload_check(out_dir, prompt, prompt_logits):
-    try:
-        m = transformers.AutoModelForCausalLM.from_pretrained(
-            out_dir, dtype=torch.float32, attn_implementation="eager")
-        got = forward(m.eval(), prompt)
-        diff = (got - prompt_logits).abs().max().item()
-    except Exception as exc:  # report: the writer falls back to the saved layout
-        print(f"  reload check failed: {exc!r}", flush=True)
-        return None
-    print(f"  reload check: max abs diff {diff:.3g}", flush=True)
-    return diff
+    # Reported as None: the writer falls back to the saved layout.
+    return fixture_kit.reload_check(out_dir, prompt, prompt_logits, forward)
 
 
 def make_prompt(seed):
@@ -385,21 +350,24 @@ def make_prompt(seed):
     return prompt
 
 
-def search():
+def search(name):
     k = CONFIG["num_experts_per_tok"]
-    for seed in range(40):
+
+    def try_seed(seed):
         model = make_model(seed)
         prompt = make_prompt(seed)
         new, margins, full, decode_logits = greedy(model, prompt)
         rmargin = router_margin(model, full, k)
         istats = indexer_stats(model, full)
         imargin = min(s["margin"] for s in istats.values())
-        print(f"seed {seed}: token margin {min(margins):.4g}, router margin {rmargin:.4g}, "
-              f"indexer margin {imargin:.4g}, greedy {new}", flush=True)
-        if (min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
-                and imargin >= MIN_INDEXER_MARGIN):
-            return seed, model, prompt, new, margins, full, rmargin, istats, decode_logits
-    sys.exit("no seed with clear margins")
+        clear = (min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
+                 and imargin >= MIN_INDEXER_MARGIN)
+        line = (f"token margin {min(margins):.4g}, router margin {rmargin:.4g}, "
+                f"indexer margin {imargin:.4g}, greedy {new}")
+        return clear, line, (model, prompt, new, margins, full, rmargin, istats, decode_logits)
+
+    seed, found = search_seeds(name, try_seed)
+    return (seed,) + found
 
 
 def main():
@@ -415,7 +383,7 @@ def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     torch.set_num_threads(8)
     os.makedirs(args.out, exist_ok=True)
-    seed, model, prompt, new, margins, full, rmargin, istats, decode_logits = search()
+    seed, model, prompt, new, margins, full, rmargin, istats, decode_logits = search(args.variant)
     prompt_logits = forward(model, prompt)
     try:
         cached = greedy_cached(model, prompt)
@@ -429,7 +397,7 @@ def main():
            if ".layers." not in k or ".layers.0." in k or ".layers.1." in k], flush=True)
     model.config.save_pretrained(args.out)
     state = hub_state(model, saved)
-    total = save_shards(state, args.out)
+    total = save_shards(state, args.out, 2)
     layout = "hub"
     diff = reload_check(args.out, prompt, prompt_logits)
     if diff is None or diff > 1e-4:
@@ -437,7 +405,7 @@ def main():
         clear_dir(args.out)
         state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
                  for k, v in saved.items()}
-        total = save_shards(state, args.out)
+        total = save_shards(state, args.out, 2)
         layout = "saved"
         diff = reload_check(args.out, prompt, prompt_logits)
     ref = {

@@ -99,15 +99,19 @@ impl Checkpoint {
         self.source.tensors().contains_key(name)
     }
 
-    /// Where `name` lives, with its dtype checked.
-    pub fn info(&self, name: &str) -> Result<(&TensorInfo, Dtype), EngineError> {
-        let info = self
-            .source
+    /// Where `name` lives (any dtype).
+    fn tensor(&self, name: &str) -> Result<&TensorInfo, EngineError> {
+        self.source
             .tensors()
             .get(name)
             .ok_or_else(|| EngineError::MissingTensor {
                 name: name.to_string(),
-            })?;
+            })
+    }
+
+    /// Where `name` lives, with its dtype checked.
+    pub fn info(&self, name: &str) -> Result<(&TensorInfo, Dtype), EngineError> {
+        let info = self.tensor(name)?;
         let dtype = parse_dtype(&info.dtype).ok_or_else(|| EngineError::TensorDtype {
             name: name.to_string(),
             dtype: info.dtype.clone(),
@@ -139,19 +143,13 @@ impl Checkpoint {
         len: usize,
     ) -> Result<AlignedBuf, EngineError> {
         let (info, _) = self.info(name)?;
-        self.read_info_range(name, info, start, len)
+        self.read_one((name, info, start, len))
     }
 
     /// The `I64` vector `name` of `len` elements (integer buffers such as
     /// Qwen4-Exp's n-gram hash parameters), little-endian.
     pub fn load_i64(&self, name: &str, len: usize) -> Result<Vec<i64>, EngineError> {
-        let info = self
-            .source
-            .tensors()
-            .get(name)
-            .ok_or_else(|| EngineError::MissingTensor {
-                name: name.to_string(),
-            })?;
+        let info = self.tensor(name)?;
         if info.dtype != "I64" {
             return Err(EngineError::TensorDtype {
                 name: name.to_string(),
@@ -165,23 +163,17 @@ impl Checkpoint {
                 want: vec![len as u64],
             });
         }
-        let bytes = self.read_info_range(name, info, 0, len * 8)?;
+        let bytes = self.read_one((name, info, 0, len * 8))?;
         Ok(bytes
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
             .collect())
     }
 
-    fn read_info_range(
-        &self,
-        name: &str,
-        info: &TensorInfo,
-        start: u64,
-        len: usize,
-    ) -> Result<AlignedBuf, EngineError> {
-        let mut bufs = self.read_batch(&[(name, info, start, len)])?;
-        bufs.pop()
-            .ok_or_else(|| range_error(&(name, info, start, len)))
+    /// One range, read through the backend.
+    fn read_one(&self, range: TensorRange<'_>) -> Result<AlignedBuf, EngineError> {
+        let mut bufs = self.read_batch(&[range])?;
+        bufs.pop().ok_or_else(|| range_error(&range))
     }
 
     /// The byte ranges `(tensor, start, len)`, read through the backend as

@@ -224,7 +224,8 @@ impl Engine {
             // products then run without waking the pool from outside for
             // each call (a fifth of a decode step otherwise).
             Self::Qwen4(m) => rayon::scope(|_| {
-                m.generate_with(prompt, max_new, stop_ids, keep_prompt_logits, on_token)
+                let m = m.as_mut();
+                crate::model::greedy(m, prompt, max_new, stop_ids, keep_prompt_logits, on_token)
             }),
         }
     }

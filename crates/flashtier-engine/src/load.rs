@@ -20,6 +20,7 @@ use crate::error::EngineError;
 use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
 use crate::pack::check_pairing;
+use crate::source::CheckpointFiles;
 use crate::store_cache::StoreCache;
 
 /// Where the experts come from.
@@ -78,6 +79,15 @@ impl LoadOptions {
         }
     }
 
+    /// The backend expert reads go through: `backend`, or posix with
+    /// `queue_depth` readers.
+    fn reader(&self) -> Result<Arc<dyn StorageBackend>, EngineError> {
+        Ok(match &self.backend {
+            Some(b) => b.clone(),
+            None => Arc::new(PosixBackend::new(self.queue_depth.max(1))?),
+        })
+    }
+
     /// The same with a budget of `bytes` for resident experts.
     #[must_use]
     pub fn budget(mut self, bytes: u64) -> Self {
@@ -107,21 +117,30 @@ pub fn cpu_experts(
     opts: &LoadOptions,
 ) -> Result<PoolExperts, EngineError> {
     crate::config::bounds::check(cfg, ckpt)?;
+    pool_experts(cfg, ckpt.source(), store, opts)
+}
+
+/// The CPU expert tier over `store` for the experts `view` lays out
+/// (Qwen4-Exp's [`Qwen4Config::expert_view`], or the model's own config),
+/// after checking that `store` was packed from `ckpt`; the budget is
+/// `opts.budget_bytes`, or every record.
+pub(crate) fn pool_experts(
+    view: &ModelConfig,
+    ckpt: &CheckpointFiles,
+    store: &Path,
+    opts: &LoadOptions,
+) -> Result<PoolExperts, EngineError> {
     let opened = Store::open(store)?;
-    check_pairing(&opened, ckpt.source())?;
+    check_pairing(&opened, ckpt)?;
     let budget = opts
         .budget_bytes
         .unwrap_or(opened.stride_bytes() * opened.record_count());
-    let backend = match &opts.backend {
-        Some(b) => b.clone(),
-        None => Arc::new(PosixBackend::new(opts.queue_depth.max(1))?),
-    };
     let stream = StreamOptions {
         backing: opts.backing,
         budget_bytes: budget,
         queue_depth: opts.queue_depth,
     };
-    let (pool, layout) = open_pool(store, cfg, stream, backend)?;
+    let (pool, layout) = open_pool(store, view, stream, opts.reader()?)?;
     let mut experts = PoolExperts::new(pool, layout);
     let loaded = experts.load_all()?;
     if loaded > 0 {
@@ -247,10 +266,7 @@ pub fn cuda_experts(
 ) -> Result<CudaExperts, EngineError> {
     let opened = Store::open(store)?;
     check_pairing(&opened, ckpt.source())?;
-    let backend = match &opts.backend {
-        Some(b) => b.clone(),
-        None => Arc::new(PosixBackend::new(opts.queue_depth.max(1))?),
-    };
+    let backend = opts.reader()?;
     let stores = StoreSet::open(store, false)?;
     // The layout check needs a pool; a one-record host pool reads nothing.
     let probe = StreamOptions {

@@ -15,6 +15,7 @@ use crate::config::ModelConfig;
 use crate::device::{Activation, Device, ExpertTier, KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
+use crate::family::qwen4::PleRowStats;
 use crate::family::route::RouteRule;
 use crate::family::{Step, Weights, decoder_layers};
 
@@ -65,7 +66,7 @@ pub struct Generation {
     pub total_experts: ExpertStats,
     /// Row-store counters over the decode steps (Qwen4-Exp's PLE rows,
     /// when they come from the row store).
-    pub decode_rows: Option<crate::family::qwen4::PleRowStats>,
+    pub decode_rows: Option<PleRowStats>,
 }
 
 impl Generation {
@@ -170,22 +171,8 @@ impl<D: Device> Model<D> {
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
         let n = tokens.len();
         let (vocab, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
-        if n == 0 || n > PREFILL_CHUNK {
-            return Err(EngineError::Shape {
-                op: "forward",
-                what: format!("{n} tokens in one step (1..={PREFILL_CHUNK})"),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { id, vocab });
-        }
         let first = self.kv.len();
-        if first + n > self.kv.capacity() {
-            return Err(EngineError::ContextFull {
-                len: first + n,
-                max: self.kv.capacity(),
-            });
-        }
+        check_step(tokens, vocab, first, self.kv.capacity())?;
         let dev = &self.dev;
         let mut x = dev.zeros(n, h)?;
         dev.embed(&mut x, &self.weights.embed, tokens)?;
@@ -224,53 +211,144 @@ impl<D: Device> Model<D> {
         max_new: usize,
         stop_ids: &[u32],
         keep_prompt_logits: bool,
-        mut on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32),
     ) -> Result<Generation, EngineError> {
-        let mut out = Generation::default();
-        if prompt.is_empty() {
-            return Ok(out);
-        }
-        // The last new token is never fed back, so it takes no position.
-        let need = (self.kv.len() + prompt.len()).saturating_add(max_new.saturating_sub(1));
-        if need > self.kv.capacity() {
-            return Err(EngineError::ContextFull {
-                len: need,
-                max: self.kv.capacity(),
-            });
-        }
-        let vocab = self.cfg.vocab_size;
-        let start_stats = self.experts.stats();
-        let started = Instant::now();
-        let mut last = Vec::new();
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
-            last = self.forward(chunk, keep_prompt_logits)?;
-            if keep_prompt_logits {
-                out.prompt_logits
-                    .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
-            }
-        }
-        out.prefill_secs = started.elapsed().as_secs_f64();
-        out.prompt_tokens = prompt.len();
-        let decode_stats = self.experts.stats();
-        let decode_started = Instant::now();
-        let mut next = last_argmax(&last, vocab);
-        for _ in 0..max_new {
-            out.generated_ids.push(next);
-            on_token(next);
-            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
-                break;
-            }
-            last = self.forward(&[next], false)?;
-            out.decode_steps += 1;
-            next = last_argmax(&last, vocab);
-        }
-        out.decode_secs = decode_started.elapsed().as_secs_f64();
-        let now = self.experts.stats();
-        out.prefill_experts = decode_stats.since(&start_stats);
-        out.decode_experts = now.since(&decode_stats);
-        out.total_experts = now.since(&start_stats);
-        Ok(out)
+        greedy(
+            self,
+            prompt,
+            max_new,
+            stop_ids,
+            keep_prompt_logits,
+            on_token,
+        )
     }
+}
+
+impl<D: Device> Decoder for Model<D> {
+    fn vocab(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn positions(&self) -> (usize, usize) {
+        (self.kv.len(), self.kv.capacity())
+    }
+
+    fn step(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        self.forward(tokens, all_logits)
+    }
+
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
+    }
+}
+
+/// What [`greedy`] needs of a model: its forward step, its context and
+/// its counters (each family's model implements it once).
+pub(crate) trait Decoder {
+    /// Logits per row.
+    fn vocab(&self) -> usize;
+    /// Positions taken, and the most the model holds.
+    fn positions(&self) -> (usize, usize);
+    /// One forward step of at most [`PREFILL_CHUNK`] tokens (see
+    /// [`Model::forward`]).
+    fn step(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError>;
+    /// Expert counters so far.
+    fn expert_stats(&self) -> ExpertStats;
+    /// Row-store counters so far (`None` when no row store serves the model).
+    fn row_stats(&self) -> Option<PleRowStats> {
+        None
+    }
+}
+
+/// Greedy decoding of `m` at batch 1 (see [`Model::generate`]): the
+/// prompt in chunks of at most [`PREFILL_CHUNK`] tokens, then one token a
+/// step, the counters split into prefill and decode.
+pub(crate) fn greedy<M: Decoder>(
+    m: &mut M,
+    prompt: &[u32],
+    max_new: usize,
+    stop_ids: &[u32],
+    keep_prompt_logits: bool,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation, EngineError> {
+    let mut out = Generation::default();
+    if prompt.is_empty() {
+        return Ok(out);
+    }
+    // The last new token is never fed back, so it takes no position.
+    let (used, capacity) = m.positions();
+    let need = (used + prompt.len()).saturating_add(max_new.saturating_sub(1));
+    if need > capacity {
+        return Err(EngineError::ContextFull {
+            len: need,
+            max: capacity,
+        });
+    }
+    let vocab = m.vocab();
+    let start_stats = m.expert_stats();
+    let started = Instant::now();
+    let mut last = Vec::new();
+    for chunk in prompt.chunks(PREFILL_CHUNK) {
+        last = m.step(chunk, keep_prompt_logits)?;
+        if keep_prompt_logits {
+            out.prompt_logits
+                .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
+        }
+    }
+    out.prefill_secs = started.elapsed().as_secs_f64();
+    out.prompt_tokens = prompt.len();
+    let decode_stats = m.expert_stats();
+    let rows_start = m.row_stats();
+    let decode_started = Instant::now();
+    let mut next = last_argmax(&last, vocab);
+    for _ in 0..max_new {
+        out.generated_ids.push(next);
+        on_token(next);
+        if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
+            break;
+        }
+        last = m.step(&[next], false)?;
+        out.decode_steps += 1;
+        next = last_argmax(&last, vocab);
+    }
+    out.decode_secs = decode_started.elapsed().as_secs_f64();
+    let now = m.expert_stats();
+    out.prefill_experts = decode_stats.since(&start_stats);
+    out.decode_experts = now.since(&decode_stats);
+    out.total_experts = now.since(&start_stats);
+    out.decode_rows = m
+        .row_stats()
+        .zip(rows_start)
+        .map(|(now, was)| now.since(&was));
+    Ok(out)
+}
+
+/// Refuse a step of no tokens or more than [`PREFILL_CHUNK`], a token
+/// outside `vocab`, or one that would take the positions past `capacity`
+/// (`used` taken).
+pub(crate) fn check_step(
+    tokens: &[u32],
+    vocab: usize,
+    used: usize,
+    capacity: usize,
+) -> Result<(), EngineError> {
+    let n = tokens.len();
+    if n == 0 || n > PREFILL_CHUNK {
+        return Err(EngineError::Shape {
+            op: "forward",
+            what: format!("{n} tokens in one step (1..={PREFILL_CHUNK})"),
+        });
+    }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::TokenOutOfRange { id, vocab });
+    }
+    if used + n > capacity {
+        return Err(EngineError::ContextFull {
+            len: used + n,
+            max: capacity,
+        });
+    }
+    Ok(())
 }
 
 /// The greedy token of the last row of `logits`.

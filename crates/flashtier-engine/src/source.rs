@@ -59,6 +59,7 @@ use flashtier_io::{AlignedBuf, DirectMode, StoreFile};
 mod error;
 mod header;
 mod text_part;
+pub use text_part::{WRAPPER_TEXT_PREFIX, WRAPPER_TEXT_SCOPE};
 
 pub use error::CheckpointError;
 use header::open_weight_file;
@@ -131,6 +132,9 @@ pub struct CheckpointFiles {
     dir: PathBuf,
     config: serde_json::Value,
     config_bytes: Vec<u8>,
+    /// Where `config`'s fields sit in `config.json` (`""`, or
+    /// [`WRAPPER_TEXT_SCOPE`] for a wrapper's text part).
+    config_scope: &'static str,
     files: Arc<Vec<WeightFile>>,
     tensors: BTreeMap<String, TensorInfo>,
 }
@@ -193,6 +197,7 @@ impl CheckpointFiles {
             dir: dir.to_path_buf(),
             config,
             config_bytes,
+            config_scope: "",
             files: Arc::new(files),
             tensors,
         })
@@ -208,6 +213,14 @@ impl CheckpointFiles {
     #[must_use]
     pub fn config(&self) -> &serde_json::Value {
         &self.config
+    }
+
+    /// Where [`Self::config`]'s fields sit in `config.json`: `""`, or
+    /// `text_config.` in a wrapper's text part (errors name a field as
+    /// this plus its name).
+    #[must_use]
+    pub fn config_scope(&self) -> &'static str {
+        self.config_scope
     }
 
     /// Raw bytes of `config.json`.

@@ -8,10 +8,9 @@
 
 mod common;
 
-use flashtier::experts::Backing;
 use flashtier_engine::load::{LoadOptions, load_cpu};
 
-use common::{fixture, max_abs_diff, pack, reference};
+use common::{fixture, max_abs_diff, pack, reference, same_bits_at_every_budget};
 
 const NEW_TOKENS: usize = 8;
 const MAX_ABS_ERR: f32 = 1e-3;
@@ -44,35 +43,14 @@ fn check_against_reference(name: &str) {
 
     // Every budget, from all records down to one token's top-k, on both
     // backings: the same bits.
-    let cfg = model.config().clone();
-    let stride = report.stride_bytes;
-    let all = stride * report.records;
-    for backing in [Backing::Slots, Backing::Mapped] {
-        for budget in [all, all / 2, stride * cfg.top_k as u64] {
-            let mut opts = LoadOptions::store(&store).budget(budget);
-            opts.backing = backing;
-            opts.queue_depth = 4;
-            let mut m = load_cpu(&dir, &opts).unwrap();
-            let o = m
-                .generate(&r.prompt, NEW_TOKENS, &[], true, |_| {})
-                .unwrap();
-            let what = format!("{name} {backing:?} budget {budget}");
-            assert_eq!(o.generated_ids, out.generated_ids, "{what}: tokens changed");
-            assert_eq!(o.prompt_logits, out.prompt_logits, "{what}: logits changed");
-            let s = m.expert_stats();
-            println!(
-                "{what} B: hit rate {:.3}, {} B read",
-                s.hit_rate(),
-                s.bytes_read
-            );
-            if budget == stride * cfg.top_k as u64 && backing == Backing::Slots {
-                assert!(
-                    s.misses > 0 && s.bytes_read >= s.misses * stride,
-                    "{what}: {s:?}"
-                );
-            }
-        }
-    }
+    let top_k = model.config().top_k;
+    same_bits_at_every_budget(name, &report, top_k, &out, |opts| {
+        let mut m = load_cpu(&dir, opts).unwrap();
+        let o = m
+            .generate(&r.prompt, NEW_TOKENS, &[], true, |_| {})
+            .unwrap();
+        (o, m.expert_stats())
+    });
 }
 
 #[test]

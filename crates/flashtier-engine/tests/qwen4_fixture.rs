@@ -9,18 +9,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use flashtier::experts::Backing;
 use flashtier_engine::EngineError;
 use flashtier_engine::config::qwen4::LayerKind;
 use flashtier_engine::family::qwen4::Qwen4Model;
 use flashtier_engine::load::LoadOptions;
-use safetensors::{Dtype, tensor::TensorView};
+use safetensors::Dtype;
 use serde_json::Value;
 
-use common::{fixture, max_abs_diff, pack, reference};
+use common::rewrite::{Tensors, wrap};
+use common::{fixture, logit_rows, max_abs_diff, pack, reference, same_bits_at_every_budget};
 
 const NEW_TOKENS: usize = 8;
 const MAX_ABS_ERR: f32 = 1e-3;
@@ -97,63 +96,17 @@ fn check_against_reference(name: &str) {
         (fed * ple.heads() * ple.layers.len()) as u64
     );
 
-    let stride = report.stride_bytes;
-    let all = stride * report.records;
-    for backing in [Backing::Slots, Backing::Mapped] {
-        for budget in [all, all / 2, stride * cfg.top_k as u64] {
-            let mut opts = LoadOptions::store(&store).budget(budget);
-            opts.backing = backing;
-            opts.queue_depth = 4;
-            let mut m = Qwen4Model::open(&dir, &store, &opts).unwrap();
-            let o = m.generate(&r.prompt, NEW_TOKENS, &[], true).unwrap();
-            let what = format!("{backing:?} budget {budget}");
-            assert_eq!(o.generated_ids, out.generated_ids, "{what}: tokens changed");
-            assert_eq!(o.prompt_logits, out.prompt_logits, "{what}: logits changed");
-            let s = m.expert_stats();
-            println!(
-                "{what} B: hit rate {:.3}, {} B read",
-                s.hit_rate(),
-                s.bytes_read
-            );
-            if budget == stride * cfg.top_k as u64 && backing == Backing::Slots {
-                assert!(
-                    s.misses > 0 && s.bytes_read >= s.misses * stride,
-                    "{what}: {s:?}"
-                );
-            }
-        }
-    }
+    same_bits_at_every_budget(name, &report, cfg.top_k, &out, |opts| {
+        let mut m = Qwen4Model::open(&dir, &store, opts).unwrap();
+        let o = m.generate(&r.prompt, NEW_TOKENS, &[], true).unwrap();
+        (o, m.expert_stats())
+    });
 }
 
-/// Tensors by name: dtype, shape, bytes.
-type Tensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
-
-/// A copy of the fixture in one safetensors file, its tensors and config
-/// changed by `edit`.
+/// A copy of the `qwen4_exp` fixture in one safetensors file, its tensors
+/// and config changed by `edit`.
 fn rewritten(edit: impl FnOnce(&mut Tensors, &mut Value)) -> tempfile::TempDir {
-    let src = fixture("qwen4_exp");
-    let mut tensors = Tensors::new();
-    for k in 1..=2 {
-        let bytes = std::fs::read(src.join(format!("model-0000{k}-of-00002.safetensors"))).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        for (name, v) in st.iter() {
-            tensors.insert(
-                name.to_string(),
-                (v.dtype(), v.shape().to_vec(), v.data().to_vec()),
-            );
-        }
-    }
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut tensors, &mut config);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, (dt, s, d))| (n.clone(), TensorView::new(*dt, s.clone(), d).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    dir
+    common::rewrite::rewritten(&fixture("qwen4_exp"), edit)
 }
 
 /// Pack `dir`'s experts and open it.
@@ -261,18 +214,7 @@ fn check_decode_steps(name: &str) {
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let want: Vec<Vec<f32>> = v["decode_logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            row.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let want = logit_rows(&v, "decode_logits");
     let tmp = tempfile::tempdir().unwrap();
     let report = pack(&dir, tmp.path());
     let mut m = Qwen4Model::open(&dir, &report.out, &LoadOptions::store(&report.out)).unwrap();
@@ -318,28 +260,6 @@ fn batched_row_reads_equal_single_reads_and_name_a_bad_range() {
         ),
         other => panic!("{other}"),
     }
-}
-
-/// The multimodal wrapper's layout: the text model's tensors under
-/// `model.language_model.`, its config as `text_config` of a `qwen4_exp`
-/// config (with an empty vision config: the tower is not run).
-fn wrap(t: &mut Tensors, config: &mut Value) {
-    let names: Vec<String> = t
-        .keys()
-        .filter(|n| n.starts_with("model."))
-        .cloned()
-        .collect();
-    for n in names {
-        let v = t.remove(&n).unwrap();
-        t.insert(format!("model.language_model.{}", &n["model.".len()..]), v);
-    }
-    let text = config.clone();
-    *config = serde_json::json!({
-        "model_type": "qwen4_exp",
-        "architectures": ["Qwen4ExpForConditionalGeneration"],
-        "text_config": text,
-        "vision_config": {},
-    });
 }
 
 /// The packer reads the wrapper's experts (counts from `text_config`,
@@ -395,4 +315,41 @@ fn a_wrapper_whose_text_names_collide_is_a_typed_error() {
     .to_string();
     assert!(err.contains("model.embed_tokens.weight"), "{err}");
     assert!(!store.exists());
+}
+
+/// Inside the wrapper, config errors of the load and of the packer name
+/// the field as it sits in `config.json`: `text_config.<field>`.
+#[test]
+fn a_wrappers_config_errors_name_the_text_config_field() {
+    // The checkpoint's own multipliers disagree with another seed (load).
+    let dir = rewritten(|t, c| {
+        c["seed"] = 99.into();
+        wrap(t, c);
+    });
+    match open(dir.path()).unwrap_err() {
+        EngineError::ConfigMismatch { field, found, .. } => {
+            assert_eq!(field, "text_config.seed");
+            assert!(found.contains("layer_multipliers"), "{found}");
+        }
+        other => panic!("{other}"),
+    }
+    // A layer count the tensors contradict (the packer's check).
+    let dir = rewritten(|t, c| {
+        c["num_hidden_layers"] = 3.into();
+        wrap(t, c);
+    });
+    let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
+    let err = flashtier_engine::pack::plan_experts(&src).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("field text_config.num_hidden_layers:"),
+        "{text}"
+    );
+    let packed = flashtier_engine::pack::pack_experts(
+        &flashtier_engine::pack::PackOptions::new(dir.path(), &dir.path().join("e.ftstore")),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(packed.contains("text_config.num_hidden_layers"), "{packed}");
 }

@@ -90,8 +90,9 @@ pub struct Args {
     /// of text.
     #[arg(long)]
     pub json: bool,
-    /// Write {"prompt_logits": [[...] per prompt position]} to FILE (not a
-    /// file of the model or the store).
+    /// Write {"prompt_logits": [[...] per prompt position]} to FILE: not a
+    /// file of the model, not the expert store (even one still to be
+    /// packed), not in the row-shard folder.
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
 }
@@ -115,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("the prompt is empty");
     }
     if let Some(path) = &args.logits_out {
-        flashtier_io::persist::refuse_inputs(path, &input_files(&args))?;
+        refuse_logits_out(path, &args)?;
     }
     let (mut model, store, chosen, touched) = load_model(&args)?;
     if let (Some(why), false) = (&chosen.fallback, args.json) {
@@ -163,14 +164,9 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
         .with_context(|| format!("opening {}", args.model.display()))?;
     let touched = checked_weight_bytes(args, &ckpt)?;
     drop(ckpt);
-    let store = match (&args.store, &args.cache) {
-        (Some(path), _) => ExpertStore::File(path.clone()),
-        (None, Some(dir)) => ExpertStore::Cache(StoreCache::at(dir)),
-        (None, None) => ExpertStore::Cache(StoreCache::default_location().ok_or_else(|| {
-            anyhow::anyhow!(
-                "no store cache: set FLASHTIER_CACHE or HOME, or give --store or --cache"
-            )
-        })?),
+    let store = match &args.store {
+        Some(path) => ExpertStore::File(path.clone()),
+        None => ExpertStore::Cache(store_cache(args.cache.as_deref())?),
     };
     let opts = LoadOptions {
         store,
@@ -212,11 +208,10 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
         },
     };
     let rows = args.rows_budget.map(|budget_bytes| PleRowOptions {
-        dir: args.rows_dir.clone().unwrap_or_else(|| {
-            let mut dir = path.clone().into_os_string();
-            dir.push(".ple-rows");
-            PathBuf::from(dir)
-        }),
+        dir: args
+            .rows_dir
+            .clone()
+            .unwrap_or_else(|| PleRowOptions::dir_beside(&path)),
         budget_bytes,
     });
     let (model, chosen) =
@@ -295,10 +290,90 @@ fn load_tokenizer(model: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
 }
 
-/// The files `run` reads: the model folder's config, tokenizer, index and
-/// safetensors files, and the store (`--logits-out` may be none of them).
-fn input_files(args: &Args) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.model)
+/// The store cache at `cache`, or at the default location.
+fn store_cache(cache: Option<&Path>) -> anyhow::Result<StoreCache> {
+    match cache {
+        Some(dir) => Ok(StoreCache::at(dir)),
+        None => StoreCache::default_location().ok_or_else(|| {
+            anyhow::anyhow!(
+                "no store cache: set FLASHTIER_CACHE or HOME, or give --store or --cache"
+            )
+        }),
+    }
+}
+
+/// The expert store `run` uses for `model`: `store`, or the store cache's
+/// file of the model (packed there on first use).
+fn store_path(model: &Path, store: Option<&Path>, cache: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match store {
+        Some(p) => Ok(p.to_path_buf()),
+        None => store_cache(cache)?
+            .path_for(model)
+            .with_context(|| format!("opening {}", model.display())),
+    }
+}
+
+/// The folder of `model`'s packed PLE row shards under `run`'s flags:
+/// `rows_dir`, else beside the expert store (`--store`, or the cache's).
+pub(crate) fn ple_rows_dir(
+    model: &Path,
+    store: Option<&Path>,
+    cache: Option<&Path>,
+    rows_dir: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    match rows_dir {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => Ok(PleRowOptions::dir_beside(&store_path(model, store, cache)?)),
+    }
+}
+
+/// Refuse a `--logits-out` that is a file `run` reads or writes, or lies
+/// in a folder it writes: the model folder's config, tokenizer, index and
+/// safetensors files; the expert store (given, cached, or still to be
+/// packed); with `--rows-budget`, the row-shard folder and every file in
+/// it. Existing files are compared by canonical path and inode (hard
+/// links), absent ones by where they would land.
+fn refuse_logits_out(out: &Path, args: &Args) -> anyhow::Result<()> {
+    use flashtier_io::persist::{PersistError, refuse_inputs, resolve};
+    let model = args.model.as_path();
+    let store = store_path(model, args.store.as_deref(), args.cache.as_deref())?;
+    let mut inputs = model_files(model);
+    inputs.push(store);
+    refuse_inputs(out, &inputs)?;
+    let target = resolve(out)?;
+    let refused = |input: &Path, how| PersistError::OutputIsInput {
+        out: out.to_path_buf(),
+        input: input.to_path_buf(),
+        how,
+    };
+    if let Some(input) = inputs
+        .iter()
+        .find(|p| resolve(p).ok().as_ref() == Some(&target))
+    {
+        return Err(refused(input, "it is").into());
+    }
+    if args.rows_budget.is_some() {
+        let dir = ple_rows_dir(
+            model,
+            args.store.as_deref(),
+            args.cache.as_deref(),
+            args.rows_dir.as_deref(),
+        )?;
+        let at = resolve(&dir).or_else(|_| std::path::absolute(&dir))?;
+        if target == at {
+            return Err(refused(&dir, "it is").into());
+        }
+        if target.starts_with(&at) {
+            return Err(refused(&dir, "it is in the row-shard folder").into());
+        }
+    }
+    Ok(())
+}
+
+/// The files `run` reads in the model folder: config, tokenizer, index
+/// and safetensors files.
+fn model_files(model: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(model)
         .into_iter()
         .flatten()
         .flatten()
@@ -310,9 +385,7 @@ fn input_files(args: &Args) -> Vec<PathBuf> {
                 .unwrap_or_default();
             name.ends_with(".json") || name.ends_with(".safetensors")
         })
-        .collect();
-    files.extend(args.store.clone());
-    files
+        .collect()
 }
 
 /// Written whole or not at all (temp file, fsync, rename).

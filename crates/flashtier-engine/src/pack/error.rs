@@ -22,10 +22,13 @@ pub enum PackError {
     #[error(transparent)]
     Format(#[from] flashtier_format::FormatError),
     /// `config.json` lacks a field or disagrees with the tensors.
-    #[error("{path}: field {field}: {why}")]
+    #[error("{path}: field {scope}{field}: {why}")]
     Config {
         /// The config file.
         path: PathBuf,
+        /// Where the field sits: `""`, or `text_config.` in a multimodal
+        /// wrapper ([`crate::source::CheckpointFiles::config_scope`]).
+        scope: &'static str,
         /// Field name.
         field: &'static str,
         /// What is wrong.

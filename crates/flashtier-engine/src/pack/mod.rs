@@ -19,8 +19,8 @@
 //! A multimodal wrapper (a `text_config`, the text model's tensors under
 //! `model.language_model.`, as Qwen4-Exp's `qwen4_exp` saves it) is packed
 //! from its text part ([`CheckpointFiles::text_part`]): the counts come
-//! from `text_config` (errors name the field without the `text_config.`
-//! prefix), the manifest's source names are the text model's
+//! from `text_config` (errors name the field `text_config.<field>`), the
+//! manifest's source names are the text model's
 //! (`model.layers.…`), and the pairing checksums are the wrapper's files'.
 //!
 //! Non-expert tensors (embeddings, attention, norms, routers, shared experts,
@@ -167,6 +167,7 @@ fn config_u64(ckpt: &CheckpointFiles, names: &[&'static str]) -> Option<u64> {
 fn config_err(ckpt: &CheckpointFiles, field: &'static str, why: String) -> PackError {
     PackError::Config {
         path: ckpt.dir().join("config.json"),
+        scope: ckpt.config_scope(),
         field,
         why,
     }
@@ -336,7 +337,7 @@ pub fn planned_bytes(manifest: &Manifest) -> u64 {
 }
 
 /// The files a pack of `ckpt` reads (an output may be none of them).
-fn checkpoint_inputs(ckpt: &CheckpointFiles) -> Vec<PathBuf> {
+pub(crate) fn checkpoint_inputs(ckpt: &CheckpointFiles) -> Vec<PathBuf> {
     let mut inputs = vec![
         ckpt.dir().join("config.json"),
         ckpt.dir().join("model.safetensors.index.json"),

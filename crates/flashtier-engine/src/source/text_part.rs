@@ -4,7 +4,8 @@
 //!
 //! Invariants: the view shares the wrapper's files and raw `config.json`
 //! bytes (so a store packed from it pairs with the wrapper, checked by the
-//! same checksums); its parsed config is `text_config`; each tensor under
+//! same checksums); its parsed config is `text_config` (its fields named
+//! `text_config.<field>` in errors); each tensor under
 //! `model.language_model.` is listed as `model.` plus the rest of its name,
 //! every other tensor (`lm_head.weight`, the vision tower's) under its own
 //! name, each pointing at the same file bytes. A renamed tensor that would
@@ -16,6 +17,9 @@ use super::{CheckpointError, CheckpointFiles, TensorInfo};
 
 /// Where the wrapper keeps its text model's tensors.
 pub const WRAPPER_TEXT_PREFIX: &str = "model.language_model.";
+
+/// Where the wrapper keeps its text model's config fields.
+pub const WRAPPER_TEXT_SCOPE: &str = "text_config.";
 
 impl CheckpointFiles {
     /// The text part of a multimodal wrapper (a config with a
@@ -53,6 +57,7 @@ impl CheckpointFiles {
             dir: self.dir.clone(),
             config: text.clone(),
             config_bytes: self.config_bytes.clone(),
+            config_scope: WRAPPER_TEXT_SCOPE,
             files: self.files.clone(),
             tensors,
         }))

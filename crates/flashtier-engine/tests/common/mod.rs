@@ -5,12 +5,16 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
+pub mod rewrite;
+
 use std::path::{Path, PathBuf};
 
+use flashtier::experts::Backing;
 use flashtier_engine::device::cpu::CpuDevice;
+use flashtier_engine::experts::ExpertStats;
 use flashtier_engine::load::{LoadOptions, load_cpu};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts};
-use flashtier_engine::{EngineError, Model};
+use flashtier_engine::{EngineError, Generation, Model};
 use serde_json::Value;
 
 /// A committed fixture made by `tools/make_fixtures.py` (from the crate the
@@ -44,7 +48,16 @@ pub fn reference(dir: &Path) -> Reference {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect()
     };
-    let logits = v["prompt_logits"]
+    Reference {
+        prompt: ids("prompt_ids"),
+        logits: logit_rows(&v, "prompt_logits"),
+        greedy: ids("greedy_ids"),
+    }
+}
+
+/// The logit table `key` (`[row][vocab]`) of a parsed `reference.json`.
+pub fn logit_rows(v: &Value, key: &str) -> Vec<Vec<f32>> {
+    v[key]
         .as_array()
         .unwrap()
         .iter()
@@ -55,11 +68,50 @@ pub fn reference(dir: &Path) -> Reference {
                 .map(|x| x.as_f64().unwrap() as f32)
                 .collect()
         })
-        .collect();
-    Reference {
-        prompt: ids("prompt_ids"),
-        logits,
-        greedy: ids("greedy_ids"),
+        .collect()
+}
+
+/// Decode with `run(opts)` at every expert budget (all of `report`'s
+/// records, half, one token's `top_k`) on both backings (queue depth 4):
+/// each gives `want`'s tokens and logit bits; the smallest budget on slots
+/// misses and reads whole records.
+pub fn same_bits_at_every_budget(
+    name: &str,
+    report: &PackReport,
+    top_k: usize,
+    want: &Generation,
+    mut run: impl FnMut(&LoadOptions) -> (Generation, ExpertStats),
+) {
+    let stride = report.stride_bytes;
+    let all = stride * report.records;
+    let smallest = stride * top_k as u64;
+    for backing in [Backing::Slots, Backing::Mapped] {
+        for budget in [all, all / 2, smallest] {
+            let mut opts = LoadOptions::store(&report.out).budget(budget);
+            opts.backing = backing;
+            opts.queue_depth = 4;
+            let (o, s) = run(&opts);
+            let what = format!("{name} {backing:?} budget {budget}");
+            assert_eq!(
+                o.generated_ids, want.generated_ids,
+                "{what}: tokens changed"
+            );
+            assert_eq!(
+                o.prompt_logits, want.prompt_logits,
+                "{what}: logits changed"
+            );
+            println!(
+                "{what} B: hit rate {:.3}, {} B read",
+                s.hit_rate(),
+                s.bytes_read
+            );
+            if budget == smallest && backing == Backing::Slots {
+                assert!(
+                    s.misses > 0 && s.bytes_read >= s.misses * stride,
+                    "{what}: {s:?}"
+                );
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! `flashtier pack`: build store files from checkpoints.
 
 pub mod experts;
+mod ple;
 pub mod rows;
 
 /// What to pack.
@@ -8,7 +9,8 @@ pub mod rows;
 pub enum Pack {
     /// Pack the MoE expert tensors of an HF checkpoint into an expert store.
     Experts(experts::Args),
-    /// Pack an Engram / embedding table into a row shard.
+    /// Pack an Engram / embedding table into a row shard (--ple: every
+    /// Qwen4-Exp PLE table shard, as `run --rows-budget` opens them).
     Rows(rows::Args),
 }
 

@@ -1,4 +1,5 @@
-//! `flashtier pack rows`: write one rank's packed row shard.
+//! `flashtier pack rows`: write one rank's packed row shard, or with
+//! `--ple` every PLE row shard of a Qwen4-Exp checkpoint ([`super::ple`]).
 //!
 //! The table is a safetensors tensor and its scale tensor (`--model`,
 //! `--tensor`, `--scales`), an unscaled BF16/F16/F32 tensor (`--model`,
@@ -21,6 +22,27 @@ pub struct Args {
     /// Checkpoint directory (or one .safetensors file) holding the table.
     #[arg(long, conflicts_with = "table")]
     pub model: Option<PathBuf>,
+    /// Qwen4-Exp: pack every PLE layer's n-gram table shards of --model,
+    /// one row shard each, under the names `flashtier run --rows-budget`
+    /// opens (`layer{L}.shard{K}-{tag}.ftrows`), so the run packs nothing.
+    /// Into --out-dir, else the folder that run uses with the same --store
+    /// or --cache (the store's path plus `.ple-rows`).
+    #[arg(
+        long,
+        requires = "model",
+        conflicts_with_all = ["tensor", "scales", "table", "out", "rank", "ranks", "layer"]
+    )]
+    pub ple: bool,
+    /// With --ple: the folder of the row shards (run's --rows-dir).
+    #[arg(long, value_name = "DIR", requires = "ple", conflicts_with_all = ["store", "cache"])]
+    pub out_dir: Option<PathBuf>,
+    /// With --ple: the expert store run will use (the shards go beside it,
+    /// into FILE.ple-rows).
+    #[arg(long, value_name = "FILE", requires = "ple")]
+    pub store: Option<PathBuf>,
+    /// With --ple: the store cache run will use [default: as run's].
+    #[arg(long, value_name = "DIR", requires = "ple", conflicts_with = "store")]
+    pub cache: Option<PathBuf>,
     /// Name of the table tensor: FP8 E4M3 `[rows, 256]` with --scales, or
     /// an unscaled BF16, F16 or F32 `[rows, n]` without (Qwen4-Exp's
     /// `...ngram_embedding.shard_K.weight`).
@@ -59,11 +81,11 @@ pub struct Args {
     pub layer: u64,
     /// Output shard file. An existing OUT is replaced only if it is a row
     /// shard; OUT may not be the table's file. Written to a temp file beside
-    /// OUT and renamed over it when complete.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Fail at once if another flashtier process is writing OUT instead of
-    /// waiting for it.
+    /// OUT and renamed over it when complete (so is each --ple shard).
+    #[arg(long, required_unless_present = "ple")]
+    pub out: Option<PathBuf>,
+    /// Fail at once if another flashtier process is writing OUT (a --ple
+    /// shard) instead of waiting for it.
     #[arg(long)]
     pub no_wait: bool,
     /// Print the result as JSON.
@@ -105,6 +127,10 @@ fn source(a: &Args) -> anyhow::Result<TableSource> {
 
 /// Run `flashtier pack rows`.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.ple {
+        return super::ple::run(&a);
+    }
+    let out = a.out.as_ref().context("--out is required without --ple")?;
     let src = source(&a)?;
     let (lo, hi) = owned_range(src.rows, a.rank, a.ranks)?;
     let bar = indicatif::ProgressBar::new(hi - lo);
@@ -117,15 +143,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     bar.set_message(format!("packing rows [{lo}, {hi})"));
     let t0 = std::time::Instant::now();
     let wait = if a.no_wait { Wait::Fail } else { Wait::Block };
-    let header = pack_shard_with(&src, a.layer, lo, hi, &a.out, wait, &mut |done| {
+    let header = pack_shard_with(&src, a.layer, lo, hi, out, wait, &mut |done| {
         bar.set_position(done)
     })
-    .with_context(|| format!("packing {}", a.out.display()))?;
+    .with_context(|| format!("packing {}", out.display()))?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let v = serde_json::json!({
-            "out": a.out, "layer": header.layer, "lo": lo, "hi": hi, "rows": header.rows,
+            "out": out, "layer": header.layer, "lo": lo, "hi": hi, "rows": header.rows,
             "row_weight_bytes": header.row_weight_bytes, "scale_bytes": header.scale_bytes,
             "blocks": header.block_count(), "file_bytes": header.file_bytes(), "seconds": secs,
         });
@@ -137,7 +163,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             header.layer,
             a.rank,
             a.ranks,
-            a.out.display(),
+            out.display(),
             header.block_count(),
             header.file_bytes()
         );

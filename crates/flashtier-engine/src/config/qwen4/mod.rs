@@ -24,6 +24,7 @@ use serde_json::Value;
 use super::fields::Fields;
 use super::{Arch, ModelConfig, Routing};
 use crate::error::EngineError;
+use crate::source::WRAPPER_TEXT_SCOPE;
 use parse::parse_text;
 
 /// Most hyper-connection streams.
@@ -35,6 +36,29 @@ pub const MAX_NGRAM_HEADS: usize = 1 << 12;
 /// Largest `ngram_vocab_size_base` (primes above it are found by trial
 /// division: about 2^18 divisions per candidate at most).
 pub const MAX_NGRAM_VOCAB_BASE: u64 = 1 << 36;
+
+/// `err` with the config field it names (a [`EngineError::Config`] or
+/// [`EngineError::ConfigMismatch`]) prefixed by `scope`
+/// ([`Qwen4Config::field_scope`]); any other error as it is.
+pub fn in_scope(err: EngineError, scope: &str) -> EngineError {
+    match err {
+        _ if scope.is_empty() => err,
+        EngineError::Config { field, reason } => EngineError::Config {
+            field: format!("{scope}{field}"),
+            reason,
+        },
+        EngineError::ConfigMismatch {
+            field,
+            value,
+            found,
+        } => EngineError::ConfigMismatch {
+            field: format!("{scope}{field}"),
+            value,
+            found,
+        },
+        other => other,
+    }
+}
 
 /// What a decoder layer mixes tokens with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +236,16 @@ impl Qwen4Config {
         }
     }
 
+    /// Where the text model's fields sit in `config.json`: `text_config.`
+    /// inside the multimodal wrapper, else at the top (`""`).
+    pub fn field_scope(&self) -> &'static str {
+        if self.vision_skipped {
+            WRAPPER_TEXT_SCOPE
+        } else {
+            ""
+        }
+    }
+
     /// Whether `value` is a Qwen4-Exp config (text or wrapper).
     pub fn is_qwen4(value: &Value) -> bool {
         matches!(
@@ -234,7 +268,7 @@ impl Qwen4Config {
                     .ok_or_else(|| {
                         EngineError::config("text_config", "missing or not an object")
                     })?;
-                let mut cfg = parse_text(text, "text_config.", "model.language_model")?;
+                let mut cfg = parse_text(text, WRAPPER_TEXT_SCOPE, "model.language_model")?;
                 cfg.vision_skipped = true;
                 Ok(cfg)
             }

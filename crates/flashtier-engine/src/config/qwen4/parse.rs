@@ -10,20 +10,9 @@ use super::super::fields::Fields;
 use super::super::parse::eos_ids;
 use super::{
     LayerKind, LinearAttn, MAX_HC_COUNT, MAX_NGRAM_HEADS, MAX_NGRAM_SIZE, MAX_NGRAM_VOCAB_BASE,
-    Ple, Qsa, Qwen4Config,
+    Ple, Qsa, Qwen4Config, in_scope,
 };
 use crate::error::EngineError;
-
-/// A field error with the wrapper's prefix.
-fn at(err: EngineError, scope: &str) -> EngineError {
-    match err {
-        EngineError::Config { field, reason } if !scope.is_empty() => EngineError::Config {
-            field: format!("{scope}{field}"),
-            reason,
-        },
-        other => other,
-    }
-}
 
 pub(super) fn parse_text(
     obj: &Map<String, Value>,
@@ -31,7 +20,7 @@ pub(super) fn parse_text(
     prefix: &str,
 ) -> Result<Qwen4Config, EngineError> {
     let c = Fields(obj);
-    text_fields(&c, prefix).map_err(|e| at(e, scope))
+    text_fields(&c, prefix).map_err(|e| in_scope(e, scope))
 }
 
 fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError> {
@@ -238,7 +227,7 @@ fn attention(c: &Fields<'_>) -> Result<AttnShape, EngineError> {
     }
     let theta = r
         .float("rope_theta")
-        .map_err(|e| at(e, "rope_parameters."))?;
+        .map_err(|e| in_scope(e, "rope_parameters."))?;
     let factor = match r.get("partial_rotary_factor") {
         None => 1.0,
         Some(v) => v

@@ -29,4 +29,4 @@ pub mod qsa;
 pub mod rows;
 
 pub use model::Qwen4Model;
-pub use rows::{PleRowOptions, PleRowStats};
+pub use rows::{PleRowOptions, PleRowStats, PleShard, pack_ple_rows, ple_shards};

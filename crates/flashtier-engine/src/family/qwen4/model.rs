@@ -8,29 +8,25 @@
 //! `sigmoid(shared_expert_gate . x)`, injected likewise. The final mixer's
 //! output goes to the LM head (there is no final norm).
 //!
-//! Bounds: a step is at most [`PREFILL_CHUNK`] tokens; the sequence at most
-//! `max_position_embeddings` positions (refused before the step runs).
+//! Bounds: a step is at most [`crate::model::PREFILL_CHUNK`] tokens; the
+//! sequence at most `max_position_embeddings` positions (refused before
+//! the step runs).
 
 use std::path::Path;
-use std::sync::Arc;
-
-use flashtier_format::Store;
-use flashtier_io::PosixBackend;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Routing;
-use crate::config::qwen4::{LayerKind, Qwen4Config};
+use crate::config::qwen4::{LayerKind, Qwen4Config, in_scope};
 use crate::device::Device;
 use crate::device::cpu::experts::PoolExperts;
 use crate::device::cpu::{CpuDevice, HostAct};
 use crate::error::EngineError;
-use crate::experts::{ExpertStats, StreamOptions, open_pool};
+use crate::experts::ExpertStats;
 use crate::family::ffn::DenseMlp;
 use crate::family::route::{RouteRule, route_row};
-use crate::load::LoadOptions;
+use crate::load::{LoadOptions, pool_experts};
 use crate::matrix::Matrix;
-use crate::model::PREFILL_CHUNK;
-use crate::pack::check_pairing;
+use crate::model::check_step;
 
 use super::gdn::GatedDeltaNet;
 use super::hyper::GatedResidual;
@@ -105,27 +101,12 @@ impl Qwen4Model {
         if cfg.vision_skipped {
             tracing::info!("qwen4_exp: the text model runs; the vision tower is not run");
         }
-        let opened = Store::open(store)?;
-        check_pairing(&opened, ckpt.source())?;
-        let view = cfg.expert_view();
-        let budget = opts
-            .budget_bytes
-            .unwrap_or(opened.stride_bytes() * opened.record_count());
-        let backend = match &opts.backend {
-            Some(b) => b.clone(),
-            None => Arc::new(PosixBackend::new(opts.queue_depth.max(1))?),
-        };
-        let stream = StreamOptions {
-            backing: opts.backing,
-            budget_bytes: budget,
-            queue_depth: opts.queue_depth,
-        };
-        let (pool, layout) = open_pool(store, &view, stream, backend)?;
-        let mut experts = PoolExperts::new(pool, layout);
-        experts.load_all()?;
-        let mut m = Self::with_experts(ckpt, cfg, experts)?;
+        // Inside the wrapper, a field is named as `text_config.<field>`.
+        let scope = cfg.field_scope();
+        let experts = pool_experts(&cfg.expert_view(), ckpt.source(), store, opts)?;
+        let mut m = Self::with_experts(ckpt, cfg, experts).map_err(|e| in_scope(e, scope))?;
         if let Some(r) = rows {
-            m.use_row_store(r)?;
+            m.use_row_store(r).map_err(|e| in_scope(e, scope))?;
         }
         Ok(m)
     }
@@ -275,21 +256,7 @@ impl Qwen4Model {
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
         let n = tokens.len();
         let (vocab, h, hc) = (self.cfg.vocab_size, self.cfg.hidden_size, self.cfg.hc_count);
-        if n == 0 || n > PREFILL_CHUNK {
-            return Err(EngineError::Shape {
-                op: "forward",
-                what: format!("{n} tokens in one step (1..={PREFILL_CHUNK})"),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { id, vocab });
-        }
-        if self.pos + n > self.cfg.max_positions {
-            return Err(EngineError::ContextFull {
-                len: self.pos + n,
-                max: self.cfg.max_positions,
-            });
-        }
+        check_step(tokens, vocab, self.pos, self.cfg.max_positions)?;
         let mut x = Vec::with_capacity(n * hc * h);
         for &t in tokens {
             let row = self

@@ -30,7 +30,7 @@ use crate::matrix::{Matrix, to_f32};
 
 use super::ngram::{NgramHasher, NgramSpec};
 use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
-use super::rows::{LayerRows, PleRowOptions, PleRowStats};
+use super::rows::{LayerRows, PleRowOptions, PleRowStats, table_names, table_stem};
 
 /// One row shard of a PLE table.
 struct Shard {
@@ -100,7 +100,7 @@ impl PleLayer {
         };
         let shards = table_shards(
             ckpt,
-            &format!("{pre}.ple_embedding.ngram_embedding"),
+            &table_stem(prefix),
             p.split_parts,
             p.row_dim(),
             hasher.rows(),
@@ -344,13 +344,7 @@ fn table_shards(
     row_dim: usize,
     rows: u64,
 ) -> Result<Vec<Shard>, EngineError> {
-    let names: Vec<String> = if ckpt.contains(&format!("{stem}.shard_0.weight")) {
-        (0..parts)
-            .map(|k| format!("{stem}.shard_{k}.weight"))
-            .collect()
-    } else {
-        vec![format!("{stem}.weight")]
-    };
+    let names = table_names(ckpt.source(), stem, parts);
     let mut shards = Vec::with_capacity(names.len());
     let mut first_row = 0u64;
     for name in names {

@@ -4,12 +4,18 @@
 //! per block, checked on every read) and served by one [`RowStore`] per
 //! shard, all sharing one RAM cache budget.
 //!
-//! Files: `{dir}/layer{L}.shard{K}-{tag}.ftrows`, where `tag` is the xxh3
-//! of the checkpoint file's header and length (as the expert store's
-//! pairing checks them), so a shard packed from another checkpoint is
-//! never served; a missing shard is packed from the checkpoint tensor
-//! ([`TableSource::safetensors_unscaled`]); one whose rows or geometry do
-//! not match the tensor is an error naming it.
+//! Files: `{dir}/layer{L}.shard{K}-{tag}.ftrows` ([`ple_shards`] lists
+//! them), where `L` is the decoder layer, `K` the table shard and `tag` the
+//! xxh3 of the checkpoint file's header, its length and the tensor's
+//! offset in it (as the expert store's pairing checks them), so a shard
+//! packed from another checkpoint is never served; a missing shard is
+//! packed from the checkpoint tensor ([`TableSource::safetensors_unscaled`])
+//! when the model opens, or all of them beforehand by [`pack_ple_rows`]
+//! (`flashtier pack rows --ple`); one whose rows or geometry do not match
+//! the tensor is an error naming it. Every shard is written by the row
+//! packer ([`pack_shard_with`]: a lock beside it, a unique temp file,
+//! fsync, rename; only an older row shard is replaced) and may not be a
+//! file of the checkpoint.
 //!
 //! Bounds: the budget is split evenly over the shards (a share under one
 //! cache slot gives that shard no cache; 0 gives none at all, every row
@@ -23,17 +29,21 @@
 //! pass spends on rows: starting the prefetch, that wait and the lookup.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
-use flashtier::rows::pack::pack_shard;
-use std::sync::Arc;
-
-use flashtier::rows::{RowPrefetch, RowStore, RowStoreConfig, TableSource};
+use flashtier::rows::pack::pack_shard_with;
+use flashtier::rows::{RowError, RowPrefetch, RowStore, RowStoreConfig, TableSource};
+use flashtier_format::row_shard::RowShardHeader;
 use flashtier_format::xxh3_64;
+use flashtier_io::persist::{Wait, refuse_inputs};
 use flashtier_io::{PosixBackend, StorageBackend};
 
 use crate::checkpoint::Checkpoint;
+use crate::config::qwen4::{Qwen4Config, in_scope};
 use crate::error::EngineError;
+use crate::pack::checkpoint_inputs;
+use crate::source::CheckpointFiles;
 
 /// Where a Qwen4-Exp model's PLE rows come from, when not from the
 /// checkpoint directly.
@@ -44,6 +54,134 @@ pub struct PleRowOptions {
     pub dir: PathBuf,
     /// RAM cache budget over all PLE shards, in bytes (0: no cache).
     pub budget_bytes: u64,
+}
+
+impl PleRowOptions {
+    /// The folder `flashtier run` keeps the shards in by default: the
+    /// expert store's path plus `.ple-rows`.
+    pub fn dir_beside(store: &Path) -> PathBuf {
+        let mut dir = store.as_os_str().to_owned();
+        dir.push(".ple-rows");
+        PathBuf::from(dir)
+    }
+}
+
+/// One PLE table shard and the row shard file it is packed into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PleShard {
+    /// Decoder layer (zero-based) of the table.
+    pub layer: usize,
+    /// Shard of the layer's table.
+    pub shard: usize,
+    /// The checkpoint tensor (`...ngram_embedding.shard_K.weight`).
+    pub tensor: String,
+    /// Bytes of the tensor (the rows the file holds).
+    pub table_bytes: u64,
+    /// The packed file, `{dir}/layer{L}.shard{K}-{tag}.ftrows`.
+    pub path: PathBuf,
+}
+
+/// Every PLE table shard of the checkpoint `ckpt` (config `cfg`) and the
+/// file the engine packs it into, and opens it from, in `dir`; in layer,
+/// then shard order (none without PLE layers).
+pub fn ple_shards(
+    ckpt: &CheckpointFiles,
+    cfg: &Qwen4Config,
+    dir: &Path,
+) -> Result<Vec<PleShard>, EngineError> {
+    let Some(ple) = &cfg.ple else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for &layer in &ple.layers {
+        let stem = table_stem(&format!("{}.layers.{layer}", cfg.prefix));
+        for (shard, tensor) in table_names(ckpt, &stem, ple.split_parts)
+            .into_iter()
+            .enumerate()
+        {
+            let path = shard_path(ckpt, &tensor, dir, layer, shard)?;
+            let table_bytes = ckpt.tensors().get(&tensor).map_or(0, |t| t.len_bytes);
+            out.push(PleShard {
+                layer,
+                shard,
+                tensor,
+                table_bytes,
+                path,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Pack every PLE table shard of the Qwen4-Exp checkpoint in `model` into
+/// `dir` (created when missing) under the engine's names ([`ple_shards`]),
+/// replacing older row shards there, so that a model opened with its rows
+/// in `dir` packs nothing. `wait` says what to do when another process
+/// writes the same shard; `progress(done, total)` sees the table bytes
+/// packed so far of all shards'. Returns each shard with the header
+/// written.
+pub fn pack_ple_rows(
+    model: &Path,
+    dir: &Path,
+    wait: Wait,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<(PleShard, RowShardHeader)>, EngineError> {
+    let ckpt = CheckpointFiles::open(model)?;
+    let cfg = Qwen4Config::from_json(ckpt.config())?;
+    let shards = ple_shards(&ckpt, &cfg, dir)?;
+    if shards.is_empty() {
+        let none = EngineError::config(
+            "ple_layer_ids",
+            "this model has no PLE layers, so no row tables to pack",
+        );
+        return Err(in_scope(none, cfg.field_scope()));
+    }
+    create_dir(dir)?;
+    let total: u64 = shards.iter().map(|s| s.table_bytes).sum();
+    let mut done_bytes = 0u64;
+    let mut out = Vec::with_capacity(shards.len());
+    for s in shards {
+        let src = TableSource::safetensors_unscaled(ckpt.dir(), &s.tensor)?;
+        let header = pack_one(&ckpt, &src, &s, wait, &mut |rows| {
+            progress(
+                done_bytes + rows * u64::from(src.geometry.weight_bytes),
+                total,
+            );
+        })?;
+        done_bytes += s.table_bytes;
+        out.push((s, header));
+    }
+    Ok(out)
+}
+
+/// Pack `src` (the tensor of `shard`) into its file, refusing any file of
+/// `ckpt` as the output.
+fn pack_one(
+    ckpt: &CheckpointFiles,
+    src: &TableSource,
+    shard: &PleShard,
+    wait: Wait,
+    progress: &mut dyn FnMut(u64),
+) -> Result<RowShardHeader, EngineError> {
+    refuse_inputs(&shard.path, &checkpoint_inputs(ckpt)).map_err(RowError::from)?;
+    let layer = shard.layer as u64;
+    Ok(pack_shard_with(
+        src,
+        layer,
+        0,
+        src.rows,
+        &shard.path,
+        wait,
+        progress,
+    )?)
+}
+
+/// Create the shard folder `dir` (and its parents).
+fn create_dir(dir: &Path) -> Result<(), EngineError> {
+    std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// Row-store counters of the PLE tables.
@@ -110,17 +248,22 @@ impl LayerRows {
         opts: &PleRowOptions,
         cache_bytes: u64,
     ) -> Result<Self, EngineError> {
-        std::fs::create_dir_all(&opts.dir).map_err(|source| EngineError::Io {
-            path: opts.dir.clone(),
-            source,
-        })?;
+        create_dir(&opts.dir)?;
+        let files = ckpt.source();
         let mut stores = Vec::with_capacity(names.len());
         let backend: Arc<dyn StorageBackend> = Arc::new(PosixBackend::new(ROW_QUEUE_DEPTH)?);
         for (k, name) in names.iter().enumerate() {
-            let src = TableSource::safetensors_unscaled(ckpt.source().dir(), name)?;
-            let path = shard_path(ckpt, name, &opts.dir, layer, k)?;
+            let src = TableSource::safetensors_unscaled(files.dir(), name)?;
+            let path = shard_path(files, name, &opts.dir, layer, k)?;
             if !path.exists() {
-                pack_shard(&src, layer as u64, 0, src.rows, &path, &mut |_| {})?;
+                let shard = PleShard {
+                    layer,
+                    shard: k,
+                    tensor: name.clone(),
+                    table_bytes: src.rows * u64::from(src.geometry.weight_bytes),
+                    path: path.clone(),
+                };
+                pack_one(files, &src, &shard, Wait::Block, &mut |_| {})?;
             }
             let cfg = RowStoreConfig {
                 cache_bytes,
@@ -214,22 +357,40 @@ impl LayerRows {
     }
 }
 
+/// The table of the PLE layer whose tensors start `layer_prefix`
+/// (`{prefix}.layers.{L}`): its shards are `{stem}.shard_K.weight`.
+pub(crate) fn table_stem(layer_prefix: &str) -> String {
+    format!("{layer_prefix}.ple.ple_embedding.ngram_embedding")
+}
+
+/// The shard tensors of table `stem`: `{stem}.shard_K.weight` for `K` in
+/// `0..parts` when the checkpoint splits it, else the one `{stem}.weight`.
+pub(crate) fn table_names(ckpt: &CheckpointFiles, stem: &str, parts: usize) -> Vec<String> {
+    if ckpt
+        .tensors()
+        .contains_key(&format!("{stem}.shard_0.weight"))
+    {
+        (0..parts)
+            .map(|k| format!("{stem}.shard_{k}.weight"))
+            .collect()
+    } else {
+        vec![format!("{stem}.weight")]
+    }
+}
+
 /// `{dir}/layer{L}.shard{K}-{tag}.ftrows` for tensor `name` (see the module docs).
 fn shard_path(
-    ckpt: &Checkpoint,
+    ckpt: &CheckpointFiles,
     name: &str,
     dir: &Path,
     layer: usize,
     k: usize,
 ) -> Result<PathBuf, EngineError> {
-    let (info, _) = ckpt.info(name)?;
-    let file = ckpt
-        .source()
-        .files()
-        .get(info.file)
-        .ok_or_else(|| EngineError::MissingTensor {
-            name: name.to_string(),
-        })?;
+    let missing = || EngineError::MissingTensor {
+        name: name.to_string(),
+    };
+    let info = ckpt.tensors().get(name).ok_or_else(missing)?;
+    let file = ckpt.files().get(info.file).ok_or_else(missing)?;
     let mut id = file.header.clone();
     id.extend_from_slice(&file.len_bytes.to_le_bytes());
     id.extend_from_slice(&info.offset.to_le_bytes());

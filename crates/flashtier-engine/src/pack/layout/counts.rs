@@ -29,6 +29,7 @@ const COUNT_FIELDS: [&str; 9] = [
 pub fn check_config_counts(ckpt: &Checkpoint) -> Result<(), PackError> {
     let err = |field: &'static str, why: String| PackError::Config {
         path: ckpt.dir().join("config.json"),
+        scope: ckpt.config_scope(),
         field,
         why,
     };
