@@ -168,6 +168,13 @@ impl<D: Device> Model<D> {
     /// [`PREFILL_CHUNK`]). Returns the logits of every token (`all_logits`)
     /// or of the last one, row-major `[rows][vocab]` on the host.
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let head = if all_logits { Head::Every } else { Head::Last };
+        self.step(tokens, head)
+    }
+
+    /// [`Self::forward`] with the LM head on the rows `head` names (none:
+    /// an empty vector, for a prompt chunk whose logits nobody reads).
+    fn step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         let n = tokens.len();
         let (vocab, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
         if n == 0 || n > PREFILL_CHUNK {
@@ -201,7 +208,10 @@ impl<D: Device> Model<D> {
         };
         let normed = decoder_layers(&self.weights, &mut st, &mut x)?;
         self.kv.advance(n);
-        let head = if all_logits || n == 1 {
+        if head == Head::None {
+            return Ok(Vec::new());
+        }
+        let head = if head == Head::Every || n == 1 {
             normed
         } else {
             let mut last = dev.zeros(1, h)?;
@@ -242,8 +252,15 @@ impl<D: Device> Model<D> {
         let start_stats = self.experts.stats();
         let started = Instant::now();
         let mut last = Vec::new();
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
-            last = self.forward(chunk, keep_prompt_logits)?;
+        let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
+        for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+            // Only the last chunk's last row picks the first new token.
+            let head = match (keep_prompt_logits, c + 1 == chunks) {
+                (true, _) => Head::Every,
+                (false, true) => Head::Last,
+                (false, false) => Head::None,
+            };
+            last = self.step(chunk, head)?;
             if keep_prompt_logits {
                 out.prompt_logits
                     .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
@@ -271,6 +288,14 @@ impl<D: Device> Model<D> {
         out.total_experts = now.since(&start_stats);
         Ok(out)
     }
+}
+
+/// Which rows of a step go through the LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Head {
+    Every,
+    Last,
+    None,
 }
 
 /// The greedy token of the last row of `logits`.
