@@ -4,7 +4,8 @@
 //!
 //! Bounds: a prompt runs in chunks of at most [`PREFILL_CHUNK`] tokens (the
 //! activations of a step are `chunk x widest layer` f32, the logits `chunk x
-//! vocab` only when every prompt position's logits are kept); the KV cache
+//! vocab` only when every prompt position's logits are kept, and a chunk
+//! before the prompt's last runs no LM head unless they are); the KV cache
 //! holds at most the context limit, checked for the whole request before
 //! the first token runs.
 

@@ -10,7 +10,9 @@
 //! A step with several rows (a prompt chunk) reads each weight row once per
 //! group of rows (dense layers, and each expert over the rows that chose
 //! it) and attends its rows together, each over the positions up to its
-//! own ([`kv`]); its output is bit-identical to feeding the rows one at a
+//! own ([`kv`]); the experts it routes to run in parallel, each over its
+//! rows, and its row-wise steps (norms, residual adds, RoPE, routing) on
+//! the pool; its output is bit-identical to feeding the rows one at a
 //! time.
 
 pub mod ceiling;
