@@ -4,7 +4,8 @@
 //!
 //! Bounds: a prompt runs in chunks of at most [`PREFILL_CHUNK`] tokens (the
 //! activations of a step are `chunk x widest layer` f32, the logits `chunk x
-//! vocab` only when every prompt position's logits are kept); the KV cache
+//! vocab` only when every prompt position's logits are kept, and a chunk
+//! before the prompt's last runs no LM head unless they are); the KV cache
 //! holds at most the context limit, checked for the whole request before
 //! the first token runs.
 
@@ -169,6 +170,13 @@ impl<D: Device> Model<D> {
     /// [`PREFILL_CHUNK`]). Returns the logits of every token (`all_logits`)
     /// or of the last one, row-major `[rows][vocab]` on the host.
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let head = if all_logits { Head::Every } else { Head::Last };
+        self.run_step(tokens, head)
+    }
+
+    /// [`Self::forward`] with the LM head on the rows `head` names (none:
+    /// an empty vector, for a prompt chunk whose logits nobody reads).
+    fn run_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         let n = tokens.len();
         let (vocab, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
         let first = self.kv.len();
@@ -188,7 +196,10 @@ impl<D: Device> Model<D> {
         };
         let normed = decoder_layers(&self.weights, &mut st, &mut x)?;
         self.kv.advance(n);
-        let head = if all_logits || n == 1 {
+        if head == Head::None {
+            return Ok(Vec::new());
+        }
+        let head = if head == Head::Every || n == 1 {
             normed
         } else {
             let mut last = dev.zeros(1, h)?;
@@ -237,6 +248,10 @@ impl<D: Device> Decoder for Model<D> {
         self.forward(tokens, all_logits)
     }
 
+    fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
+        self.run_step(tokens, head)
+    }
+
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
     }
@@ -252,6 +267,12 @@ pub(crate) trait Decoder {
     /// One forward step of at most [`PREFILL_CHUNK`] tokens (see
     /// [`Model::forward`]).
     fn step(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError>;
+    /// A prompt chunk, with the LM head over the rows `head` names (a
+    /// model that cannot leave rows out computes the last row's logits or
+    /// more; the loop reads only what `head` names).
+    fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
+        self.step(tokens, head == Head::Every)
+    }
     /// Expert counters so far.
     fn expert_stats(&self) -> ExpertStats;
     /// Row-store counters so far (`None` when no row store serves the model).
@@ -288,8 +309,15 @@ pub(crate) fn greedy<M: Decoder>(
     let start_stats = m.expert_stats();
     let started = Instant::now();
     let mut last = Vec::new();
-    for chunk in prompt.chunks(PREFILL_CHUNK) {
-        last = m.step(chunk, keep_prompt_logits)?;
+    let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
+    for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+        // Only the last chunk's last row picks the first new token.
+        let head = match (keep_prompt_logits, c + 1 == chunks) {
+            (true, _) => Head::Every,
+            (false, true) => Head::Last,
+            (false, false) => Head::None,
+        };
+        last = m.prompt_step(chunk, head)?;
         if keep_prompt_logits {
             out.prompt_logits
                 .extend(last.chunks_exact(vocab).map(<[f32]>::to_vec));
@@ -349,6 +377,14 @@ pub(crate) fn check_step(
         });
     }
     Ok(())
+}
+
+/// Which rows of a step go through the LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Head {
+    Every,
+    Last,
+    None,
 }
 
 /// The greedy token of the last row of `logits`.

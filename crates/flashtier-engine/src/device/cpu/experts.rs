@@ -6,11 +6,14 @@
 //! `finish`), `plan` and `run_tracked` the misses, then hand each record to
 //! the kernel as soon as it is ready: resident records first, the others as
 //! their reads land (the CPU computes one expert while the next is still in
-//! flight). Time spent blocked on reads is the stall. The pool's bound
+//! flight), or in batches of every ready record for a prompt chunk's
+//! experts to run in parallel. Time spent blocked on reads is the stall. The pool's bound
 //! (`budget_bytes / stride` records) is the memory bound; a step needing
 //! more records than that is [`flashtier::experts::ExpertsError::PoolTooSmall`].
 
-use flashtier::experts::{Backing, ExpertPool, Precision};
+use std::time::Instant;
+
+use flashtier::experts::{Backing, ExpertPool, ExpertsError, Precision};
 
 use crate::device::ExpertTier;
 use crate::error::EngineError;
@@ -23,6 +26,10 @@ const LOAD_BATCH: usize = 256;
 
 /// Called with (position in the request, the expert's matrices).
 pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
+
+/// Called with every record of a request that is ready at once: (position
+/// in the request, the expert's matrices) each.
+pub type UseExperts<'f> = dyn FnMut(&[(usize, ExpertView<'_>)]) -> Result<(), EngineError> + 'f;
 
 /// Experts served from host memory by an [`ExpertPool`].
 pub struct PoolExperts {
@@ -76,6 +83,36 @@ impl PoolExperts {
         experts: &[usize],
         use_expert: &mut UseExpert<'_>,
     ) -> Result<(), EngineError> {
+        self.open_step(layer, experts, |tier, records| {
+            tier.serve(records, use_expert)
+        })
+    }
+
+    /// [`Self::with_experts`] in batches: `use_batch` gets every record that
+    /// is ready in a pass at once (all of them in one call when all are
+    /// resident), the rest in later passes as their reads land, each record
+    /// exactly once over the passes; it may compute a batch's experts in
+    /// parallel. Bound: at most `experts.len()` passes, since a pass that
+    /// finds none ready waits (the stall) until one is.
+    pub fn with_expert_batches(
+        &mut self,
+        layer: usize,
+        experts: &[usize],
+        use_batch: &mut UseExperts<'_>,
+    ) -> Result<(), EngineError> {
+        self.open_step(layer, experts, |tier, records| {
+            tier.serve_batches(records, use_batch)
+        })
+    }
+
+    /// Acquire `experts` of `layer`, read the misses (and the last guess
+    /// behind them), `serve` the step's records, and close the step.
+    fn open_step(
+        &mut self,
+        layer: usize,
+        experts: &[usize],
+        serve: impl FnOnce(&mut Self, &[usize]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
         let records = experts
             .iter()
             .map(|&e| record_index(&self.pool, layer, e))
@@ -94,7 +131,7 @@ impl PoolExperts {
                 // CPU computes this layer.
                 self.pool.prefetch(layer, &experts)?;
             }
-            self.serve(&records, use_expert)
+            serve(self, &records)
         })();
         let finished = self.pool.finish();
         served?;
@@ -150,12 +187,44 @@ impl PoolExperts {
         })
     }
 
-    fn use_record(
+    /// Serve every record of the open step in batches of the ready ones.
+    fn serve_batches(
         &mut self,
-        pos: usize,
-        r: usize,
-        use_expert: &mut UseExpert<'_>,
+        records: &[usize],
+        use_batch: &mut UseExperts<'_>,
     ) -> Result<(), EngineError> {
+        let mut pending: Vec<(usize, usize)> = records.iter().copied().enumerate().collect();
+        while !pending.is_empty() {
+            self.pool.collect_landed()?;
+            let mut ready = Vec::with_capacity(pending.len());
+            let mut k = 0;
+            while k < pending.len() {
+                match self.full_precision(pending[k].1) {
+                    Ok(()) => ready.push(pending.swap_remove(k)),
+                    Err(EngineError::Pool(ExpertsError::NotLanded { .. })) => k += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Some(&(_, first)) = pending.first().filter(|_| ready.is_empty()) {
+                let started = Instant::now();
+                self.pool.wait_ready(first)?;
+                self.stall_ns += started.elapsed().as_nanos() as u64;
+                continue;
+            }
+            // Nothing changes the pool between the checks above and these
+            // shared borrows of its records.
+            let views = ready
+                .iter()
+                .map(|&(pos, r)| Ok((pos, self.layout.view(self.pool.ready_bytes(r)?)?)))
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            use_batch(&views)?;
+        }
+        Ok(())
+    }
+
+    /// A ready record's precision held against the full one the CPU
+    /// kernels read (`NotLanded` while its read is in flight).
+    fn full_precision(&mut self, r: usize) -> Result<(), EngineError> {
         let addr = self.pool.addr(r)?;
         if addr.precision != Precision::Full {
             return Err(EngineError::LowBitRecord {
@@ -163,6 +232,16 @@ impl PoolExperts {
                 precision: addr.precision,
             });
         }
+        Ok(())
+    }
+
+    fn use_record(
+        &mut self,
+        pos: usize,
+        r: usize,
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
+        self.full_precision(r)?;
         let view = self.layout.view(self.pool.bytes(r)?)?;
         use_expert(pos, view)
     }

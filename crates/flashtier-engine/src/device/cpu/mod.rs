@@ -10,7 +10,9 @@
 //! A step with several rows (a prompt chunk) reads each weight row once per
 //! group of rows (dense layers, and each expert over the rows that chose
 //! it) and attends its rows together, each over the positions up to its
-//! own ([`kv`]); its output is bit-identical to feeding the rows one at a
+//! own ([`kv`]); the experts it routes to run in parallel, each over its
+//! rows, and its row-wise steps (norms, residual adds, RoPE, routing) on
+//! the pool; its output is bit-identical to feeding the rows one at a
 //! time.
 
 pub mod ceiling;
@@ -29,6 +31,11 @@ use experts::PoolExperts;
 use kernels::{apply_rope, apply_rope_interleaved, argmax, matmul, rms_norm, silu};
 use kv::KvCache;
 use moe::{moe_row, moe_rows};
+use rayon::prelude::*;
+
+/// Fewest values of an element-wise step one pool task takes (a prompt
+/// chunk's norms and residual adds; one row runs on the caller).
+const PAR_MIN_VALUES: usize = 16 * 1024;
 
 /// A `rows x cols` f32 activation in host memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,16 +231,36 @@ impl Device for CpuDevice {
                 format!("{}-wide weight over {} columns", g, x.cols),
             ));
         }
-        for (o, xi) in out.data.chunks_exact_mut(g).zip(x.data.chunks_exact(g)) {
-            rms_norm(o, xi, w, eps);
+        let norm = |(o, xi): (&mut [f32], &[f32])| rms_norm(o, xi, w, eps);
+        if x.rows > 1 {
+            // A prompt chunk's rows on the pool; each row's bits as alone.
+            (out.data.par_chunks_exact_mut(g))
+                .zip(x.data.par_chunks_exact(g))
+                .with_min_len(PAR_MIN_VALUES.div_ceil(g))
+                .for_each(norm);
+        } else {
+            out.data
+                .chunks_exact_mut(g)
+                .zip(x.data.chunks_exact(g))
+                .for_each(norm);
         }
         Ok(())
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), EngineError> {
         same_shape("add", x, y)?;
-        for (a, b) in x.data.iter_mut().zip(&y.data) {
-            *a += b;
+        let add = |(a, b): (&mut [f32], &[f32])| {
+            for (a, b) in a.iter_mut().zip(b) {
+                *a += b;
+            }
+        };
+        let piece = PAR_MIN_VALUES;
+        if x.rows > 1 {
+            (x.data.par_chunks_mut(piece))
+                .zip(y.data.par_chunks(piece))
+                .for_each(add);
+        } else {
+            add((&mut x.data, &y.data));
         }
         Ok(())
     }
@@ -287,19 +314,23 @@ impl Device for CpuDevice {
         first: usize,
     ) -> Result<(), EngineError> {
         check_rope(x, table, spec, first)?;
-        for r in 0..x.rows {
-            let (cos, sin) = kernels::rope_angles(first + r, &table.inv_freq, table.factor);
-            let row = x.row_mut(r);
-            for h in 0..spec.heads {
-                let at = h * spec.head_stride + spec.offset;
-                let part = &mut row[at..at + spec.dims];
-                if spec.interleaved {
-                    apply_rope_interleaved(part, spec.dims, &cos, &sin);
-                } else {
-                    apply_rope(part, spec.dims, &cos, &sin);
+        let cols = x.cols.max(1);
+        // Rows on the pool (each row's bits as alone).
+        x.data
+            .par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| {
+                let (cos, sin) = kernels::rope_angles(first + r, &table.inv_freq, table.factor);
+                for h in 0..spec.heads {
+                    let at = h * spec.head_stride + spec.offset;
+                    let part = &mut row[at..at + spec.dims];
+                    if spec.interleaved {
+                        apply_rope_interleaved(part, spec.dims, &cos, &sin);
+                    } else {
+                        apply_rope(part, spec.dims, &cos, &sin);
+                    }
                 }
-            }
-        }
+            });
         Ok(())
     }
 
@@ -367,8 +398,10 @@ impl Device for CpuDevice {
                 ),
             ));
         }
+        let bias = bias.map(Vec::as_slice);
         Ok((0..logits.rows)
-            .map(|r| route_row(rule, logits.row(r), bias.map(Vec::as_slice)))
+            .into_par_iter()
+            .map(|r| route_row(rule, logits.row(r), bias))
             .collect())
     }
 

@@ -9,11 +9,14 @@
 //! at a time, and each row's sum runs in the same order as [`moe_row`]'s.
 //!
 //! Bounds: one output row of `hidden` f32 per chosen expert (per row of the
-//! chunk), and a scratch of two `intermediate`-wide rows per row an expert
-//! serves; a chunk's experts are served at most the pool's capacity at a
-//! time.
+//! chunk), and per expert running at once (at most a few per thread of the
+//! pool) a scratch of its rows gathered and two `intermediate`-wide rows
+//! per row it serves; a chunk's experts are served at most the pool's
+//! capacity at a time.
 
 use std::collections::BTreeMap;
+
+use rayon::prelude::*;
 
 use super::experts::PoolExperts;
 use super::kernels::{matmul, silu};
@@ -50,7 +53,9 @@ pub(super) fn moe_row(
 }
 
 /// Several rows' routed experts (`x` is `routes.len() x hidden`, row-major),
-/// into `out` (the same shape).
+/// into `out` (the same shape). The experts a batch of the tier serves run
+/// in parallel, each over all of its rows; then the rows are summed in
+/// parallel, each in its own choices' order.
 pub(super) fn moe_rows(
     experts: &mut PoolExperts,
     layer: usize,
@@ -59,47 +64,61 @@ pub(super) fn moe_rows(
     out: &mut [f32],
 ) -> Result<(), EngineError> {
     let h = x.len() / routes.len().max(1);
-    // expert -> (row, position among the row's choices)
-    let mut users: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
-    for (r, chosen) in routes.iter().enumerate() {
-        for (slot, (e, _)) in chosen.iter().enumerate() {
-            users.entry(*e).or_default().push((r, slot));
-        }
-    }
-    let mut ys: Vec<Vec<Vec<f32>>> = routes.iter().map(|c| vec![Vec::new(); c.len()]).collect();
+    // expert -> the rows that chose it, ascending; and for each row's
+    // choice, its place among that expert's rows.
+    let mut users: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let places: Vec<Vec<usize>> = routes
+        .iter()
+        .enumerate()
+        .map(|(r, chosen)| {
+            let places = chosen.iter().map(|(e, _)| {
+                let rows = users.entry(*e).or_default();
+                rows.push(r);
+                rows.len() - 1
+            });
+            places.collect()
+        })
+        .collect();
     let ids: Vec<usize> = users.keys().copied().collect();
-    let mut scratch = SwigluScratch::default();
+    // expert -> its rows' outputs (`rows x hidden`), in its rows' order.
+    let mut ys: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
     for batch in ids.chunks(experts.capacity().max(1)) {
-        experts.with_experts(layer, batch, &mut |pos, view| {
-            let rows =
-                batch
-                    .get(pos)
-                    .and_then(|e| users.get(e))
-                    .ok_or_else(|| EngineError::Layout {
-                        what: format!("expert request of {} experts", batch.len()),
-                        reason: format!("the tier served position {pos}"),
-                    })?;
-            let mut xs = Vec::with_capacity(rows.len() * h);
-            for &(r, _) in rows {
-                xs.extend_from_slice(&x[r * h..(r + 1) * h]);
-            }
-            let mut y = vec![0f32; rows.len() * h];
-            scratch.swiglu_rows(&mut y, view, &xs, rows.len());
-            for (&(r, slot), yr) in rows.iter().zip(y.chunks_exact(h)) {
-                ys[r][slot] = yr.to_vec();
-            }
+        experts.with_expert_batches(layer, batch, &mut |landed| {
+            let done = landed
+                .par_iter()
+                .map_init(SwigluScratch::default, |scratch, &(pos, view)| {
+                    let (e, rows) = batch
+                        .get(pos)
+                        .and_then(|e| Some((*e, users.get(e)?)))
+                        .ok_or_else(|| EngineError::Layout {
+                            what: format!("expert request of {} experts", batch.len()),
+                            reason: format!("the tier served position {pos}"),
+                        })?;
+                    Ok((e, scratch.expert_rows(view, x, h, rows)))
+                })
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            ys.extend(done);
             Ok(())
         })?;
     }
-    for ((o, y), chosen) in out.chunks_exact_mut(h).zip(&ys).zip(routes) {
-        o.fill(0.0);
-        for (yi, (_, w)) in y.iter().zip(chosen) {
-            for (a, v) in o.iter_mut().zip(yi) {
-                *a += v * w;
+    out.par_chunks_mut(h.max(1))
+        .zip(routes.par_iter().zip(&places))
+        .try_for_each(|(o, (chosen, places))| {
+            o.fill(0.0);
+            for ((e, w), &j) in chosen.iter().zip(places) {
+                let y = ys
+                    .get(e)
+                    .and_then(|y| y.get(j * h..(j + 1) * h))
+                    .ok_or_else(|| EngineError::Layout {
+                        what: format!("expert {e} of layer {layer}"),
+                        reason: "the tier never served it".to_string(),
+                    })?;
+                for (a, v) in o.iter_mut().zip(y) {
+                    *a += v * w;
+                }
             }
-        }
-    }
-    Ok(())
+            Ok(())
+        })
 }
 
 /// Scratch of one SwiGLU: the gate and up activations (side by side per
@@ -108,9 +127,31 @@ pub(super) fn moe_rows(
 struct SwigluScratch {
     act: Vec<f32>,
     up: Vec<f32>,
+    /// The rows an expert serves, gathered.
+    xs: Vec<f32>,
 }
 
 impl SwigluScratch {
+    /// One expert's SwiGLU over `rows` of `x` (`hidden`-wide rows): its
+    /// outputs, `rows.len() x hidden`, in the rows' order.
+    fn expert_rows(
+        &mut self,
+        view: ExpertView<'_>,
+        x: &[f32],
+        hidden: usize,
+        rows: &[usize],
+    ) -> Vec<f32> {
+        let mut xs = std::mem::take(&mut self.xs);
+        xs.clear();
+        for &r in rows {
+            xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        let mut y = vec![0f32; rows.len() * hidden];
+        self.swiglu_rows(&mut y, view, &xs, rows.len());
+        self.xs = xs;
+        y
+    }
+
     /// `out = down(silu(gate xs) * up xs)` for `tokens` rows of `xs`;
     /// bit-identical to one row at a time, and with gate and up as one
     /// matrix or two.

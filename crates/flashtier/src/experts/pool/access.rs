@@ -40,6 +40,24 @@ impl ExpertPool {
         self.view(r, e)
     }
 
+    /// The payload bytes of a record [`Self::bytes`] has already handed out
+    /// ready (and verified, when mapped, in the current epoch of its map), by
+    /// shared reference, so a consumer can hold several records at once.
+    /// A record that is not ready is [`ExpertsError::NotResident`], one
+    /// stale since its check [`ExpertsError::NotLanded`]: call
+    /// [`Self::bytes`] first.
+    pub fn ready_bytes(&self, r: usize) -> Result<&[u8], ExpertsError> {
+        self.check_record(r)?;
+        let e = self.entries[r];
+        if e.residency != Residency::Ready {
+            return Err(ExpertsError::NotResident { record: r });
+        }
+        if self.is_stale(r) {
+            return Err(ExpertsError::NotLanded { record: r });
+        }
+        self.view(r, e)
+    }
+
     /// Wait until `r` is ready (its read landed and verified).
     pub fn wait_ready(&mut self, r: usize) -> Result<(), ExpertsError> {
         self.ensure_ready(r, true)

@@ -90,7 +90,7 @@ impl ExpertPool {
     }
 
     /// Whether ready record `r` was verified in an older epoch of its map.
-    fn is_stale(&self, r: usize) -> bool {
+    pub(super) fn is_stale(&self, r: usize) -> bool {
         let e = self.entries[r];
         self.backing == Backing::Mapped
             && e.residency == Residency::Ready

@@ -5,14 +5,19 @@
 //! (the portable widening spends a shuffle and a shift per 16 elements).
 //!
 //! The activations are laid out to match once per product
-//! ([`pair_lanes`]), and the sums are put back in element order before the
-//! tree ([`unpair`]): every one of the `LANES` chains sees the same
-//! elements in the same order as [`super::dots`], so the outputs keep their
-//! bits (the tests in `gemv::tests` compare every path with the scalar one).
+//! ([`pair_lanes`]), and the sums go through the tree in registers as if
+//! they had been put back in element order first ([`reduce_pairs`]): every
+//! one of the `LANES` chains sees the same elements in the same order as
+//! [`super::dots`], and every add of the tree the same operands, so the
+//! outputs keep their bits (the tests in `gemv::tests` compare every path
+//! with the scalar one).
 
+use pulp::bytemuck::cast;
 use pulp::{Simd, f32x16, u32x16, x86::V4};
 
-use super::{Bf16, Kernel, LANES, Widen, reduce};
+use std::arch::x86_64::__m512;
+
+use super::{Bf16, Kernel, LANES, Widen};
 
 /// Activation rows (`cols` values each) in the pairs' lane order: in each
 /// whole chunk of `LANES` values the even-indexed ones first, then the odd;
@@ -34,16 +39,31 @@ pub(super) fn pair_lanes(xs: &[f32], cols: usize) -> Vec<f32> {
     out
 }
 
-/// Sums in the pairs' lane order (evens, then odds) put back in element
-/// order.
+/// [`super::reduce`] of the sums put back in element order, from the sums in the
+/// pairs' order (`even[m]` is element `2m`, `odd[m]` element `2m + 1`), in
+/// registers. That tree adds element `l` and `l + w` for `w` = 16,
+/// 8, 4, 2, then the last two: for an even `l = 2m` that is `even[m] +
+/// even[m + w / 2]`, for an odd one the same in `odd`, and the last add is
+/// `even`'s total plus `odd`'s. So the tree is run on both halves at once,
+/// each add with the same operands in the same order (the lower element
+/// first) as the scalar tree's, and the bits are its bits.
 #[inline(always)]
-fn unpair(acc: [f32; LANES]) -> [f32; LANES] {
-    let mut a = [0f32; LANES];
-    for l in 0..LANES / 2 {
-        a[2 * l] = acc[l];
-        a[2 * l + 1] = acc[LANES / 2 + l];
-    }
-    a
+fn reduce_pairs(simd: V4, even: f32x16, odd: f32x16) -> f32 {
+    let f = simd.avx512f;
+    let (even, odd): (__m512, __m512) = (cast(even), cast(odd));
+    // w = 16: quarters 0-1 of each half plus quarters 2-3; lanes 0-7 then
+    // hold `even`'s sums, lanes 8-15 `odd`'s.
+    let lo = f._mm512_shuffle_f32x4::<0b01_00_01_00>(even, odd);
+    let hi = f._mm512_shuffle_f32x4::<0b11_10_11_10>(even, odd);
+    let s = f._mm512_add_ps(lo, hi);
+    // w = 8: quarter 0 plus quarter 1, quarter 2 plus quarter 3.
+    let s = f._mm512_add_ps(s, f._mm512_shuffle_f32x4::<0b11_11_01_01>(s, s));
+    // w = 4, then w = 2: within each quarter, lanes 0-1 plus 2-3, lane 0
+    // plus lane 1.
+    let s = f._mm512_add_ps(s, f._mm512_permute_ps::<0b11_10_11_10>(s));
+    let s = f._mm512_add_ps(s, f._mm512_permute_ps::<0b01_01_01_01>(s));
+    let lanes: [f32; 16] = cast(s);
+    lanes[0] + lanes[8]
 }
 
 /// The AVX-512 pair kernel; its activations must be in [`pair_lanes`]
@@ -98,7 +118,7 @@ impl Kernel for PairsV4 {
                     let w = Bf16::one(&row[i * 2..(i + 1) * 2]);
                     tail = w.mul_add(x[i], tail);
                 }
-                *o = reduce(unpair(pulp::bytemuck::cast(a))) + tail;
+                *o = reduce_pairs(simd, a[0], a[1]) + tail;
             }
         }
         out
