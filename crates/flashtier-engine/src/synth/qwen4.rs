@@ -34,6 +34,7 @@ use std::path::Path;
 use flashtier_format::{Dtype, xxh3_64};
 use serde_json::json;
 
+use super::shape::largest_fit;
 use super::{Init, SynthError, SynthFiles, SynthReport, SynthTensor};
 use crate::family::qwen4::ngram::{NgramHasher, NgramSpec};
 
@@ -153,16 +154,7 @@ impl Qwen4Spec {
         if full.total_bytes() <= target_bytes {
             return full;
         }
-        let (mut lo, mut hi) = (0.0f64, 1.0f64);
-        for _ in 0..40 {
-            let mid = (lo + hi) / 2.0;
-            if full.scaled(mid).total_bytes() <= target_bytes {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        let mut s = full.scaled(lo);
+        let mut s = full.scaled(largest_fit(target_bytes, |f| full.scaled(f).total_bytes()));
         s.shards = s.total_bytes().div_ceil(400 << 20).clamp(1, 64) as u32;
         s
     }

@@ -66,17 +66,8 @@ impl SynthSpec {
         if full.total_bytes() <= target_bytes {
             return full;
         }
-        // Bytes grow about as f^3 (layers x hidden x width); bisect on f.
-        let (mut lo, mut hi) = (0.0f64, 1.0f64);
-        for _ in 0..40 {
-            let mid = (lo + hi) / 2.0;
-            if full.scaled(mid).total_bytes() <= target_bytes {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        let mut s = full.scaled(lo);
+        // Bytes grow about as f^3 (layers x hidden x width).
+        let mut s = full.scaled(largest_fit(target_bytes, |f| full.scaled(f).total_bytes()));
         s.shards = s.total_bytes().div_ceil(400 << 20).clamp(1, 64) as u32;
         s
     }
@@ -115,6 +106,21 @@ impl SynthSpec {
         };
         s
     }
+}
+
+/// The largest scale factor in `[0, 1]` whose model (`bytes(f)`, growing
+/// with `f`) fits `target_bytes`, by bisection.
+pub(crate) fn largest_fit(target_bytes: u64, bytes: impl Fn(f64) -> u64) -> f64 {
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    for _ in 0..40 {
+        let mid = (lo + hi) / 2.0;
+        if bytes(mid) <= target_bytes {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
