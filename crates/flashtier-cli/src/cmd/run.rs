@@ -200,6 +200,7 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
         }
     };
     let gpu = GpuOptions {
+        kv: None,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: args.budget_hbm.or(args.budget),

@@ -182,6 +182,7 @@ fn load_mode(
     opts.queue_depth = args.queue_depth;
     opts.backend = Some(logger.clone() as Arc<dyn StorageBackend>);
     let gpu = GpuOptions {
+        kv: None,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: hbm,
