@@ -161,6 +161,11 @@ impl<D: Device> Model<D> {
         self.experts.stats()
     }
 
+    /// The KV cache.
+    pub fn kv(&self) -> &D::Kv {
+        &self.kv
+    }
+
     /// What the KV tier did so far (`None` without a KV budget that
     /// offloads).
     pub fn kv_stats(&self) -> Option<KvTierStats> {

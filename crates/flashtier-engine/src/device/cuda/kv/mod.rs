@@ -27,6 +27,9 @@
 
 pub mod tier;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -242,6 +245,20 @@ impl CudaKv {
     #[must_use]
     pub fn dim(&self) -> usize {
         self.cache.dim()
+    }
+
+    /// The KV store file, once a chunk was offloaded.
+    #[must_use]
+    pub fn store_path(&self) -> Option<&std::path::Path> {
+        self.spill.as_ref().map(|s| s.tier.path())
+    }
+
+    /// `(offset, length)` in the store of every tile a restore of every
+    /// layer reads now (see [`KvTier::tile_extents`]).
+    pub fn tile_extents(&self) -> Result<Vec<(u64, usize)>, EngineError> {
+        self.spill
+            .as_ref()
+            .map_or(Ok(Vec::new()), |s| s.tier.tile_extents())
     }
 
     /// Time spent waiting for restored tiles' copies to the device.

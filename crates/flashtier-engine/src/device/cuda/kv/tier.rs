@@ -41,7 +41,8 @@ use crate::error::EngineError;
 /// A device's side of offload and restore.
 pub trait ChunkDevice {
     /// The bytes of complete, resident chunk `chunk` of `layer` (one store
-    /// block), copied out of the device's memory.
+    /// block), copied out of the device's memory into 4096-aligned host
+    /// memory (an O_DIRECT write source; pinned on a GPU).
     fn download(&mut self, layer: usize, chunk: usize) -> Result<&[u8], EngineError>;
     /// Attend over the landed, verified chunks `first_chunk..` of `layer`
     /// (`bytes`: whole blocks). The bytes may be reused once this returns.
@@ -267,6 +268,28 @@ impl KvTier {
         self.swap
             .as_mut()
             .ok_or_else(|| EngineError::Attention("no KV store".into()))
+    }
+
+    /// `(offset, length)` in the store file of every tile of offloaded
+    /// chunks, layer by layer, as a restore reads them (for a drive probe
+    /// with the same reads).
+    pub fn tile_extents(&self) -> Result<Vec<(u64, usize)>, EngineError> {
+        let layout = self.shape.layout()?;
+        let block = layout.block_bytes();
+        let mut out = Vec::new();
+        for (layer, v) in self.versions.iter().enumerate() {
+            for first in (0..v.len()).step_by(self.shape.tile_chunks.max(1)) {
+                let n = self.shape.tile_chunks.min(v.len() - first) as u64;
+                let ext = layout
+                    .block_extent(BlockId::new(layer as u32, first as u32))
+                    .map_err(|e| EngineError::Layout {
+                        what: "the KV store".into(),
+                        reason: e.to_string(),
+                    })?;
+                out.push((ext.offset, usize::try_from(n * block).unwrap_or(usize::MAX)));
+            }
+        }
+        Ok(out)
     }
 
     /// Offload chunks `chunks` of `layer` (the next ones not yet in the
