@@ -134,6 +134,32 @@ pub(super) fn run(
     })
 }
 
+/// Qwen3-30B-A3B's context limit.
+const REFERENCE_POSITIONS: usize = 40_960;
+
+/// Raise a freshly generated synthetic checkpoint's context limit
+/// (`max_position_embeddings`, 4096 as written) to Qwen3-30B-A3B's 40960,
+/// or `positions` if more, before its store is packed (RoPE does not
+/// depend on it).
+pub(super) fn raise_context(model: &Path, positions: usize) -> anyhow::Result<()> {
+    let positions = positions.max(REFERENCE_POSITIONS);
+    let path = model.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut cfg: serde_json::Value = serde_json::from_str(&text)?;
+    let have = cfg["max_position_embeddings"].as_u64().unwrap_or(0);
+    if have < positions as u64 {
+        cfg["max_position_embeddings"] = positions.into();
+        flashtier_io::persist::write_file(
+            &path,
+            cfg.to_string().as_bytes(),
+            flashtier_io::Wait::Block,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// The KV mode's lines of the text report.
 pub(super) fn print(k: &KvBench) {
     let gb = |b: f64| b / 1e9;

@@ -309,6 +309,9 @@ fn prepare(args: &Args, show: bool) -> anyhow::Result<()> {
             spec = spec.with_layers(args.layers);
         }
         kit::synth_with_bar(&spec, &args.model, show)?;
+        if args.modes.contains(&Mode::Kv) {
+            kv::raise_context(&args.model, args.kv_context + args.tokens)?;
+        }
     }
     let store = store_path(args);
     if !store.exists() {

@@ -337,11 +337,13 @@ fn restores_of_chunks_not_in_the_store_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (mut t, mut dev) = filled(posix(), dir.path());
     assert!(
-        t.restore(&mut dev, 0, &[2..4]).is_err(),
+        t.restore(&mut dev, 0, std::slice::from_ref(&(2..4)))
+            .is_err(),
         "tile wider than 1"
     );
     assert!(
-        t.restore(&mut dev, 0, &[3..4]).is_err(),
+        t.restore(&mut dev, 0, std::slice::from_ref(&(3..4)))
+            .is_err(),
         "chunk 3 is resident"
     );
     assert!(t.offload(&mut dev, 0, 4..5).is_err(), "chunk 3 comes first");
