@@ -24,7 +24,7 @@ use super::super::addr;
 use crate::context::Gpu;
 use crate::error::CudaError;
 
-/// A tile in a ring slot, ready for [`super::DecodeKernels::attend_tile`].
+/// A tile in a ring slot, ready for [`DecodeKernels::attend_tile`](crate::ops::DecodeKernels::attend_tile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingTile {
     slot: usize,

@@ -4,7 +4,9 @@
 //!
 //! Memory: activations are f32 in HBM, drawn from a recycling pool; weights
 //! stay in their stored form (BF16/F16/F32 bytes, FP8 codes with F32 block
-//! scales) in HBM; the KV cache is f32 in HBM; experts come from
+//! scales) in HBM; the KV cache is f32 in HBM, within a KV budget when
+//! one is set (older chunks offloaded to a KV store and restored for
+//! every attention, [`kv`]); experts come from
 //! [`experts::CudaExperts`] (HBM slots over a pinned RAM tier over the
 //! drive). Kernels accumulate in f32 in a fixed order, so a run's output
 //! does not depend on the budgets or on the order reads land in.
