@@ -150,3 +150,41 @@ fn store_is_packed_on_first_use_then_reused_on_both_backings() {
     assert!(!other.status.success());
     assert!(String::from_utf8_lossy(&other.stderr).contains("does not belong"));
 }
+
+/// A KV budget needs the GPU: on the CPU it is refused before anything is
+/// packed, and `auto` without a GPU (CI) refuses it too instead of
+/// dropping it.
+#[test]
+fn a_kv_budget_on_the_cpu_is_a_clear_error() {
+    let model = fixture("qwen3_moe");
+    let out = run(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--device",
+        "cpu",
+        "--kv-budget-hbm",
+        "1M",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs the CUDA device"), "{err}");
+    if flashtier_cuda::driver_present() {
+        return;
+    }
+    let out = run(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--kv-budget-hbm",
+        "1M",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("needs the CUDA device") && err.contains("no GPU"),
+        "{err}"
+    );
+}

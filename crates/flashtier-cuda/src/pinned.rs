@@ -158,6 +158,25 @@ impl PinnedMemory {
         Ok(())
     }
 
+    /// The bytes `offset..offset + len`, to fill or read on the host
+    /// (`&mut`: no copy or read through this value can touch them
+    /// meanwhile; copies this crate starts into pinned memory are waited
+    /// for before they return).
+    pub fn bytes_mut(&mut self, offset: usize, len: usize) -> Result<&mut [u8], CudaError> {
+        if !self.contains(offset, len) {
+            return Err(CudaError::invalid(
+                "pinned bytes",
+                format!("{len} bytes at {offset} of {}", self.len_bytes),
+            ));
+        }
+        // SAFETY: `offset..offset + len` lies inside the live, initialised
+        // (zeroed at allocation) allocation (checked); `&mut self` is the
+        // only way to reach it from safe code (a region built from a
+        // `PinnedMemory` owns it; `shared` hands out an `Arc`, which gives
+        // no `&mut`), so the slice is not aliased for its lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) })
+    }
+
     /// Does `offset..offset + len` lie inside the allocation?
     #[must_use]
     pub fn contains(&self, offset: usize, len: usize) -> bool {

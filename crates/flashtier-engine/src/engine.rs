@@ -110,6 +110,10 @@ pub fn open_with_rows(
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
     if Qwen4Config::is_qwen4(ckpt.source().config()) {
+        if gpu.kv.is_some() {
+            let why = Some("Qwen4-Exp decodes on the CPU only".to_string());
+            return Err(EngineError::KvBudgetNeedsGpu { why });
+        }
         drop(ckpt);
         return open_qwen4(model, store, opts, placement, rows);
     }
@@ -130,6 +134,7 @@ pub fn open_with_rows(
     };
     match dev {
         Some(dev) => {
+            dev.set_kv_budget(gpu.kv.clone());
             let name = dev.gpu().info().name.clone();
             crate::load::check_fits(&dev, &ckpt, store, gpu)?;
             let experts = cuda_experts(&dev, &cfg, &ckpt, store, opts, gpu)?;
@@ -142,6 +147,9 @@ pub fn open_with_rows(
             Ok((Engine::Cuda(Box::new(m)), chosen))
         }
         None => {
+            if gpu.kv.is_some() {
+                return Err(EngineError::KvBudgetNeedsGpu { why: fallback });
+            }
             let experts = cpu_experts(&cfg, &ckpt, store, opts)?;
             let m = Model::new(CpuDevice, &cfg, &ckpt, experts)?;
             let chosen = Chosen {

@@ -19,6 +19,36 @@ fn over_u64(value: Option<u64>) -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// The KV tier failed: a block that does not restore exactly (named
+    /// with its tile), the store file's I/O (path, offset, length).
+    #[error(transparent)]
+    Kv(#[from] flashtier::kv::KvError),
+    /// A KV budget on a device that keeps every position in RAM (the CPU
+    /// engine has no KV tier path).
+    #[error(
+        "a KV budget (--kv-budget-hbm) needs the CUDA device; the CPU engine keeps every KV position in RAM{}",
+        why.as_ref().map(|w| format!(" (no GPU: {w})")).unwrap_or_default()
+    )]
+    KvBudgetNeedsGpu {
+        /// Why `auto` stayed on the CPU, when it did.
+        why: Option<String>,
+    },
+    /// A KV budget too small for the resident window and the restore ring.
+    #[error(
+        "a KV budget of {budget} bytes of HBM is too small: the cache needs at least {needed} bytes (two resident chunks of {chunk_bytes} bytes in each of {layers} layers, plus a restore ring of {ring_bytes} bytes)"
+    )]
+    KvBudgetTooSmall {
+        /// The budget asked for.
+        budget: u64,
+        /// The smallest budget that works.
+        needed: u64,
+        /// Bytes of one chunk of one layer.
+        chunk_bytes: u64,
+        /// Layers.
+        layers: usize,
+        /// Bytes of the restore ring.
+        ring_bytes: u64,
+    },
     /// A file could not be opened or read.
     #[error("{path}: {source}", path = path.display())]
     Io {

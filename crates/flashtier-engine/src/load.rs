@@ -16,6 +16,7 @@ use crate::device::cpu::CpuDevice;
 use crate::device::cpu::experts::PoolExperts;
 use crate::device::cuda::CudaDevice;
 use crate::device::cuda::experts::{CudaExperts, TierBudgets};
+use crate::device::cuda::kv::KvBudget;
 use crate::error::EngineError;
 use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
@@ -160,12 +161,15 @@ pub fn load_cpu(model: &Path, opts: &LoadOptions) -> Result<Model<CpuDevice>, En
 }
 
 /// How [`load_cuda`] places a model on a GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct GpuOptions {
     /// Device ordinal.
     pub ordinal: usize,
     /// The expert tiers' budgets.
     pub budgets: TierBudgets,
+    /// The KV cache's HBM budget and store (`None`: every position in
+    /// HBM; see [`crate::device::cuda::kv`]).
+    pub kv: Option<KvBudget>,
 }
 
 impl Default for GpuOptions {
@@ -177,6 +181,7 @@ impl Default for GpuOptions {
                 ram_bytes: 0,
                 in_place: false,
             },
+            kv: None,
         }
     }
 }
@@ -325,6 +330,7 @@ pub fn load_cuda(
     let cfg = ModelConfig::from_file(&model.join("config.json"))?;
     let store = resolve_store(model, opts, &|_, _| {})?;
     let dev = CudaDevice::open(gpu.ordinal)?;
+    dev.set_kv_budget(gpu.kv.clone());
     check_fits(&dev, &ckpt, &store, gpu)?;
     let experts = cuda_experts(&dev, &cfg, &ckpt, &store, opts, gpu)?;
     Model::new(dev, &cfg, &ckpt, experts)

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::device::cuda::kv::tier::KvTierStats;
 use crate::device::{Activation, Device, ExpertTier, KvPrecision, KvSpec, KvState};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
@@ -68,6 +69,11 @@ pub struct Generation {
     /// Row-store counters over the decode steps (Qwen4-Exp's PLE rows,
     /// when they come from the row store).
     pub decode_rows: Option<PleRowStats>,
+    /// KV tier counters over the prompt (offloads, restores), when a KV
+    /// budget sends positions to the KV store.
+    pub prefill_kv: Option<KvTierStats>,
+    /// KV tier counters over the decode steps.
+    pub decode_kv: Option<KvTierStats>,
 }
 
 impl Generation {
@@ -153,6 +159,17 @@ impl<D: Device> Model<D> {
     /// Expert counters so far.
     pub fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
+    }
+
+    /// The KV cache.
+    pub fn kv(&self) -> &D::Kv {
+        &self.kv
+    }
+
+    /// What the KV tier did so far (`None` without a KV budget that
+    /// offloads).
+    pub fn kv_stats(&self) -> Option<KvTierStats> {
+        self.kv.tier_stats()
     }
 
     /// Positions the KV cache can hold.
@@ -255,6 +272,10 @@ impl<D: Device> Decoder for Model<D> {
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
     }
+
+    fn kv_stats(&self) -> Option<KvTierStats> {
+        self.kv.tier_stats()
+    }
 }
 
 /// What [`greedy`] needs of a model: its forward step, its context and
@@ -277,6 +298,10 @@ pub(crate) trait Decoder {
     fn expert_stats(&self) -> ExpertStats;
     /// Row-store counters so far (`None` when no row store serves the model).
     fn row_stats(&self) -> Option<PleRowStats> {
+        None
+    }
+    /// KV tier counters so far (`None` when no KV budget offloads).
+    fn kv_stats(&self) -> Option<KvTierStats> {
         None
     }
 }
@@ -307,6 +332,7 @@ pub(crate) fn greedy<M: Decoder>(
     }
     let vocab = m.vocab();
     let start_stats = m.expert_stats();
+    let kv_start = m.kv_stats();
     let started = Instant::now();
     let mut last = Vec::new();
     let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
@@ -327,6 +353,7 @@ pub(crate) fn greedy<M: Decoder>(
     out.prompt_tokens = prompt.len();
     let decode_stats = m.expert_stats();
     let rows_start = m.row_stats();
+    let kv_decode = m.kv_stats();
     let decode_started = Instant::now();
     let mut next = last_argmax(&last, vocab);
     for _ in 0..max_new {
@@ -347,6 +374,11 @@ pub(crate) fn greedy<M: Decoder>(
     out.decode_rows = m
         .row_stats()
         .zip(rows_start)
+        .map(|(now, was)| now.since(&was));
+    out.prefill_kv = kv_decode.zip(kv_start).map(|(now, was)| now.since(&was));
+    out.decode_kv = m
+        .kv_stats()
+        .zip(kv_decode)
         .map(|(now, was)| now.since(&was));
     Ok(out)
 }

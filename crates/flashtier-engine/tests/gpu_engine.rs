@@ -35,6 +35,7 @@ fn gpu_or_skip(test: &str) -> bool {
 
 fn gpu_opts(hbm: Option<u64>, ram: u64, in_place: bool) -> GpuOptions {
     GpuOptions {
+        kv: None,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: hbm,

@@ -62,6 +62,7 @@ fn check(name: &str) {
     let report = pack(&dir, tmp.path());
     let store = LoadOptions::store(&report.out);
     let opts = GpuOptions {
+        kv: None,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: None,

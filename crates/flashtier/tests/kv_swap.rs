@@ -498,3 +498,56 @@ fn a_live_store_is_not_opened_or_replaced_by_a_second_writer() {
     drop(reopened);
     KvSwap::create(posix(), &p, l, o).expect("create after the holder is gone");
 }
+
+/// Restores land in a region the caller hands over (the GPU engine's
+/// pinned memory), blocks of any element width come back through
+/// `restore_blocks`, and `restore_tiles` (BF16 attention) refuses f32; a
+/// region too small for the ring is refused at creation.
+#[test]
+fn restores_land_in_a_given_region_at_any_width() {
+    let g = KvGeometry {
+        num_layers: 2,
+        num_blocks: 4,
+        num_kv_heads: 1,
+        block_tokens: 256,
+        head_dim: 4,
+        dtype_bytes: 4,
+    };
+    let l = GroupLayout::new(g, BlockOrder::PerLayer).expect("layout");
+    let bb = l.block_bytes() as usize;
+    let o = SwapOptions {
+        tile_slots: 2,
+        ring_tiles: 2,
+        ..SwapOptions::default()
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let small = flashtier_io::LandingRegion::host(3 * bb);
+    let err = KvSwap::create_in(posix(), &dir.path().join("a.store"), l, o, Some(small));
+    assert!(err.is_err(), "a region of 3 blocks for a ring of 4");
+    let region = flashtier_io::LandingRegion::host(4 * bb);
+    let mut swap = KvSwap::create_in(posix(), &dir.path().join("b.store"), l, o, Some(region))
+        .expect("create in a region");
+    let mut v = Vec::new();
+    for block in 0..4 {
+        let id = BlockId::new(1, block);
+        let mut img = AlignedBuf::zeroed(bb);
+        img.fill(block as u8 + 1);
+        v.push(swap.offload_block(id, &img).expect("offload"));
+    }
+    let tiles = vec![v[0..2].to_vec(), v[2..3].to_vec(), v[3..4].to_vec()];
+    assert!(matches!(
+        swap.restore_tiles(&tiles, |_, _| Ok(())),
+        Err(KvError::Invalid(_))
+    ));
+    let mut seen = Vec::new();
+    let st = swap
+        .restore_blocks(&tiles, |i, t| {
+            seen.push((i, t.bytes().to_vec()));
+            Ok(())
+        })
+        .expect("restore f32 blocks");
+    assert_eq!((st.tiles, st.blocks), (3, 4));
+    let flat: Vec<u8> = seen.iter().flat_map(|(_, b)| b.clone()).collect();
+    let want: Vec<u8> = (0..4u8).flat_map(|b| vec![b + 1; bb]).collect();
+    assert!(flat == want, "restored bytes differ");
+}

@@ -9,6 +9,8 @@ use flashtier::experts::{Backing, ExpertsError};
 use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::config::qwen4::Qwen4Config;
 use flashtier_engine::device::cuda::experts::TierBudgets;
+use flashtier_engine::device::cuda::kv::KvBudget;
+use flashtier_engine::device::cuda::kv::tier::KvTierStats;
 use flashtier_engine::engine::{self, Chosen, Engine, Placement};
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
@@ -51,6 +53,17 @@ pub struct Args {
     /// (0: only the staging one step needs).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "0")]
     pub budget_ram: u64,
+    /// GPU: HBM for the KV cache (keys and values of every layer); a
+    /// context that needs more keeps its newest positions in HBM and
+    /// offloads the older ones to a KV store file, restored tile by tile
+    /// for every attention (the output is the same bits). Default: every
+    /// position in HBM. Refused on the CPU.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub kv_budget_hbm: Option<u64>,
+    /// Folder of the KV store file under --kv-budget-hbm (a scratch file,
+    /// removed at exit) [default: the expert store's folder].
+    #[arg(long, value_name = "DIR", requires = "kv_budget_hbm")]
+    pub kv_dir: Option<PathBuf>,
     /// Pool backing: `slots` (direct reads into a slot arena) or `mapped`
     /// (the store memory-mapped, the page cache as a second tier). A mapped
     /// store must not be modified in place while the run reads it (replacing
@@ -117,6 +130,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.logits_out {
         refuse_logits_out(path, &args)?;
+    }
+    if args.kv_budget_hbm.is_some() && args.device == Placement::Cpu {
+        return Err(EngineError::KvBudgetNeedsGpu { why: None }.into());
     }
     let (mut model, store, chosen, touched) = load_model(&args)?;
     if let (Some(why), false) = (&chosen.fallback, args.json) {
@@ -199,7 +215,16 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
             path
         }
     };
+    let kv = args.kv_budget_hbm.map(|bytes| {
+        let dir = args.kv_dir.clone().unwrap_or_else(|| {
+            path.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        });
+        KvBudget::new(bytes, dir)
+    });
     let gpu = GpuOptions {
+        kv,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: args.budget_hbm.or(args.budget),
@@ -433,6 +458,9 @@ fn report(
             "row_hit_rate": out.decode_rows.map(|r| r.hit_rate()),
             "row_bytes_read_per_token": out.decode_rows.map(|r| r.bytes_read as f64 / steps),
             "row_stall_fraction": out.decode_rows.map(|r| fraction(r.stall_ns, out.decode_secs)),
+            "kv_budget_hbm_bytes": args.kv_budget_hbm,
+            "kv_tier": out.decode_kv.map(|k| kv_json(&k, steps, out.decode_secs)),
+            "kv_tier_prefill": out.prefill_kv,
             "prefill_tokens_per_sec": if out.prefill_secs > 0.0 { out.prompt_tokens as f64 / out.prefill_secs } else { 0.0 },
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
@@ -447,6 +475,14 @@ fn report(
             bytes_per_token,
             100.0 * stall
         );
+        if let Some(k) = out.decode_kv {
+            println!(
+                "KV beyond HBM: {:.0} bytes restored per token; KV stall {:.2} ms per token ({:.1}%)",
+                k.restored_bytes as f64 / steps,
+                k.stall_ns() as f64 / 1e6 / steps,
+                100.0 * fraction(k.stall_ns(), out.decode_secs)
+            );
+        }
         if let Some(r) = out.decode_rows {
             println!(
                 "PLE rows: hit rate {:.1}%; {:.0} bytes read per token; stall {:.1}%",
@@ -457,6 +493,18 @@ fn report(
         }
     }
     Ok(())
+}
+
+/// The KV tier's decode counters per token.
+fn kv_json(k: &KvTierStats, steps: f64, secs: f64) -> serde_json::Value {
+    serde_json::json!({
+        "restored_bytes_per_token": k.restored_bytes as f64 / steps,
+        "offloaded_bytes_per_token": k.offloaded_bytes as f64 / steps,
+        "stall_ms_per_token": k.stall_ns() as f64 / 1e6 / steps,
+        "stall_fraction": fraction(k.stall_ns(), secs),
+        "read_wait_ms_per_token": k.read_wait_ns as f64 / 1e6 / steps,
+        "totals": k,
+    })
 }
 
 /// `ns` as a share of `secs` (0 when `secs` is not positive).

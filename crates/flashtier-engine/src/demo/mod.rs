@@ -543,6 +543,7 @@ impl DecodeSetup<'_> {
         load.queue_depth = opts.queue_depth;
         load.backend = Some(backend);
         let gpu = GpuOptions {
+            kv: None,
             ordinal: 0,
             budgets: TierBudgets {
                 hbm_bytes: Some(self.budget_bytes),

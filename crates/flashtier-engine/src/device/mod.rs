@@ -53,6 +53,11 @@ pub trait KvState {
     fn capacity(&self) -> usize;
     /// Mark `n` positions that every layer pushed as complete.
     fn advance(&mut self, n: usize);
+    /// What the KV tier did for this cache (`None`: every position stays
+    /// in the device's memory).
+    fn tier_stats(&self) -> Option<cuda::kv::tier::KvTierStats> {
+        None
+    }
 }
 
 /// The expert tier a device reads expert matrices from.

@@ -79,23 +79,55 @@ pub struct SlotPool {
 impl SlotPool {
     /// A zeroed pool of `num_slots` slots of `slot_bytes` each.
     pub fn new(slot_bytes: usize, num_slots: usize) -> Result<Self, IoError> {
+        let total = Self::check_size(slot_bytes, num_slots)?;
+        Ok(Self::over(
+            LandingRegion::host(total),
+            slot_bytes,
+            num_slots,
+        ))
+    }
+
+    /// A pool of `num_slots` slots of `slot_bytes` each over `region`
+    /// (e.g. pinned memory a device copies from), which must hold them.
+    /// The caller hands the region over: whoever else holds it touches no
+    /// byte of it (the region's accessors are `unsafe` for that reason).
+    pub fn in_region(
+        region: Arc<LandingRegion>,
+        slot_bytes: usize,
+        num_slots: usize,
+    ) -> Result<Self, IoError> {
+        let total = Self::check_size(slot_bytes, num_slots)?;
+        if region.len_bytes() < total || region.base_ptr() as usize % crate::buf::ALIGN != 0 {
+            return Err(IoError::Invalid(format!(
+                "a region of {} bytes cannot hold {num_slots} slots of {slot_bytes} bytes",
+                region.len_bytes()
+            )));
+        }
+        Ok(Self::over(region, slot_bytes, num_slots))
+    }
+
+    fn check_size(slot_bytes: usize, num_slots: usize) -> Result<usize, IoError> {
         let total = slot_bytes.checked_mul(num_slots);
         let ok = slot_bytes > 0
             && num_slots > 0
             && slot_bytes % crate::buf::ALIGN == 0
             && total.is_some_and(|t| t <= MAX_POOL_BYTES);
-        if !ok {
-            return Err(IoError::Invalid(format!(
+        match total {
+            Some(t) if ok => Ok(t),
+            _ => Err(IoError::Invalid(format!(
                 "slot pool of {num_slots} x {slot_bytes} bytes (slots must be non-zero multiples of 4096, pool <= {MAX_POOL_BYTES} bytes)"
-            )));
+            ))),
         }
-        Ok(Self {
-            region: LandingRegion::host(slot_bytes * num_slots),
+    }
+
+    fn over(region: Arc<LandingRegion>, slot_bytes: usize, num_slots: usize) -> Self {
+        Self {
+            region,
             slot_bytes,
             states: vec![SlotState::Empty; num_slots],
             batches: Vec::new(),
             next_batch: 1,
-        })
+        }
     }
 
     /// Slots in the pool.

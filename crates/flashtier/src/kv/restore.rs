@@ -182,7 +182,25 @@ impl KvSwap {
     /// Restore `tiles` (each at most `tile_slots` blocks) through the ring,
     /// calling `consume(tile_index, landed)` for each in order. Returns the
     /// time split; the first failure stops the pipeline (see module docs).
+    /// The blocks must be BF16 (what [`LandedTile::kv_tile`] reads); see
+    /// [`Self::restore_blocks`] for blocks of any element width.
     pub fn restore_tiles(
+        &mut self,
+        tiles: &[Vec<BlockVersion>],
+        consume: impl FnMut(usize, &LandedTile<'_>) -> Result<(), KvError>,
+    ) -> Result<RestoreStats, KvError> {
+        if self.layout().geometry().dtype_bytes != 2 {
+            return Err(KvError::Invalid(
+                "restore for attention needs 2-byte (BF16) elements".into(),
+            ));
+        }
+        self.restore_blocks(tiles, consume)
+    }
+
+    /// [`Self::restore_tiles`] for a consumer that reads the landed blocks'
+    /// bytes itself ([`LandedTile::bytes`]), whatever their element width
+    /// (the GPU engine's f32 chunks).
+    pub fn restore_blocks(
         &mut self,
         tiles: &[Vec<BlockVersion>],
         mut consume: impl FnMut(usize, &LandedTile<'_>) -> Result<(), KvError>,
@@ -193,11 +211,6 @@ impl KvSwap {
                 "tile {i} holds {} blocks, the ring's tiles {cap}",
                 t.len()
             )));
-        }
-        if self.layout().geometry().dtype_bytes != 2 {
-            return Err(KvError::Invalid(
-                "restore for attention needs 2-byte (BF16) elements".into(),
-            ));
         }
         let start = Instant::now();
         let mut stats = RestoreStats::default();

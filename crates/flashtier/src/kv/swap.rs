@@ -22,7 +22,9 @@ use flashtier_io::blocks::{
     BatchId, BlockPath, BlockSpan, SlotPool, write_block, write_blocks_run, write_span,
 };
 use flashtier_io::persist::{Output, Wait};
-use flashtier_io::{AlignedBuf, DirectMode, IoError, Landing, ReadReq, StorageBackend, StoreFile};
+use flashtier_io::{
+    AlignedBuf, DirectMode, IoError, Landing, LandingRegion, ReadReq, StorageBackend, StoreFile,
+};
 
 use super::existing::check_replaceable;
 
@@ -103,7 +105,11 @@ fn refuse_in_use(target: &Path) -> Result<(), KvError> {
     }
 }
 
-fn pool_for(layout: &GroupLayout, opts: &SwapOptions) -> Result<SlotPool, KvError> {
+fn pool_for(
+    layout: &GroupLayout,
+    opts: &SwapOptions,
+    region: Option<Arc<LandingRegion>>,
+) -> Result<SlotPool, KvError> {
     if opts.tile_slots == 0 || opts.ring_tiles == 0 {
         return Err(KvError::Invalid(
             "tile_slots and ring_tiles must be >= 1".into(),
@@ -115,7 +121,10 @@ fn pool_for(layout: &GroupLayout, opts: &SwapOptions) -> Result<SlotPool, KvErro
         .ok_or_else(|| KvError::Invalid("scratch pool size overflows".into()))?;
     let slot_bytes = usize::try_from(layout.block_bytes())
         .map_err(|_| KvError::Invalid("block larger than memory".into()))?;
-    Ok(SlotPool::new(slot_bytes, slots)?)
+    Ok(match region {
+        Some(r) => SlotPool::in_region(r, slot_bytes, slots)?,
+        None => SlotPool::new(slot_bytes, slots)?,
+    })
 }
 
 impl KvSwap {
@@ -138,7 +147,21 @@ impl KvSwap {
         layout: GroupLayout,
         opts: SwapOptions,
     ) -> Result<Self, KvError> {
-        let pool = pool_for(&layout, &opts)?;
+        Self::create_in(backend, path, layout, opts, None)
+    }
+
+    /// [`Self::create`], with restores landing in `region` (at least
+    /// `tile_slots * ring_tiles` blocks; e.g. pinned memory a device copies
+    /// from) instead of a host allocation of the tier's own. The region is
+    /// handed over (see [`SlotPool::in_region`]).
+    pub fn create_in(
+        backend: Arc<dyn StorageBackend>,
+        path: &Path,
+        layout: GroupLayout,
+        opts: SwapOptions,
+        region: Option<Arc<LandingRegion>>,
+    ) -> Result<Self, KvError> {
+        let pool = pool_for(&layout, &opts, region)?;
         let header = KvHeader {
             layout,
             model_hash: opts.model_hash,
@@ -214,7 +237,7 @@ impl KvSwap {
             .map(BlockEntry::decode)
             .collect();
         let next_generation = table.iter().map(|e| e.generation).max().unwrap_or(0) + 1;
-        let pool = pool_for(&layout, &opts)?;
+        let pool = pool_for(&layout, &opts, None)?;
         pool.register_with(backend.as_ref())?;
         Ok(Self {
             backend,

@@ -2,29 +2,48 @@
 // common.cuh and gemv.cu in the order ops/mod.rs gives).
 
 // ---------------------------------------------------------------------------
-// KV cache (f32, [position][kv_head][dim] per layer) and decode attention.
+// KV cache and decode attention. A layer's keys and values are kept in
+// chunks of `chunk` positions, each laid out as one block of the KV store
+// format: [K|V][kv_head][chunk][dim] f32, a group stride of `gs` floats
+// (>= chunk * dim) between (K|V, kv_head) groups, so a chunk is
+// 2 * kv_heads * gs floats. Chunk c of a layer lives in slot
+// (c - c_base) % slots of an arena: the layer's resident arena (c_base 0,
+// slots = the resident chunks) or one tile of the restore ring (c_base =
+// the tile's first chunk).
 
-// K[first + r] = k[r], V[first + r] = v[r] for each row (width = kv_heads * dim).
-extern "C" __global__ void kv_append(const float* k, const float* v, float* K, float* V,
-                                     int width, int first, long long n) {
+// Keys and values of rows at positions first.. (width = kv_heads * dim):
+// K[p][h][d] = k[(p - first) * width + h * dim + d], V likewise.
+extern "C" __global__ void kv_append(const float* k, const float* v, float* arena, int kv_heads,
+                                     int dim, int gs, int slots, int first, int chunk,
+                                     long long n) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const long long at = (long long)first * width + i;
-    K[at] = k[i];
-    V[at] = v[i];
+    const int width = kv_heads * dim;
+    const long long r = i / width;
+    const int rem = (int)(i - r * width);
+    const int h = rem / dim, d = rem - h * dim;
+    const long long p = first + r;
+    const long long c = p / chunk;
+    const int t = (int)(p - c * chunk);
+    float* base = arena + (c % slots) * (2LL * kv_heads * gs);
+    base[(long long)h * gs + (long long)t * dim + d] = k[i];
+    base[(long long)(kv_heads + h) * gs + (long long)t * dim + d] = v[i];
 }
 
-// Partial attention of query head h of row r over positions
-// [s * chunk, min(len, (s + 1) * chunk)), len = first + r + 1 (causal):
-// (m, l, o) of the online softmax. grid: (q_heads, rows, splits),
-// ATTN_WARPS warps; part layout [(r * q_heads + h) * splits + s][2 + dim].
+// Partial attention of query head h of row r over the positions of split
+// s = s_first + blockIdx.z, [s * chunk, min(len, (s + 1) * chunk)),
+// len = first + r + 1 (causal): (m, l, o) of the online softmax. The
+// split's chunk is read from slot (s - c_base) % slots of `arena`.
+// grid: (q_heads, rows, splits of this launch), ATTN_WARPS warps; part
+// layout [(r * q_heads + h) * splits + s][2 + dim], splits the total.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
-attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_heads, int dim,
-             int group, int first, float scale, int chunk, float* part, float* direct) {
+attn_partial(const float* q, int q_cols, const float* arena, int kv_heads, int dim, int group,
+             int first, float scale, int chunk, float* part, float* direct, int gs, int s_first,
+             int c_base, int slots, int splits) {
     __shared__ float wm[ATTN_WARPS];
     __shared__ float wl[ATTN_WARPS];
     __shared__ float wo[ATTN_WARPS][MAX_DIM_PER_LANE * WARP];
-    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int h = blockIdx.x, r = blockIdx.y, s = s_first + blockIdx.z;
     const int q_heads = gridDim.x;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int len = first + r + 1;
@@ -32,6 +51,9 @@ attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_
     const int end = min(len, start + chunk);
     const int kvh = h / group;
     const int per_lane = (dim + WARP - 1) / WARP;
+    const float* base = arena + (long long)((s - c_base) % slots) * (2LL * kv_heads * gs);
+    const float* K = base + (long long)kvh * gs;
+    const float* V = base + (long long)(kv_heads + kvh) * gs;
     float qv[MAX_DIM_PER_LANE], o[MAX_DIM_PER_LANE];
 #pragma unroll
     for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
@@ -40,9 +62,8 @@ attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_
         o[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    const long long row_stride = (long long)kv_heads * dim;
     for (int p = start + warp; p < end; p += ATTN_WARPS) {
-        const float* kp = K + p * row_stride + (long long)kvh * dim;
+        const float* kp = K + (long long)(p - start) * dim;
         float dot = 0.f;
 #pragma unroll
         for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
@@ -54,7 +75,7 @@ attn_partial(const float* q, int q_cols, const float* K, const float* V, int kv_
         const float corr = expf(m - mn);
         const float pe = expf(dot - mn);
         l = l * corr + pe;
-        const float* vp = V + p * row_stride + (long long)kvh * dim;
+        const float* vp = V + (long long)(p - start) * dim;
 #pragma unroll
         for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
             const int d = lane + WARP * j;

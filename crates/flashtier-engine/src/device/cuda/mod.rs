@@ -4,7 +4,9 @@
 //!
 //! Memory: activations are f32 in HBM, drawn from a recycling pool; weights
 //! stay in their stored form (BF16/F16/F32 bytes, FP8 codes with F32 block
-//! scales) in HBM; the KV cache is f32 in HBM; experts come from
+//! scales) in HBM; the KV cache is f32 in HBM, within a KV budget when
+//! one is set (older chunks offloaded to a KV store and restored for
+//! every attention, [`kv`]); experts come from
 //! [`experts::CudaExperts`] (HBM slots over a pinned RAM tier over the
 //! drive). Kernels accumulate in f32 in a fixed order, so a run's output
 //! does not depend on the budgets or on the order reads land in.
@@ -21,14 +23,14 @@
 //! profiling and streamed steps launch one by one.
 
 pub mod experts;
+pub mod kv;
 mod moe;
 pub mod profile;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use flashtier_cuda::ops::DecodeKernels;
-use flashtier_cuda::ops::attn::DevKvCache;
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
@@ -40,6 +42,7 @@ use crate::error::EngineError;
 use crate::family::route::RouteRule;
 use crate::matrix::{Matrix, MatrixData};
 use experts::CudaExperts;
+use kv::{CudaKv, KvBudget};
 use profile::{ClassTime, OpClass, Profiler};
 
 impl Activation for DevAct {
@@ -57,18 +60,6 @@ impl VectorLen for DevVector {
     }
 }
 
-impl KvState for DevKvCache {
-    fn len(&self) -> usize {
-        DevKvCache::len(self)
-    }
-    fn capacity(&self) -> usize {
-        DevKvCache::capacity(self)
-    }
-    fn advance(&mut self, n: usize) {
-        DevKvCache::advance(self, n);
-    }
-}
-
 /// Rows from which a matrix counts as the LM head in the profile.
 const LM_HEAD_ROWS: usize = 32_768;
 
@@ -81,6 +72,8 @@ pub struct CudaDevice {
     /// Every expert was resident at the last routed step: one-token steps
     /// may record.
     all_resident: Cell<bool>,
+    /// The KV budget caches made from now on take ([`kv`]).
+    kv_budget: RefCell<Option<KvBudget>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -102,6 +95,7 @@ impl CudaDevice {
             pool: ActPool::new(),
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
+            kv_budget: RefCell::new(None),
         })
     }
 
@@ -141,6 +135,12 @@ impl CudaDevice {
             let _ = self.gpu.flush();
         }
         out
+    }
+
+    /// Keep KV caches made from now on within `budget` of HBM, the rest
+    /// offloaded to a KV store (`None`: every position in HBM).
+    pub fn set_kv_budget(&self, budget: Option<KvBudget>) {
+        *self.kv_budget.borrow_mut() = budget;
     }
 
     /// The GPU.
@@ -188,7 +188,7 @@ impl Device for CudaDevice {
     type Act = DevAct;
     type Mat = DevMatrix;
     type Vector = DevVector;
-    type Kv = DevKvCache;
+    type Kv = CudaKv;
     type Rope = RopeTable;
     type Routes = DevRoutes;
     type Experts = CudaExperts;
@@ -244,14 +244,8 @@ impl Device for CudaDevice {
         Ok(RopeTable::upload(&self.gpu, positions, half, &cos, &sin)?)
     }
 
-    fn kv_cache(&self, spec: &KvSpec) -> Result<DevKvCache, EngineError> {
-        Ok(DevKvCache::new(
-            &self.gpu,
-            spec.layers,
-            spec.kv_heads,
-            spec.head_dim,
-            spec.capacity,
-        )?)
+    fn kv_cache(&self, spec: &KvSpec) -> Result<CudaKv, EngineError> {
+        CudaKv::new(&self.gpu, spec, self.kv_budget.borrow().as_ref())
     }
 
     fn embed(&self, out: &mut DevAct, table: &DevMatrix, ids: &[u32]) -> Result<(), EngineError> {
@@ -410,7 +404,7 @@ impl Device for CudaDevice {
 
     fn attend(
         &self,
-        kv: &mut DevKvCache,
+        kv: &mut CudaKv,
         layer: usize,
         q: &DevAct,
         k: &DevAct,
@@ -424,9 +418,7 @@ impl Device for CudaDevice {
         let positions = (kv.len() + q.rows()) as u64;
         let bytes = 2 * positions * (k.cols() * 4) as u64;
         self.timed(OpClass::Attention, bytes, || {
-            Ok(self
-                .kernels
-                .attend(kv, layer, q_heads, q, k, v, scale, out)?)
+            kv.attend(&self.kernels, layer, q_heads, q, (k, v), scale, out)
         })
     }
 

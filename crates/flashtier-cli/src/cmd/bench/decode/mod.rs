@@ -18,6 +18,8 @@
 //!   time per token.
 //! - `ram`: HBM budget `--ram-hbm`, the rest in the pinned RAM tier: tok/s
 //!   and the share of the pinned copy bandwidth the misses use.
+//! - `kv` (not run by default): KV beyond HBM, a `--kv-context` prompt
+//!   under `--kv-budget-hbm` ([`kv`]).
 //!
 //! With `--hf-script`, transformers runs the same prompt on the same
 //! checkpoint (fully on the GPU, and offloaded with accelerate under the
@@ -26,6 +28,7 @@
 //! Files: `measure.rs` (the limits and bounds the runs are held against),
 //! `report.rs` (the runs, transformers' runs, the speed-ups, the output).
 
+mod kv;
 mod measure;
 mod report;
 
@@ -59,6 +62,8 @@ pub enum Mode {
     Streamed,
     /// A fixed HBM budget with the rest of the experts in pinned RAM.
     Ram,
+    /// Every expert resident; a long context under a KV budget.
+    Kv,
 }
 
 impl Mode {
@@ -68,6 +73,7 @@ impl Mode {
             Self::Resident => "resident",
             Self::Streamed => "streamed",
             Self::Ram => "ram",
+            Self::Kv => "kv",
         }
     }
 }
@@ -106,6 +112,19 @@ pub struct Args {
     /// `ram`: HBM budget for experts (K, M, G, T: powers of 1024).
     #[arg(long, value_parser = parse_bytes, default_value = "4G")]
     pub ram_hbm: u64,
+    /// `kv`: prompt tokens (the context the decode attends over).
+    #[arg(long, default_value_t = 8192)]
+    pub kv_context: usize,
+    /// `kv`: HBM for the KV cache (K, M, G, T: powers of 1024).
+    #[arg(long, value_parser = parse_bytes, default_value = "64M")]
+    pub kv_budget_hbm: u64,
+    /// `kv`: folder of the KV store file [default: the expert store's folder].
+    #[arg(long, value_name = "DIR")]
+    pub kv_dir: Option<PathBuf>,
+    /// Routed experts per layer of the synthetic checkpoint [default: the
+    /// reference shape's] (the `kv` mode needs no more than top-k).
+    #[arg(long)]
+    pub synth_experts: Option<u32>,
     /// Decode steps of the per-kernel-class profile (resident mode).
     #[arg(long, default_value_t = 4)]
     pub profile_tokens: usize,
@@ -161,7 +180,7 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 /// `mode`'s expert budgets: HBM (`None`: every expert) and pinned RAM.
 fn mode_budgets(args: &Args, mode: Mode, expert_bytes: u64) -> (Option<u64>, u64) {
     match mode {
-        Mode::Resident => (None, 0),
+        Mode::Resident | Mode::Kv => (None, 0),
         Mode::Streamed => (Some(expert_bytes * args.stream_hbm_percent / 100), 0),
         Mode::Ram => (Some(args.ram_hbm), expert_bytes),
     }
@@ -182,6 +201,7 @@ fn load_mode(
     opts.queue_depth = args.queue_depth;
     opts.backend = Some(logger.clone() as Arc<dyn StorageBackend>);
     let gpu = GpuOptions {
+        kv: None,
         ordinal: 0,
         budgets: TierBudgets {
             hbm_bytes: hbm,
@@ -211,6 +231,10 @@ fn run_mode(
     report: &mut Report,
     show: bool,
 ) -> anyhow::Result<()> {
+    if mode == Mode::Kv {
+        report.kv = Some(kv::run(args, store, &report.limits, show)?);
+        return Ok(());
+    }
     let (hbm, ram) = mode_budgets(args, mode, report.expert_bytes);
     let probe = match mode {
         Mode::Streamed => Some(probe_before(store, opened, args.queue_depth)?),
@@ -253,6 +277,7 @@ fn run_mode(
                 (before, &before_reads),
             )?);
         }
+        Mode::Kv => {}
         Mode::Ram => {
             let used = run.h2d_bytes_per_token * run.tokens_per_sec;
             report.ram_h2d_share = Some(used / report.limits.h2d_pinned_bytes_per_sec.max(1.0));
@@ -278,8 +303,15 @@ fn prepare(args: &Args, show: bool) -> anyhow::Result<()> {
                 args.model.display()
             );
         };
-        let spec = SynthSpec::reference(arch, Dtype::Bf16, 1).with_layers(args.layers);
+        let mut spec = SynthSpec::reference(arch, Dtype::Bf16, 1).with_layers(args.layers);
+        if let Some(n) = args.synth_experts {
+            spec.experts = n;
+            spec = spec.with_layers(args.layers);
+        }
         kit::synth_with_bar(&spec, &args.model, show)?;
+        if args.modes.contains(&Mode::Kv) {
+            kv::raise_context(&args.model, args.kv_context + args.tokens)?;
+        }
     }
     let store = store_path(args);
     if !store.exists() {

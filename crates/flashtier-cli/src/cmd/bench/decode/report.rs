@@ -48,6 +48,7 @@ pub(super) struct Report {
     pub(super) prefill_tokens_per_sec: Option<f64>,
     pub(super) streamed: Option<Streamed>,
     pub(super) ram_h2d_share: Option<f64>,
+    pub(super) kv: Option<super::kv::KvBench>,
     pub(super) hf: Vec<serde_json::Value>,
     pub(super) speedups: serde_json::Value,
 }
@@ -71,6 +72,7 @@ impl Report {
             prefill_tokens_per_sec: None,
             streamed: None,
             ram_h2d_share: None,
+            kv: None,
             hf: Vec::new(),
             speedups: serde_json::Value::Null,
         }
@@ -233,6 +235,9 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
                 s.drive_probe_reads
             );
         }
+    }
+    if let Some(k) = &r.kv {
+        super::kv::print(k);
     }
     println!("speed-ups: {}", r.speedups);
     Ok(())
