@@ -301,6 +301,20 @@ pub trait Device {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// Router logits `w x[r]` (`rows x experts`) and each row's experts
+    /// chosen from them, as [`Device::linear`] then [`Device::route`];
+    /// devices may fuse the two.
+    fn router(
+        &self,
+        w: &Self::Mat,
+        x: &Self::Act,
+        rule: &RouteRule,
+        bias: Option<&Self::Vector>,
+    ) -> Result<Self::Routes, EngineError> {
+        let mut logits = self.zeros(x.rows(), rule.num_experts)?;
+        self.linear(&mut logits, w, x)?;
+        self.route(&logits, rule, bias)
+    }
     /// Choose each row's experts from its router logits (`rows x experts`).
     fn route(
         &self,

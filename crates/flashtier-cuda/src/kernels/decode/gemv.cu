@@ -18,6 +18,63 @@
 #define ATTN_WARPS 4
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90): inside a graph whose edge into a
+// kernel is programmatic (launch/graph.rs), the kernel's blocks may start
+// while the kernel before it still runs. pdl_wait() returns once that
+// kernel has finished and its writes are visible; before it a kernel only
+// reads what no kernel of the step writes (weights, the expert table) and
+// writes nothing. pdl_launch() lets the next kernel's blocks start (their
+// prologue overlaps this kernel); every kernel calls it right after its
+// wait, so at most two kernels are in flight. Outside such a graph (launches
+// one by one, older devices) both do nothing, so the results are the same.
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Both, at the top of a kernel with no prologue.
+static __device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch();
+}
+
+// Ask L2 for the 128-byte line holding `p` (a hint; `p` must lie in an
+// allocation).
+static __device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The calling warp asks L2 for bytes [0, len) at `p`, a line per lane in turn.
+static __device__ __forceinline__ void warp_prefetch(const u8* p, long long len) {
+    for (long long o = (long long)(threadIdx.x & 31) * 128; o < len; o += 32 * 128)
+        prefetch_l2(p + o);
+}
+
+// After every thread of the block wrote its part of the grid's result:
+// whether this block is the last of the grid to get here (then every other
+// block's writes are visible to it; read them with __ldcg). The last block
+// sets the counter back to 0 for the next launch. All threads call it.
+static __device__ bool last_block_done(u32* counter) {
+    __shared__ u32 ticket;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    const bool last = ticket == gridDim.x * gridDim.y * gridDim.z - 1;
+    if (last) {
+        __threadfence();
+        if (threadIdx.x == 0) *counter = 0u;
+    }
+    return last;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -209,11 +266,20 @@ static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, i
     int q = 0;
     while (q < 3 && g >= mm.start[q + 1]) ++q;
     const bool live = g < mm.start[4];
+    const int units = vec ? k / 8 : k;
+    const int per = (units + wpr - 1) / wpr;
+    const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
+    if (live) {
+        // The weights are no kernel's output: ask for this warp's slice of
+        // its row before waiting on the kernel before (see pdl_wait).
+        const long long eb = DT == 2 ? 4 : (DT == 3 ? 1 : 2);
+        const long long ub = vec ? 8 * eb : eb;
+        warp_prefetch(mm.w[q] + (long long)(g - mm.start[q]) * row_bytes + c0 * ub,
+                      (c1 - c0) * ub);
+    }
+    pdl_enter();
     if (live) {
         const Mat a = {mm.w[q], row_bytes, mm.scales[q], mm.sc_cols[q], br, bc};
-        const int units = vec ? k / 8 : k;
-        const int per = (units + wpr - 1) / wpr;
-        const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
         lane_dots<DT, R>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);

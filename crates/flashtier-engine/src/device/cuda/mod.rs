@@ -35,6 +35,7 @@ use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_cuda::{Gpu, GraphStats};
 use flashtier_format::Dtype;
 
+use crate::config::Routing;
 use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
@@ -81,6 +82,10 @@ pub struct CudaDevice {
     /// Every expert was resident at the last routed step: one-token steps
     /// may record.
     all_resident: Cell<bool>,
+    /// One-row softmax routing as one launch with its router product
+    /// (`FLASHTIER_FUSED_ROUTER=0`: the product, then the routing; the
+    /// same bits either way).
+    fused_router: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -102,6 +107,7 @@ impl CudaDevice {
             pool: ActPool::new(),
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
+            fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
         })
     }
 
@@ -427,6 +433,26 @@ impl Device for CudaDevice {
             Ok(self
                 .kernels
                 .attend(kv, layer, q_heads, q, k, v, scale, out)?)
+        })
+    }
+
+    fn router(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        rule: &RouteRule,
+        bias: Option<&DevVector>,
+    ) -> Result<DevRoutes, EngineError> {
+        if x.rows() != 1 || rule.routing != Routing::Softmax || !self.fused_router {
+            let mut logits = self.zeros(x.rows(), rule.num_experts)?;
+            self.linear(&mut logits, w, x)?;
+            return self.route(&logits, rule, bias);
+        }
+        let mut logits = self.zeros(1, rule.num_experts)?;
+        self.timed(OpClass::Routing, w.bytes() as u64, || {
+            Ok(self
+                .kernels
+                .router_softmax(w, x, &mut logits, rule.top_k, rule.norm_topk_prob)?)
         })
     }
 
