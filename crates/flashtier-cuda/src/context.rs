@@ -197,6 +197,12 @@ impl Gpu {
         self.queue.flush(self.stream.cu_stream())
     }
 
+    /// Whether a decode step records now (its launches become graphs).
+    #[must_use]
+    pub fn recording(&self) -> bool {
+        self.queue.recording()
+    }
+
     /// Drop `x` (a device buffer) once the launches queued now are issued.
     pub fn retire<T: Send + 'static>(&self, x: T) {
         self.queue.retire(Box::new(x));

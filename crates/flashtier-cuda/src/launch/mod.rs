@@ -282,6 +282,11 @@ impl Shared {
         r.and(stored)
     }
 
+    /// Whether a step records.
+    pub(crate) fn recording(&self) -> bool {
+        self.lock().recording
+    }
+
     /// Whether launches are queued, buffers held, or a step records.
     pub(crate) fn busy(&self) -> bool {
         let q = self.lock();

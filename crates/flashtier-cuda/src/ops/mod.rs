@@ -13,6 +13,7 @@
 //! - [`attn`]: the f32 KV cache and split decode attention.
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
+//! - [`hint`]: asking L2 for weights a later kernel of the step reads.
 //!
 //! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
 //! in the kernel table) may start early inside a recorded step's graph
@@ -25,6 +26,7 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+pub mod hint;
 mod moe;
 pub mod norm;
 pub mod pick;
@@ -57,6 +59,13 @@ pub const DECODE_SRC: &str = concat!(
 
 /// Rows one matrix-vector pass reads the weights for.
 pub const MAX_GEMV_ROWS: usize = 8;
+
+/// Chunks of 8 weights a lane of a one-row product keeps in flight
+/// (`FLASHTIER_GEMV_LOADS` sets 1 to [`MAX_GEMV_LOADS`]; the sums are the
+/// same bits whatever it is).
+pub const GEMV_LOADS: u32 = 8;
+/// Most chunks in flight a lane may be given.
+pub const MAX_GEMV_LOADS: u32 = 16;
 
 /// The kernels, and whether each starts with `griddepcontrol.wait` and
 /// touches nothing an earlier kernel writes before it (`pdl_wait` in
@@ -100,6 +109,7 @@ const KERNELS: &[(&str, bool)] = &[
     ("embed_fp8", true),
     ("argmax_rows", true),
     ("argmax_grid", true),
+    ("prefetch_spans", true),
     ("kv_append", false),
     ("attn_partial", false),
     ("attn_merge", false),
@@ -126,10 +136,19 @@ impl std::fmt::Debug for DecodeKernels {
 impl DecodeKernels {
     /// Compile and load the kernels for the device of `gpu`.
     /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
-    /// loads without their evict-first hint (for measuring the hint).
+    /// loads without their evict-first hint (for measuring the hint);
+    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`].
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         let stream = std::env::var("FLASHTIER_STREAM_WEIGHTS").map_or(true, |v| v != "0");
-        let defines = [("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned())];
+        let loads = std::env::var("FLASHTIER_GEMV_LOADS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| (1..=MAX_GEMV_LOADS).contains(n))
+            .unwrap_or(GEMV_LOADS);
+        let defines = [
+            ("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned()),
+            ("GEMV_LOADS", loads.to_string()),
+        ];
         let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
         for &(name, waits) in KERNELS {

@@ -262,6 +262,12 @@ pub trait Device {
     ) -> Result<(), EngineError> {
         qk_norm_rope_unfused(self, q, k, norms, eps, table, head_dim, first)
     }
+    /// A hint that `ws` are read soon (the device may start reading them
+    /// into a cache); never changes a result.
+    fn prefetch(&self, ws: &[&Self::Mat]) -> Result<(), EngineError> {
+        let _ = ws;
+        Ok(())
+    }
     /// `x[r] += b` for every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
     /// `gate = silu(gate) * up`.

@@ -258,3 +258,22 @@ argmax_grid(const float* x, int n, int per_block, float* part_v, int* part_i, u3
         out[0] = (x0 != x0 || i >= n) ? 0 : i;
     }
 }
+
+// Up to four byte ranges asked of L2 for a later kernel of the step (the
+// attention's output product, while the attention's own small kernels
+// leave HBM idle): issued before the wait (they are weights, no kernel's
+// output), so they overlap the kernel before; computes nothing. Thread t
+// of the grid asks for lines t, t + threads, ... of each range.
+struct Spans {
+    const u8* p[4];
+    long long len[4];
+};
+
+extern "C" __global__ void __launch_bounds__(256) prefetch_spans(Spans s) {
+    const long long step = (long long)gridDim.x * blockDim.x * 128;
+    const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 128;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        for (long long o = first; o < s.len[q]; o += step) prefetch_l2(s.p[q] + o);
+    pdl_enter();
+}

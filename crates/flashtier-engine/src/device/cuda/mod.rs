@@ -86,6 +86,8 @@ pub struct CudaDevice {
     /// (`FLASHTIER_FUSED_ROUTER=0`: the product, then the routing; the
     /// same bits either way).
     fused_router: bool,
+    /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
+    prefetch_on: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -108,6 +110,7 @@ impl CudaDevice {
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
             fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
+            prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
         })
     }
 
@@ -331,6 +334,15 @@ impl Device for CudaDevice {
         self.timed(OpClass::DenseGemv, passes * bytes, || {
             Ok(self.kernels.gemv_many(outs, ws, x)?)
         })
+    }
+
+    fn prefetch(&self, ws: &[&DevMatrix]) -> Result<(), EngineError> {
+        // Only recorded steps: there the prefetch starts while the kernels
+        // before it run; launched one by one it would only add a launch.
+        if !self.prefetch_on || !self.gpu.recording() || ws.is_empty() || ws.len() > 4 {
+            return Ok(());
+        }
+        self.timed(OpClass::Other, 0, || Ok(self.kernels.prefetch(ws)?))
     }
 
     fn hints_wanted(&self, experts: &CudaExperts) -> bool {
