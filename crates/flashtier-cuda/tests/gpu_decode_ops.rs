@@ -21,7 +21,7 @@ use flashtier_cuda::ops::experts::{ExpertSlots, ExpertSpec};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use common::{bf16, e4m3, gpu_or_skip, random_matrix};
+use common::{gpu_or_skip, random_matrix};
 
 fn act(
     k: &DecodeKernels,

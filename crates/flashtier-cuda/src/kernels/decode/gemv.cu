@@ -120,7 +120,7 @@ static __device__ __forceinline__ T load_weights(const T* p) {
 // Chunks of 8 weights a lane keeps in flight in a one-row product
 // (FLASHTIER_GEMV_LOADS sets it); several rows per pass keep 4.
 #ifndef GEMV_LOADS
-#define GEMV_LOADS 8
+#define GEMV_LOADS 4
 #endif
 
 // Chunk c of a row as loaded: 8 elements (16-byte aligned chunks for

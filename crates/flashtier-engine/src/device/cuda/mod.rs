@@ -18,7 +18,15 @@
 //! ([`flashtier_cuda::launch`]); the kernels and their arguments are the
 //! same as launched one by one, so the output is bit-identical.
 //! [`CudaDevice::set_graphs`] (or `FLASHTIER_CUDA_GRAPHS=0`) turns this off;
-//! profiling and streamed steps launch one by one.
+//! profiling and streamed steps launch one by one. Inside the graphs the
+//! kernels that wait on their predecessor themselves start early
+//! (programmatic dependent launch, see `flashtier_cuda::launch`), and a
+//! prefetch hint asks L2 for the attention's output product while the
+//! attention runs ([`Device::prefetch`]; `FLASHTIER_PREFETCH=0`: none).
+//!
+//! A one-row softmax router runs as one launch with its routing
+//! (`FLASHTIER_FUSED_ROUTER=0`: two, the same bits); a greedy decode step
+//! picks its token on the device and copies one id back.
 
 pub mod experts;
 mod moe;
