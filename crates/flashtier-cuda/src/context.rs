@@ -150,15 +150,18 @@ impl Gpu {
     }
 
     /// Launch `func` (named `name` in errors) now, or queue it while a
-    /// step records.
+    /// step records. `waits`: the kernel starts with `griddepcontrol.wait`
+    /// and touches nothing an earlier kernel writes before it (a recorded
+    /// graph may then start it early, see [`crate::launch`]).
     ///
     /// # Safety
     /// As `cuLaunchKernel`: `args` match the kernel's parameters, and every
     /// buffer they point to stays allocated until the kernel ran (drop one
-    /// that queued launches may use through [`Gpu::retire`]).
+    /// that queued launches may use through [`Gpu::retire`]); `waits` only
+    /// for a kernel that waits as said.
     pub(crate) unsafe fn launch(
         &self,
-        name: &'static str,
+        name: (&'static str, bool),
         func: &CudaFunction,
         cfg: LaunchConfig,
         args: Args,
@@ -194,6 +197,12 @@ impl Gpu {
         self.queue.flush(self.stream.cu_stream())
     }
 
+    /// Whether a decode step records now (its launches become graphs).
+    #[must_use]
+    pub fn recording(&self) -> bool {
+        self.queue.recording()
+    }
+
     /// Drop `x` (a device buffer) once the launches queued now are issued.
     pub fn retire<T: Send + 'static>(&self, x: T) {
         self.queue.retire(Box::new(x));
@@ -202,6 +211,13 @@ impl Gpu {
     /// Turn the recording of decode steps on or off (on by default).
     pub fn set_graphs(&self, on: bool) {
         self.queue.set_graphs(on);
+    }
+
+    /// Let recorded graphs start kernels that wait on their predecessor
+    /// themselves before it ends (on by default; `FLASHTIER_PDL=0` turns
+    /// it off; the results are the same either way).
+    pub fn set_pdl(&self, on: bool) {
+        self.queue.set_pdl(on);
     }
 
     /// Launches per issued segment of a recording step (clamped to

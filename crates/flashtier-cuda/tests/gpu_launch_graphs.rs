@@ -1,10 +1,12 @@
 //! Recorded steps issued as CUDA graphs against the same kernels launched
 //! one by one: a decode-shaped sequence (norm, q/k/v products, q/k norm
-//! with RoPE, attention over two layers, output product, residual norm)
+//! with RoPE, attention over two layers, output product, residual norm,
+//! then the fused router with its top-k and the argmax over many blocks)
 //! run for 300 positions, so the graphs replay with a new position each
 //! step, rebuild when the attention splits change at 256 positions, and
-//! follow the KV cache when it grows. Every step's output must be the same
-//! bits. Skips with a printed reason where there is no GPU.
+//! follow the KV cache when it grows. Every step's output (the residual,
+//! the routes, the pick) must be the same bits: with programmatic edges in
+//! the graphs (the default) the kernels that wait themselves start early. Skips with a printed reason where there is no GPU.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a broken launch path must fail the test loudly"
@@ -18,6 +20,7 @@ use flashtier_cuda::Gpu;
 use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::DevKvCache;
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::route::DevRoutes;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -29,6 +32,7 @@ const KV_HEADS: usize = 2;
 const DIM: usize = 64;
 const LAYERS: usize = 2;
 const POSITIONS: usize = 300;
+const EXPERTS: usize = 64;
 
 struct Weights {
     q: DevMatrix,
@@ -36,6 +40,7 @@ struct Weights {
     v: DevMatrix,
     o: DevMatrix,
     norm: DevVector,
+    router: DevMatrix,
     qk: [DevVector; 2],
     rope: RopeTable,
 }
@@ -67,12 +72,14 @@ fn weights(gpu: &Gpu) -> Weights {
         v: matrix(gpu, &mut rng, KV_HEADS * DIM, HIDDEN),
         o: matrix(gpu, &mut rng, HIDDEN, Q_HEADS * DIM),
         norm: vector(&mut rng, HIDDEN),
+        router: matrix(gpu, &mut rng, EXPERTS, HIDDEN),
         qk: [vector(&mut rng, DIM), vector(&mut rng, DIM)],
         rope: RopeTable::upload(gpu, 1024, half, &cos, &sin).unwrap(),
     }
 }
 
-/// One position of the decode-shaped sequence; updates the residual `x`.
+/// One position of the decode-shaped sequence; updates the residual `x`
+/// and routes its last norm.
 fn step(
     k: &DecodeKernels,
     pool: &Rc<ActPool>,
@@ -80,7 +87,7 @@ fn step(
     kv: &mut DevKvCache,
     x: &mut DevAct,
     pos: usize,
-) {
+) -> DevRoutes {
     let gpu = k.gpu();
     let take = |cols: usize| pool.take(gpu, 1, cols).unwrap();
     let mut normed = take(HIDDEN);
@@ -113,10 +120,15 @@ fn step(
         k.gemv(&mut out, &w.o, &heads).unwrap();
         k.add_rms_norm(x, &out, &w.norm, 1e-6, &mut normed).unwrap();
     }
+    let mut logits = take(EXPERTS);
+    let routes = k
+        .router_softmax(&w.router, &normed, &mut logits, 4, true)
+        .unwrap();
     kv.advance(1);
+    routes
 }
 
-/// Every step's normed residual, on `gpu` with graphs on or off.
+/// Every step's residual, routes and argmax, on `gpu` with graphs on or off.
 fn run(gpu: &Gpu, graphs: bool) -> Vec<Vec<f32>> {
     gpu.set_graphs(graphs);
     // Short segments: a step is several of them, the last one too short
@@ -132,9 +144,15 @@ fn run(gpu: &Gpu, graphs: bool) -> Vec<Vec<f32>> {
     let mut outs = Vec::with_capacity(POSITIONS);
     for pos in 0..POSITIONS {
         gpu.begin_step().unwrap();
-        step(&k, &pool, &w, &mut kv, &mut x, pos);
+        let routes = step(&k, &pool, &w, &mut kv, &mut x, pos);
+        // The argmax ends the recorded step.
+        let pick = k.argmax_rows(&x).unwrap();
         gpu.flush().unwrap();
-        outs.push(x.to_host(gpu.stream()).unwrap());
+        let mut out = x.to_host(gpu.stream()).unwrap();
+        let (ids, weights) = routes.to_host(&k).unwrap();
+        out.extend(weights);
+        out.extend(ids.iter().chain(&pick).map(|&i| i as f32));
+        outs.push(out);
     }
     outs
 }
@@ -159,9 +177,9 @@ fn graph_replays_equal_launches_one_by_one() {
     // after the attention splits change (and the KV cache grows) at 256.
     assert!(g.builds >= 2, "{g:?}");
     assert!(g.patched_nodes > 0, "positions are rewritten into replays");
-    // Each step is 13 launches (15 past 256 positions) in segments of 5: a
-    // 3-launch tail is too short for a graph, so about 3 kernels in 4 run
-    // inside graphs.
+    // Each step is 15 launches (17 past 256 positions) in segments of 5:
+    // past 256 a 2-launch tail is too short for a graph, so most kernels
+    // run inside graphs.
     assert!(
         g.graph_kernels > 3 * g.direct_kernels,
         "most kernels run inside graphs: {g:?}"

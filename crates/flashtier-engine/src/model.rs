@@ -194,6 +194,15 @@ impl<D: Device> Model<D> {
     /// [`Self::forward`] with the LM head on the rows `head` names (none:
     /// an empty vector, for a prompt chunk whose logits nobody reads).
     fn run_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
+        match self.head_step(tokens, head)? {
+            Some(logits) => self.dev.to_host(&logits),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// One step of `tokens`; the logits of the rows `head` names, left on
+    /// the device (`None` for [`Head::None`]).
+    fn head_step(&mut self, tokens: &[u32], head: Head) -> Result<Option<D::Act>, EngineError> {
         let n = tokens.len();
         let (vocab, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
         let first = self.kv.len();
@@ -214,7 +223,7 @@ impl<D: Device> Model<D> {
         let normed = decoder_layers(&self.weights, &mut st, &mut x)?;
         self.kv.advance(n);
         if head == Head::None {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let head = if head == Head::Every || n == 1 {
             normed
@@ -225,7 +234,7 @@ impl<D: Device> Model<D> {
         };
         let mut logits = dev.zeros(head.rows(), vocab)?;
         dev.linear(&mut logits, self.weights.lm_head(), &head)?;
-        dev.to_host(&logits)
+        Ok(Some(logits))
     }
 
     /// Greedy decoding at batch 1: run `prompt`, then produce up to
@@ -269,6 +278,16 @@ impl<D: Device> Decoder for Model<D> {
         self.run_step(tokens, head)
     }
 
+    /// The logits stay on the device; the device's argmax (the host's
+    /// rule: the lowest index of the largest) sends back one id.
+    fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
+        let Some(logits) = self.head_step(&[token], Head::Last)? else {
+            return Err(no_logits());
+        };
+        let ids = self.dev.argmax_rows(&logits)?;
+        ids.first().copied().ok_or_else(no_logits)
+    }
+
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
     }
@@ -293,6 +312,14 @@ pub(crate) trait Decoder {
     /// more; the loop reads only what `head` names).
     fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         self.step(tokens, head == Head::Every)
+    }
+    /// One decode step of `token` at the next position; the greedy next
+    /// token (the lowest index of the largest logit, as [`last_argmax`]
+    /// picks it from [`Self::step`]'s logits; a device may pick it without
+    /// copying the logits).
+    fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
+        let logits = self.step(&[token], false)?;
+        Ok(last_argmax(&logits, self.vocab()))
     }
     /// Expert counters so far.
     fn expert_stats(&self) -> ExpertStats;
@@ -362,9 +389,8 @@ pub(crate) fn greedy<M: Decoder>(
         if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
             break;
         }
-        last = m.step(&[next], false)?;
+        next = m.greedy_step(next)?;
         out.decode_steps += 1;
-        next = last_argmax(&last, vocab);
     }
     out.decode_secs = decode_started.elapsed().as_secs_f64();
     let now = m.expert_stats();
@@ -417,6 +443,14 @@ pub(crate) enum Head {
     Every,
     Last,
     None,
+}
+
+/// A step that should have produced logits produced none.
+fn no_logits() -> EngineError {
+    EngineError::Shape {
+        op: "greedy step",
+        what: "no logits row".into(),
+    }
 }
 
 /// The greedy token of the last row of `logits`.

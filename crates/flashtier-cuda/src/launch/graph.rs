@@ -22,6 +22,7 @@ fn shape_key(segment: u32, launches: &[Launch]) -> u64 {
         l.block.hash(&mut h);
         l.smem.hash(&mut h);
         l.args.len().hash(&mut h);
+        l.pdl.hash(&mut h);
     }
     h.finish()
 }
@@ -76,9 +77,53 @@ impl Drop for Exec {
     }
 }
 
+/// Whether the driver has `cuGraphAddDependencies_v2` (CUDA 12.3 on): the
+/// call that makes an edge programmatic.
+fn edge_data_supported() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        // SAFETY: looks a symbol up in the driver library cudarc already
+        // loaded (a driver is present: a graph is being built); the
+        // pointer is not called here.
+        unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuGraphAddDependencies_v2")
+                .is_ok()
+        }
+    })
+}
+
+/// Make `to` depend on `from` programmatically: `to`'s blocks may start
+/// once every block of `from` has called `griddepcontrol.launch_dependents`
+/// (or ended), and `to`'s `griddepcontrol.wait` returns when `from` has
+/// finished. False when the driver refused (the caller adds a plain edge).
+fn programmatic_edge(graph: CUgraph, from: CUgraphNode, to: CUgraphNode) -> bool {
+    let edge = sys::CUgraphEdgeData {
+        from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+        to_port: 0,
+        type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+        reserved: [0; 5],
+    };
+    // SAFETY: both nodes are kernel nodes of the live graph `graph`; one
+    // edge, described by `edge`, which the driver reads during the call.
+    let r = unsafe {
+        sys::cuGraphAddDependencies_v2(graph, &raw const from, &raw const to, &raw const edge, 1)
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        tracing::warn!(
+            ?r,
+            "programmatic graph edge refused; plain edges from now on"
+        );
+        return false;
+    }
+    true
+}
+
 impl Exec {
-    /// A graph of `launches` as a chain, in order.
-    fn build(key: u64, launches: Vec<Launch>) -> Result<Self, CudaError> {
+    /// A graph of `launches` as a chain, in order; the edge into a launch
+    /// whose kernel waits itself is programmatic while `pdl` (cleared when
+    /// the driver refuses one).
+    fn build(key: u64, launches: Vec<Launch>, pdl: &mut bool) -> Result<Self, CudaError> {
         let mut g = Self {
             key,
             graph: std::ptr::null_mut(),
@@ -94,7 +139,12 @@ impl Exec {
         for l in &launches {
             let mut params = l.args.pointers();
             let p = node_params(l, &mut params);
-            let prev = g.nodes.last().copied();
+            let mut prev = g.nodes.last().copied();
+            let early = prev.filter(|_| *pdl && l.pdl && edge_data_supported());
+            if early.is_some() {
+                // The edge is added below, programmatic.
+                prev = None;
+            }
             let deps = prev.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
             let mut node: CUgraphNode = std::ptr::null_mut();
             // SAFETY: `g.graph` is a live graph; `deps` points to zero or one
@@ -111,6 +161,25 @@ impl Exec {
             }
             .result()
             .map_err(CudaError::driver(format!("add {} to a graph", l.name)))?;
+            if let Some(from) = early {
+                if !programmatic_edge(g.graph, from, node) {
+                    *pdl = false;
+                    // SAFETY: both nodes belong to `g.graph`; one plain edge
+                    // (no edge data: the default kind); the symbol exists
+                    // (`edge_data_supported`).
+                    unsafe {
+                        sys::cuGraphAddDependencies_v2(
+                            g.graph,
+                            &raw const from,
+                            &raw const node,
+                            std::ptr::null(),
+                            1,
+                        )
+                    }
+                    .result()
+                    .map_err(CudaError::driver(format!("order {} in a graph", l.name)))?;
+                }
+            }
             g.nodes.push(node);
         }
         // SAFETY: instantiates the complete graph into a valid out-pointer.
@@ -180,6 +249,7 @@ impl Cache {
         launches: Vec<Launch>,
         stream: CUstream,
         stats: &mut GraphStats,
+        pdl: &mut bool,
     ) -> Result<(), CudaError> {
         let key = shape_key(segment, &launches);
         self.clock += 1;
@@ -205,7 +275,7 @@ impl Cache {
                 self.execs.swap_remove(oldest);
             }
         }
-        let mut e = Exec::build(key, launches)?;
+        let mut e = Exec::build(key, launches, pdl)?;
         e.used = self.clock;
         stats.builds += 1;
         stats.graph_launches += 1;

@@ -12,7 +12,11 @@
 //!   after the arguments that changed (the position, the token, a pointer)
 //!   are written into its nodes;
 //! - a shape seen once before is built into a graph (one node per launch,
-//!   each depending on the one before, so the order is issue order);
+//!   each depending on the one before, so the order is issue order); the
+//!   edge into a kernel that waits on its predecessor itself
+//!   (`griddepcontrol.wait`, see [`crate::ops`]) is programmatic, so its
+//!   blocks start (and prefetch their weights) while the kernel before it
+//!   ends (programmatic dependent launch; `FLASHTIER_PDL=0` turns it off);
 //! - a shape never seen is launched kernel by kernel.
 //!
 //! Either way the kernels run in issue order on the compute stream with the
@@ -93,6 +97,8 @@ pub(crate) struct Launch {
     block: [u32; 3],
     smem: u32,
     args: Args,
+    /// The kernel waits for the kernel before it itself (it may start early).
+    pdl: bool,
 }
 
 impl Launch {
@@ -102,6 +108,7 @@ impl Launch {
             && self.block == other.block
             && self.smem == other.smem
             && self.args.len() == other.args.len()
+            && self.pdl == other.pdl
     }
 
     /// Issue on `stream`.
@@ -136,6 +143,9 @@ impl Launch {
 /// The queue of one device, behind the [`crate::Gpu`]'s mutex.
 pub(crate) struct Queue {
     graphs_on: bool,
+    /// Programmatic edges into kernels that wait themselves (until the
+    /// driver refuses one).
+    pdl_on: bool,
     segment_len: usize,
     recording: bool,
     segment: u32,
@@ -151,6 +161,7 @@ pub(crate) struct Queue {
 impl Queue {
     pub(crate) fn new() -> Self {
         let graphs_on = std::env::var("FLASHTIER_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        let pdl_on = std::env::var("FLASHTIER_PDL").map_or(true, |v| v != "0");
         let segment_len = std::env::var("FLASHTIER_GRAPH_SEGMENT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
@@ -158,6 +169,7 @@ impl Queue {
             .unwrap_or(SEGMENT_LAUNCHES);
         Self {
             graphs_on,
+            pdl_on,
             segment_len,
             recording: false,
             segment: 0,
@@ -184,7 +196,8 @@ impl Queue {
         let segment = self.segment;
         self.segment += 1;
         let r = if launches.len() >= MIN_GRAPH_LAUNCHES {
-            self.cache.run(segment, launches, stream, &mut self.stats)
+            self.cache
+                .run(segment, launches, stream, &mut self.stats, &mut self.pdl_on)
         } else {
             self.stats.direct_kernels += launches.len() as u64;
             launches.iter().try_for_each(|l| l.issue(stream))
@@ -205,19 +218,24 @@ impl Shared {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Launch now, or queue while a step records.
+    /// Launch now, or queue while a step records. `waits`: the kernel
+    /// starts with `griddepcontrol.wait` (before which it writes nothing
+    /// and reads nothing an earlier kernel writes), so a graph may start it
+    /// early.
     ///
     /// # Safety
     /// As `cuLaunchKernel`: `args` match `func`'s parameters, and every
-    /// buffer they point to stays allocated until the kernel ran.
+    /// buffer they point to stays allocated until the kernel ran; `waits`
+    /// only for a kernel that waits as said.
     pub(crate) unsafe fn launch(
         &self,
         stream: CUstream,
-        name: &'static str,
+        (name, waits): (&'static str, bool),
         func: &CudaFunction,
         cfg: LaunchConfig,
         args: Args,
     ) -> Result<(), CudaError> {
+        let mut q = self.lock();
         let launch = Launch {
             name,
             func: Func(func.cu_function()),
@@ -225,8 +243,8 @@ impl Shared {
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             smem: cfg.shared_mem_bytes,
             args,
+            pdl: waits && q.pdl_on,
         };
-        let mut q = self.lock();
         q.take_error()?;
         if !q.recording {
             q.stats.direct_kernels += 1;
@@ -262,6 +280,11 @@ impl Shared {
         drop(q);
         drop(held);
         r.and(stored)
+    }
+
+    /// Whether a step records.
+    pub(crate) fn recording(&self) -> bool {
+        self.lock().recording
     }
 
     /// Whether launches are queued, buffers held, or a step records.
@@ -301,6 +324,10 @@ impl Shared {
 
     pub(crate) fn set_graphs(&self, on: bool) {
         self.lock().graphs_on = on;
+    }
+
+    pub(crate) fn set_pdl(&self, on: bool) {
+        self.lock().pdl_on = on;
     }
 
     pub(crate) fn set_segment_len(&self, n: usize) {

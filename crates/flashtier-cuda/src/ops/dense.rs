@@ -1,7 +1,7 @@
 //! Matrix-vector products, embeddings and the elementwise kernels, with
 //! their shape checks (norms and RoPE: [`super::norm`]).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevMatrix, DevVector, WeightType};
 use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
@@ -66,6 +66,35 @@ pub(super) fn same(what: &'static str, a: &DevAct, b: &DevAct) -> Result<(), Cud
     Ok(())
 }
 
+/// Up to four matrices of one dtype and width, each with an output of
+/// its rows for every row of `x`.
+pub(super) fn check_many(
+    outs: &[&mut DevAct],
+    ws: &[&DevMatrix],
+    x: &DevAct,
+) -> Result<(), CudaError> {
+    let n = ws.len();
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let (ty, k) = (first.ty(), first.cols());
+    let fits = |i: usize| {
+        let (w, o) = (ws[i], &outs[i]);
+        w.ty() == ty && w.cols() == k && o.cols() == w.rows() && o.rows() == x.rows()
+    };
+    if n > 4 || outs.len() != n || x.cols() != k || !(0..n).all(fits) {
+        return Err(shape(
+            "gemv",
+            format!(
+                "{n} matrices of width {k} over a {}x{} input",
+                x.rows(),
+                x.cols()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// FP8 scale-grid arguments of a matrix (`sc_cols`, block rows, block cols).
 fn scale_args(w: &DevMatrix) -> (i32, i32, i32) {
     match w.ty() {
@@ -93,28 +122,45 @@ impl DecodeKernels {
         ws: &[&DevMatrix],
         x: &DevAct,
     ) -> Result<(), CudaError> {
-        let n = ws.len();
         let Some(first) = ws.first() else {
             return Ok(());
         };
-        let (ty, k) = (first.ty(), first.cols());
-        let fits = |i: usize| {
-            let (w, o) = (ws[i], &outs[i]);
-            w.ty() == ty && w.cols() == k && o.cols() == w.rows() && o.rows() == x.rows()
-        };
-        if n > 4 || outs.len() != n || x.cols() != k || !(0..n).all(fits) {
-            return Err(shape(
-                "gemv",
-                format!(
-                    "{n} matrices of width {k} over a {}x{} input",
-                    x.rows(),
-                    x.cols()
-                ),
-            ));
-        }
-        let gpu = &self.gpu;
+        check_many(outs, ws, x)?;
+        let ty = first.ty();
         let many = format!("gemv_{}", ty.suffix());
         let one = format!("gemv1_{}", ty.suffix());
+        for start in (0..x.rows()).step_by(MAX_GEMV_ROWS) {
+            let rows = (x.rows() - start).min(MAX_GEMV_ROWS);
+            let (a, cfg) = self.gemv_pass(outs, ws, x, start, rows)?;
+            let f = if rows == 1 { &one } else { &many };
+            // SAFETY: matches `gemv_*` in kernels/decode/. Each matrix holds its
+            // rows of `row_bytes` (checked at upload) and, for FP8, a scale
+            // grid covering every (row / br, col / bc); output q's rows
+            // `start..start + rows` hold that matrix's rows and input rows
+            // `start..start + rows` hold k values (`check_many`); vector
+            // loads need k % 8 == 0, which `vec` says, and every buffer
+            // starts 256-byte aligned; launch rows past `start[4]` do nothing.
+            unsafe { self.launch(f, cfg, a) }?;
+        }
+        Ok(())
+    }
+
+    /// The arguments and grid of one pass of `gemv_*` (and the first ten
+    /// of `router_softmax_*`): input rows `start..start + rows` of `x`
+    /// (shapes checked by [`check_many`]).
+    pub(super) fn gemv_pass(
+        &self,
+        outs: &[&mut DevAct],
+        ws: &[&DevMatrix],
+        x: &DevAct,
+        start: usize,
+        rows: usize,
+    ) -> Result<(Args, LaunchConfig), CudaError> {
+        let gpu = &self.gpu;
+        let first = ws
+            .first()
+            .ok_or_else(|| shape("gemv", "no matrix".to_string()))?;
+        let (ty, k) = (first.ty(), first.cols());
         let (_, br, bc) = scale_args(first);
         let row_bytes = (k * ty.elem_bytes()) as i64;
         let vec = i32::from(k % 8 == 0);
@@ -131,48 +177,33 @@ impl DecodeKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (ki, wpri) = (k as i32, wpr as i32);
-        let stride = k as i64;
-        for start in (0..x.rows()).step_by(MAX_GEMV_ROWS) {
-            let rows = (x.rows() - start).min(MAX_GEMV_ROWS) as i32;
-            let mut mm = Mats::default();
-            let mut at = 0usize;
-            for (q, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
-                mm.start[q] = at as i32;
-                mm.w[q] = addr(gpu, w.data(), 0);
-                mm.scales[q] = addr(gpu, w.scales(), 0);
-                mm.sc_cols[q] = scale_args(w).0;
-                mm.out[q] = addr(gpu, o.buf(), start * w.rows());
-                mm.out_stride[q] = w.rows() as i64;
-                at += w.rows();
-            }
-            // Matrices past the last are empty ranges at its end.
-            for q in n..5 {
-                mm.start[q] = at as i32;
-            }
-            let x_ptr = addr(gpu, x.buf(), start * k);
-            let f = if rows == 1 { &one } else { &many };
-            let mut a = Args::new();
-            a.push(mm)
-                .push(row_bytes)
-                .push(br)
-                .push(bc)
-                .push(ki)
-                .push(x_ptr)
-                .push(stride)
-                .push(rows)
-                .push(vec)
-                .push(wpri);
-            // SAFETY: matches `gemv_*` in kernels/decode/. Each matrix holds its
-            // rows of `row_bytes` (checked at upload) and, for FP8, a scale
-            // grid covering every (row / br, col / bc); output q's rows
-            // `start..start + rows` hold that matrix's rows and input rows
-            // `start..start + rows` hold k values (checked above); vector
-            // loads need k % 8 == 0, which `vec` says, and every buffer
-            // starts 256-byte aligned; launch rows past `start[4]` do nothing.
-            unsafe { self.launch(f, cfg, a) }?;
+        let mut mm = Mats::default();
+        let mut at = 0usize;
+        for (q, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
+            mm.start[q] = at as i32;
+            mm.w[q] = addr(gpu, w.data(), 0);
+            mm.scales[q] = addr(gpu, w.scales(), 0);
+            mm.sc_cols[q] = scale_args(w).0;
+            mm.out[q] = addr(gpu, o.buf(), start * w.rows());
+            mm.out_stride[q] = w.rows() as i64;
+            at += w.rows();
         }
-        Ok(())
+        // Matrices past the last are empty ranges at its end.
+        for q in ws.len()..5 {
+            mm.start[q] = at as i32;
+        }
+        let mut a = Args::new();
+        a.push(mm)
+            .push(row_bytes)
+            .push(br)
+            .push(bc)
+            .push(k as i32)
+            .push(addr(gpu, x.buf(), start * k))
+            .push(k as i64)
+            .push(rows as i32)
+            .push(vec)
+            .push(wpr as i32);
+        Ok((a, cfg))
     }
 
     /// `out[r] = table[ids[r]]` widened to f32 (FP8 rows scaled). `ids`
@@ -365,29 +396,6 @@ impl DecodeKernels {
         // both rows (checked above).
         unsafe { self.launch("copy_heads", cfg, a) }?;
         Ok(())
-    }
-
-    /// Index of each row's largest value (lowest index on ties), on the host.
-    pub fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, CudaError> {
-        self.gpu.flush()?;
-        let stream = self.gpu.stream();
-        let mut out = stream
-            .alloc_zeros::<i32>(x.rows())
-            .map_err(CudaError::driver("allocate argmax output"))?;
-        let cols = x.cols() as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (dim(x.rows(), "x")?, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(self.func("argmax_rows")?);
-        b.arg(x.buf()).arg(&cols).arg(&mut out);
-        // SAFETY: matches `argmax_rows`; one block per row of x, one output each.
-        unsafe { b.launch(cfg) }.map_err(CudaError::driver("launch argmax_rows"))?;
-        let host = stream
-            .clone_dtoh(&out)
-            .map_err(CudaError::driver("copy argmax"))?;
-        Ok(host.into_iter().map(|v| v as u32).collect())
     }
 
     /// `out` (`1 x cols`) = row `r` of `x`.

@@ -11,6 +11,14 @@
 //! - [`experts`]: the HBM expert slots, the device table of record
 //!   addresses, and the routed-expert kernels.
 //! - [`attn`]: the f32 KV cache and split decode attention.
+//! - [`pick`]: the greedy argmax on the device, and the scratch of the
+//!   grid-wide kernels (the fused router, the argmax).
+//! - [`hint`]: asking L2 for weights a later kernel of the step reads.
+//!
+//! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
+//! in the kernel table) may start early inside a recorded step's graph
+//! (programmatic dependent launch, [`crate::launch`]): a GEMV asks L2 for
+//! its weights while the kernel before it still runs.
 //!
 //! All work is queued on the [`Gpu`]'s compute stream, in issue order.
 
@@ -18,8 +26,10 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+pub mod hint;
 mod moe;
 pub mod norm;
+pub mod pick;
 pub mod route;
 
 use std::collections::HashMap;
@@ -50,51 +60,70 @@ pub const DECODE_SRC: &str = concat!(
 /// Rows one matrix-vector pass reads the weights for.
 pub const MAX_GEMV_ROWS: usize = 8;
 
-const KERNELS: &[&str] = &[
-    "gemv_bf16",
-    "gemv_f16",
-    "gemv_f32",
-    "gemv_fp8",
-    "gemv1_bf16",
-    "gemv1_f16",
-    "gemv1_f32",
-    "gemv1_fp8",
-    "moe_gate_up_bf16",
-    "moe_gate_up_f16",
-    "moe_gate_up_f32",
-    "moe_gate_up_fp8",
-    "moe_down_bf16",
-    "moe_down_f16",
-    "moe_down_f32",
-    "moe_down_fp8",
-    "route_softmax",
-    "route_sigmoid_groups",
-    "rms_norm",
-    "add_rms_norm",
-    "add_inplace",
-    "add_bias",
-    "silu_mul",
-    "add_gated",
-    "copy_heads",
-    "rope",
-    "qk_norm_rope",
-    "embed_bf16",
-    "embed_f16",
-    "embed_f32",
-    "embed_fp8",
-    "argmax_rows",
-    "kv_append",
-    "attn_partial",
-    "attn_merge",
-    "read_words",
+/// Chunks of 8 weights a lane of a one-row product keeps in flight
+/// (`FLASHTIER_GEMV_LOADS` sets 1 to [`MAX_GEMV_LOADS`]; the sums are the
+/// same bits whatever it is). 4 decoded 6% faster than 8 on the H200
+/// (8 takes 60 registers a thread, so fewer blocks fit an SM).
+pub const GEMV_LOADS: u32 = 4;
+/// Most chunks in flight a lane may be given.
+pub const MAX_GEMV_LOADS: u32 = 16;
+
+/// The kernels, and whether each starts with `griddepcontrol.wait` and
+/// touches nothing an earlier kernel writes before it (`pdl_wait` in
+/// kernels/decode/gemv.cu): a recorded graph may start those early. The
+/// attention kernels do not wait (their edges stay plain).
+const KERNELS: &[(&str, bool)] = &[
+    ("gemv_bf16", true),
+    ("gemv_f16", true),
+    ("gemv_f32", true),
+    ("gemv_fp8", true),
+    ("gemv1_bf16", true),
+    ("gemv1_f16", true),
+    ("gemv1_f32", true),
+    ("gemv1_fp8", true),
+    ("moe_gate_up_bf16", true),
+    ("moe_gate_up_f16", true),
+    ("moe_gate_up_f32", true),
+    ("moe_gate_up_fp8", true),
+    ("moe_down_bf16", true),
+    ("moe_down_f16", true),
+    ("moe_down_f32", true),
+    ("moe_down_fp8", true),
+    ("route_softmax", true),
+    ("route_sigmoid_groups", true),
+    ("router_softmax_bf16", true),
+    ("router_softmax_f16", true),
+    ("router_softmax_f32", true),
+    ("router_softmax_fp8", true),
+    ("rms_norm", true),
+    ("add_rms_norm", true),
+    ("add_inplace", true),
+    ("add_bias", true),
+    ("silu_mul", true),
+    ("add_gated", true),
+    ("copy_heads", true),
+    ("rope", true),
+    ("qk_norm_rope", true),
+    ("embed_bf16", true),
+    ("embed_f16", true),
+    ("embed_f32", true),
+    ("embed_fp8", true),
+    ("argmax_rows", true),
+    ("argmax_grid", true),
+    ("prefetch_spans", true),
+    ("kv_append", false),
+    ("attn_partial", false),
+    ("attn_merge", false),
+    ("read_words", false),
 ];
 
 /// The compiled decode kernels of one device.
 pub struct DecodeKernels {
     gpu: Gpu,
     _module: Arc<CudaModule>,
-    funcs: HashMap<&'static str, CudaFunction>,
+    funcs: HashMap<&'static str, (CudaFunction, bool)>,
     routes_pool: Arc<route::RoutePool>,
+    scratch: pick::Scratch,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -108,23 +137,33 @@ impl std::fmt::Debug for DecodeKernels {
 impl DecodeKernels {
     /// Compile and load the kernels for the device of `gpu`.
     /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
-    /// loads without their evict-first hint (for measuring the hint).
+    /// loads without their evict-first hint (for measuring the hint);
+    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`].
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         let stream = std::env::var("FLASHTIER_STREAM_WEIGHTS").map_or(true, |v| v != "0");
-        let defines = [("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned())];
+        let loads = std::env::var("FLASHTIER_GEMV_LOADS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| (1..=MAX_GEMV_LOADS).contains(n))
+            .unwrap_or(GEMV_LOADS);
+        let defines = [
+            ("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned()),
+            ("GEMV_LOADS", loads.to_string()),
+        ];
         let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
-        for &name in KERNELS {
+        for &(name, waits) in KERNELS {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
-            funcs.insert(name, f);
+            funcs.insert(name, (f, waits));
         }
         Ok(Self {
             gpu: gpu.clone(),
             _module: module,
             funcs,
             routes_pool: Arc::new(route::RoutePool::new(gpu.clone())),
+            scratch: pick::Scratch::new(gpu)?,
         })
     }
 
@@ -137,6 +176,7 @@ impl DecodeKernels {
     pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction, CudaError> {
         self.funcs
             .get(name)
+            .map(|(f, _)| f)
             .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))
     }
 
@@ -152,12 +192,13 @@ impl DecodeKernels {
         cfg: LaunchConfig,
         args: crate::launch::Args,
     ) -> Result<(), CudaError> {
-        let (&name, f) = self
+        let (&name, (f, waits)) = self
             .funcs
             .get_key_value(name)
             .ok_or_else(|| CudaError::invalid("kernel", format!("{name} is not loaded")))?;
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.gpu.launch(name, f, cfg, args) }
+        // SAFETY: the caller's promise, passed on; `waits` is the kernel's
+        // own (KERNELS, checked against the sources by a unit test).
+        unsafe { self.gpu.launch((name, *waits), f, cfg, args) }
     }
 }
 
@@ -238,4 +279,46 @@ pub(crate) fn blocks_cfg(x: usize, y: usize) -> Result<LaunchConfig, CudaError> 
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DECODE_SRC, KERNELS};
+
+    /// Every kernel the table says waits calls `pdl_enter` itself or
+    /// through the helper its body runs; the ones that do not are the
+    /// attention kernels and the bandwidth probe (their graph edges stay
+    /// plain).
+    #[test]
+    fn kernels_marked_waiting_wait() {
+        let plain: Vec<&str> = KERNELS.iter().filter(|k| !k.1).map(|k| k.0).collect();
+        assert_eq!(
+            plain,
+            ["kv_append", "attn_partial", "attn_merge", "read_words"]
+        );
+        for helper in [
+            "void gemv_multi(",
+            "void moe_gate_up(",
+            "void moe_down(",
+            "void embed_rows(",
+        ] {
+            let at = DECODE_SRC
+                .find(helper)
+                .unwrap_or_else(|| panic!("{helper}"));
+            let body = &DECODE_SRC[at..];
+            let end = body.find("\n}\n").unwrap_or(body.len());
+            assert!(body[..end].contains("pdl_enter();"), "{helper}");
+        }
+        let calls = ["gemv_multi<", "moe_gate_up<", "moe_down<", "embed_rows<"];
+        for chunk in DECODE_SRC.split("__global__").skip(1) {
+            let kernel = chunk.split("\n}\n").next().unwrap_or(chunk);
+            if plain.iter().any(|n| kernel.contains(&format!("{n}("))) {
+                continue;
+            }
+            assert!(
+                kernel.contains("pdl_enter();") || calls.iter().any(|c| kernel.contains(c)),
+                "a kernel marked waiting does not wait:\n{kernel}"
+            );
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Routing on the device: from router logits to each row's chosen experts
 //! (ascending id, the order their outputs are summed in) and weights, as
 //! the engine's host reference (`flashtier_engine::family::route`) defines
-//! them. One block per row.
+//! them. One block per row; a one-row router product and its softmax
+//! routing can run as one launch ([`DecodeKernels::router_softmax`]).
 //!
 //! A decode step routes every layer: the id and weight buffers are
 //! recycled through a [`RoutePool`] (at most
@@ -15,7 +16,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::buffers::{DevAct, DevVector};
+use super::buffers::{DevAct, DevMatrix, DevVector};
+use super::dense::check_many;
+use super::pick::ROUTER_COUNTER;
 use super::{DecodeKernels, dim};
 use crate::context::Gpu;
 use crate::error::CudaError;
@@ -236,11 +239,53 @@ impl DecodeKernels {
             .push(nm)
             .buf(g, ids)
             .buf(g, weights);
-        // SAFETY: matches `route_softmax`; one warp per row reads its n
+        // SAFETY: matches `route_softmax`; one block per row reads its n
         // logits (n <= MAX_EXPERTS, the kernel's shared arrays) and writes
         // top_k ids and weights (top_k <= MAX_TOP_K) into buffers of
         // rows x top_k.
-        unsafe { self.launch("route_softmax", Self::route_cfg(logits.rows(), 32)?, a) }?;
+        unsafe { self.launch("route_softmax", Self::route_cfg(logits.rows(), 256)?, a) }?;
+        Ok(r)
+    }
+
+    /// `logits = w x` for a one-row `x` and its softmax routing (as
+    /// [`Self::route_softmax`]) in one launch: the logits and routes are
+    /// the bits [`Self::gemv`] then [`Self::route_softmax`] give.
+    pub fn router_softmax(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        logits: &mut DevAct,
+        top_k: usize,
+        norm: bool,
+    ) -> Result<DevRoutes, CudaError> {
+        if x.rows() != 1 {
+            return Err(CudaError::invalid(
+                "router",
+                format!("{} rows (one at a time)", x.rows()),
+            ));
+        }
+        let outs = [logits];
+        check_many(&outs, &[w], x)?;
+        let [logits] = outs;
+        check(logits, top_k)?;
+        let (mut a, cfg) = self.gemv_pass(std::slice::from_ref(&logits), &[w], x, 0, 1)?;
+        let mut r = self.routes(1, top_k)?;
+        let g = &self.gpu;
+        let counter = self.scratch.counter(g, ROUTER_COUNTER);
+        let (ids, weights) = r.pair_mut();
+        a.push(top_k as i32)
+            .push(i32::from(norm))
+            .buf(g, ids)
+            .buf(g, weights)
+            .push(counter);
+        let f = format!("router_softmax_{}", w.ty().suffix());
+        // SAFETY: matches `router_softmax_*`: its first ten arguments are
+        // gemv1's for `w` over the one row of `x` into `logits` (shapes
+        // checked by `check_many`; see `gemv_many`), then the routing of
+        // those logits as `route_softmax` (n = w.rows() <= MAX_EXPERTS and
+        // top_k <= MAX_TOP_K, checked) into buffers of top_k; the counter
+        // is 0 between launches (stream order; the last block resets it).
+        unsafe { self.launch(&f, cfg, a) }?;
         Ok(r)
     }
 

@@ -267,6 +267,12 @@ pub trait Device {
     ) -> Result<(), EngineError> {
         qk_norm_rope_unfused(self, q, k, norms, eps, table, head_dim, first)
     }
+    /// A hint that `ws` are read soon (the device may start reading them
+    /// into a cache); never changes a result.
+    fn prefetch(&self, ws: &[&Self::Mat]) -> Result<(), EngineError> {
+        let _ = ws;
+        Ok(())
+    }
     /// `x[r] += b` for every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
     /// `gate = silu(gate) * up`.
@@ -306,6 +312,20 @@ pub trait Device {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// Router logits `w x[r]` (`rows x experts`) and each row's experts
+    /// chosen from them, as [`Device::linear`] then [`Device::route`];
+    /// devices may fuse the two.
+    fn router(
+        &self,
+        w: &Self::Mat,
+        x: &Self::Act,
+        rule: &RouteRule,
+        bias: Option<&Self::Vector>,
+    ) -> Result<Self::Routes, EngineError> {
+        let mut logits = self.zeros(x.rows(), rule.num_experts)?;
+        self.linear(&mut logits, w, x)?;
+        self.route(&logits, rule, bias)
+    }
     /// Choose each row's experts from its router logits (`rows x experts`).
     fn route(
         &self,

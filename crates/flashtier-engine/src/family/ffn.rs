@@ -149,9 +149,8 @@ impl<D: Device> Ffn<D> {
 impl<D: Device> SparseMlp<D> {
     /// The routing of every row of `x` by this block's router.
     pub fn route(&self, st: &Step<'_, D>, x: &D::Act) -> Result<D::Routes, EngineError> {
-        let mut logits = st.dev.zeros(st.rows, st.rule.num_experts)?;
-        st.dev.linear(&mut logits, &self.router, x)?;
-        st.dev.route(&logits, st.rule, self.score_bias.as_ref())
+        st.dev
+            .router(&self.router, x, st.rule, self.score_bias.as_ref())
     }
 
     /// The block's output for every row of `x` at `layer`; `next` is the

@@ -82,6 +82,8 @@ impl<D: Device> GqaWeights<D> {
         }
         let norms = self.qk_norm.as_ref().map(|[qn, kn]| [qn, kn]);
         dev.qk_norm_rope(&mut q, &mut k, norms, c.rms_norm_eps, st.rope, d, st.first)?;
+        // The output product's weights come in while the attention runs.
+        dev.prefetch(&[&self.o_proj])?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
         dev.attend(st.kv, layer, &q, &k, &v, &mut heads)?;
         let mut out = dev.zeros(n, c.hidden_size)?;

@@ -47,6 +47,7 @@ static __device__ __forceinline__ void norm_span(float* x, const float* y, const
 // threads. (x is only read: norm_span<false> never writes it.)
 extern "C" __global__ void __launch_bounds__(256)
 rms_norm(const float* x, const float* w, int cols, int group, float eps, float* out) {
+    pdl_enter();
     const long long at = (long long)blockIdx.y * cols + (long long)blockIdx.x * group;
     norm_span<false>((float*)x + at, nullptr, w, group, eps, out + at);
 }
@@ -55,21 +56,25 @@ rms_norm(const float* x, const float* w, int cols, int group, float eps, float* 
 // next norm in one pass), with rms_norm's arithmetic. grid: rows, 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 add_rms_norm(float* x, const float* y, const float* w, int cols, float eps, float* out) {
+    pdl_enter();
     const long long at = (long long)blockIdx.x * cols;
     norm_span<true>(x + at, y + at, w, cols, eps, out + at);
 }
 
 extern "C" __global__ void add_inplace(float* x, const float* y, long long n) {
+    pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void add_bias(float* x, const float* b, int cols, long long n) {
+    pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % cols];
 }
 
 extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
+    pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i < n) g[i] = silu(g[i]) * u[i];
 }
@@ -77,6 +82,7 @@ extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
 // acc[r][c] += sigmoid(gate[r]) * y[r][c].
 extern "C" __global__ void add_gated(float* acc, const float* y, const float* gate, int cols,
                                      long long n) {
+    pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = 1.f / (1.f + expf(-gate[i / cols]));
@@ -87,6 +93,7 @@ extern "C" __global__ void add_gated(float* acc, const float* y, const float* ga
 extern "C" __global__ void copy_heads(const float* src, int src_cols, int ss, int soff, float* dst,
                                       int dst_cols, int ds, int doff, int heads, int len,
                                       float scale) {
+    pdl_enter();
     const int r = blockIdx.x;
     for (int t = threadIdx.x; t < heads * len; t += blockDim.x) {
         const int h = t / len, i = t % len;
@@ -123,6 +130,7 @@ extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset,
                                 int interleaved, const float* cos_t, const float* sin_t,
                                 int first) {
     __shared__ float v[512];
+    pdl_enter();
     const int h = blockIdx.x, r = blockIdx.y;
     float* at = x + (long long)r * cols + h * head_stride + offset;
     for (int i = threadIdx.x; i < dims; i += blockDim.x) v[i] = at[i];
@@ -142,6 +150,7 @@ qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, con
              const float* sin_t, int first) {
     __shared__ float red[8];
     __shared__ float v[512];
+    pdl_enter();
     const int h = blockIdx.x, r = blockIdx.y;
     const bool is_q = h < q_heads;
     const int heads = is_q ? q_heads : kv_heads;
@@ -166,6 +175,7 @@ template <int DT>
 // Row r's id is ids[r], or id0 when ids is null (one row: the id travels
 // in the launch's arguments, so a replayed graph needs no upload).
 static __device__ void embed_rows(Mat a, const int* ids, int id0, int cols, float* out) {
+    pdl_enter();
     const int r = blockIdx.y;
     const int id = ids ? ids[r] : id0;
     const u8* row = a.w + (long long)id * a.row_bytes;
@@ -193,9 +203,77 @@ extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 argmax_rows(const float* x, int cols, int* out) {
     __shared__ float sv[ROUTE_THREADS];
     __shared__ int si[ROUTE_THREADS];
+    pdl_enter();
     const float* row = x + (long long)blockIdx.x * cols;
     float bv;
     int bi;
     block_best(row, cols, sv, si, &bv, &bi);
     if (threadIdx.x == 0) out[blockIdx.x] = bi;
+}
+
+// Index of the largest of x[0..n) over the grid, as the host's argmax
+// (flashtier_engine's `kernels::argmax`) picks it: the lowest index of the
+// largest number; 0 when x[0] is NaN or no value is a number. Block b
+// scans x[b * per_block..][..per_block] into part_v/part_i[b]; the last
+// block to finish reduces the partials (ties to the lower index) into
+// out[0]. `counter` is 0 between launches. grid: ceil(n / per_block),
+// ROUTE_THREADS threads.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
+argmax_grid(const float* x, int n, int per_block, float* part_v, int* part_i, u32* counter,
+            int* out) {
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    pdl_enter();
+    const int lo = blockIdx.x * per_block, hi = min(n, lo + per_block);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = lo + threadIdx.x; e < hi; e += ROUTE_THREADS) {
+        const float v = x[e];
+        if (v > bv || (v == bv && e < bi)) {
+            bv = v;
+            bi = e;
+        }
+    }
+    float v;
+    int i;
+    block_argmax(bv, bi, sv, si, &v, &i);
+    if (threadIdx.x == 0) {
+        part_v[blockIdx.x] = v;
+        part_i[blockIdx.x] = i;
+    }
+    if (!last_block_done(counter)) return;
+    bv = -INFINITY;
+    bi = 0x7fffffff;
+    for (int b = threadIdx.x; b < gridDim.x; b += ROUTE_THREADS) {
+        const float pv = __ldcg(part_v + b);
+        const int pi = __ldcg(part_i + b);
+        if (pv > bv || (pv == bv && pi < bi)) {
+            bv = pv;
+            bi = pi;
+        }
+    }
+    block_argmax(bv, bi, sv, si, &v, &i);
+    if (threadIdx.x == 0) {
+        const float x0 = x[0];
+        out[0] = (x0 != x0 || i >= n) ? 0 : i;
+    }
+}
+
+// Up to four byte ranges asked of L2 for a later kernel of the step (the
+// attention's output product, while the attention's own small kernels
+// leave HBM idle): issued before the wait (they are weights, no kernel's
+// output), so they overlap the kernel before; computes nothing. Thread t
+// of the grid asks for lines t, t + threads, ... of each range.
+struct Spans {
+    const u8* p[4];
+    long long len[4];
+};
+
+extern "C" __global__ void __launch_bounds__(256) prefetch_spans(Spans s) {
+    const long long step = (long long)gridDim.x * blockDim.x * 128;
+    const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 128;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        for (long long o = first; o < s.len[q]; o += step) prefetch_l2(s.p[q] + o);
+    pdl_enter();
 }

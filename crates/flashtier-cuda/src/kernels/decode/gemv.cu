@@ -18,6 +18,63 @@
 #define ATTN_WARPS 4
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90): inside a graph whose edge into a
+// kernel is programmatic (launch/graph.rs), the kernel's blocks may start
+// while the kernel before it still runs. pdl_wait() returns once that
+// kernel has finished and its writes are visible; before it a kernel only
+// reads what no kernel of the step writes (weights, the expert table) and
+// writes nothing. pdl_launch() lets the next kernel's blocks start (their
+// prologue overlaps this kernel); every kernel calls it right after its
+// wait, so at most two kernels are in flight. Outside such a graph (launches
+// one by one, older devices) both do nothing, so the results are the same.
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Both, at the top of a kernel with no prologue.
+static __device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch();
+}
+
+// Ask L2 for the 128-byte line holding `p` (a hint; `p` must lie in an
+// allocation).
+static __device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The calling warp asks L2 for bytes [0, len) at `p`, a line per lane in turn.
+static __device__ __forceinline__ void warp_prefetch(const u8* p, long long len) {
+    for (long long o = (long long)(threadIdx.x & 31) * 128; o < len; o += 32 * 128)
+        prefetch_l2(p + o);
+}
+
+// After every thread of the block wrote its part of the grid's result:
+// whether this block is the last of the grid to get here (then every other
+// block's writes are visible to it; read them with __ldcg). The last block
+// sets the counter back to 0 for the next launch. All threads call it.
+static __device__ bool last_block_done(u32* counter) {
+    __shared__ u32 ticket;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    const bool last = ticket == gridDim.x * gridDim.y * gridDim.z - 1;
+    if (last) {
+        __threadfence();
+        if (threadIdx.x == 0) *counter = 0u;
+    }
+    return last;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -60,13 +117,41 @@ static __device__ __forceinline__ T load_weights(const T* p) {
     return *p;
 }
 
-// Elements 8c..8c+8 of a row (16-byte aligned chunks for BF16/F16, 32 for
-// F32, 8 for FP8); ONCE: read once per step (see load_weights).
+// Chunks of 8 weights a lane keeps in flight in a one-row product
+// (FLASHTIER_GEMV_LOADS sets it); several rows per pass keep 4.
+#ifndef GEMV_LOADS
+#define GEMV_LOADS 4
+#endif
+
+// Chunk c of a row as loaded: 8 elements (16-byte aligned chunks for
+// BF16/F16, 32 for F32 (in a and b), 8 for FP8 (a.x, a.y)), widened only
+// when used (widen), so several loads are in flight at once.
+struct Raw {
+    uint4 a, b;
+};
+
+// ONCE: read once per step (see load_weights).
 template <int DT, int ONCE>
-static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
+static __device__ __forceinline__ Raw load_raw(const u8* row, int c) {
+    Raw r = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
     if (DT == 0 || DT == 1) {
-        const uint4 q = load_weights<ONCE>((const uint4*)(row + (long long)c * 16));
-        const u32 part[4] = {q.x, q.y, q.z, q.w};
+        r.a = load_weights<ONCE>((const uint4*)(row + (long long)c * 16));
+    } else if (DT == 2) {
+        r.a = load_weights<ONCE>((const uint4*)(row + (long long)c * 32));
+        r.b = load_weights<ONCE>((const uint4*)(row + (long long)c * 32 + 16));
+    } else {
+        const uint2 q = load_weights<ONCE>((const uint2*)(row + (long long)c * 8));
+        r.a.x = q.x;
+        r.a.y = q.y;
+    }
+    return r;
+}
+
+// The 8 elements of a loaded chunk, widened exactly.
+template <int DT>
+static __device__ __forceinline__ void widen(const Raw& r, float* w) {
+    if (DT == 0 || DT == 1) {
+        const u32 part[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             if (DT == 0) {
@@ -78,16 +163,14 @@ static __device__ __forceinline__ void load8(const u8* row, int c, float* w) {
             }
         }
     } else if (DT == 2) {
-        const float4 a = load_weights<ONCE>((const float4*)(row + (long long)c * 32));
-        const float4 b = load_weights<ONCE>((const float4*)(row + (long long)c * 32 + 16));
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        const u32 v[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[k] = __uint_as_float(v[k]);
     } else {
-        const uint2 q = load_weights<ONCE>((const uint2*)(row + (long long)c * 8));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            w[k] = e4m3_to_f32((q.x >> (8 * k)) & 0xFFu);
-            w[4 + k] = e4m3_to_f32((q.y >> (8 * k)) & 0xFFu);
+            w[k] = e4m3_to_f32((r.a.x >> (8 * k)) & 0xFFu);
+            w[4 + k] = e4m3_to_f32((r.a.y >> (8 * k)) & 0xFFu);
         }
     }
 }
@@ -118,7 +201,7 @@ static __device__ __forceinline__ float dot8(const float* w, const float* x) {
 
 // Lane partials of dot(row `m` of `a`, x[r]) for r < rows over chunks
 // [c0, c1) of 8 elements (vector path) or elements [c0, c1) (scalar path),
-// added into acc; four chunks in flight per lane.
+// added into acc; several chunks in flight per lane (LOADS).
 template <int DT, int R>
 static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const float* x,
                                                  long long x_stride, int rows, int vec, int c0,
@@ -136,33 +219,28 @@ static __device__ __forceinline__ void lane_dots(const Mat& a, int m, const floa
         }
         return;
     }
-    int c = c0 + lane;
-    for (; c + 3 * WARP < c1; c += 4 * WARP) {
-        float w[4][8];
+    // Chunks c, c + 32, ... in order, LOADS loads in flight per round: the
+    // sums are added in chunk order whatever LOADS is.
+    constexpr int LOADS = R == 1 ? (DT == 2 && GEMV_LOADS > 4 ? 4 : GEMV_LOADS) : 4;
+    for (int c = c0 + lane; c < c1; c += LOADS * WARP) {
+        Raw raw[LOADS];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) load8<DT, R == 1>(row, c + u * WARP, w[u]);
+        for (int u = 0; u < LOADS; ++u)
+            if (c + u * WARP < c1) raw[u] = load_raw<DT, R == 1>(row, c + u * WARP);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < LOADS; ++u) {
             const int cu = c + u * WARP;
-            const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
+            if (cu < c1) {
+                float w[8];
+                widen<DT>(raw[u], w);
+                const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (r < rows) {
-                    const float d = dot8(w[u], x + r * x_stride + (long long)cu * 8);
-                    acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+                for (int r = 0; r < R; ++r) {
+                    if (r < rows) {
+                        const float d = dot8(w, x + r * x_stride + (long long)cu * 8);
+                        acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
+                    }
                 }
-            }
-        }
-    }
-    for (; c < c1; c += WARP) {
-        float w[8];
-        load8<DT, R == 1>(row, c, w);
-        const float s = DT == 3 ? srow[(c * 8) / a.bc] : 1.f;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (r < rows) {
-                const float d = dot8(w, x + r * x_stride + (long long)c * 8);
-                acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
             }
         }
     }
@@ -209,11 +287,20 @@ static __device__ void gemv_multi(const Mats& mm, long long row_bytes, int br, i
     int q = 0;
     while (q < 3 && g >= mm.start[q + 1]) ++q;
     const bool live = g < mm.start[4];
+    const int units = vec ? k / 8 : k;
+    const int per = (units + wpr - 1) / wpr;
+    const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
+    if (live) {
+        // The weights are no kernel's output: ask for this warp's slice of
+        // its row before waiting on the kernel before (see pdl_wait).
+        const long long eb = DT == 2 ? 4 : (DT == 3 ? 1 : 2);
+        const long long ub = vec ? 8 * eb : eb;
+        warp_prefetch(mm.w[q] + (long long)(g - mm.start[q]) * row_bytes + c0 * ub,
+                      (c1 - c0) * ub);
+    }
+    pdl_enter();
     if (live) {
         const Mat a = {mm.w[q], row_bytes, mm.scales[q], mm.sc_cols[q], br, bc};
-        const int units = vec ? k / 8 : k;
-        const int per = (units + wpr - 1) / wpr;
-        const int c0 = min(units, slice * per), c1 = min(units, c0 + per);
         lane_dots<DT, R>(a, g - mm.start[q], x, x_stride, rows, vec, c0, c1, acc);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);

@@ -27,6 +27,7 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int i = blockIdx.x * 4 + warp / 2, which = warp & 1;
     const int r = p / top_k;
+    pdl_enter();
     const u64 base = table[layer_base + ids[p]];
     if (i < inter && base != 0) {
         const u8* rec = (const u8*)base;
@@ -57,6 +58,18 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
     const int r = blockIdx.y, i = blockIdx.x;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
+    // Row i of each routed expert's down matrix, asked of L2 before the
+    // wait: the ids were written by the routing, which finished before
+    // the gate/up kernel before this one passed its own wait (read from
+    // L2, not L1); the table is written only between steps.
+    const int lines = (int)((rb + 127) / 128);
+    for (int u = threadIdx.x; u < top_k * lines; u += blockDim.x) {
+        const int j = u / lines;
+        const u64 base = table[layer_base + __ldcg(ids + (long long)r * top_k + j)];
+        if (base != 0)
+            prefetch_l2((const u8*)base + e.down_off + (long long)i * rb + (long long)(u % lines) * 128);
+    }
+    pdl_enter();
     for (int j = warp; j < top_k; j += blockDim.x / WARP) {
         const long long p = (long long)r * top_k + j;
         const u64 base = table[layer_base + ids[p]];

@@ -85,78 +85,110 @@ static __device__ void write_sorted(int* sel_i, float* sel_w, int k, int* ids, f
     }
 }
 
-// Warp-wide best of (value, index): larger value, then lower index; a
-// number beats NaN.
-static __device__ __forceinline__ void warp_best(float* v, int* i) {
+// Whether value a at index ia ranks above value b at index ib: the larger
+// first, then the lower index; a number above NaN (a strict total order).
+static __device__ __forceinline__ bool ranks_above(float a, int ia, float b, int ib) {
+    if (a != a) return b != b && ia < ib;
+    if (b != b) return true;
+    return a > b || (a == b && ia < ib);
+}
+
+// Softmax over the n logits at l (n <= MAX_EXPERTS), the top k (k <= n,
+// k <= MAX_TOPK), renormalised to sum 1 when `norm`; the chosen (id,
+// weight) pairs written sorted by id. One block of ROUTE_THREADS threads;
+// CG: read the logits from L2 (another block of this grid wrote them).
+// Warp 0 takes the max and the sum as one warp does (lanes own experts e
+// = lane (mod 32), then a butterfly), so every rows' probabilities are the
+// same bits in any launch. Each expert's rank (how many rank above it) is
+// counted by its own thread, so the choice takes one pass over the
+// probabilities instead of k; the renormalising sum adds the chosen in
+// rank order.
+template <bool CG>
+static __device__ void route_softmax_row(const float* l, int n, int k, int norm, int* ids,
+                                         float* weights) {
+    __shared__ float p[MAX_EXPERTS];
+    __shared__ float sum_sh;
+    __shared__ u32 chosen[MAX_EXPERTS / WARP];
+    __shared__ float by_rank[MAX_TOPK];
+    const int t = threadIdx.x, lane = t & (WARP - 1);
+    if (t < WARP) {
+        float mx = -INFINITY;
+        for (int e = lane; e < n; e += WARP) {
+            const float v = CG ? __ldcg(l + e) : l[e];
+            p[e] = v;
+            mx = fmaxf(mx, v);
+        }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, *v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, *i, o);
-        if (ov > *v || (ov == *v && oi < *i) || (*v != *v && ov == ov)) {
-            *v = ov;
-            *i = oi;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.f;
+        for (int e = lane; e < n; e += WARP) {
+            const float v = expf(p[e] - mx);
+            p[e] = v;
+            sum += v;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) sum_sh = sum;
+    }
+    __syncthreads();
+    const float sum = sum_sh;
+    for (int e = t; e < n; e += ROUTE_THREADS) p[e] = p[e] / sum;
+    __syncthreads();
+    for (int e0 = 0; e0 < n; e0 += ROUTE_THREADS) {
+        const int e = e0 + t;
+        bool sel = false;
+        if (e < n) {
+            const float pe = p[e];
+            int rank = 0;
+            for (int j = 0; j < n && rank < k; ++j) rank += ranks_above(p[j], j, pe, e);
+            sel = rank < k;
+            if (sel) by_rank[rank] = pe;
+        }
+        const u32 bits = __ballot_sync(0xffffffffu, sel);
+        if (lane == 0) chosen[e0 / WARP + t / WARP] = bits;
+    }
+    __syncthreads();
+    for (int e = t; e < n; e += ROUTE_THREADS) {
+        const int w = e / WARP, b = e & (WARP - 1);
+        const u32 word = chosen[w];
+        if ((word >> b) & 1u) {
+            int pos = __popc(word & ((1u << b) - 1u));
+            for (int i = 0; i < w; ++i) pos += __popc(chosen[i]);
+            float total = 0.f;
+            for (int a = 0; a < k; ++a) total += by_rank[a];
+            const float wt = p[e];
+            ids[pos] = e;
+            weights[pos] = norm ? wt / total : wt;
         }
     }
 }
 
-// Softmax over E logits, the top k, renormalised to sum 1 when `norm`. One
-// warp per row (grid: rows, 32 threads): lanes own experts e = lane (mod 32);
-// the chosen pairs are written sorted by id, lane a placing pair a at its
-// rank. Loops stay rolled: a one-warp kernel waits on every instruction
-// fetch, so its code is kept short.
-extern "C" __global__ void __launch_bounds__(WARP)
+// Softmax top-k routing of each row (see route_softmax_row). grid: rows,
+// ROUTE_THREADS threads.
+extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 route_softmax(const float* logits, int n, int k, int norm, int* ids, float* weights) {
-    __shared__ float p[MAX_EXPERTS];
-    __shared__ int sel_i[MAX_TOPK];
-    __shared__ float sel_w[MAX_TOPK];
-    const int row = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (long long)row * n;
-    float mx = -INFINITY;
-    for (int e = lane; e < n; e += WARP) mx = fmaxf(mx, l[e]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.f;
-    for (int e = lane; e < n; e += WARP) {
-        const float v = expf(l[e] - mx);
-        p[e] = v;
-        sum += v;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < n; e += WARP) p[e] = p[e] / sum;
-    __syncwarp();
-    unsigned taken = 0;  // bit j: expert lane + 32 j is chosen (n <= 1024)
-    for (int t = 0; t < k; ++t) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane, j = 0; e < n; e += WARP, ++j) {
-            if (!((taken >> j) & 1u) && (p[e] > bv || (p[e] == bv && e < bi))) {
-                bv = p[e];
-                bi = e;
-            }
-        }
-        warp_best(&bv, &bi);
-        if (bi >= 0 && bi < n && (bi % WARP) == lane) {
-            taken |= 1u << (bi / WARP);
-        }
-        if (lane == 0) {
-            sel_i[t] = bi < n ? bi : 0;
-            sel_w[t] = bi < n ? p[bi] : 0.f;
-        }
-    }
-    __syncwarp();
-    if (lane < k) {
-        float total = 0.f;
-        for (int a = 0; a < k; ++a) total += sel_w[a];
-        const int id = sel_i[lane];
-        float wt = sel_w[lane];
-        if (norm) wt = wt / total;
-        int rank = 0;
-        for (int a = 0; a < k; ++a)
-            rank += sel_i[a] < id || (sel_i[a] == id && a < lane);
-        ids[(long long)row * k + rank] = id;
-        weights[(long long)row * k + rank] = wt;
-    }
+    pdl_enter();
+    const long long row = blockIdx.x;
+    route_softmax_row<false>(logits + row * n, n, k, norm, ids + row * k, weights + row * k);
 }
+
+// One row's router logits and its softmax top-k routing in one launch: the
+// blocks compute logits = W x as gemv1 does (same warps per row, so the
+// same bits), and the last block to finish routes them as route_softmax
+// does. `counter` is 0 between launches. The first ten arguments are
+// gemv1's for W and one row (`rows` is 1). grid and block: gemv1's.
+#define ROUTER(NAME, DT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)                               \
+    NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
+         long long x_stride, int rows, int vec, int wpr, int top_k, int norm, int* ids,       \
+         float* weights, u32* counter) {                                                      \
+        gemv_multi<DT, 1>(mm, row_bytes, br, bc, k, x, x_stride, 1, vec, wpr);               \
+        if (!last_block_done(counter)) return;                                                \
+        route_softmax_row<true>(mm.out[0], mm.start[1], top_k, norm, ids, weights);           \
+    }
+ROUTER(router_softmax_bf16, 0)
+ROUTER(router_softmax_f16, 1)
+ROUTER(router_softmax_f32, 2)
+ROUTER(router_softmax_fp8, 3)
 
 // DeepSeek-V3: sigmoid scores; the choice ranks score + bias within the
 // `topk_group` best of `n_group` groups (a group scores its two best
@@ -174,6 +206,7 @@ route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n
     __shared__ float sel_w[MAX_TOPK];
     const int row = blockIdx.x;
     const float* l = logits + (long long)row * n;
+    pdl_enter();
     for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
         score[e] = 1.f / (1.f + expf(-l[e]));
         choice[e] = score[e] + (bias ? bias[e] : 0.f);

@@ -20,7 +20,15 @@
 //! ([`flashtier_cuda::launch`]); the kernels and their arguments are the
 //! same as launched one by one, so the output is bit-identical.
 //! [`CudaDevice::set_graphs`] (or `FLASHTIER_CUDA_GRAPHS=0`) turns this off;
-//! profiling and streamed steps launch one by one.
+//! profiling and streamed steps launch one by one. Inside the graphs the
+//! kernels that wait on their predecessor themselves start early
+//! (programmatic dependent launch, see `flashtier_cuda::launch`), and a
+//! prefetch hint asks L2 for the attention's output product while the
+//! attention runs ([`Device::prefetch`]; `FLASHTIER_PREFETCH=0`: none).
+//!
+//! A one-row softmax router runs as one launch with its routing
+//! (`FLASHTIER_FUSED_ROUTER=0`: two, the same bits); a greedy decode step
+//! picks its token on the device and copies one id back.
 
 pub mod experts;
 pub mod kv;
@@ -37,6 +45,7 @@ use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_cuda::{Gpu, GraphStats};
 use flashtier_format::Dtype;
 
+use crate::config::Routing;
 use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
@@ -74,6 +83,12 @@ pub struct CudaDevice {
     all_resident: Cell<bool>,
     /// The KV budget caches made from now on take ([`kv`]).
     kv_budget: RefCell<Option<KvBudget>>,
+    /// One-row softmax routing as one launch with its router product
+    /// (`FLASHTIER_FUSED_ROUTER=0`: the product, then the routing; the
+    /// same bits either way).
+    fused_router: bool,
+    /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
+    prefetch_on: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -96,6 +111,8 @@ impl CudaDevice {
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
             kv_budget: RefCell::new(None),
+            fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
+            prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
         })
     }
 
@@ -321,6 +338,15 @@ impl Device for CudaDevice {
         })
     }
 
+    fn prefetch(&self, ws: &[&DevMatrix]) -> Result<(), EngineError> {
+        // Only recorded steps: there the prefetch starts while the kernels
+        // before it run; launched one by one it would only add a launch.
+        if !self.prefetch_on || !self.gpu.recording() || ws.is_empty() || ws.len() > 4 {
+            return Ok(());
+        }
+        self.timed(OpClass::Other, 0, || Ok(self.kernels.prefetch(ws)?))
+    }
+
     fn hints_wanted(&self, experts: &CudaExperts) -> bool {
         !experts.resident_all()
     }
@@ -419,6 +445,26 @@ impl Device for CudaDevice {
         let bytes = 2 * positions * (k.cols() * 4) as u64;
         self.timed(OpClass::Attention, bytes, || {
             kv.attend(&self.kernels, layer, q_heads, q, (k, v), scale, out)
+        })
+    }
+
+    fn router(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        rule: &RouteRule,
+        bias: Option<&DevVector>,
+    ) -> Result<DevRoutes, EngineError> {
+        if x.rows() != 1 || rule.routing != Routing::Softmax || !self.fused_router {
+            let mut logits = self.zeros(x.rows(), rule.num_experts)?;
+            self.linear(&mut logits, w, x)?;
+            return self.route(&logits, rule, bias);
+        }
+        let mut logits = self.zeros(1, rule.num_experts)?;
+        self.timed(OpClass::Routing, w.bytes() as u64, || {
+            Ok(self
+                .kernels
+                .router_softmax(w, x, &mut logits, rule.top_k, rule.norm_topk_prob)?)
         })
     }
 
