@@ -315,7 +315,7 @@ pub(crate) trait PoolTier {
 /// Hand each `(tag, record)` of `pending`, records of `tier`'s open step,
 /// to `use_landed` exactly once, as soon as its read has landed and been
 /// verified: every landed one in a pass, and when a pass finds none,
-/// waiting (the stall) for the first still pending.
+/// waiting (the stall) for whichever pending read lands first.
 ///
 /// Bound: at most `pending.len()` waits, since each one lands a record.
 pub(crate) fn serve_landed<C: PoolTier, T: Copy>(
@@ -342,7 +342,8 @@ pub(crate) fn serve_landed<C: PoolTier, T: Copy>(
         }
         if !progressed {
             let started = Instant::now();
-            tier.pool_mut().wait_ready(pending[0].1)?;
+            let records: Vec<usize> = pending.iter().map(|&(_, r)| r).collect();
+            tier.pool_mut().wait_any(&records);
             tier.add_stall_ns(started.elapsed().as_nanos() as u64);
         }
     }

@@ -107,6 +107,15 @@ pub trait StorageBackend: Send + Sync {
     /// error of the first failure (by request order).
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError>;
 
+    /// Queue `reqs` (one ticket) as read-ahead: behind every demand read
+    /// ([`Self::read_async`]) that is queued or comes later, and never
+    /// blocking: `Ok(None)`, nothing queued, when the backend has no room
+    /// for all of them now. Backends without a read-ahead lane submit them
+    /// as demand reads (the default).
+    fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
+        self.read_async(reqs).map(Some)
+    }
+
     /// Read all `reqs`, returning when every landing holds its bytes.
     fn read(&self, reqs: Vec<ReadReq>) -> Result<Vec<Landed>, IoError> {
         self.read_async(reqs)?.wait()

@@ -3,7 +3,9 @@
 //!
 //! Bounds: `queue_depth` workers (1..=256), each with one request in flight;
 //! the job queue holds at most `2 * queue_depth` requests, so `read_async`
-//! blocks (back-pressure) rather than growing memory without limit. A queued
+//! blocks (back-pressure) rather than growing memory without limit, and
+//! `4 * queue_depth` read-ahead requests (`read_ahead`, refused beyond
+//! that, served only when no demand read waits). A queued
 //! job wakes exactly one idle worker. The workers and their queue are the
 //! simulator's too (`workers.rs`, `queue.rs`).
 
@@ -44,6 +46,10 @@ impl StorageBackend for PosixBackend {
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
         Ok(self.workers.submit(reqs, |_| ()))
+    }
+
+    fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
+        Ok(self.workers.try_submit_ahead(reqs, |_| ()))
     }
 
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {

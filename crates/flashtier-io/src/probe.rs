@@ -86,6 +86,24 @@ impl StorageBackend for LoggingBackend {
         self.inner.read_async(reqs)
     }
 
+    fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
+        let extents: Vec<Extent> = reqs
+            .iter()
+            .map(|r| Extent {
+                offset: r.offset,
+                len: r.len,
+            })
+            .collect();
+        let ticket = self.inner.read_ahead(reqs)?;
+        if ticket.is_some() {
+            self.log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(extents);
+        }
+        Ok(ticket)
+    }
+
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {
         self.inner.write(file, offset, src)
     }

@@ -275,6 +275,13 @@ impl StorageBackend for SimBackend {
         }))
     }
 
+    fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
+        Ok(self.workers.try_submit_ahead(reqs, |req| {
+            self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
+            self.shared.planner.decide(false, req.offset, req.len)
+        }))
+    }
+
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {
         self.shared.write(file, offset, src)
     }

@@ -138,13 +138,43 @@ impl SlotTable {
         offset: u64,
         len: usize,
     ) -> Result<LandedFlag, IoError> {
+        let req = self.request(slot, file, offset, len)?;
+        let ticket = backend.read_async(vec![req])?;
+        Ok(self.started(slot, ticket))
+    }
+
+    /// [`Self::submit`] as read-ahead ([`StorageBackend::read_ahead`]):
+    /// behind every demand read, and `Ok(None)` (the slot left idle) when
+    /// the backend has no room for it now.
+    pub fn submit_ahead(
+        &mut self,
+        backend: &dyn StorageBackend,
+        slot: usize,
+        file: Arc<StoreFile>,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<LandedFlag>, IoError> {
+        let req = self.request(slot, file, offset, len)?;
+        Ok(backend
+            .read_ahead(vec![req])?
+            .map(|ticket| self.started(slot, ticket)))
+    }
+
+    /// The read of `len` bytes at `offset` into idle slot `slot`.
+    fn request(
+        &self,
+        slot: usize,
+        file: Arc<StoreFile>,
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadReq, IoError> {
         self.check(slot, len)?;
         if self.inflight[slot].is_some() {
             return Err(IoError::Invalid(format!(
                 "slot {slot} already has a read in flight"
             )));
         }
-        let req = ReadReq {
+        Ok(ReadReq {
             file,
             offset,
             len,
@@ -153,11 +183,13 @@ impl SlotTable {
                 offset: slot * self.stride,
             },
             tag: slot as u64,
-        };
-        let ticket = backend.read_async(vec![req])?;
+        })
+    }
+
+    fn started(&mut self, slot: usize, ticket: Ticket) -> LandedFlag {
         let flag = LandedFlag(Some(ticket.clone()));
         self.inflight[slot] = Some(ticket);
-        Ok(flag)
+        flag
     }
 
     /// Whether slot `slot` has a read submitted and not yet collected.

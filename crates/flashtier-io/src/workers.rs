@@ -1,11 +1,15 @@
 //! The read workers of the thread-pool backends (posix, sim): `queue_depth`
 //! threads popping read jobs from one [`JobQueue`] and completing each
-//! job's ticket entry with the result of the backend's read.
+//! job's ticket entry with the result of the backend's read. Demand reads
+//! ([`ReadWorkers::submit`]) go before every queued read-ahead
+//! ([`ReadWorkers::try_submit_ahead`]).
 //!
 //! Bounds: `queue_depth` threads (1..=[`MAX_QUEUE_DEPTH`], checked by
 //! [`check_queue_depth`]), each with one read in flight; the queue holds at
-//! most `2 * queue_depth` jobs, so submitting blocks (back-pressure) rather
-//! than growing memory without limit. A job queued after the workers are
+//! most `2 * queue_depth` demand jobs, so submitting blocks (back-pressure)
+//! rather than growing memory without limit, and at most
+//! `AHEAD_PER_WORKER * queue_depth` read-ahead jobs, refused (never waited
+//! for) beyond that. A job queued after the workers are
 //! gone is completed at once with an error naming the backend. Dropping the
 //! pool closes the queue, lets the workers drain it and joins them.
 
@@ -26,6 +30,9 @@ pub(crate) fn check_queue_depth(queue_depth: usize) -> Result<(), IoError> {
     }
     Ok(())
 }
+
+/// Read-ahead jobs queued at most per worker.
+pub(crate) const AHEAD_PER_WORKER: usize = 4;
 
 /// One read request of a ticket, with what the backend decided for it.
 struct Job<X> {
@@ -52,7 +59,10 @@ impl<X: Send + 'static> ReadWorkers<X> {
         queue_depth: usize,
         read: impl Fn(ReadReq, X) -> Result<Landed, IoError> + Send + Sync + 'static,
     ) -> Result<Self, IoError> {
-        let queue = Arc::new(JobQueue::new(2 * queue_depth));
+        let queue = Arc::new(JobQueue::new(
+            2 * queue_depth,
+            AHEAD_PER_WORKER * queue_depth,
+        ));
         let read = Arc::new(read);
         let mut pool = Self {
             backend,
@@ -98,6 +108,35 @@ impl<X: Send + 'static> ReadWorkers<X> {
             }
         }
         ticket
+    }
+}
+
+impl<X: Send + 'static> ReadWorkers<X> {
+    /// Queue every request of `reqs` (one ticket) on the read-ahead lane,
+    /// behind every demand read; `None` (nothing queued) when the lane has
+    /// no room for all of them or the workers are gone. Never blocks.
+    pub(crate) fn try_submit_ahead(
+        &self,
+        reqs: Vec<ReadReq>,
+        mut plan: impl FnMut(&ReadReq) -> X,
+    ) -> Option<Ticket> {
+        // Plan only requests that will be queued (the simulator's plans
+        // draw its faults).
+        if !self.queue.ahead_room(reqs.len()) {
+            return None;
+        }
+        let (ticket, done) = Ticket::new(reqs.len());
+        let jobs: Vec<Job<X>> = reqs
+            .into_iter()
+            .enumerate()
+            .map(|(idx, req)| Job {
+                plan: plan(&req),
+                req,
+                idx,
+                done: done.clone(),
+            })
+            .collect();
+        self.queue.try_push_ahead(jobs).ok().map(|()| ticket)
     }
 }
 

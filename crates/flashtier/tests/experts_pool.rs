@@ -334,3 +334,81 @@ proptest! {
         }
     }
 }
+
+/// A backend whose read-ahead lane never has room.
+struct NoRoomAhead(PosixBackend);
+
+impl StorageBackend for NoRoomAhead {
+    fn name(&self) -> &'static str {
+        "no-room-ahead"
+    }
+    fn queue_depth(&self) -> usize {
+        self.0.queue_depth()
+    }
+    fn read_async(
+        &self,
+        reqs: Vec<flashtier_io::ReadReq>,
+    ) -> Result<flashtier_io::Ticket, flashtier_io::IoError> {
+        self.0.read_async(reqs)
+    }
+    fn read_ahead(
+        &self,
+        _reqs: Vec<flashtier_io::ReadReq>,
+    ) -> Result<Option<flashtier_io::Ticket>, flashtier_io::IoError> {
+        Ok(None)
+    }
+    fn write(
+        &self,
+        file: &flashtier_io::StoreFile,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<(), flashtier_io::IoError> {
+        self.0.write(file, offset, src)
+    }
+}
+
+#[test]
+fn a_prefetch_the_backend_refuses_leaves_no_record_or_slot_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store(dir.path());
+    let backend = NoRoomAhead(PosixBackend::new(2).expect("posix"));
+    let mut p = pool(&path, Backing::Slots, 4, Arc::new(backend));
+    assert_eq!(p.prefetch(1, &[0, 1, 2]).expect("prefetch"), 0);
+    assert_eq!(p.stats().resident_records, 0);
+    assert_eq!(p.stats().prefetch_bytes, 0);
+    p.check_invariants().expect("invariants");
+    // Every slot is still free for a step that needs them all.
+    step(&mut p, 1, &[0, 1, 2, 3]).expect("a step of the whole capacity");
+    p.check_invariants().expect("invariants");
+}
+
+#[test]
+fn demand_reads_overtake_queued_read_ahead_and_a_full_lane_refuses_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store(dir.path());
+    // One reader, 20 ms a read: a read-ahead lane of 4 behind it.
+    let slow = SimBackend::new(
+        FaultPlan::seeded(3).latency(1.0, Duration::from_millis(20)),
+        1,
+    )
+    .expect("sim");
+    let mut p = pool(&path, Backing::Slots, 12, Arc::new(slow));
+    let started = p.prefetch(2, &[0, 1, 2, 3, 4, 5, 6, 7]).expect("prefetch");
+    // The lane holds 4; the reader may have taken the first one already.
+    assert!((4..=5).contains(&started), "{started} read-ahead started");
+    assert_eq!(p.stats().resident_records, started);
+    p.check_invariants().expect("invariants");
+    step(&mut p, 0, &[3]).expect("demand step");
+    // The demand read went before the queued read-ahead: most of it is
+    // still queued or in flight when the step's read has landed.
+    let pending = (0..started as u32)
+        .filter(|&e| !p.is_ready(p.index_of(2, e).expect("k")))
+        .count();
+    assert!(
+        pending >= 2,
+        "{pending} of {started} read-ahead still pending"
+    );
+    // And every read-ahead lands with exact bytes.
+    step(&mut p, 2, &(0..started as u32).collect::<Vec<_>>()).expect("guessed step");
+    p.check_invariants().expect("invariants");
+}

@@ -24,6 +24,13 @@ use crate::hint::HintTracker;
 /// step run at the pool's queue depth).
 const LOAD_BATCH: usize = 256;
 
+/// Layers ahead a guess may look ([`PoolExperts::hint_ahead`]); also the
+/// most guesses held between two steps.
+pub const MAX_AHEAD: usize = 2;
+
+/// Work to run while a step's misses are in flight.
+pub type Meanwhile<'f> = dyn FnMut() -> Result<(), EngineError> + 'f;
+
 /// Called with (position in the request, the expert's matrices).
 pub type UseExpert<'f> = dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError> + 'f;
 
@@ -36,11 +43,14 @@ pub struct PoolExperts {
     pool: ExpertPool,
     layout: RecordLayout,
     stall_ns: u64,
-    /// The engine's guess for the next sparse layer, read behind the next
+    /// The engine's guesses for the coming sparse layers (at most
+    /// [`MAX_AHEAD`], nearest first once sorted), read behind the next
     /// step's misses.
-    hint: Option<(u32, Vec<u32>)>,
-    /// Which ranks of a guess have been worth reading.
-    tracker: HintTracker,
+    hints: Vec<(u32, Vec<u32>)>,
+    /// Per distance (0: a layer's own guess made before its attention, 1
+    /// and 2: layers ahead), which ranks of a guess have been worth
+    /// reading.
+    trackers: [HintTracker; MAX_AHEAD + 1],
 }
 
 impl std::fmt::Debug for PoolExperts {
@@ -59,8 +69,8 @@ impl PoolExperts {
             pool,
             layout,
             stall_ns: 0,
-            hint: None,
-            tracker: HintTracker::default(),
+            hints: Vec::new(),
+            trackers: Default::default(),
         }
     }
 
@@ -83,7 +93,22 @@ impl PoolExperts {
         experts: &[usize],
         use_expert: &mut UseExpert<'_>,
     ) -> Result<(), EngineError> {
-        self.open_step(layer, experts, |tier, records| {
+        self.open_step(layer, experts, None, |tier, records| {
+            tier.serve(records, use_expert)
+        })
+    }
+
+    /// [`Self::with_experts`], running `meanwhile` once the step's misses
+    /// have been started and before any record is served: CPU work that
+    /// does not need the experts (a shared expert) overlaps their reads.
+    pub fn with_experts_meanwhile(
+        &mut self,
+        layer: usize,
+        experts: &[usize],
+        meanwhile: &mut Meanwhile<'_>,
+        use_expert: &mut UseExpert<'_>,
+    ) -> Result<(), EngineError> {
+        self.open_step(layer, experts, Some(meanwhile), |tier, records| {
             tier.serve(records, use_expert)
         })
     }
@@ -100,17 +125,19 @@ impl PoolExperts {
         experts: &[usize],
         use_batch: &mut UseExperts<'_>,
     ) -> Result<(), EngineError> {
-        self.open_step(layer, experts, |tier, records| {
+        self.open_step(layer, experts, None, |tier, records| {
             tier.serve_batches(records, use_batch)
         })
     }
 
-    /// Acquire `experts` of `layer`, read the misses (and the last guess
-    /// behind them), `serve` the step's records, and close the step.
+    /// Acquire `experts` of `layer`, read the misses (and the pending
+    /// guesses behind them), run `meanwhile`, `serve` the step's records,
+    /// and close the step.
     fn open_step(
         &mut self,
         layer: usize,
         experts: &[usize],
+        meanwhile: Option<&mut Meanwhile<'_>>,
         serve: impl FnOnce(&mut Self, &[usize]) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
         let records = experts
@@ -121,15 +148,23 @@ impl PoolExperts {
             .iter()
             .filter_map(|&e| u32::try_from(e).ok())
             .collect();
-        self.tracker.served(layer, &ids);
+        for t in &mut self.trackers {
+            t.served(layer, &ids);
+        }
         let need = self.pool.acquire(&records)?;
         let served = (|| {
             let plan = self.pool.plan(&need)?;
             self.pool.run_tracked(plan)?;
-            if let Some((layer, experts)) = self.hint.take() {
-                // Behind this step's misses: the drive stays busy while the
-                // CPU computes this layer.
+            // Behind this step's misses (the backend's read-ahead lane),
+            // nearest layer first: the drive stays busy while the CPU
+            // computes this layer and the next.
+            let mut hints = std::mem::take(&mut self.hints);
+            hints.sort_by_key(|(l, _)| *l);
+            for (layer, experts) in hints {
                 self.pool.prefetch(layer, &experts)?;
+            }
+            if let Some(meanwhile) = meanwhile {
+                meanwhile()?;
             }
             serve(self, &records)
         })();
@@ -163,16 +198,44 @@ impl PoolExperts {
         Ok(records)
     }
 
-    /// Remember a guess of `layer`'s next experts, strongest first: the
-    /// ranks whose guesses have proved right often enough are read behind
-    /// the next step's misses ([`HintTracker`]).
+    /// Remember a guess of `layer`'s next experts, strongest first, made
+    /// one sparse layer before it: the ranks whose guesses have proved
+    /// right often enough are read behind the next step's misses
+    /// ([`HintTracker`]).
     pub fn hint(&mut self, layer: usize, experts: &[usize]) {
-        let ranked: Vec<u32> = experts
-            .iter()
-            .filter_map(|&e| u32::try_from(e).ok())
-            .collect();
-        let ids = self.tracker.guessed(layer, &ranked);
-        self.hint = u32::try_from(layer).ok().map(|l| (l, ids));
+        self.hint_ahead(1, layer, experts);
+    }
+
+    /// [`Self::hint`] for a guess made `distance` (1..=[`MAX_AHEAD`])
+    /// layers before `layer`; each distance keeps its own precision per
+    /// rank. A guess for a layer already guessed replaces it; bound:
+    /// [`MAX_AHEAD`] guesses held.
+    pub fn hint_ahead(&mut self, distance: usize, layer: usize, experts: &[usize]) {
+        let Ok(l) = u32::try_from(layer) else { return };
+        let Some(tracker) = self.trackers.get_mut(distance).filter(|_| distance > 0) else {
+            return;
+        };
+        let ids = tracker.guessed(layer, &ranked_ids(experts));
+        self.hints.retain(|(h, _)| *h != l);
+        if self.hints.len() >= MAX_AHEAD {
+            self.hints.remove(0);
+        }
+        self.hints.push((l, ids));
+    }
+
+    /// Start reading now a guess of `layer`'s experts, strongest first,
+    /// made before its attention (for a first sparse layer, which no
+    /// earlier layer guesses): the ranks worth reading go on the backend's
+    /// read-ahead lane at once, between steps. Returns the reads started.
+    pub fn read_ahead_now(
+        &mut self,
+        layer: usize,
+        experts: &[usize],
+    ) -> Result<usize, EngineError> {
+        let ids = self.trackers[0].guessed(layer, &ranked_ids(experts));
+        let l =
+            u32::try_from(layer).map_err(|_| EngineError::ExpertOutOfRange { layer, expert: 0 })?;
+        Ok(self.pool.prefetch(l, &ids)?)
     }
 
     /// Serve every record of the open step, ready ones first.
@@ -205,9 +268,10 @@ impl PoolExperts {
                     Err(e) => return Err(e),
                 }
             }
-            if let Some(&(_, first)) = pending.first().filter(|_| ready.is_empty()) {
+            if ready.is_empty() {
                 let started = Instant::now();
-                self.pool.wait_ready(first)?;
+                let records: Vec<usize> = pending.iter().map(|&(_, r)| r).collect();
+                self.pool.wait_any(&records);
                 self.stall_ns += started.elapsed().as_nanos() as u64;
                 continue;
             }
@@ -245,6 +309,13 @@ impl PoolExperts {
         let view = self.layout.view(self.pool.bytes(r)?)?;
         use_expert(pos, view)
     }
+}
+
+fn ranked_ids(experts: &[usize]) -> Vec<u32> {
+    experts
+        .iter()
+        .filter_map(|&e| u32::try_from(e).ok())
+        .collect()
 }
 
 /// The pool's record index of (`layer`, `expert`).

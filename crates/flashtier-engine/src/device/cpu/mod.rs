@@ -104,6 +104,31 @@ pub struct HostRope {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuDevice;
 
+impl CpuDevice {
+    /// [`Device::moe`] with `meanwhile` run while the step's misses are in
+    /// flight (one token: after they are started and before the first
+    /// expert is computed; a prompt chunk: first). `meanwhile` must not
+    /// depend on the experts' output; the result is the same bits as
+    /// [`Device::moe`] then `meanwhile`.
+    pub fn moe_meanwhile(
+        &self,
+        experts: &mut PoolExperts,
+        layer: usize,
+        x: &HostAct,
+        routes: &[Vec<(usize, f32)>],
+        out: &mut HostAct,
+        meanwhile: &mut experts::Meanwhile<'_>,
+    ) -> Result<(), EngineError> {
+        if let ([chosen], true) = (routes, x.rows == 1 && out.rows == 1 && x.cols == out.cols) {
+            let y = moe_row(experts, layer, x.row(0), chosen, Some(meanwhile))?;
+            out.row_mut(0).copy_from_slice(&y);
+            return Ok(());
+        }
+        meanwhile()?;
+        self.moe(experts, layer, x, &routes.to_vec(), out)
+    }
+}
+
 fn shape_err(op: &'static str, what: String) -> EngineError {
     EngineError::Shape { op, what }
 }
@@ -421,7 +446,7 @@ impl Device for CpuDevice {
             ));
         }
         if let [chosen] = routes.as_slice() {
-            let y = moe_row(experts, layer, x.row(0), chosen)?;
+            let y = moe_row(experts, layer, x.row(0), chosen, None)?;
             out.row_mut(0).copy_from_slice(&y);
             return Ok(());
         }

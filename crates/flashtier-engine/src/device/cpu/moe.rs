@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
-use super::experts::PoolExperts;
+use super::experts::{Meanwhile, PoolExperts};
 use super::kernels::{matmul, silu};
 use crate::error::EngineError;
 use crate::experts::ExpertView;
@@ -30,19 +30,24 @@ pub(super) fn moe_row(
     layer: usize,
     x: &[f32],
     chosen: &[(usize, f32)],
+    meanwhile: Option<&mut Meanwhile<'_>>,
 ) -> Result<Vec<f32>, EngineError> {
     let h = x.len();
     let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
     let mut outs = vec![vec![0f32; h]; ids.len()];
     let mut scratch = SwigluScratch::default();
-    experts.with_experts(layer, &ids, &mut |pos, view| {
+    let mut use_expert = |pos: usize, view: ExpertView<'_>| {
         let y = outs.get_mut(pos).ok_or_else(|| EngineError::Layout {
             what: format!("expert request of {} experts", ids.len()),
             reason: format!("the tier served position {pos}"),
         })?;
         scratch.swiglu_rows(y, view, x, 1);
         Ok(())
-    })?;
+    };
+    match meanwhile {
+        Some(m) => experts.with_experts_meanwhile(layer, &ids, m, &mut use_expert)?,
+        None => experts.with_experts(layer, &ids, &mut use_expert)?,
+    }
     let mut out = vec![0f32; h];
     for (y, (_, w)) in outs.iter().zip(chosen) {
         for (o, yi) in out.iter_mut().zip(y) {

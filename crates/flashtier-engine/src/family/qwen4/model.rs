@@ -18,7 +18,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Routing;
 use crate::config::qwen4::{LayerKind, Qwen4Config, in_scope};
 use crate::device::Device;
-use crate::device::cpu::experts::PoolExperts;
+use crate::device::cpu::experts::{MAX_AHEAD, PoolExperts};
 use crate::device::cpu::{CpuDevice, HostAct};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
@@ -292,6 +292,19 @@ impl Qwen4Model {
         if let Some(p) = &mut layer.ple {
             p.forward(&self.ckpt, x, tokens)?;
         }
+        if i == 0 && n == 1 && CpuDevice.hints_wanted(&self.experts) {
+            // No earlier layer guesses the first one: its router applied to
+            // the MoE input the streams would give without this layer's
+            // attention starts those reads now, while the attention runs.
+            let m = layer.mlp_hc.forward(x, n)?;
+            let guess = layer
+                .moe
+                .route(&layer.moe.router, &self.rule, &m.input, n)?;
+            if let [row] = guess.as_slice() {
+                let ranked = crate::hint::ranked(row.iter().copied());
+                self.experts.read_ahead_now(i, &ranked)?;
+            }
+        }
         let m = layer.attn_hc.forward(x, n)?;
         let y = match &mut layer.mixer {
             Mixer::Linear(g) => g.forward(&m.input, n)?,
@@ -313,8 +326,8 @@ impl Qwen4Model {
             rows: n,
             hidden: h,
         };
-        let next = tail.first().map(|l| &l.moe.router);
-        let y = layer.moe.forward(&mut ctx, next, m.input)?;
+        let next: Vec<&Matrix> = tail.iter().take(MAX_AHEAD).map(|l| &l.moe.router).collect();
+        let y = layer.moe.forward(&mut ctx, &next, m.input)?;
         inject(x, &y, &m.inject, h);
         Ok(())
     }
@@ -377,29 +390,43 @@ struct MoeStep<'a> {
 
 impl Moe {
     /// The block's output for the step's rows of `x`. Before the routed
-    /// experts run, `next` (the next layer's router) is applied to `x`
-    /// and its guess hinted to the tier (pre-gating: it changes reads,
-    /// never results).
+    /// experts run, the next layers' routers (`next`, nearest first) are
+    /// applied to `x` and their guesses hinted to the tier (pre-gating: it
+    /// changes reads, never results); the shared expert runs while the
+    /// routed experts' misses are read.
     fn forward(
         &self,
         st: &mut MoeStep<'_>,
-        next: Option<&Matrix>,
+        next: &[&Matrix],
         x: Vec<f32>,
     ) -> Result<Vec<f32>, EngineError> {
         let dev = CpuDevice;
         let (rows, h) = (st.rows, st.hidden);
         let routes = self.route(&self.router, st.rule, &x, rows)?;
-        if let Some(r) = next.filter(|_| dev.hints_wanted(st.experts)) {
-            let guess = self.route(r, st.rule, &x, rows)?;
-            dev.hint(st.experts, st.layer + 1, &guess)?;
+        if rows == 1 && dev.hints_wanted(st.experts) {
+            for (d, r) in next.iter().enumerate() {
+                let guess = self.route(r, st.rule, &x, rows)?;
+                if let [row] = guess.as_slice() {
+                    let ranked = crate::hint::ranked(row.iter().copied());
+                    st.experts.hint_ahead(d + 1, st.layer + d + 1, &ranked);
+                }
+            }
         }
         let xa = HostAct::from_vec(rows, h, x)?;
         let mut out = dev.zeros(rows, h)?;
-        dev.moe(st.experts, st.layer, &xa, &routes, &mut out)?;
-        let shared = self.shared.forward(&dev, &xa, rows, h)?;
-        let mut gate = dev.zeros(rows, 1)?;
-        dev.linear(&mut gate, &self.shared_gate, &xa)?;
-        dev.add_gated(&mut out, &shared, &gate)?;
+        let mut shared = None;
+        dev.moe_meanwhile(st.experts, st.layer, &xa, &routes, &mut out, &mut || {
+            let y = self.shared.forward(&dev, &xa, rows, h)?;
+            let mut gate = dev.zeros(rows, 1)?;
+            dev.linear(&mut gate, &self.shared_gate, &xa)?;
+            shared = Some((y, gate));
+            Ok(())
+        })?;
+        let (y, gate) = shared.ok_or_else(|| EngineError::Layout {
+            what: format!("shared expert of layer {}", st.layer),
+            reason: "the MoE step never ran it".to_string(),
+        })?;
+        dev.add_gated(&mut out, &y, &gate)?;
         Ok(out.into_vec())
     }
 

@@ -126,6 +126,23 @@ impl ExpertPool {
 
     /// Start the read of reserved record `r` (state becomes Loading).
     pub(super) fn start_read(&mut self, r: usize, source: ReadSource) -> Result<(), ExpertsError> {
+        self.submit_read(r, source, false).map(|_| ())
+    }
+
+    /// Start the read of reserved record `r` as read-ahead, behind every
+    /// demand read ([`flashtier_io::StorageBackend::read_ahead`]); `false`
+    /// (nothing started, `r` still reserved) when the backend has no room
+    /// for it now.
+    pub(super) fn start_read_ahead(&mut self, r: usize) -> Result<bool, ExpertsError> {
+        self.submit_read(r, ReadSource::Prefetch, true)
+    }
+
+    fn submit_read(
+        &mut self,
+        r: usize,
+        source: ReadSource,
+        ahead: bool,
+    ) -> Result<bool, ExpertsError> {
         let e = self.entries[r];
         let store = self
             .stores
@@ -141,11 +158,16 @@ impl ExpertPool {
         };
         let ticket = match (&mut self.arena, self.backing) {
             (Some(arena), Backing::Slots) => {
-                let file = store.direct.clone();
-                let table = arena.table_mut();
-                table
-                    .submit(self.backend.as_ref(), e.slot as usize, file, offset, len)
-                    .map_err(read_err)?;
+                let (file, table) = (store.direct.clone(), arena.table_mut());
+                let (backend, slot) = (self.backend.as_ref(), e.slot as usize);
+                let started = if ahead {
+                    table.submit_ahead(backend, slot, file, offset, len)
+                } else {
+                    table.submit(backend, slot, file, offset, len).map(Some)
+                };
+                if started.map_err(read_err)?.is_none() {
+                    return Ok(false);
+                }
                 None
             }
             _ => {
@@ -156,7 +178,15 @@ impl ExpertPool {
                     landing: Landing::Host(AlignedBuf::zeroed(len)),
                     tag: r as u64,
                 };
-                Some(self.backend.read_async(vec![req]).map_err(read_err)?)
+                let ticket = if ahead {
+                    self.backend.read_ahead(vec![req])
+                } else {
+                    self.backend.read_async(vec![req]).map(Some)
+                };
+                match ticket.map_err(read_err)? {
+                    Some(t) => Some(t),
+                    None => return Ok(false),
+                }
             }
         };
         self.inflight.insert(
@@ -168,7 +198,7 @@ impl ExpertPool {
             },
         );
         self.entries[r].residency = Residency::Loading;
-        Ok(())
+        Ok(true)
     }
 
     fn flag(&self, r: usize) -> LandedFlag {
@@ -198,6 +228,32 @@ impl ExpertPool {
                 let _ = tx.send(token);
             }
         }
+    }
+
+    /// Block until at least one of `records` whose read is in flight has
+    /// landed (at once when one has, or none is in flight); then
+    /// [`Self::collect_landed`] makes it ready. Unlike waiting for one
+    /// record, a step serves whichever of its misses the drive finishes
+    /// first. Bound: one notification per record in flight.
+    pub fn wait_any(&self, records: &[usize]) {
+        let loading: Vec<usize> = records
+            .iter()
+            .copied()
+            .filter(|&r| {
+                self.entries
+                    .get(r)
+                    .is_some_and(|e| e.residency == Residency::Loading)
+            })
+            .collect();
+        if loading.is_empty() || loading.iter().any(|&r| self.is_landed(r)) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel::<u64>();
+        for &r in &loading {
+            self.notify(r, tx.clone(), r as u64);
+        }
+        drop(tx);
+        let _ = rx.recv();
     }
 
     pub(super) fn is_landed(&self, r: usize) -> bool {

@@ -6,13 +6,15 @@
 
 use super::{ExpertPool, Precision, Residency};
 use crate::experts::ExpertsError;
-use crate::experts::tracking::ReadSource;
 
 impl ExpertPool {
     /// Start reads for records predicted for `layer` (expert ids), without
     /// evicting a record of the current step; stops quietly when no room is
-    /// left (it evicts neither pinned records nor its own prefetches). Returns
-    /// how many reads it started. Bound: at most `experts.len()`.
+    /// left (it evicts neither pinned records nor its own prefetches) or
+    /// when the backend's read-ahead lane is full. The reads go behind
+    /// every demand read ([`flashtier_io::StorageBackend::read_ahead`]), so
+    /// a step's misses never wait for a guess. Returns how many reads it
+    /// started. Bound: at most `experts.len()`.
     pub fn prefetch(&mut self, layer: u32, experts: &[u32]) -> Result<usize, ExpertsError> {
         let mut started: Vec<usize> = Vec::new();
         for &x in experts {
@@ -32,9 +34,19 @@ impl ExpertPool {
                 self.release(victim);
             }
             self.insert(r, Precision::Full)?;
-            if let Err(e) = self.start_read(r, ReadSource::Prefetch) {
-                self.fail(r);
-                return Err(e);
+            match self.start_read_ahead(r) {
+                Ok(true) => {}
+                // The backend's read-ahead lane is full: the drive has
+                // enough queued; the rest of the guess is not read.
+                Ok(false) => {
+                    self.policy.on_remove(r);
+                    self.release(r);
+                    break;
+                }
+                Err(e) => {
+                    self.fail(r);
+                    return Err(e);
+                }
             }
             self.entries[r].prefetched = true;
             self.stats.prefetch_bytes += self.read_bytes(Precision::Full) as u64;
