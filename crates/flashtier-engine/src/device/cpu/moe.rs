@@ -30,24 +30,19 @@ pub(super) fn moe_row(
     layer: usize,
     x: &[f32],
     chosen: &[(usize, f32)],
-    meanwhile: Option<&mut Meanwhile<'_>>,
 ) -> Result<Vec<f32>, EngineError> {
     let h = x.len();
     let ids: Vec<usize> = chosen.iter().map(|(e, _)| *e).collect();
     let mut outs = vec![vec![0f32; h]; ids.len()];
     let mut scratch = SwigluScratch::default();
-    let mut use_expert = |pos: usize, view: ExpertView<'_>| {
+    experts.with_experts(layer, &ids, &mut |pos, view| {
         let y = outs.get_mut(pos).ok_or_else(|| EngineError::Layout {
             what: format!("expert request of {} experts", ids.len()),
             reason: format!("the tier served position {pos}"),
         })?;
         scratch.swiglu_rows(y, view, x, 1);
         Ok(())
-    };
-    match meanwhile {
-        Some(m) => experts.with_experts_meanwhile(layer, &ids, m, &mut use_expert)?,
-        None => experts.with_experts(layer, &ids, &mut use_expert)?,
-    }
+    })?;
     let mut out = vec![0f32; h];
     for (y, (_, w)) in outs.iter().zip(chosen) {
         for (o, yi) in out.iter_mut().zip(y) {
@@ -60,13 +55,15 @@ pub(super) fn moe_row(
 /// Several rows' routed experts (`x` is `routes.len() x hidden`, row-major),
 /// into `out` (the same shape). The experts a batch of the tier serves run
 /// in parallel, each over all of its rows; then the rows are summed in
-/// parallel, each in its own choices' order.
+/// parallel, each in its own choices' order. `meanwhile` runs once, while
+/// the first group of experts is read (before any is computed).
 pub(super) fn moe_rows(
     experts: &mut PoolExperts,
     layer: usize,
     x: &[f32],
     routes: &[Vec<(usize, f32)>],
     out: &mut [f32],
+    mut meanwhile: Option<&mut Meanwhile<'_>>,
 ) -> Result<(), EngineError> {
     let h = x.len() / routes.len().max(1);
     // expert -> the rows that chose it, ascending; and for each row's
@@ -88,7 +85,7 @@ pub(super) fn moe_rows(
     // expert -> its rows' outputs (`rows x hidden`), in its rows' order.
     let mut ys: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
     for batch in ids.chunks(experts.capacity().max(1)) {
-        experts.with_expert_batches(layer, batch, &mut |landed| {
+        experts.with_expert_batches(layer, batch, meanwhile.take(), &mut |landed| {
             let done = landed
                 .par_iter()
                 .map_init(SwigluScratch::default, |scratch, &(pos, view)| {
@@ -105,6 +102,10 @@ pub(super) fn moe_rows(
             ys.extend(done);
             Ok(())
         })?;
+    }
+    if let Some(m) = meanwhile {
+        // No expert to read: nothing to overlap with.
+        m()?;
     }
     out.par_chunks_mut(h.max(1))
         .zip(routes.par_iter().zip(&places))
