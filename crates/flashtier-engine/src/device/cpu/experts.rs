@@ -343,3 +343,95 @@ impl ExpertTier for PoolExperts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use flashtier::experts::testing::write_store;
+    use flashtier::experts::{PoolConfig, StoreSet};
+    use flashtier_format::Dtype;
+    use flashtier_io::PosixBackend;
+
+    use super::*;
+    use crate::experts::Span;
+
+    /// A pool of `slots` records over a 3-layer, 8-expert store whose
+    /// records are read as a 2 x 4 BF16 expert.
+    fn tier(dir: &std::path::Path, slots: u64) -> PoolExperts {
+        let path = dir.join("e.ftstore");
+        write_store(&path, 3, 8, 5000).expect("store");
+        let stores = StoreSet::open(&path, false).expect("open");
+        let config = PoolConfig {
+            budget_bytes: slots * 8192,
+            ..PoolConfig::default()
+        };
+        let backend = Arc::new(PosixBackend::new(2).expect("posix"));
+        let pool = ExpertPool::new(stores, backend, config).expect("pool");
+        let layout = RecordLayout {
+            matrices: [0, 16, 32].map(|offset| Span { offset, len: 16 }),
+            dtype: Dtype::Bf16,
+            fp8: None,
+            hidden: 4,
+            intermediate: 2,
+        };
+        PoolExperts::new(pool, layout)
+    }
+
+    fn step(t: &mut PoolExperts, layer: usize, experts: &[usize]) -> Vec<usize> {
+        let mut served = Vec::new();
+        t.with_experts(layer, experts, &mut |pos, _| {
+            served.push(pos);
+            Ok(())
+        })
+        .expect("step");
+        served.sort_unstable();
+        served
+    }
+
+    #[test]
+    fn guesses_for_two_layers_ahead_are_read_behind_the_next_step() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut t = tier(dir.path(), 12);
+        t.hint_ahead(1, 1, &[0, 1]);
+        t.hint_ahead(2, 2, &[3]);
+        // A guess for a layer already guessed replaces it.
+        t.hint_ahead(1, 1, &[0, 2]);
+        assert_eq!(step(&mut t, 0, &[5, 6]), vec![0, 1]);
+        let read = t.pool().stats().prefetch_bytes;
+        assert_eq!(read, 3 * t.pool().stores().full().read_bytes() as u64);
+        // The guessed records are served without another read.
+        let before = t.stats().misses;
+        assert_eq!(step(&mut t, 1, &[0, 2]), vec![0, 1]);
+        assert_eq!(step(&mut t, 2, &[3]), vec![0]);
+        assert_eq!(t.stats().misses, before);
+        // Distance 0 and past MAX_AHEAD are not guesses to hold.
+        t.hint_ahead(0, 1, &[7]);
+        t.hint_ahead(MAX_AHEAD + 1, 2, &[7]);
+        step(&mut t, 0, &[4]);
+        assert_eq!(t.pool().stats().prefetch_bytes, read);
+    }
+
+    #[test]
+    fn at_most_max_ahead_guesses_are_held_and_a_first_layer_guess_reads_now() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut t = tier(dir.path(), 12);
+        for layer in 0..=MAX_AHEAD {
+            t.hint_ahead(1, layer, &[layer + 4]);
+        }
+        step(&mut t, 0, &[0]);
+        let one = t.pool().stores().full().read_bytes() as u64;
+        // The oldest guess went: MAX_AHEAD records read ahead.
+        assert_eq!(t.pool().stats().prefetch_bytes, MAX_AHEAD as u64 * one);
+        // A guess made before a layer's attention is read at once (not
+        // what is resident already: (2, 6) came with the guesses above).
+        assert_eq!(t.read_ahead_now(2, &[0, 1, 6]).expect("read ahead"), 2);
+        assert_eq!(
+            t.pool().stats().prefetch_bytes,
+            (MAX_AHEAD as u64 + 2) * one
+        );
+        let before = t.stats().misses;
+        step(&mut t, 2, &[0, 1, 6]);
+        assert_eq!(t.stats().misses, before);
+    }
+}
