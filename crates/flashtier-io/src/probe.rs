@@ -57,6 +57,13 @@ impl LoggingBackend {
         }
     }
 
+    fn append(&self, extents: Vec<Extent>) {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(extents);
+    }
+
     /// The reads so far, in issue order.
     pub fn reads(&self) -> Vec<Extent> {
         self.log
@@ -76,30 +83,16 @@ impl StorageBackend for LoggingBackend {
     }
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(reqs.iter().map(|r| Extent {
-                offset: r.offset,
-                len: r.len,
-            }));
+        self.append(extents_of(&reqs));
         self.inner.read_async(reqs)
     }
 
     fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
-        let extents: Vec<Extent> = reqs
-            .iter()
-            .map(|r| Extent {
-                offset: r.offset,
-                len: r.len,
-            })
-            .collect();
+        // A refused batch was never issued: only what the lane took is logged.
+        let extents = extents_of(&reqs);
         let ticket = self.inner.read_ahead(reqs)?;
         if ticket.is_some() {
-            self.log
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend(extents);
+            self.append(extents);
         }
         Ok(ticket)
     }
@@ -115,6 +108,15 @@ impl StorageBackend for LoggingBackend {
     fn reap_on_caller(&self) -> bool {
         self.inner.reap_on_caller()
     }
+}
+
+fn extents_of(reqs: &[ReadReq]) -> Vec<Extent> {
+    reqs.iter()
+        .map(|r| Extent {
+            offset: r.offset,
+            len: r.len,
+        })
+        .collect()
 }
 
 /// How [`read_extents`] keeps the drive busy.

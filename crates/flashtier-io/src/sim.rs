@@ -105,6 +105,12 @@ pub struct SimBackend {
 }
 
 impl SimBackend {
+    /// Count a read as it is queued and draw its fault decision.
+    fn plan_read(&self, req: &ReadReq) -> Decision {
+        self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.shared.planner.decide(false, req.offset, req.len)
+    }
+
     /// A simulator running `plan` on `queue_depth` workers (1..=256). Prints
     /// its seed to stderr once.
     pub fn new(plan: FaultPlan, queue_depth: usize) -> Result<Self, IoError> {
@@ -269,17 +275,13 @@ impl StorageBackend for SimBackend {
     }
 
     fn read_async(&self, reqs: Vec<ReadReq>) -> Result<Ticket, IoError> {
-        Ok(self.workers.submit(reqs, |req| {
-            self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
-            self.shared.planner.decide(false, req.offset, req.len)
-        }))
+        Ok(self.workers.submit(reqs, |req| self.plan_read(req)))
     }
 
     fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
-        Ok(self.workers.try_submit_ahead(reqs, |req| {
-            self.shared.stats.reads.fetch_add(1, Ordering::Relaxed);
-            self.shared.planner.decide(false, req.offset, req.len)
-        }))
+        Ok(self
+            .workers
+            .try_submit_ahead(reqs, |req| self.plan_read(req)))
     }
 
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError> {

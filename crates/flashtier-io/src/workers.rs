@@ -90,15 +90,9 @@ impl<X: Send + 'static> ReadWorkers<X> {
 
     /// Queue every request of `reqs` (one ticket), `plan(req)` deciding
     /// for each as it is queued.
-    pub(crate) fn submit(&self, reqs: Vec<ReadReq>, mut plan: impl FnMut(&ReadReq) -> X) -> Ticket {
-        let (ticket, done) = Ticket::new(reqs.len());
-        for (idx, req) in reqs.into_iter().enumerate() {
-            let job = Job {
-                plan: plan(&req),
-                req,
-                idx,
-                done: done.clone(),
-            };
+    pub(crate) fn submit(&self, reqs: Vec<ReadReq>, plan: impl FnMut(&ReadReq) -> X) -> Ticket {
+        let (ticket, jobs) = Self::jobs(reqs, plan);
+        for job in jobs {
             if let Err(job) = self.queue.push(job) {
                 let err = IoError::Backend {
                     backend: self.backend,
@@ -118,15 +112,21 @@ impl<X: Send + 'static> ReadWorkers<X> {
     pub(crate) fn try_submit_ahead(
         &self,
         reqs: Vec<ReadReq>,
-        mut plan: impl FnMut(&ReadReq) -> X,
+        plan: impl FnMut(&ReadReq) -> X,
     ) -> Option<Ticket> {
         // Plan only requests that will be queued (the simulator's plans
         // draw its faults).
         if !self.queue.ahead_room(reqs.len()) {
             return None;
         }
+        let (ticket, jobs) = Self::jobs(reqs, plan);
+        self.queue.try_push_ahead(jobs).ok().map(|()| ticket)
+    }
+
+    /// One ticket over `reqs` and its jobs, `plan(req)` deciding for each.
+    fn jobs(reqs: Vec<ReadReq>, mut plan: impl FnMut(&ReadReq) -> X) -> (Ticket, Vec<Job<X>>) {
         let (ticket, done) = Ticket::new(reqs.len());
-        let jobs: Vec<Job<X>> = reqs
+        let jobs = reqs
             .into_iter()
             .enumerate()
             .map(|(idx, req)| Job {
@@ -136,7 +136,7 @@ impl<X: Send + 'static> ReadWorkers<X> {
                 done: done.clone(),
             })
             .collect();
-        self.queue.try_push_ahead(jobs).ok().map(|()| ticket)
+        (ticket, jobs)
     }
 }
 

@@ -122,13 +122,7 @@ impl CpuDevice {
         out: &mut HostAct,
         meanwhile: &mut experts::Meanwhile<'_>,
     ) -> Result<(), EngineError> {
-        same_shape("moe", x, out)?;
-        if routes.len() != x.rows {
-            return Err(shape_err(
-                "moe",
-                format!("{} routed rows for {} input rows", routes.len(), x.rows),
-            ));
-        }
+        moe_shapes(x, routes, out)?;
         moe_rows(
             experts,
             layer,
@@ -138,6 +132,18 @@ impl CpuDevice {
             Some(meanwhile),
         )
     }
+}
+
+/// A MoE step's input, output and routes agree: one route per row.
+fn moe_shapes(x: &HostAct, routes: &[Vec<(usize, f32)>], out: &HostAct) -> Result<(), EngineError> {
+    same_shape("moe", x, out)?;
+    if routes.len() != x.rows {
+        return Err(shape_err(
+            "moe",
+            format!("{} routed rows for {} input rows", routes.len(), x.rows),
+        ));
+    }
+    Ok(())
 }
 
 fn shape_err(op: &'static str, what: String) -> EngineError {
@@ -449,13 +455,7 @@ impl Device for CpuDevice {
         routes: &Self::Routes,
         out: &mut HostAct,
     ) -> Result<(), EngineError> {
-        same_shape("moe", x, out)?;
-        if routes.len() != x.rows {
-            return Err(shape_err(
-                "moe",
-                format!("{} routed rows for {} input rows", routes.len(), x.rows),
-            ));
-        }
+        moe_shapes(x, routes, out)?;
         if let [chosen] = routes.as_slice() {
             let y = moe_row(experts, layer, x.row(0), chosen)?;
             out.row_mut(0).copy_from_slice(&y);

@@ -297,13 +297,8 @@ impl Qwen4Model {
             // the MoE input the streams would give without this layer's
             // attention starts those reads now, while the attention runs.
             let m = layer.mlp_hc.forward(x, n)?;
-            let guess = layer
-                .moe
-                .route(&layer.moe.router, &self.rule, &m.input, n)?;
-            if let [row] = guess.as_slice() {
-                let ranked = crate::hint::ranked(row.iter().copied());
-                self.experts.read_ahead_now(i, &ranked)?;
-            }
+            let guess = Moe::guess(&layer.moe.router, &self.rule, &m.input)?;
+            self.experts.read_ahead_now(i, &guess)?;
         }
         let m = layer.attn_hc.forward(x, n)?;
         let y = match &mut layer.mixer {
@@ -405,11 +400,8 @@ impl Moe {
         let routes = self.route(&self.router, st.rule, &x, rows)?;
         if rows == 1 && dev.hints_wanted(st.experts) {
             for (d, r) in next.iter().enumerate() {
-                let guess = self.route(r, st.rule, &x, rows)?;
-                if let [row] = guess.as_slice() {
-                    let ranked = crate::hint::ranked(row.iter().copied());
-                    st.experts.hint_ahead(d + 1, st.layer + d + 1, &ranked);
-                }
+                let guess = Self::guess(r, st.rule, &x)?;
+                st.experts.hint_ahead(d + 1, st.layer + d + 1, &guess);
             }
         }
         let xa = HostAct::from_vec(rows, h, x)?;
@@ -428,6 +420,13 @@ impl Moe {
         })?;
         dev.add_gated(&mut out, &y, &gate)?;
         Ok(out.into_vec())
+    }
+
+    /// The experts `router` chooses for the one row `x`, strongest first
+    /// (a guess for the tier to read ahead).
+    fn guess(router: &Matrix, rule: &RouteRule, x: &[f32]) -> Result<Vec<usize>, EngineError> {
+        let logits = linear(router, x, 1)?;
+        Ok(crate::hint::ranked(route_row(rule, &logits, None)))
     }
 
     /// Each row's chosen experts by `router`.

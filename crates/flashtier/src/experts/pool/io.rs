@@ -78,21 +78,8 @@ impl ExpertPool {
     pub fn run(&mut self, plan: ReadPlan) -> Result<(), ExpertsError> {
         self.check_plan(&plan)?;
         let mut first_err = self.start_reads(&plan.reads).err();
-        let waiting: Vec<usize> = plan
-            .need
-            .iter()
-            .copied()
-            .filter(|&r| {
-                self.entries
-                    .get(r)
-                    .is_some_and(|e| e.residency == Residency::Loading)
-            })
-            .collect();
-        let (tx, rx) = mpsc::channel::<u64>();
-        for &r in &waiting {
-            self.notify(r, tx.clone(), r as u64);
-        }
-        drop(tx);
+        let waiting = self.loading(&plan.need);
+        let rx = self.notify_each(&waiting);
         for _ in 0..waiting.len() {
             let Ok(token) = rx.recv() else { break };
             let landed_at = Instant::now();
@@ -236,7 +223,16 @@ impl ExpertPool {
     /// record, a step serves whichever of its misses the drive finishes
     /// first. Bound: one notification per record in flight.
     pub fn wait_any(&self, records: &[usize]) {
-        let loading: Vec<usize> = records
+        let loading = self.loading(records);
+        if loading.is_empty() || loading.iter().any(|&r| self.is_landed(r)) {
+            return;
+        }
+        let _ = self.notify_each(&loading).recv();
+    }
+
+    /// The records of `records` whose read is in flight.
+    fn loading(&self, records: &[usize]) -> Vec<usize> {
+        records
             .iter()
             .copied()
             .filter(|&r| {
@@ -244,16 +240,17 @@ impl ExpertPool {
                     .get(r)
                     .is_some_and(|e| e.residency == Residency::Loading)
             })
-            .collect();
-        if loading.is_empty() || loading.iter().any(|&r| self.is_landed(r)) {
-            return;
-        }
+            .collect()
+    }
+
+    /// A channel that receives each record of `records` (as its token) when
+    /// its read completes.
+    fn notify_each(&self, records: &[usize]) -> mpsc::Receiver<u64> {
         let (tx, rx) = mpsc::channel::<u64>();
-        for &r in &loading {
+        for &r in records {
             self.notify(r, tx.clone(), r as u64);
         }
-        drop(tx);
-        let _ = rx.recv();
+        rx
     }
 
     pub(super) fn is_landed(&self, r: usize) -> bool {

@@ -36,16 +36,13 @@ impl ExpertPool {
             self.insert(r, Precision::Full)?;
             match self.start_read_ahead(r) {
                 Ok(true) => {}
-                // The backend's read-ahead lane is full: the drive has
-                // enough queued; the rest of the guess is not read.
-                Ok(false) => {
-                    self.policy.on_remove(r);
-                    self.release(r);
-                    break;
-                }
-                Err(e) => {
+                // Refused (the backend's read-ahead lane is full: the drive
+                // has enough queued, the rest of the guess is not read) or
+                // failed: the record goes back to absent.
+                started => {
                     self.fail(r);
-                    return Err(e);
+                    started?;
+                    break;
                 }
             }
             self.entries[r].prefetched = true;
