@@ -16,33 +16,12 @@ use std::sync::Arc;
 use flashtier_cuda::PinnedMemory;
 use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::DevKvCache;
-use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
-use flashtier_cuda::ops::experts::{ExpertSlots, ExpertSpec};
+use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::experts::ExpertSlots;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use common::{gpu_or_skip, random_matrix};
-
-fn act(
-    k: &DecodeKernels,
-    pool: &std::rc::Rc<ActPool>,
-    rows: usize,
-    cols: usize,
-    vals: &[f32],
-) -> DevAct {
-    let mut a = pool.take(k.gpu(), rows, cols).unwrap();
-    a.upload(k.gpu().stream(), vals).unwrap();
-    a
-}
-
-fn worst_rel(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().map(|v| v.abs()).fold(1e-6, f64::max);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (f64::from(*g) - w).abs() / scale)
-        .fold(0.0, f64::max)
-}
+use common::{act, gpu_or_skip, moe_reference, random_matrix, record, worst_rel};
 
 #[test]
 fn gemv_matches_f64_for_every_dtype_and_row_count() {
@@ -422,42 +401,6 @@ fn routing_picks_the_reference_experts() {
     }
 }
 
-/// One expert record: gate | up | down at 4096-aligned offsets, FP8 scales after.
-fn record(
-    rng: &mut SmallRng,
-    h: usize,
-    i: usize,
-    ty: WeightType,
-) -> (Vec<u8>, ExpertSpec, [Vec<f64>; 3]) {
-    let align = |n: usize| n.div_ceil(4096) * 4096;
-    let (g, gs, gv) = random_matrix(rng, i, h, ty);
-    let (u, us, uv) = random_matrix(rng, i, h, ty);
-    let (d, ds, dv) = random_matrix(rng, h, i, ty);
-    let mut rec = Vec::new();
-    let mut offs = [0usize; 3];
-    for (k, m) in [&g, &u, &d].into_iter().enumerate() {
-        offs[k] = rec.len();
-        rec.extend_from_slice(m);
-        rec.resize(align(rec.len()), 0);
-    }
-    let mut soffs = [0usize; 3];
-    for (k, s) in [gs, us, ds].into_iter().enumerate() {
-        if let Some(s) = s {
-            soffs[k] = rec.len();
-            rec.extend_from_slice(&s);
-            rec.resize(align(rec.len()), 0);
-        }
-    }
-    let spec = ExpertSpec {
-        hidden: h,
-        inter: i,
-        ty,
-        matrices: offs,
-        scales: soffs,
-    };
-    (rec, spec, [gv, uv, dv])
-}
-
 #[test]
 fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
     let Some(gpu) = gpu_or_skip("routed_experts_match_f64_from_hbm_slots_and_in_place") else {
@@ -486,24 +429,8 @@ fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
             .map(|_| rng.random_range(0.1..1.0))
             .collect();
         let routes = k.routes_from_host(&ids, &wts, top).unwrap();
-        let mut want = vec![0f64; rows * h];
-        for r in 0..rows {
-            for j in 0..top {
-                let [gv, uv, dv] = &recs[ids[r * top + j] as usize].2;
-                let xr = &x[r * h..(r + 1) * h];
-                let a: Vec<f64> = (0..i)
-                    .map(|o| {
-                        let g: f64 = (0..h).map(|c| gv[o * h + c] * f64::from(xr[c])).sum();
-                        let u: f64 = (0..h).map(|c| uv[o * h + c] * f64::from(xr[c])).sum();
-                        g / (1.0 + (-g).exp()) * u
-                    })
-                    .collect();
-                for o in 0..h {
-                    let y: f64 = (0..i).map(|c| dv[o * i + c] * a[c]).sum();
-                    want[r * h + o] += f64::from(wts[r * top + j]) * y;
-                }
-            }
-        }
+        let mats: Vec<&[Vec<f64>; 3]> = recs.iter().map(|r| &r.2).collect();
+        let want = moe_reference(&mats, &ids, &wts, &x, (h, i, top));
         for in_place in [false, true] {
             let mut slots = ExpertSlots::new(
                 &gpu,

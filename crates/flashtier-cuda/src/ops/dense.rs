@@ -5,13 +5,14 @@ use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevMatrix, DevVector, WeightType};
 use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
+use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::launch::{Args, KernelArg};
 
 /// Up to four matrices of one launch (the C layout of `struct Mats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct Mats {
+pub(super) struct Mats {
     w: [u64; 4],
     scales: [u64; 4],
     out: [u64; 4],
@@ -95,8 +96,29 @@ pub(super) fn check_many(
     Ok(())
 }
 
+/// The matrices of one launch: their weights, scales and output rows
+/// from input row `start` on (shapes checked by [`check_many`]).
+pub(super) fn mats(gpu: &Gpu, outs: &[&mut DevAct], ws: &[&DevMatrix], start: usize) -> Mats {
+    let mut mm = Mats::default();
+    let mut at = 0usize;
+    for (q, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
+        mm.start[q] = at as i32;
+        mm.w[q] = addr(gpu, w.data(), 0);
+        mm.scales[q] = addr(gpu, w.scales(), 0);
+        mm.sc_cols[q] = scale_args(w).0;
+        mm.out[q] = addr(gpu, o.buf(), start * w.rows());
+        mm.out_stride[q] = w.rows() as i64;
+        at += w.rows();
+    }
+    // Matrices past the last are empty ranges at its end.
+    for q in ws.len()..5 {
+        mm.start[q] = at as i32;
+    }
+    mm
+}
+
 /// FP8 scale-grid arguments of a matrix (`sc_cols`, block rows, block cols).
-fn scale_args(w: &DevMatrix) -> (i32, i32, i32) {
+pub(super) fn scale_args(w: &DevMatrix) -> (i32, i32, i32) {
     match w.ty() {
         WeightType::Fp8 { block: [br, bc] } => {
             let [_, sc] = w.ty().scale_grid(w.rows(), w.cols());
@@ -177,23 +199,8 @@ impl DecodeKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut mm = Mats::default();
-        let mut at = 0usize;
-        for (q, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
-            mm.start[q] = at as i32;
-            mm.w[q] = addr(gpu, w.data(), 0);
-            mm.scales[q] = addr(gpu, w.scales(), 0);
-            mm.sc_cols[q] = scale_args(w).0;
-            mm.out[q] = addr(gpu, o.buf(), start * w.rows());
-            mm.out_stride[q] = w.rows() as i64;
-            at += w.rows();
-        }
-        // Matrices past the last are empty ranges at its end.
-        for q in ws.len()..5 {
-            mm.start[q] = at as i32;
-        }
         let mut a = Args::new();
-        a.push(mm)
+        a.push(mats(gpu, outs, ws, start))
             .push(row_bytes)
             .push(br)
             .push(bc)

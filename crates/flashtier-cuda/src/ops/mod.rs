@@ -7,6 +7,8 @@
 //! - [`dense`]: matrix-vector products for up to [`MAX_GEMV_ROWS`] rows per
 //!   pass (more rows run in passes), embeddings, RMSNorm, RoPE and the
 //!   elementwise kernels.
+//! - [`gemm`]: a prompt chunk's products as tiles, and its routed experts
+//!   grouped by expert.
 //! - [`route`]: softmax and grouped-sigmoid top-k routing on the device.
 //! - [`experts`]: the HBM expert slots, the device table of record
 //!   addresses, and the routed-expert kernels.
@@ -26,6 +28,7 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+pub mod gemm;
 pub mod hint;
 mod moe;
 pub mod norm;
@@ -49,6 +52,8 @@ pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/decode/gemv.cu"),
     "\n",
     include_str!("../kernels/decode/moe.cu"),
+    "\n",
+    include_str!("../kernels/decode/gemm.cu"),
     "\n",
     include_str!("../kernels/decode/route.cu"),
     "\n",
@@ -89,6 +94,19 @@ const KERNELS: &[(&str, bool)] = &[
     ("moe_down_f16", true),
     ("moe_down_f32", true),
     ("moe_down_fp8", true),
+    ("gemm_bf16", true),
+    ("gemm_f16", true),
+    ("gemm_f32", true),
+    ("gemm_fp8", true),
+    ("moe_group_gate_up_bf16", true),
+    ("moe_group_gate_up_f16", true),
+    ("moe_group_gate_up_f32", true),
+    ("moe_group_gate_up_fp8", true),
+    ("moe_group_down_bf16", true),
+    ("moe_group_down_f16", true),
+    ("moe_group_down_f32", true),
+    ("moe_group_down_fp8", true),
+    ("moe_group_sum", true),
     ("route_softmax", true),
     ("route_sigmoid_groups", true),
     ("router_softmax_bf16", true),
@@ -124,6 +142,12 @@ pub struct DecodeKernels {
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
     routes_pool: Arc<route::RoutePool>,
     scratch: pick::Scratch,
+    /// Prompt chunks' products as tiles and their experts grouped
+    /// ([`gemm`]); `FLASHTIER_PROMPT_TILES=0` runs them as GEMV passes and
+    /// (row, expert) pairs instead.
+    tiles_on: bool,
+    /// The dense and grouped tile shapes compiled in.
+    tiles: (gemm::TileShape, gemm::TileShape),
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -138,7 +162,11 @@ impl DecodeKernels {
     /// Compile and load the kernels for the device of `gpu`.
     /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
     /// loads without their evict-first hint (for measuring the hint);
-    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`].
+    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
+    /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
+    /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
+    /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
+    /// gives the same bits, as each output is one chain over its width).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         let stream = std::env::var("FLASHTIER_STREAM_WEIGHTS").map_or(true, |v| v != "0");
         let loads = std::env::var("FLASHTIER_GEMV_LOADS")
@@ -146,9 +174,23 @@ impl DecodeKernels {
             .and_then(|v| v.parse::<u32>().ok())
             .filter(|n| (1..=MAX_GEMV_LOADS).contains(n))
             .unwrap_or(GEMV_LOADS);
+        let shape = |var: &str, default: gemm::TileShape| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| gemm::TileShape::parse(&v))
+                .unwrap_or(default)
+        };
+        let tiles = (
+            shape("FLASHTIER_GEMM_TILE", gemm::TileShape::DENSE),
+            shape("FLASHTIER_GROUP_TILE", gemm::TileShape::GROUPED),
+        );
         let defines = [
             ("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned()),
             ("GEMV_LOADS", loads.to_string()),
+            ("GEMM_TM", tiles.0.tm.to_string()),
+            ("GEMM_TN", tiles.0.tn.to_string()),
+            ("GROUP_TM", tiles.1.tm.to_string()),
+            ("GROUP_TN", tiles.1.tn.to_string()),
         ];
         let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
@@ -164,6 +206,8 @@ impl DecodeKernels {
             funcs,
             routes_pool: Arc::new(route::RoutePool::new(gpu.clone())),
             scratch: pick::Scratch::new(gpu)?,
+            tiles_on: std::env::var("FLASHTIER_PROMPT_TILES").map_or(true, |v| v != "0"),
+            tiles,
         })
     }
 
@@ -301,6 +345,9 @@ mod tests {
             "void moe_gate_up(",
             "void moe_down(",
             "void embed_rows(",
+            "void gemm_multi(",
+            "void moe_group_gate_up(",
+            "void moe_group_down(",
         ] {
             let at = DECODE_SRC
                 .find(helper)
@@ -309,7 +356,15 @@ mod tests {
             let end = body.find("\n}\n").unwrap_or(body.len());
             assert!(body[..end].contains("pdl_enter();"), "{helper}");
         }
-        let calls = ["gemv_multi<", "moe_gate_up<", "moe_down<", "embed_rows<"];
+        let calls = [
+            "gemv_multi<",
+            "moe_gate_up<",
+            "moe_down<",
+            "embed_rows<",
+            "gemm_multi<",
+            "moe_group_gate_up<",
+            "moe_group_down<",
+        ];
         for chunk in DECODE_SRC.split("__global__").skip(1) {
             let kernel = chunk.split("\n}\n").next().unwrap_or(chunk);
             if plain.iter().any(|n| kernel.contains(&format!("{n}("))) {

@@ -1,7 +1,9 @@
 //! Shared by the GPU tests: open the device or say why the test is skipped.
 #![allow(dead_code, reason = "each test binary uses a subset of these helpers")]
 
-use flashtier_cuda::ops::buffers::WeightType;
+use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::buffers::{ActPool, DevAct, WeightType};
+use flashtier_cuda::ops::experts::ExpertSpec;
 use flashtier_cuda::{CudaError, Gpu, nvrtc_present};
 use rand::Rng;
 use rand::rngs::SmallRng;
@@ -96,4 +98,98 @@ pub fn random_matrix(
             )
         }
     }
+}
+
+/// An activation of `rows x cols` holding `vals`.
+pub fn act(
+    k: &DecodeKernels,
+    pool: &std::rc::Rc<ActPool>,
+    rows: usize,
+    cols: usize,
+    vals: &[f32],
+) -> DevAct {
+    let mut a = pool
+        .take(k.gpu(), rows, cols)
+        .expect("an activation buffer");
+    a.upload(k.gpu().stream(), vals)
+        .expect("upload an activation");
+    a
+}
+
+/// Largest error against the reference, relative to its largest magnitude.
+pub fn worst_rel(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().map(|v| v.abs()).fold(1e-6, f64::max);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).abs() / scale)
+        .fold(0.0, f64::max)
+}
+
+/// One expert record: gate | up | down at 4096-aligned offsets, FP8 scales after.
+pub fn record(
+    rng: &mut SmallRng,
+    h: usize,
+    i: usize,
+    ty: WeightType,
+) -> (Vec<u8>, ExpertSpec, [Vec<f64>; 3]) {
+    let align = |n: usize| n.div_ceil(4096) * 4096;
+    let (g, gs, gv) = random_matrix(rng, i, h, ty);
+    let (u, us, uv) = random_matrix(rng, i, h, ty);
+    let (d, ds, dv) = random_matrix(rng, h, i, ty);
+    let mut rec = Vec::new();
+    let mut offs = [0usize; 3];
+    for (k, m) in [&g, &u, &d].into_iter().enumerate() {
+        offs[k] = rec.len();
+        rec.extend_from_slice(m);
+        rec.resize(align(rec.len()), 0);
+    }
+    let mut soffs = [0usize; 3];
+    for (k, s) in [gs, us, ds].into_iter().enumerate() {
+        if let Some(s) = s {
+            soffs[k] = rec.len();
+            rec.extend_from_slice(&s);
+            rec.resize(align(rec.len()), 0);
+        }
+    }
+    let spec = ExpertSpec {
+        hidden: h,
+        inter: i,
+        ty,
+        matrices: offs,
+        scales: soffs,
+    };
+    (rec, spec, [gv, uv, dv])
+}
+
+/// Each row's routed experts in f64: `sum_j w[r][j] * down_e(silu(gate_e
+/// x[r]) * up_e x[r])` for `e = ids[r * top + j]`, `mats[e]` the expert's
+/// gate, up and down values; `(hidden, inter, top)`.
+pub fn moe_reference(
+    mats: &[&[Vec<f64>; 3]],
+    ids: &[u32],
+    wts: &[f32],
+    x: &[f32],
+    (h, i, top): (usize, usize, usize),
+) -> Vec<f64> {
+    let rows = ids.len() / top;
+    let mut want = vec![0f64; rows * h];
+    for r in 0..rows {
+        for j in 0..top {
+            let [gv, uv, dv] = mats[ids[r * top + j] as usize];
+            let xr = &x[r * h..(r + 1) * h];
+            let a: Vec<f64> = (0..i)
+                .map(|o| {
+                    let g: f64 = (0..h).map(|c| gv[o * h + c] * f64::from(xr[c])).sum();
+                    let u: f64 = (0..h).map(|c| uv[o * h + c] * f64::from(xr[c])).sum();
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            for o in 0..h {
+                let y: f64 = (0..i).map(|c| dv[o * i + c] * a[c]).sum();
+                want[r * h + o] += f64::from(wts[r * top + j]) * y;
+            }
+        }
+    }
+    want
 }

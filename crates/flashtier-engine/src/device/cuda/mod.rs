@@ -154,6 +154,17 @@ impl CudaDevice {
         out
     }
 
+    /// Times a product over `rows` rows of width `k` reads its weights:
+    /// once per tile of rows when tiled, once per GEMV pass otherwise.
+    fn weight_passes(&self, k: usize, rows: usize) -> u64 {
+        let per = if self.kernels.tiled(k, rows) {
+            self.kernels.tile_shapes().0.rows()
+        } else {
+            flashtier_cuda::ops::MAX_GEMV_ROWS
+        };
+        rows.div_ceil(per) as u64
+    }
+
     /// Keep KV caches made from now on within `budget` of HBM, the rest
     /// offloaded to a KV store (`None`: every position in HBM).
     pub fn set_kv_budget(&self, budget: Option<KvBudget>) {
@@ -287,9 +298,9 @@ impl Device for CudaDevice {
         } else {
             OpClass::DenseGemv
         };
-        let passes = x.rows().div_ceil(flashtier_cuda::ops::MAX_GEMV_ROWS) as u64;
+        let passes = self.weight_passes(w.cols(), x.rows());
         self.timed(class, passes * w.bytes() as u64, || {
-            Ok(self.kernels.gemv(out, w, x)?)
+            Ok(self.kernels.products(&mut [out], &[w], x)?)
         })
     }
 
@@ -331,10 +342,10 @@ impl Device for CudaDevice {
             }
             return Ok(());
         }
-        let passes = x.rows().div_ceil(flashtier_cuda::ops::MAX_GEMV_ROWS) as u64;
+        let passes = self.weight_passes(x.cols(), x.rows());
         let bytes: u64 = ws.iter().map(|w| w.bytes() as u64).sum();
         self.timed(OpClass::DenseGemv, passes * bytes, || {
-            Ok(self.kernels.gemv_many(outs, ws, x)?)
+            Ok(self.kernels.products(outs, ws, x)?)
         })
     }
 
@@ -486,6 +497,9 @@ impl Device for CudaDevice {
         out: &mut DevAct,
     ) -> Result<(), EngineError> {
         self.all_resident.set(experts.resident_all());
+        if x.rows() > 1 && self.kernels.grouped(experts.spec()) {
+            return self.moe_grouped(experts, layer, x, routes, out);
+        }
         if !experts.resident_all() {
             let (ids, _) = routes.to_host(&self.kernels)?;
             let cap = experts.step_capacity();

@@ -1,7 +1,14 @@
 //! The CUDA device's routing and routed-expert steps: routing on the
 //! device, the tiers made ready for a step's experts (one host sync for the
 //! routed ids when experts stream), and a step whose rows need more
-//! distinct experts than the tiers hold taken row by row.
+//! distinct experts than the tiers hold taken in groups of rows whose
+//! experts fit.
+//!
+//! A step of several rows (a prompt chunk) runs its experts grouped by
+//! expert (`DecodeKernels::moe_grouped`): each pair's output does not depend
+//! on which rows run with it, so the groups a small budget needs give the
+//! bits the whole chunk gives when every expert is resident. One-row steps
+//! (decode) keep the GEMV kernels.
 
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
 use flashtier_cuda::ops::route::DevRoutes;
@@ -73,8 +80,89 @@ impl CudaDevice {
         experts.consumed()
     }
 
+    /// A step of several rows, grouped by expert: the whole step when every
+    /// expert is resident, else runs of consecutive rows whose distinct
+    /// experts fit the tiers at once (one row at least), each made ready,
+    /// run and marked consumed before the next.
+    pub(super) fn moe_grouped(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        let spec = *experts.spec();
+        let (rows, k) = (x.rows(), routes.top_k());
+        let (ids, _) = routes.to_host(&self.kernels)?;
+        let mut act = self.zeros(rows * k, spec.inter)?;
+        let mut y = self.zeros(rows * k, spec.hidden)?;
+        let per_layer = experts.experts_per_layer();
+        let cap = if experts.resident_all() {
+            usize::MAX
+        } else {
+            experts.step_capacity()
+        };
+        let mut start = 0;
+        while start < rows {
+            // The longest run of rows from `start` whose distinct experts
+            // fit (one row at least: a row's own experts always fit).
+            let mut chosen = vec![false; per_layer];
+            let mut distinct = 0usize;
+            let mut end = start;
+            while end < rows {
+                let row = &ids[end * k..(end + 1) * k];
+                let mut fresh = 0;
+                for &e in row {
+                    match chosen.get(e as usize) {
+                        Some(false) => fresh += 1,
+                        Some(true) => {}
+                        None => {
+                            return Err(EngineError::ExpertOutOfRange {
+                                layer,
+                                expert: e as usize,
+                            });
+                        }
+                    }
+                }
+                if end > start && distinct + fresh > cap {
+                    break;
+                }
+                for &e in row {
+                    chosen[e as usize] = true;
+                }
+                distinct += fresh;
+                end += 1;
+            }
+            if experts.resident_all() {
+                experts.ensure(layer, &[])?;
+            } else {
+                experts.ensure(layer, &ids[start * k..end * k])?;
+            }
+            let base = experts.entry(layer, 0);
+            let bytes = (distinct * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
+            self.timed(OpClass::Experts, bytes, || {
+                Ok(self.kernels.moe_grouped(
+                    experts.slots(),
+                    (base, per_layer),
+                    routes,
+                    &ids,
+                    start..end,
+                    &spec,
+                    x,
+                    (&mut act, &mut y),
+                    out,
+                )?)
+            })?;
+            experts.consumed()?;
+            start = end;
+        }
+        Ok(())
+    }
+
     /// A step whose rows need more distinct experts than the tiers hold at
-    /// once (a long prompt chunk under a small budget): rows one at a time.
+    /// once (a long prompt chunk under a small budget) when the experts'
+    /// widths cannot run grouped: rows one at a time.
     pub(super) fn moe_in_groups(
         &self,
         experts: &mut CudaExperts,

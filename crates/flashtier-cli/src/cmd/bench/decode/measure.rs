@@ -115,6 +115,29 @@ pub(super) fn profile(
     })
 }
 
+/// Per-class device time of one prefill of `long` (a profiled pass, after
+/// the timed one), per prompt token.
+pub(super) fn profile_prefill(
+    m: &mut Model<CudaDevice>,
+    long: &[u32],
+    limits: &Limits,
+) -> anyhow::Result<Vec<ClassRow>> {
+    m.reset()?;
+    m.device().profile_start();
+    m.generate(long, 0, &[], false, |_| {})?;
+    let classes = m.device().profile_take()?;
+    let bw = limits.hbm_read_bytes_per_sec.max(1.0);
+    let n = long.len().max(1) as f64;
+    Ok(classes
+        .into_iter()
+        .map(|c| ClassRow {
+            secs_per_token: c.secs / n,
+            fraction_of_read_bandwidth: c.bytes_per_sec() / bw,
+            time: c,
+        })
+        .collect())
+}
+
 /// `want` records (whole strides) of `opened` whose offsets are not in
 /// `exclude`, spread over the store.
 pub(super) fn fresh_extents(

@@ -263,6 +263,8 @@ fn run_mode(
                 let long = prompt(args.prefill, cfg.vocab_size);
                 let o = m.generate(&long, 0, &[], false, |_| {})?;
                 report.prefill_tokens_per_sec = Some(long.len() as f64 / o.prefill_secs.max(1e-9));
+                report.prefill_classes =
+                    Some(measure::profile_prefill(&mut m, &long, &report.limits)?);
             }
         }
         Mode::Streamed => {

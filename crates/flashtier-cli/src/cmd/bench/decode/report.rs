@@ -46,6 +46,9 @@ pub(super) struct Report {
     pub(super) roofline: Option<Roofline>,
     pub(super) prefill_tokens: usize,
     pub(super) prefill_tokens_per_sec: Option<f64>,
+    /// Device time per kernel class over one profiled prefill (seconds per
+    /// prompt token).
+    pub(super) prefill_classes: Option<Vec<super::measure::ClassRow>>,
     pub(super) streamed: Option<Streamed>,
     pub(super) ram_h2d_share: Option<f64>,
     pub(super) kv: Option<super::kv::KvBench>,
@@ -70,6 +73,7 @@ impl Report {
             roofline: None,
             prefill_tokens: args.prefill,
             prefill_tokens_per_sec: None,
+            prefill_classes: None,
             streamed: None,
             ram_h2d_share: None,
             kv: None,
@@ -215,6 +219,22 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
                 "  {:>12?}: {:8.1} us/token, {:5.1}% of read bandwidth",
                 c.time.class,
                 c.secs_per_token * 1e6,
+                100.0 * c.fraction_of_read_bandwidth
+            );
+        }
+    }
+    if let Some(classes) = &r.prefill_classes {
+        println!(
+            "prefill of {} tokens: {:.0} tok/s; per class (a profiled pass):",
+            r.prefill_tokens,
+            r.prefill_tokens_per_sec.unwrap_or(0.0)
+        );
+        for c in classes {
+            println!(
+                "  {:>12?}: {:8.2} us/token, {:8.2} ms in all, {:5.1}% of read bandwidth",
+                c.time.class,
+                c.secs_per_token * 1e6,
+                c.time.secs * 1e3,
                 100.0 * c.fraction_of_read_bandwidth
             );
         }
