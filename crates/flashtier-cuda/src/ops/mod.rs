@@ -75,8 +75,8 @@ pub const MAX_GEMV_LOADS: u32 = 16;
 
 /// The kernels, and whether each starts with `griddepcontrol.wait` and
 /// touches nothing an earlier kernel writes before it (`pdl_wait` in
-/// kernels/decode/gemv.cu): a recorded graph may start those early. The
-/// attention kernels do not wait (their edges stay plain).
+/// kernels/decode/gemv.cu): a recorded graph may start those early. Only
+/// the bandwidth probe does not wait (it never runs in a step).
 const KERNELS: &[(&str, bool)] = &[
     ("gemv_bf16", true),
     ("gemv_f16", true),
@@ -129,9 +129,9 @@ const KERNELS: &[(&str, bool)] = &[
     ("argmax_rows", true),
     ("argmax_grid", true),
     ("prefetch_spans", true),
-    ("kv_append", false),
-    ("attn_partial", false),
-    ("attn_merge", false),
+    ("kv_append", true),
+    ("attn_partial", true),
+    ("attn_merge", true),
     ("read_words", false),
 ];
 
@@ -330,16 +330,12 @@ mod tests {
     use super::{DECODE_SRC, KERNELS};
 
     /// Every kernel the table says waits calls `pdl_enter` itself or
-    /// through the helper its body runs; the ones that do not are the
-    /// attention kernels and the bandwidth probe (their graph edges stay
-    /// plain).
+    /// through the helper its body runs; only the bandwidth probe does not
+    /// (it never runs inside a step).
     #[test]
     fn kernels_marked_waiting_wait() {
         let plain: Vec<&str> = KERNELS.iter().filter(|k| !k.1).map(|k| k.0).collect();
-        assert_eq!(
-            plain,
-            ["kv_append", "attn_partial", "attn_merge", "read_words"]
-        );
+        assert_eq!(plain, ["read_words"]);
         for helper in [
             "void gemv_multi(",
             "void moe_gate_up(",

@@ -16,6 +16,7 @@
 extern "C" __global__ void kv_append(const float* k, const float* v, float* arena, int kv_heads,
                                      int dim, int gs, int slots, int first, int chunk,
                                      long long n) {
+    pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int width = kv_heads * dim;
@@ -43,6 +44,7 @@ attn_partial(const float* q, int q_cols, const float* arena, int kv_heads, int d
     __shared__ float wm[ATTN_WARPS];
     __shared__ float wl[ATTN_WARPS];
     __shared__ float wo[ATTN_WARPS][MAX_DIM_PER_LANE * WARP];
+    pdl_enter();
     const int h = blockIdx.x, r = blockIdx.y, s = s_first + blockIdx.z;
     const int q_heads = gridDim.x;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
@@ -125,6 +127,7 @@ attn_partial(const float* q, int q_cols, const float* arena, int kv_heads, int d
 // grid: (q_heads, rows).
 extern "C" __global__ void attn_merge(const float* part, int dim, int splits, float* out,
                                       int out_cols) {
+    pdl_enter();
     const int h = blockIdx.x, r = blockIdx.y, q_heads = gridDim.x;
     const float* base = part + (long long)(r * q_heads + h) * splits * (2 + dim);
     float M = -INFINITY;
