@@ -9,7 +9,8 @@ Modes:
 
 Decode tok/s = (N - 1) / (T(N) - T(1)), where T(n) is the wall time of
 generate(max_new_tokens=n) from the same prompt (so the prompt and the first
-token cancel out), CUDA synchronised around each call, median of `--reps`.
+token cancel out), CUDA synchronised around each call, median of `--reps`
+after a warm-up run of the full length.
 Prefill tok/s = prefill_len / time of one forward over a prefill_len-token
 prompt. Prints one JSON object on stdout.
 """
@@ -58,7 +59,10 @@ def main():
         torch.cuda.synchronize()
         return time.time() - t, out[0, a.prompt_len:].tolist()
 
-    gen(2)  # warm-up: kernels, caches, allocator
+    # Warm-up at the full length: kernels, caches, the allocator and every
+    # KV length the timed runs reach (a 2-token warm-up left the first timed
+    # repetition a third as fast as the others).
+    gen(a.tokens)
     decode = []
     tokens = []
     for _ in range(a.reps):

@@ -143,7 +143,7 @@ pub(super) fn hf_runs(script: &Path, args: &Args) -> anyhow::Result<Vec<serde_js
                 "--prefill",
                 &prefill.to_string(),
                 "--reps",
-                if mode == "gpu" { "3" } else { "1" },
+                if mode == "gpu" { "5" } else { "1" },
             ])
             .output()
             .with_context(|| format!("running {}", script.display()))?;
