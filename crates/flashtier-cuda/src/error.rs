@@ -11,6 +11,15 @@ pub enum CudaError {
     /// `libnvrtc` could not be loaded, so kernels cannot be compiled.
     #[error("no NVRTC: libnvrtc could not be loaded (install the CUDA runtime compiler library)")]
     NoNvrtc,
+    /// `libcublas` could not be loaded. Only the cuBLAS yardstick of
+    /// `flashtier bench gemm` ([`crate::blas`]) needs it.
+    #[error(
+        "no cuBLAS: libcublas could not be loaded (looked for {tried}); it ships with the CUDA toolkit (lib64/) or the nvidia-cublas wheel, next to libcublasLt which it needs too: put that directory on LD_LIBRARY_PATH"
+    )]
+    NoCublas {
+        /// The file names searched for.
+        tried: String,
+    },
     /// The driver is present but reports no device with this ordinal.
     #[error("no CUDA device {ordinal} (the driver reports {count})")]
     NoDevice {
@@ -26,6 +35,14 @@ pub enum CudaError {
         what: String,
         /// The driver's status.
         source: cudarc::driver::DriverError,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {what}: {source:?}")]
+    Blas {
+        /// What was being done.
+        what: String,
+        /// cuBLAS's status.
+        source: cudarc::cublas::result::CublasError,
     },
     /// NVRTC failed to compile a kernel module.
     #[error("NVRTC compile of {module} for {arch} failed: {log}")]

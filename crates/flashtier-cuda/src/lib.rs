@@ -17,6 +17,8 @@
 //! - [`launch`]: kernel launches at once, or queued for a decode step and
 //!   issued as CUDA graphs that replay once a step's shape repeats.
 //! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
+//! - [`blas`]: cuBLAS products as the benchmarks' yardstick for the prompt
+//!   products (libcublas loaded at run time; nothing else needs it).
 //!
 //! ```no_run
 //! use flashtier_cuda::{CudaError, Gpu};
@@ -28,6 +30,7 @@
 //! ```
 
 pub mod attention;
+pub mod blas;
 pub mod context;
 pub mod dequant;
 pub mod error;

@@ -5,6 +5,7 @@ pub mod attn;
 pub mod cpu;
 pub mod decode;
 pub mod experts;
+pub mod gemm;
 pub mod gpu;
 pub mod io;
 pub mod kv;
@@ -29,6 +30,8 @@ pub enum Bench {
     Kv(kv::Args),
     /// Disk to pinned to HBM streaming and the attention kernel, against copies.
     Gpu(gpu::Args),
+    /// The GPU prompt products (NVRTC tiles) against cuBLAS f32 and BF16.
+    Gemm(gemm::Args),
     /// Packing throughput against the drive's sequential write bandwidth.
     Pack(pack::Args),
     /// Expert-pool miss streaming (slots backing) against fio.
@@ -45,6 +48,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Rows(a) => rows::run(a),
         Bench::Kv(a) => kv::run(a),
         Bench::Gpu(a) => gpu::run(a),
+        Bench::Gemm(a) => gemm::run(a),
         Bench::Pack(a) => pack::run(a),
         Bench::Experts(a) => experts::run(a),
     }
