@@ -4,10 +4,7 @@
 //! dtype, expert counts across the warp and block sizes, launch after
 //! launch, so the last-block counter is back at 0 each time); the one-row
 //! argmax over many blocks picks what the host's argmax picks (ties across
-//! blocks, NaN, all -inf); a one-row product, and one row's routed experts,
-//! each with the residual add and norm after it in the same launch, give
-//! what the product (or `moe`) then `add_rms_norm` give, bit for bit.
-//! Skips with a printed reason where there is no GPU.
+//! blocks, NaN, all -inf). Skips with a printed reason where there is no GPU.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a broken kernel must fail the test loudly"
@@ -15,17 +12,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use flashtier_cuda::PinnedMemory;
 use flashtier_cuda::ops::DecodeKernels;
-use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, DevVector, WeightType};
-use flashtier_cuda::ops::experts::ExpertSlots;
-use flashtier_cuda::ops::moe::AddNorm;
+use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, WeightType};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use common::{act, gpu_or_skip, random_matrix, record};
+use common::{gpu_or_skip, random_matrix};
 
 /// The host's argmax (`flashtier_engine`'s `kernels::argmax`): the first
 /// index whose value beats every one before it.
@@ -135,139 +127,4 @@ fn device_argmax_picks_what_the_host_picks() {
     let mut a = pool.take(&gpu, 2, 1000).unwrap();
     a.upload(gpu.stream(), &two).unwrap();
     assert_eq!(k.argmax_rows(&a).unwrap(), vec![17, 999]);
-}
-
-#[test]
-fn products_with_their_residual_norm_equal_the_separate_launches() {
-    let Some(gpu) = gpu_or_skip("products_with_their_residual_norm_equal_the_separate_launches")
-    else {
-        return;
-    };
-    let k = DecodeKernels::new(&gpu).unwrap();
-    let pool = ActPool::new();
-    let mut rng = SmallRng::seed_from_u64(0xadd);
-    let types = [
-        WeightType::Bf16,
-        WeightType::F16,
-        WeightType::F32,
-        WeightType::Fp8 { block: [16, 16] },
-    ];
-    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-    for ty in types {
-        // Output widths across the norm's 8 values a thread keeps (2048)
-        // and past them (2600), widths in whole chunks and not.
-        for (n, kk) in [(2048, 512), (2600, 136), (40, 24)] {
-            let (b, sc, _) = random_matrix(&mut rng, n, kk, ty);
-            let w = DevMatrix::upload(&gpu, n, kk, ty, &b, sc.as_deref()).unwrap();
-            let xv: Vec<f32> = (0..kk).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let rv: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
-            let nv: Vec<f32> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
-            let norm = DevVector::upload(&gpu, &nv).unwrap();
-            let x = act(&k, &pool, 1, kk, &xv);
-            // Twice in a row: the last-block counter is back at 0.
-            for _ in 0..2 {
-                let mut out1 = pool.take(&gpu, 1, n).unwrap();
-                let mut resid1 = act(&k, &pool, 1, n, &rv);
-                let mut normed1 = pool.take(&gpu, 1, n).unwrap();
-                k.gemv(&mut out1, &w, &x).unwrap();
-                k.add_rms_norm(&mut resid1, &out1, &norm, 1e-6, &mut normed1)
-                    .unwrap();
-                let mut out2 = pool.take(&gpu, 1, n).unwrap();
-                let mut resid2 = act(&k, &pool, 1, n, &rv);
-                let mut normed2 = pool.take(&gpu, 1, n).unwrap();
-                let then = AddNorm {
-                    resid: &mut resid2,
-                    norm: &norm,
-                    eps: 1e-6,
-                    normed: &mut normed2,
-                };
-                k.gemv_add_norm(&mut out2, &w, &x, then).unwrap();
-                let s = gpu.stream();
-                assert_eq!(
-                    bits(out1.to_host(s).unwrap()),
-                    bits(out2.to_host(s).unwrap())
-                );
-                assert_eq!(
-                    bits(resid1.to_host(s).unwrap()),
-                    bits(resid2.to_host(s).unwrap())
-                );
-                assert_eq!(
-                    bits(normed1.to_host(s).unwrap()),
-                    bits(normed2.to_host(s).unwrap()),
-                    "{ty:?} {n}x{kk}"
-                );
-            }
-        }
-        // One row's routed experts, then the residual add and norm.
-        let (h, i, experts, top) = (264, 40, 5, 2);
-        let recs: Vec<_> = (0..experts).map(|_| record(&mut rng, h, i, ty)).collect();
-        let spec = recs[0].1;
-        let stride = recs[0].0.len().div_ceil(4096) * 4096;
-        let mut pinned = PinnedMemory::new(&gpu, stride * experts).unwrap();
-        for (e, (bytes, _, _)) in recs.iter().enumerate() {
-            pinned.write(e * stride, bytes).unwrap();
-        }
-        let shared = Arc::new(pinned);
-        let mut slots = ExpertSlots::new(&gpu, experts, stride, recs[0].0.len(), experts).unwrap();
-        for e in 0..experts {
-            slots.load(e, &shared, e * stride, recs[0].0.len()).unwrap();
-            slots.point_to_slot(e, e).unwrap();
-        }
-        slots.publish().unwrap();
-        let routes = k.routes_from_host(&[1, 3], &[0.7, 0.3], top).unwrap();
-        let xv: Vec<f32> = (0..h).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let rv: Vec<f32> = (0..h).map(|_| rng.random_range(-2.0..2.0)).collect();
-        let nv: Vec<f32> = (0..h).map(|_| rng.random_range(0.5..1.5)).collect();
-        let norm = DevVector::upload(&gpu, &nv).unwrap();
-        let x = act(&k, &pool, 1, h, &xv);
-        for _ in 0..2 {
-            let mut a1 = pool.take(&gpu, top, i).unwrap();
-            let mut out1 = pool.take(&gpu, 1, h).unwrap();
-            let mut resid1 = act(&k, &pool, 1, h, &rv);
-            let mut normed1 = pool.take(&gpu, 1, h).unwrap();
-            k.moe(&slots, 0, experts, &routes, &spec, &x, &mut a1, &mut out1)
-                .unwrap();
-            k.add_rms_norm(&mut resid1, &out1, &norm, 1e-6, &mut normed1)
-                .unwrap();
-            let mut a2 = pool.take(&gpu, top, i).unwrap();
-            let mut out2 = pool.take(&gpu, 1, h).unwrap();
-            let mut resid2 = act(&k, &pool, 1, h, &rv);
-            let mut normed2 = pool.take(&gpu, 1, h).unwrap();
-            let then = AddNorm {
-                resid: &mut resid2,
-                norm: &norm,
-                eps: 1e-6,
-                normed: &mut normed2,
-            };
-            k.moe_add_norm(
-                &slots, 0, experts, &routes, &spec, &x, &mut a2, &mut out2, then,
-            )
-            .unwrap();
-            let s = gpu.stream();
-            assert_eq!(
-                bits(resid1.to_host(s).unwrap()),
-                bits(resid2.to_host(s).unwrap())
-            );
-            assert_eq!(
-                bits(normed1.to_host(s).unwrap()),
-                bits(normed2.to_host(s).unwrap()),
-                "{ty:?} experts"
-            );
-        }
-    }
-    // Shapes that do not fit are refused.
-    let (b, sc, _) = random_matrix(&mut rng, 64, 32, WeightType::Bf16);
-    let w = DevMatrix::upload(&gpu, 64, 32, WeightType::Bf16, &b, sc.as_deref()).unwrap();
-    let norm = DevVector::upload(&gpu, &[1.0; 63]).unwrap();
-    let x = act(&k, &pool, 1, 32, &[0.5; 32]);
-    let mut out = pool.take(&gpu, 1, 64).unwrap();
-    let mut resid = pool.take(&gpu, 1, 64).unwrap();
-    let mut normed = pool.take(&gpu, 1, 64).unwrap();
-    let then = AddNorm {
-        resid: &mut resid,
-        norm: &norm,
-        eps: 1e-6,
-        normed: &mut normed,
-    };
-    assert!(k.gemv_add_norm(&mut out, &w, &x, then).is_err());
 }

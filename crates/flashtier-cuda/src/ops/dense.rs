@@ -4,7 +4,6 @@
 use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevMatrix, DevVector, WeightType};
-use super::moe::AddNorm;
 use super::{DecodeKernels, MAX_GEMV_ROWS, addr, dim, linear_cfg};
 use crate::context::Gpu;
 use crate::error::CudaError;
@@ -166,60 +165,6 @@ impl DecodeKernels {
             unsafe { self.launch(f, cfg, a) }?;
         }
         Ok(())
-    }
-
-    /// `out = w x` for a one-row `x`, then `then.resid += out` and
-    /// `then.normed = rms_norm(then.resid) * then.norm` (an output product
-    /// and the residual add and norm after it) in one launch: the bits
-    /// [`Self::gemv`] then [`Self::add_rms_norm`] give.
-    pub fn gemv_add_norm(
-        &self,
-        out: &mut DevAct,
-        w: &DevMatrix,
-        x: &DevAct,
-        then: AddNorm<'_>,
-    ) -> Result<(), CudaError> {
-        let n = w.rows();
-        let AddNorm {
-            resid,
-            norm,
-            eps,
-            normed,
-        } = then;
-        if x.rows() != 1 || resid.rows() != 1 || normed.rows() != 1 {
-            return Err(shape(
-                "gemv add norm",
-                format!("{} rows (one at a time)", x.rows()),
-            ));
-        }
-        if resid.cols() != n || normed.cols() != n || norm.len() != n {
-            return Err(shape(
-                "gemv add norm",
-                format!(
-                    "{n} outputs into a residual of {}, norm of {}, normed of {}",
-                    resid.cols(),
-                    norm.len(),
-                    normed.cols()
-                ),
-            ));
-        }
-        let outs = [out];
-        check_many(&outs, &[w], x)?;
-        let (mut a, cfg) = self.gemv_pass(&outs, &[w], x, 0, 1)?;
-        let g = &self.gpu;
-        a.buf(g, resid.buf())
-            .buf(g, norm.data())
-            .push(eps)
-            .buf(g, normed.buf())
-            .push(self.scratch.counter(g, super::pick::NORM_COUNTER));
-        let f = format!("gemv1_add_norm_{}", w.ty().suffix());
-        // SAFETY: matches `gemv1_add_norm_*`: its first ten arguments are
-        // gemv1's for `w` over the one row of `x` into `out` (shapes checked
-        // by `check_many`; see `gemv_many`), then the residual, norm weights
-        // and normed output, each of w.rows() values (checked above); the
-        // counter is 0 between launches (stream order; the last block
-        // resets it).
-        unsafe { self.launch(&f, cfg, a) }
     }
 
     /// The arguments and grid of one pass of `gemv_*` (and the first ten

@@ -30,7 +30,7 @@ pub mod dense;
 pub mod experts;
 pub mod gemm;
 pub mod hint;
-pub mod moe;
+mod moe;
 pub mod norm;
 pub mod pick;
 pub mod route;
@@ -113,14 +113,6 @@ const KERNELS: &[(&str, bool)] = &[
     ("router_softmax_f16", true),
     ("router_softmax_f32", true),
     ("router_softmax_fp8", true),
-    ("gemv1_add_norm_bf16", true),
-    ("gemv1_add_norm_f16", true),
-    ("gemv1_add_norm_f32", true),
-    ("gemv1_add_norm_fp8", true),
-    ("moe_down_add_norm_bf16", true),
-    ("moe_down_add_norm_f16", true),
-    ("moe_down_add_norm_f32", true),
-    ("moe_down_add_norm_fp8", true),
     ("rms_norm", true),
     ("add_rms_norm", true),
     ("add_inplace", true),

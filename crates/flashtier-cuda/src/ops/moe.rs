@@ -2,27 +2,12 @@
 //! (row, routed expert) pair, then each row's down projections summed in
 //! routed (ascending id) order, the records found through the slots' table.
 
-use super::buffers::{DevAct, DevVector};
+use super::buffers::DevAct;
 use super::experts::{ExpertSlots, ExpertSpec};
-use super::pick::MOE_NORM_COUNTER;
 use super::route::DevRoutes;
 use super::{DecodeKernels, blocks_cfg};
 use crate::error::CudaError;
 use crate::launch::Args;
-
-/// The residual add and norm after a one-row step: `resid += out`, then
-/// `normed = rms_norm(resid) * norm`.
-#[derive(Debug)]
-pub struct AddNorm<'a> {
-    /// The residual stream (one row), updated in place.
-    pub resid: &'a mut DevAct,
-    /// The norm's weights.
-    pub norm: &'a DevVector,
-    /// The norm's epsilon.
-    pub eps: f32,
-    /// Where the normed row goes.
-    pub normed: &'a mut DevAct,
-}
 
 impl DecodeKernels {
     /// `out[r] = sum over row r's routed experts (ascending id) of weight *
@@ -40,59 +25,6 @@ impl DecodeKernels {
         x: &DevAct,
         act: &mut DevAct,
         out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        self.moe_then(
-            slots,
-            (layer_base, experts),
-            routes,
-            spec,
-            x,
-            act,
-            out,
-            None,
-        )
-    }
-
-    /// [`Self::moe`] for one row, then `then.resid += out` and
-    /// `then.normed = rms_norm(then.resid) * then.norm` in the same launch
-    /// as the down products: the bits [`Self::moe`] then
-    /// [`Self::add_rms_norm`] give.
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub fn moe_add_norm(
-        &self,
-        slots: &ExpertSlots,
-        layer_base: usize,
-        experts: usize,
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        act: &mut DevAct,
-        out: &mut DevAct,
-        then: AddNorm<'_>,
-    ) -> Result<(), CudaError> {
-        self.moe_then(
-            slots,
-            (layer_base, experts),
-            routes,
-            spec,
-            x,
-            act,
-            out,
-            Some(then),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    fn moe_then(
-        &self,
-        slots: &ExpertSlots,
-        (layer_base, experts): (usize, usize),
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        act: &mut DevAct,
-        out: &mut DevAct,
-        then: Option<AddNorm<'_>>,
     ) -> Result<(), CudaError> {
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
@@ -158,42 +90,11 @@ impl DecodeKernels {
             .push(vec)
             .buf(g, out.buf());
         let cfg = blocks_cfg(spec.hidden, rows)?;
-        let name = match then {
-            None => format!("moe_down_{sfx}"),
-            Some(n) => {
-                let h = spec.hidden;
-                if rows != 1
-                    || n.resid.rows() != 1
-                    || n.resid.cols() != h
-                    || n.normed.rows() != 1
-                    || n.normed.cols() != h
-                    || n.norm.len() != h
-                {
-                    return Err(CudaError::invalid(
-                        "moe add norm",
-                        format!(
-                            "{rows} rows of {h} into a residual of {}x{}, norm of {}",
-                            n.resid.rows(),
-                            n.resid.cols(),
-                            n.norm.len()
-                        ),
-                    ));
-                }
-                a.buf(g, n.resid.buf())
-                    .buf(g, n.norm.data())
-                    .push(n.eps)
-                    .buf(g, n.normed.buf())
-                    .push(self.scratch.counter(g, MOE_NORM_COUNTER));
-                format!("moe_down_add_norm_{sfx}")
-            }
-        };
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
         // experts are summed in routed (ascending id) order; top_k <=
-        // MAX_TOP_K fits the kernel's shared products. With a norm: one row,
-        // the residual, norm weights and normed output hidden wide (checked
-        // above), the counter 0 between launches (the last block resets it).
-        unsafe { self.launch(&name, cfg, a) }?;
+        // MAX_TOP_K fits the kernel's shared products.
+        unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
         Ok(())
     }
 }

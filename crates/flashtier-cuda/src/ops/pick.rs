@@ -27,14 +27,6 @@ pub const ARGMAX_BLOCK_ELEMS: usize = 4096;
 pub(crate) const ROUTER_COUNTER: usize = 0;
 /// Counter of `argmax_grid`.
 const ARGMAX_COUNTER: usize = 1;
-/// Counter of the product with its residual add and norm
-/// (`gemv1_add_norm_*`).
-pub(crate) const NORM_COUNTER: usize = 2;
-/// Counter of the routed experts with their residual add and norm
-/// (`moe_down_add_norm_*`).
-pub(crate) const MOE_NORM_COUNTER: usize = 3;
-/// Counters in all.
-const COUNTERS: usize = 4;
 
 /// Device memory of the grid-wide kernels: their last-block counters and
 /// the one-row argmax's partial results and answer.
@@ -51,7 +43,7 @@ impl Scratch {
         let s = gpu.raw_stream();
         let err = CudaError::driver("allocate kernel scratch");
         Ok(Self {
-            counters: s.alloc_zeros::<u32>(COUNTERS).map_err(err)?,
+            counters: s.alloc_zeros::<u32>(2).map_err(err)?,
             part_v: s
                 .alloc_zeros::<f32>(MAX_ARGMAX_BLOCKS)
                 .map_err(CudaError::driver("allocate kernel scratch"))?,

@@ -171,19 +171,6 @@ impl std::fmt::Display for HeadCopy {
     }
 }
 
-/// The residual add and norm that follow a layer's output product or its
-/// routed experts: `x += y`, then `normed = rms_norm(x) * norm`.
-pub struct AddNorm<'a, D: Device + ?Sized> {
-    /// The residual stream, updated in place.
-    pub x: &'a mut D::Act,
-    /// The norm's weights.
-    pub norm: &'a D::Vector,
-    /// The norm's epsilon.
-    pub eps: f32,
-    /// Where the normed rows go.
-    pub normed: &'a mut D::Act,
-}
-
 /// A compute device. See the module docs for shapes and determinism.
 pub trait Device {
     /// Activations.
@@ -249,19 +236,6 @@ pub trait Device {
     ) -> Result<(), EngineError> {
         self.add(x, y)?;
         self.rms_norm(out, x, w, eps)
-    }
-    /// `out = w x`, then the residual add and norm `then` (an attention's
-    /// output product and what follows it; devices may run them as one
-    /// launch, with the same bits).
-    fn linear_add_norm(
-        &self,
-        out: &mut Self::Act,
-        w: &Self::Mat,
-        x: &Self::Act,
-        then: AddNorm<'_, Self>,
-    ) -> Result<(), EngineError> {
-        self.linear(out, w, x)?;
-        self.add_norm(then.x, out, then.norm, then.eps, then.normed)
     }
     /// `outs[q][r] = ws[q] x[r]` for matrices sharing the input (q, k and v
     /// projections; devices may run them as one launch).
@@ -370,21 +344,6 @@ pub trait Device {
         routes: &Self::Routes,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
-    /// [`Self::moe`], then the residual add and norm `then` (devices may
-    /// run the last of the experts' products and them as one launch, with
-    /// the same bits).
-    fn moe_add_norm(
-        &self,
-        experts: &mut Self::Experts,
-        layer: usize,
-        x: &Self::Act,
-        routes: &Self::Routes,
-        out: &mut Self::Act,
-        then: AddNorm<'_, Self>,
-    ) -> Result<(), EngineError> {
-        self.moe(experts, layer, x, routes, out)?;
-        self.add_norm(then.x, out, then.norm, then.eps, then.normed)
-    }
     /// Whether the tier uses hints (a tier holding every expert does not:
     /// the next layer's routing is then not computed ahead).
     fn hints_wanted(&self, experts: &Self::Experts) -> bool {

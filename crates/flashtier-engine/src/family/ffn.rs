@@ -10,7 +10,7 @@
 //! input ("pre-gating") and its guess handed to the tier as a hint.
 
 use crate::config::{ModelConfig, Routing};
-use crate::device::{AddNorm, Device};
+use crate::device::Device;
 use crate::error::EngineError;
 use crate::family::Step;
 use crate::loader::Loader;
@@ -153,46 +153,6 @@ impl<D: Device> SparseMlp<D> {
             .router(&self.router, x, st.rule, self.score_bias.as_ref())
     }
 
-    /// The block's output for every row of `x` at `layer`, then the
-    /// residual add and norm `then` (with no shared expert the device may
-    /// run the last expert products and them as one launch); `next` as in
-    /// [`Self::forward`].
-    pub fn forward_add_norm(
-        &self,
-        st: &mut Step<'_, D>,
-        layer: usize,
-        x: &D::Act,
-        next: Option<(usize, &SparseMlp<D>)>,
-        then: AddNorm<'_, D>,
-    ) -> Result<(), EngineError> {
-        if self.shared.is_some() {
-            let out = self.forward(st, layer, x, next)?;
-            return st
-                .dev
-                .add_norm(then.x, &out, then.norm, then.eps, then.normed);
-        }
-        let routes = self.route_and_hint(st, x, next)?;
-        let dev = st.dev;
-        let mut out = dev.zeros(st.rows, st.cfg.hidden_size)?;
-        dev.moe_add_norm(st.experts, layer, x, &routes, &mut out, then)
-    }
-
-    /// This block's routing of `x`, after hinting the next sparse layer's
-    /// guess (`next`) when the tier wants hints.
-    fn route_and_hint(
-        &self,
-        st: &mut Step<'_, D>,
-        x: &D::Act,
-        next: Option<(usize, &SparseMlp<D>)>,
-    ) -> Result<D::Routes, EngineError> {
-        let routes = self.route(st, x)?;
-        if let Some((next_layer, block)) = next.filter(|_| st.dev.hints_wanted(st.experts)) {
-            let guess = block.route(st, x)?;
-            st.dev.hint(st.experts, next_layer, &guess)?;
-        }
-        Ok(routes)
-    }
-
     /// The block's output for every row of `x` at `layer`; `next` is the
     /// next sparse layer and its block, whose guess is hinted first.
     pub fn forward(
@@ -202,7 +162,11 @@ impl<D: Device> SparseMlp<D> {
         x: &D::Act,
         next: Option<(usize, &SparseMlp<D>)>,
     ) -> Result<D::Act, EngineError> {
-        let routes = self.route_and_hint(st, x, next)?;
+        let routes = self.route(st, x)?;
+        if let Some((next_layer, block)) = next.filter(|_| st.dev.hints_wanted(st.experts)) {
+            let guess = block.route(st, x)?;
+            st.dev.hint(st.experts, next_layer, &guess)?;
+        }
         let (dev, h) = (st.dev, st.cfg.hidden_size);
         let mut out = dev.zeros(st.rows, h)?;
         dev.moe(st.experts, layer, x, &routes, &mut out)?;

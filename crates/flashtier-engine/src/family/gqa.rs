@@ -58,9 +58,7 @@ impl<D: Device> GqaWeights<D> {
         })
     }
 
-    /// Attention of the step's rows at `layer`: the attended heads,
-    /// `rows x q_heads * head_dim`, which `o_proj` takes to the residual
-    /// width (the caller runs it with the residual add and norm after it).
+    /// Attention of the step's rows at `layer`; returns `rows x hidden`.
     pub fn forward(
         &self,
         st: &mut Step<'_, D>,
@@ -88,6 +86,8 @@ impl<D: Device> GqaWeights<D> {
         dev.prefetch(&[&self.o_proj])?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
         dev.attend(st.kv, layer, &q, &k, &v, &mut heads)?;
-        Ok(heads)
+        let mut out = dev.zeros(n, c.hidden_size)?;
+        dev.linear(&mut out, &self.o_proj, &heads)?;
+        Ok(out)
     }
 }

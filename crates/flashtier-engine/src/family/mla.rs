@@ -82,9 +82,7 @@ impl<D: Device> MlaWeights<D> {
         })
     }
 
-    /// Attention of the step's rows at `layer`: the attended values,
-    /// `rows x heads * v_head_dim`, which `o_proj` takes to the residual
-    /// width (the caller runs it with the residual add and norm after it).
+    /// Attention of the step's rows at `layer`; returns `rows x hidden`.
     pub fn forward(
         &self,
         st: &mut Step<'_, D>,
@@ -142,7 +140,9 @@ impl<D: Device> MlaWeights<D> {
         dev.attend(st.kv, layer, &qs, &ks, &vs, &mut attended)?;
         let mut values = dev.zeros(n, heads * vd)?;
         dev.copy_heads(&mut values, &attended, slice(heads, vd, d, 0, vd, 0, 1.0))?;
-        Ok(values)
+        let mut out = dev.zeros(n, c.hidden_size)?;
+        dev.linear(&mut out, &self.o_proj, &values)?;
+        Ok(out)
     }
 }
 

@@ -22,7 +22,7 @@ pub mod route;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::device::{AddNorm, Device};
+use crate::device::Device;
 use crate::error::EngineError;
 use crate::loader::Loader;
 use ffn::{Ffn, SparseMlp};
@@ -146,39 +146,20 @@ pub fn decoder_layers<D: Device>(
     let (dev, c) = (st.dev, st.cfg);
     let eps = c.rms_norm_eps;
     let mut normed = dev.zeros(st.rows, c.hidden_size)?;
-    // The experts' output norm lands here (their input is `normed`), then
-    // the two swap.
-    let mut spare = dev.zeros(st.rows, c.hidden_size)?;
     let first = w.layers.first().map_or(&w.norm, |l| &l.input_norm);
     dev.rms_norm(&mut normed, x, first, eps)?;
     for (i, layer) in w.layers.iter().enumerate() {
-        let (heads, o_proj) = match &layer.attn {
-            Attention::Gqa(g) => (g.forward(st, i, &normed)?, &g.o_proj),
-            Attention::Mla(m) => (m.forward(st, i, &normed)?, &m.o_proj),
+        let attn = match &layer.attn {
+            Attention::Gqa(g) => g.forward(st, i, &normed)?,
+            Attention::Mla(m) => m.forward(st, i, &normed)?,
         };
-        let mut attn = dev.zeros(st.rows, c.hidden_size)?;
-        let then = AddNorm {
-            x: &mut *x,
-            norm: &layer.post_attention_norm,
-            eps,
-            normed: &mut normed,
+        dev.add_norm(x, &attn, &layer.post_attention_norm, eps, &mut normed)?;
+        let ffn = match &layer.ffn {
+            Ffn::Dense(d) => d.forward(dev, &normed, st.rows, c.hidden_size)?,
+            Ffn::Sparse(s) => s.forward(st, i, &normed, next_sparse(w, i))?,
         };
-        dev.linear_add_norm(&mut attn, o_proj, &heads, then)?;
         let next = w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_norm);
-        let then = AddNorm {
-            x: &mut *x,
-            norm: next,
-            eps,
-            normed: &mut spare,
-        };
-        match &layer.ffn {
-            Ffn::Dense(d) => {
-                let ffn = d.forward(dev, &normed, st.rows, c.hidden_size)?;
-                dev.add_norm(then.x, &ffn, then.norm, eps, then.normed)?;
-            }
-            Ffn::Sparse(s) => s.forward_add_norm(st, i, &normed, next_sparse(w, i), then)?,
-        }
-        std::mem::swap(&mut normed, &mut spare);
+        dev.add_norm(x, &ffn, next, eps, &mut normed)?;
     }
     Ok(normed)
 }

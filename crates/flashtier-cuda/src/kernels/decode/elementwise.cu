@@ -10,9 +10,8 @@
 
 // The body of rms_norm and add_rms_norm over the n values at x: with ADD,
 // x += y first (written back); then out = w * (x / sqrt(mean(x^2) + eps)).
-// Thread t owns elements t, t + 256, ...; 256 threads. CG: y was written by
-// other blocks of this grid (read it from L2, as after last_block_done).
-template <bool ADD, bool CG = false>
+// Thread t owns elements t, t + 256, ...; 256 threads.
+template <bool ADD>
 static __device__ __forceinline__ void norm_span(float* x, const float* y, const float* w, int n,
                                                  float eps, float* out) {
     __shared__ float red[8];
@@ -25,13 +24,13 @@ static __device__ __forceinline__ void norm_span(float* x, const float* y, const
         v[j] = 0.f;
         wv[j] = i < n ? w[i] : 0.f;
         if (i < n) {
-            v[j] = ADD ? x[i] + (CG ? __ldcg(y + i) : y[i]) : x[i];
+            v[j] = ADD ? x[i] + y[i] : x[i];
             if (ADD) x[i] = v[j];
             acc = fmaf(v[j], v[j], acc);
         }
     }
     for (int i = t + NORM_REGS * 256; i < n; i += 256) {
-        const float s = ADD ? x[i] + (CG ? __ldcg(y + i) : y[i]) : x[i];
+        const float s = ADD ? x[i] + y[i] : x[i];
         if (ADD) x[i] = s;
         acc = fmaf(s, s, acc);
     }
@@ -278,41 +277,3 @@ extern "C" __global__ void __launch_bounds__(256) prefetch_spans(Spans s) {
         for (long long o = first; o < s.len[q]; o += step) prefetch_l2(s.p[q] + o);
     pdl_enter();
 }
-
-// ---------------------------------------------------------------------------
-// A one-row product and the residual add and norm after it, in one launch:
-// the blocks compute out = W x as gemv1 does, then the last block to finish
-// adds out into the residual and norms it as add_rms_norm does (the same
-// bits as the two launches). `counter` is 0 between launches. The first ten
-// arguments are gemv1's for W and one row. grid and block: gemv1's.
-#define GEMV_ADD_NORM(NAME, DT)                                                               \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-    NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
-         long long x_stride, int rows, int vec, int wpr, float* resid, const float* norm_w,   \
-         float eps, float* normed, u32* counter) {                                            \
-        gemv_multi<DT, 1>(mm, row_bytes, br, bc, k, x, x_stride, 1, vec, wpr);               \
-        if (!last_block_done(counter)) return;                                                \
-        norm_span<true, true>(resid, mm.out[0], norm_w, mm.start[1], eps, normed);            \
-    }
-GEMV_ADD_NORM(gemv1_add_norm_bf16, 0)
-GEMV_ADD_NORM(gemv1_add_norm_f16, 1)
-GEMV_ADD_NORM(gemv1_add_norm_f32, 2)
-GEMV_ADD_NORM(gemv1_add_norm_fp8, 3)
-
-// One row's routed experts' down products (moe_down) and the residual add
-// and norm after them, in one launch: the last block to finish adds the
-// row's output into the residual and norms it as add_rms_norm does.
-// grid: (hidden, 1), 256 threads.
-#define MOE_DOWN_ADD_NORM(DT, SUFFIX)                                                           \
-    extern "C" __global__ void __launch_bounds__(256) moe_down_add_norm_##SUFFIX(              \
-        const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
-        const float* act, int hidden, int inter, Expert e, int vec, float* out, float* resid,   \
-        const float* norm_w, float eps, float* normed, u32* counter) {                          \
-        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
-        if (!last_block_done(counter)) return;                                                  \
-        norm_span<true, true>(resid, out, norm_w, hidden, eps, normed);                         \
-    }
-MOE_DOWN_ADD_NORM(0, bf16)
-MOE_DOWN_ADD_NORM(1, f16)
-MOE_DOWN_ADD_NORM(2, f32)
-MOE_DOWN_ADD_NORM(3, fp8)

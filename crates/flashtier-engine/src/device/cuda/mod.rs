@@ -46,7 +46,7 @@ use flashtier_cuda::{Gpu, GraphStats};
 use flashtier_format::Dtype;
 
 use crate::config::Routing;
-use crate::device::{Activation, AddNorm, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
+use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
 use crate::matrix::{Matrix, MatrixData};
@@ -89,10 +89,6 @@ pub struct CudaDevice {
     fused_router: bool,
     /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
     prefetch_on: bool,
-    /// An attention's output product and the routed experts' down products
-    /// run with the residual add and norm after them in one launch
-    /// (`FLASHTIER_FUSED_NORM=0`: separate launches; the same bits).
-    fused_norm: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -117,7 +113,6 @@ impl CudaDevice {
             kv_budget: RefCell::new(None),
             fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
             prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
-            fused_norm: std::env::var("FLASHTIER_FUSED_NORM").map_or(true, |v| v != "0"),
         })
     }
 
@@ -195,16 +190,6 @@ impl CudaDevice {
 
 /// Positions `first..first + rows` must have RoPE table rows: the context
 /// is full otherwise.
-/// The kernels' form of a residual add and norm.
-fn kernel_add_norm(then: AddNorm<'_, CudaDevice>) -> flashtier_cuda::ops::moe::AddNorm<'_> {
-    flashtier_cuda::ops::moe::AddNorm {
-        resid: then.x,
-        norm: then.norm,
-        eps: then.eps,
-        normed: then.normed,
-    }
-}
-
 fn fits_table(table: &RopeTable, first: usize, rows: usize) -> Result<(), EngineError> {
     if first + rows > table.positions() {
         return Err(EngineError::ContextFull {
@@ -528,49 +513,7 @@ impl Device for CudaDevice {
         } else {
             experts.ensure(layer, &[])?;
         }
-        self.moe_rows(experts, layer, x, routes, out, None)
-    }
-
-    fn linear_add_norm(
-        &self,
-        out: &mut DevAct,
-        w: &DevMatrix,
-        x: &DevAct,
-        then: AddNorm<'_, Self>,
-    ) -> Result<(), EngineError> {
-        if x.rows() != 1 || !self.fused_norm {
-            self.linear(out, w, x)?;
-            return self.add_norm(then.x, out, then.norm, then.eps, then.normed);
-        }
-        self.timed(OpClass::DenseGemv, w.bytes() as u64, || {
-            Ok(self
-                .kernels
-                .gemv_add_norm(out, w, x, kernel_add_norm(then))?)
-        })
-    }
-
-    fn moe_add_norm(
-        &self,
-        experts: &mut CudaExperts,
-        layer: usize,
-        x: &DevAct,
-        routes: &DevRoutes,
-        out: &mut DevAct,
-        then: AddNorm<'_, Self>,
-    ) -> Result<(), EngineError> {
-        if x.rows() != 1 || !self.fused_norm {
-            self.moe(experts, layer, x, routes, out)?;
-            return self.add_norm(then.x, out, then.norm, then.eps, then.normed);
-        }
-        self.all_resident.set(experts.resident_all());
-        if experts.resident_all() {
-            experts.ensure(layer, &[])?;
-        } else {
-            // One row's experts always fit the tiers.
-            let (ids, _) = routes.to_host(&self.kernels)?;
-            experts.ensure(layer, &ids)?;
-        }
-        self.moe_rows(experts, layer, x, routes, out, Some(then))
+        self.moe_rows(experts, layer, x, routes, out)
     }
 
     fn hint(

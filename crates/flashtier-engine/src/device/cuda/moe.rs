@@ -17,7 +17,7 @@ use super::CudaDevice;
 use super::experts::CudaExperts;
 use super::profile::OpClass;
 use crate::config::Routing;
-use crate::device::{AddNorm, Device};
+use crate::device::Device;
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
 
@@ -58,7 +58,6 @@ impl CudaDevice {
         x: &DevAct,
         routes: &DevRoutes,
         out: &mut DevAct,
-        then: Option<AddNorm<'_, CudaDevice>>,
     ) -> Result<(), EngineError> {
         let spec = *experts.spec();
         let pairs = x.rows() * routes.top_k();
@@ -66,24 +65,17 @@ impl CudaDevice {
         let base = experts.entry(layer, 0);
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
-        let slots = experts.slots();
         self.timed(OpClass::Experts, bytes, || {
-            let k = &self.kernels;
-            match then {
-                None => k.moe(slots, base, per_layer, routes, &spec, x, &mut act, out)?,
-                Some(t) => k.moe_add_norm(
-                    slots,
-                    base,
-                    per_layer,
-                    routes,
-                    &spec,
-                    x,
-                    &mut act,
-                    out,
-                    super::kernel_add_norm(t),
-                )?,
-            }
-            Ok(())
+            Ok(self.kernels.moe(
+                experts.slots(),
+                base,
+                per_layer,
+                routes,
+                &spec,
+                x,
+                &mut act,
+                out,
+            )?)
         })?;
         experts.consumed()
     }
@@ -194,7 +186,7 @@ impl CudaDevice {
                 .kernels
                 .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
             let mut yr = self.zeros(1, h)?;
-            self.moe_rows(experts, layer, &xr, &one, &mut yr, None)?;
+            self.moe_rows(experts, layer, &xr, &one, &mut yr)?;
             all.extend(yr.to_host(self.gpu.stream())?);
         }
         out.upload(self.gpu.stream(), &all)?;
