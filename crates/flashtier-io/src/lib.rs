@@ -63,7 +63,9 @@ pub use mapped::MappedFile;
 pub use open::{BackendKind, open_backend};
 pub use persist::{Output, PersistError, Wait};
 pub use posix::PosixBackend;
-pub use probe::{Extent, ExtentRead, LoggingBackend, Refill, read_extents, record_extents};
+pub use probe::{
+    Extent, ExtentRead, LoggingBackend, Refill, read_extents, read_extents_on, record_extents,
+};
 pub use region::{LandingRegion, RegionMemory};
 pub use sim::{FaultPlan, SimBackend};
 pub use slots::{LandedFlag, SlotTable};

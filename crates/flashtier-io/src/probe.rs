@@ -150,9 +150,23 @@ impl ExtentRead {
 }
 
 /// Read `extents` of the file at `path` in order with direct I/O
-/// (preferred), `queue_depth` in flight, refilled as `refill` says;
-/// `progress` sees the bytes landed so far.
+/// (preferred), `queue_depth` in flight on posix workers, refilled as
+/// `refill` says; `progress` sees the bytes landed so far.
 pub fn read_extents(
+    path: &Path,
+    extents: &[Extent],
+    queue_depth: usize,
+    refill: Refill,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ExtentRead, IoError> {
+    let backend = PosixBackend::new(queue_depth.max(1))?;
+    read_extents_on(&backend, path, extents, queue_depth, refill, progress)
+}
+
+/// [`read_extents`] on `backend` (the one whose reads the probe stands
+/// for: a caller reading through io_uring probes through it too).
+pub fn read_extents_on(
+    backend: &dyn StorageBackend,
     path: &Path,
     extents: &[Extent],
     queue_depth: usize,
@@ -161,7 +175,6 @@ pub fn read_extents(
 ) -> Result<ExtentRead, IoError> {
     let depth = queue_depth.max(1);
     let file = StoreFile::open_read(path, DirectMode::Prefer)?;
-    let backend = PosixBackend::new(depth)?;
     let mut spare: Vec<AlignedBuf> = Vec::with_capacity(depth);
     let mut window: VecDeque<Ticket> = VecDeque::with_capacity(depth);
     let mut bytes = 0u64;
@@ -295,6 +308,11 @@ mod tests {
             &mut |_| {},
         );
         assert!(err.is_err(), "a read past the end is an error");
+        // The same reads on a caller's backend go through it, each once.
+        let other = LoggingBackend::new(Arc::new(PosixBackend::new(2)?));
+        let r = read_extents_on(&other, &path, &log, 2, Refill::Batches, &mut |_| {})?;
+        assert_eq!(r.bytes, 16384);
+        assert_eq!(other.reads(), want);
         Ok(())
     }
 }

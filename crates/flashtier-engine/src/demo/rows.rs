@@ -6,15 +6,16 @@
 //! them; see [`crate::family::qwen4::rows`]), then lists the shards.
 //! [`probe_rows`] reads [`PROBE_BLOCKS`] pseudo-random 4 KiB blocks (a new
 //! set each round, one shard file per round) with direct I/O,
-//! [`ROW_QUEUE_DEPTH`] at a time: the reads a decode step submits.
+//! [`ROW_QUEUE_DEPTH`] at a time, on the backend the decode's row reads use
+//! (io_uring where the kernel allows): the reads a decode step submits.
 
 use std::path::{Path, PathBuf};
 
-use flashtier_io::{Extent, Refill, read_extents};
+use flashtier_io::{Extent, Refill, read_extents_on};
 
 use super::{DemoPhase, DemoProgress};
 use crate::error::EngineError;
-use crate::family::qwen4::rows::ROW_QUEUE_DEPTH;
+use crate::family::qwen4::rows::{ROW_QUEUE_DEPTH, row_backend};
 use crate::family::qwen4::{PleRowOptions, Qwen4Model};
 use crate::load::LoadOptions;
 
@@ -149,7 +150,9 @@ pub(super) fn probe_rows(
         })
         .collect();
     let total = PROBE_BLOCKS as u64 * BLOCK;
-    let read = read_extents(
+    let backend = row_backend()?;
+    let read = read_extents_on(
+        backend.as_ref(),
         path,
         &extents,
         ROW_QUEUE_DEPTH,

@@ -236,7 +236,7 @@ pub(crate) struct LayerRows {
 /// step's reads in one system call and wakes no worker per read (on the
 /// demo model, 2 cores: row stall 4.3-4.7% of the step against 6.4% with
 /// posix workers), or posix workers where the kernel refuses a ring.
-fn row_backend() -> Result<Arc<dyn StorageBackend>, EngineError> {
+pub(crate) fn row_backend() -> Result<Arc<dyn StorageBackend>, EngineError> {
     match UringBackend::new(ROW_QUEUE_DEPTH) {
         Ok(ring) => Ok(Arc::new(ring)),
         Err(e) => {
