@@ -70,6 +70,12 @@ pub const MAX_GEMV_ROWS: usize = 8;
 /// same bits whatever it is). 4 decoded 6% faster than 8 on the H200
 /// (8 takes 60 registers a thread, so fewer blocks fit an SM).
 pub const GEMV_LOADS: u32 = 4;
+/// Positions a warp of the decode attention loads before it uses them
+/// (`FLASHTIER_ATTN_AHEAD` sets 1 to [`MAX_ATTN_AHEAD`]; the same bits
+/// whatever it is: the positions update the softmax in the same order).
+pub const ATTN_AHEAD: u32 = 4;
+/// Most positions a warp may load ahead.
+pub const MAX_ATTN_AHEAD: u32 = 8;
 /// Most chunks in flight a lane may be given.
 pub const MAX_GEMV_LOADS: u32 = 16;
 
@@ -163,6 +169,7 @@ impl DecodeKernels {
     /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
     /// loads without their evict-first hint (for measuring the hint);
     /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
+    /// `FLASHTIER_ATTN_AHEAD` sets [`ATTN_AHEAD`];
     /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
     /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
     /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
@@ -184,8 +191,14 @@ impl DecodeKernels {
             shape("FLASHTIER_GEMM_TILE", gemm::TileShape::DENSE),
             shape("FLASHTIER_GROUP_TILE", gemm::TileShape::GROUPED),
         );
+        let ahead = std::env::var("FLASHTIER_ATTN_AHEAD")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| (1..=MAX_ATTN_AHEAD).contains(n))
+            .unwrap_or(ATTN_AHEAD);
         let defines = [
             ("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned()),
+            ("ATTN_AHEAD", ahead.to_string()),
             ("GEMV_LOADS", loads.to_string()),
             ("GEMM_TM", tiles.0.tm.to_string()),
             ("GEMM_TN", tiles.0.tn.to_string()),

@@ -64,26 +64,46 @@ attn_partial(const float* q, int q_cols, const float* arena, int kv_heads, int d
         o[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int p = start + warp; p < end; p += ATTN_WARPS) {
-        const float* kp = K + (long long)(p - start) * dim;
-        float dot = 0.f;
+    // The warp's positions p = start + warp, + ATTN_WARPS, ... in order,
+    // ATTN_AHEAD at a time: their keys and values are loaded first (all in
+    // flight at once), then each position updates (m, l, o) in turn, the
+    // same arithmetic in the same order as one position at a time.
+    for (int p0 = start + warp; p0 < end; p0 += ATTN_WARPS * ATTN_AHEAD) {
+        float kr[ATTN_AHEAD][MAX_DIM_PER_LANE], vr[ATTN_AHEAD][MAX_DIM_PER_LANE];
 #pragma unroll
-        for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
-            const int d = lane + WARP * j;
-            if (j < per_lane && d < dim) dot = fmaf(qv[j], kp[d], dot);
-        }
-        dot = warp_sum(dot) * scale;
-        const float mn = fmaxf(m, dot);
-        const float corr = expf(m - mn);
-        const float pe = expf(dot - mn);
-        l = l * corr + pe;
-        const float* vp = V + (long long)(p - start) * dim;
+        for (int g = 0; g < ATTN_AHEAD; ++g) {
+            const int p = p0 + g * ATTN_WARPS;
+            const float* kp = K + (long long)(p - start) * dim;
+            const float* vp = V + (long long)(p - start) * dim;
 #pragma unroll
-        for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
-            const int d = lane + WARP * j;
-            if (j < per_lane && d < dim) o[j] = fmaf(pe, vp[d], o[j] * corr);
+            for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+                const int d = lane + WARP * j;
+                const bool in = p < end && j < per_lane && d < dim;
+                kr[g][j] = in ? kp[d] : 0.f;
+                vr[g][j] = in ? vp[d] : 0.f;
+            }
         }
-        m = mn;
+#pragma unroll
+        for (int g = 0; g < ATTN_AHEAD; ++g) {
+            if (p0 + g * ATTN_WARPS >= end) break;
+            float dot = 0.f;
+#pragma unroll
+            for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+                const int d = lane + WARP * j;
+                if (j < per_lane && d < dim) dot = fmaf(qv[j], kr[g][j], dot);
+            }
+            dot = warp_sum(dot) * scale;
+            const float mn = fmaxf(m, dot);
+            const float corr = expf(m - mn);
+            const float pe = expf(dot - mn);
+            l = l * corr + pe;
+#pragma unroll
+            for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
+                const int d = lane + WARP * j;
+                if (j < per_lane && d < dim) o[j] = fmaf(pe, vr[g][j], o[j] * corr);
+            }
+            m = mn;
+        }
     }
     if (lane == 0) {
         wm[warp] = m;

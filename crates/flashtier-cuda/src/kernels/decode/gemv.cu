@@ -16,6 +16,10 @@
 #define MAX_ROWS 8
 #define MAX_DIM_PER_LANE 8   // head_dim <= 256
 #define ATTN_WARPS 4
+// Positions a warp of the decode attention loads ahead (FLASHTIER_ATTN_AHEAD).
+#ifndef ATTN_AHEAD
+#define ATTN_AHEAD 4
+#endif
 #define INFINITY __int_as_float(0x7f800000)
 
 // Programmatic dependent launch (sm_90): inside a graph whose edge into a

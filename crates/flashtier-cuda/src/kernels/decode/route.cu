@@ -138,8 +138,11 @@ static __device__ void route_softmax_row(const float* l, int n, int k, int norm,
         bool sel = false;
         if (e < n) {
             const float pe = p[e];
+            // Every comparison, no early exit: the loads do not wait on the
+            // count, so they stay in flight (the same count below k).
             int rank = 0;
-            for (int j = 0; j < n && rank < k; ++j) rank += ranks_above(p[j], j, pe, e);
+#pragma unroll 8
+            for (int j = 0; j < n; ++j) rank += ranks_above(p[j], j, pe, e);
             sel = rank < k;
             if (sel) by_rank[rank] = pe;
         }
