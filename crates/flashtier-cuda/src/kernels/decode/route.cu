@@ -111,13 +111,13 @@ static __device__ void route_softmax_row(const float* l, int n, int k, int norm,
     __shared__ u32 chosen[MAX_EXPERTS / WARP];
     __shared__ float by_rank[MAX_TOPK];
     const int t = threadIdx.x, lane = t & (WARP - 1);
+    // Every thread loads its logits (one round trip, not one per 32), then
+    // warp 0 takes the max and the sum from shared memory.
+    for (int e = t; e < n; e += ROUTE_THREADS) p[e] = CG ? __ldcg(l + e) : l[e];
+    __syncthreads();
     if (t < WARP) {
         float mx = -INFINITY;
-        for (int e = lane; e < n; e += WARP) {
-            const float v = CG ? __ldcg(l + e) : l[e];
-            p[e] = v;
-            mx = fmaxf(mx, v);
-        }
+        for (int e = lane; e < n; e += WARP) mx = fmaxf(mx, p[e]);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float sum = 0.f;
