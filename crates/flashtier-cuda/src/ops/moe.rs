@@ -89,7 +89,7 @@ impl DecodeKernels {
             .push(geo)
             .push(vec)
             .buf(g, out.buf());
-        let cfg = blocks_cfg(spec.hidden, rows)?;
+        let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
         // experts are summed in routed (ascending id) order; top_k <=

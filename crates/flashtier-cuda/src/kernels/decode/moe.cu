@@ -46,47 +46,59 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
                                                    : silu(gu[t][0]) * gu[t][1];
 }
 
+// Output rows of the down product one block takes (FLASHTIER_DOWN_ROWS:
+// several keep the grid to about one wave on a large GPU, where short
+// blocks in several waves spent most of their time starting).
+#ifndef DOWN_ROWS
+#define DOWN_ROWS 4
+#endif
+
 // out[r][i] = sum over j < top_k (ascending id, as routed) of
-// w[r][j] * down_i(j) . act[r * top_k + j]: warp w of the block takes the
-// experts j = w, w + 8, ...; thread 0 adds their products in j order.
-// grid: (hidden, rows), 256 threads.
+// w[r][j] * down_i(j) . act[r * top_k + j] for the DOWN_ROWS rows i of
+// block x: warp w takes the experts j = w, w + 8, ..., each over the
+// block's rows in turn; thread t < DOWN_ROWS adds row t's products in j
+// order. grid: (ceil(hidden / DOWN_ROWS), rows), 256 threads.
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
                                 const float* weights, int top_k, const float* act, int hidden,
                                 int inter, Expert e, int vec, float* out) {
-    __shared__ float part[MAX_TOPK];
-    const int r = blockIdx.y, i = blockIdx.x;
+    __shared__ float part[DOWN_ROWS][MAX_TOPK];
+    const int r = blockIdx.y, i0 = blockIdx.x * DOWN_ROWS;
+    const int rows = min(DOWN_ROWS, hidden - i0);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
-    // Row i of each routed expert's down matrix, asked of L2 before the
-    // wait: the ids were written by the routing, which finished before
-    // the gate/up kernel before this one passed its own wait (read from
-    // L2, not L1); the table is written only between steps.
-    const int lines = (int)((rb + 127) / 128);
+    // The block's rows of each routed expert's down matrix (contiguous),
+    // asked of L2 before the wait: the ids were written by the routing,
+    // which finished before the gate/up kernel before this one passed its
+    // own wait (read from L2, not L1); the table is written only between
+    // steps.
+    const int lines = (int)((rb * rows + 127) / 128);
     for (int u = threadIdx.x; u < top_k * lines; u += blockDim.x) {
         const int j = u / lines;
         const u64 base = table[layer_base + __ldcg(ids + (long long)r * top_k + j)];
         if (base != 0)
-            prefetch_l2((const u8*)base + e.down_off + (long long)i * rb + (long long)(u % lines) * 128);
+            prefetch_l2((const u8*)base + e.down_off + (long long)i0 * rb +
+                        (long long)(u % lines) * 128);
     }
     pdl_enter();
     for (int j = warp; j < top_k; j += blockDim.x / WARP) {
         const long long p = (long long)r * top_k + j;
         const u64 base = table[layer_base + ids[p]];
-        float acc[1] = {__int_as_float(0x7fc00000)};
-        if (base != 0) {
-            const u8* rec = (const u8*)base;
-            Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols,
-                     e.br, e.bc};
-            warp_dots<DT, 1>(d, i, inter, act + p * inter, inter, 1, vec, acc);
+        const u8* rec = (const u8*)base;
+        const Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols,
+                       e.br, e.bc};
+        for (int q = 0; q < rows; ++q) {
+            float acc[1] = {__int_as_float(0x7fc00000)};
+            if (base != 0) warp_dots<DT, 1>(d, i0 + q, inter, act + p * inter, inter, 1, vec, acc);
+            if (lane == 0) part[q][j] = acc[0];
         }
-        if (lane == 0) part[j] = acc[0];
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    const int t = threadIdx.x;
+    if (t < rows) {
         float total = 0.f;
-        for (int j = 0; j < top_k; ++j) total = fmaf(part[j], weights[(long long)r * top_k + j], total);
-        out[(long long)r * hidden + i] = total;
+        for (int j = 0; j < top_k; ++j) total = fmaf(part[t][j], weights[(long long)r * top_k + j], total);
+        out[(long long)r * hidden + i0 + t] = total;
     }
 }
 

@@ -85,12 +85,14 @@ static __device__ void write_sorted(int* sel_i, float* sel_w, int k, int* ids, f
     }
 }
 
-// Whether value a at index ia ranks above value b at index ib: the larger
-// first, then the lower index; a number above NaN (a strict total order).
-static __device__ __forceinline__ bool ranks_above(float a, int ia, float b, int ib) {
-    if (a != a) return b != b && ia < ib;
-    if (b != b) return true;
-    return a > b || (a == b && ia < ib);
+// Value v at index i as one integer whose order is the choice's: the
+// larger value first, then the lower index; every number above NaN, NaNs
+// by index (a strict total order; -0 ranks as +0). One compare per pair,
+// no branches: the rank count below is a straight loop.
+static __device__ __forceinline__ u64 rank_key(float v, int i) {
+    const u32 u = __float_as_uint(v == 0.f ? 0.f : v);
+    const u32 k = v != v ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+    return ((u64)k << 32) | (u64)(0xFFFFFFFFu - (u32)i);
 }
 
 // Softmax over the n logits at l (n <= MAX_EXPERTS), the top k (k <= n,
@@ -100,13 +102,14 @@ static __device__ __forceinline__ bool ranks_above(float a, int ia, float b, int
 // Warp 0 takes the max and the sum as one warp does (lanes own experts e
 // = lane (mod 32), then a butterfly), so every rows' probabilities are the
 // same bits in any launch. Each expert's rank (how many rank above it) is
-// counted by its own thread, so the choice takes one pass over the
-// probabilities instead of k; the renormalising sum adds the chosen in
-// rank order.
+// counted by its own thread over the experts' keys (rank_key), so the
+// choice takes one pass over the probabilities instead of k; the
+// renormalising sum adds the chosen in rank order.
 template <bool CG>
 static __device__ void route_softmax_row(const float* l, int n, int k, int norm, int* ids,
                                          float* weights) {
     __shared__ float p[MAX_EXPERTS];
+    __shared__ u64 key[MAX_EXPERTS];
     __shared__ float sum_sh;
     __shared__ u32 chosen[MAX_EXPERTS / WARP];
     __shared__ float by_rank[MAX_TOPK];
@@ -131,18 +134,20 @@ static __device__ void route_softmax_row(const float* l, int n, int k, int norm,
     }
     __syncthreads();
     const float sum = sum_sh;
-    for (int e = t; e < n; e += ROUTE_THREADS) p[e] = p[e] / sum;
+    for (int e = t; e < n; e += ROUTE_THREADS) {
+        p[e] = p[e] / sum;
+        key[e] = rank_key(p[e], e);
+    }
     __syncthreads();
     for (int e0 = 0; e0 < n; e0 += ROUTE_THREADS) {
         const int e = e0 + t;
         bool sel = false;
         if (e < n) {
             const float pe = p[e];
-            // Every comparison, no early exit: the loads do not wait on the
-            // count, so they stay in flight (the same count below k).
+            const u64 ke = key[e];
             int rank = 0;
 #pragma unroll 8
-            for (int j = 0; j < n; ++j) rank += ranks_above(p[j], j, pe, e);
+            for (int j = 0; j < n; ++j) rank += key[j] > ke;
             sel = rank < k;
             if (sel) by_rank[rank] = pe;
         }
