@@ -17,9 +17,23 @@ prompt. Prints one JSON object on stdout.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+
+
+def cpu_model():
+    """The host CPU's model name (batch-1 decode in transformers is bound by
+    the host launching kernels, so it moves with the host)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def main():
@@ -32,6 +46,7 @@ def main():
     ap.add_argument("--prefill", type=int, default=0)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
+    load_before = list(os.getloadavg())
 
     import torch
     import transformers
@@ -65,9 +80,11 @@ def main():
     gen(a.tokens)
     decode = []
     tokens = []
+    first = []
     for _ in range(a.reps):
         t1, _ = gen(1)
         tn, tokens = gen(a.tokens)
+        first.append(t1)
         decode.append((a.tokens - 1) / max(tn - t1, 1e-9))
     result = {
         "mode": a.mode,
@@ -77,6 +94,14 @@ def main():
         "decode_tokens_per_sec": statistics.median(decode),
         "decode_tokens_per_sec_reps": decode,
         "generated_ids": tokens,
+        "first_token_secs_reps": first,
+        "host": {
+            "cpu": cpu_model(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after_decode": list(os.getloadavg()),
+            "gpu": torch.cuda.get_device_name(0),
+        },
     }
     if a.prefill > 0:
         ids = torch.tensor([[(i * 104729 + 7) % vocab for i in range(a.prefill)]], device="cuda:0")
