@@ -141,6 +141,12 @@ pub struct Args {
     /// Tokens transformers decodes per mode (offloaded decode is slow).
     #[arg(long, default_value_t = 8)]
     pub hf_tokens: usize,
+    /// Time transformers on the GPU before flashtier's modes as well as
+    /// after them: its batch-1 decode is bound by the host launching its
+    /// kernels, and the host's speed can move within a run. The speed-ups
+    /// divide by the faster of its runs.
+    #[arg(long)]
+    pub hf_bracket: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -162,11 +168,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let limits = measure_limits(&dev)?;
     drop(dev);
     let mut report = Report::new(&args, &opened, weights, limits);
+    let bracket = args.hf_bracket && args.hf_modes.iter().any(|m| m == "gpu");
+    if let (Some(script), true) = (&args.hf_script, bracket) {
+        report.hf = hf_runs(script, &args, &["gpu".to_owned()], "before")?;
+    }
     for &mode in &args.modes {
         run_mode(&args, mode, (&store, &opened), &mut report, show)?;
     }
     if let Some(script) = &args.hf_script {
-        report.hf = hf_runs(script, &args)?;
+        let when = if bracket { "after" } else { "" };
+        report
+            .hf
+            .extend(hf_runs(script, &args, &args.hf_modes, when)?);
     }
     report.speedups = speedups(&report);
     emit(&args, &report)

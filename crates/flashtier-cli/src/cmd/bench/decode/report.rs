@@ -113,9 +113,16 @@ pub(super) fn mode_run(
     }
 }
 
-pub(super) fn hf_runs(script: &Path, args: &Args) -> anyhow::Result<Vec<serde_json::Value>> {
+/// transformers' runs of `modes` (`tools/hf_decode_bench.py`), each
+/// tagged `when` (before or after flashtier's modes) unless it is empty.
+pub(super) fn hf_runs(
+    script: &Path,
+    args: &Args,
+    modes: &[String],
+    when: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut out = Vec::new();
-    for mode in &args.hf_modes {
+    for mode in modes {
         let gpu_mem = format!("{}MiB", args.ram_hbm >> 20);
         let tokens = if mode == "gpu" {
             args.tokens
@@ -148,34 +155,57 @@ pub(super) fn hf_runs(script: &Path, args: &Args) -> anyhow::Result<Vec<serde_js
             .output()
             .with_context(|| format!("running {}", script.display()))?;
         let text = String::from_utf8_lossy(&o.stdout);
-        match text.lines().last().and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
-            Some(v) if o.status.success() => out.push(v),
-            _ => out.push(serde_json::json!({
+        let mut v = match text
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        {
+            Some(v) if o.status.success() => v,
+            _ => serde_json::json!({
                 "mode": mode,
                 "error": String::from_utf8_lossy(&o.stderr).lines().rev().take(8).collect::<Vec<_>>(),
-            })),
+            }),
+        };
+        if !when.is_empty()
+            && let Some(m) = v.as_object_mut()
+        {
+            m.insert("when".to_owned(), when.into());
         }
+        out.push(v);
     }
     Ok(out)
 }
 
 pub(super) fn speedups(r: &Report) -> serde_json::Value {
-    let ours = |mode: &str| {
-        r.runs
-            .iter()
-            .find(|x| x.mode == mode)
-            .map(|x| x.tokens_per_sec)
-    };
+    let ours: Vec<(&str, f64)> = r
+        .runs
+        .iter()
+        .map(|x| (x.mode.as_str(), x.tokens_per_sec))
+        .collect();
+    speedups_of(&ours, r.prefill_tokens_per_sec, &r.hf)
+}
+
+/// Our tokens/s (by mode) and prefill over transformers' runs: where
+/// transformers ran a mode more than once (`--hf-bracket`), over its
+/// fastest run.
+fn speedups_of(
+    ours: &[(&str, f64)],
+    prefill: Option<f64>,
+    hf_runs: &[serde_json::Value],
+) -> serde_json::Value {
+    let ours = |mode: &str| ours.iter().find(|x| x.0 == mode).map(|x| x.1);
     let hf = |mode: &str, key: &str| {
-        r.hf.iter()
-            .find(|v| v["mode"] == mode)
-            .and_then(|v| v[key].as_f64())
+        hf_runs
+            .iter()
+            .filter(|v| v["mode"] == mode)
+            .filter_map(|v| v[key].as_f64())
+            .reduce(f64::max)
     };
     let div = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     serde_json::json!({
         "resident_vs_transformers_gpu": div(ours("resident"), hf("gpu", "decode_tokens_per_sec")),
         "ram_vs_transformers_offload": div(ours("ram"), hf("offload", "decode_tokens_per_sec")),
-        "prefill_vs_transformers_gpu": div(r.prefill_tokens_per_sec, hf("gpu", "prefill_tokens_per_sec")),
+        "prefill_vs_transformers_gpu": div(prefill, hf("gpu", "prefill_tokens_per_sec")),
     })
 }
 
@@ -261,4 +291,29 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
     }
     println!("speed-ups: {}", r.speedups);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::speedups_of;
+
+    #[test]
+    fn speedups_divide_by_transformers_fastest_run() {
+        let hf = vec![
+            serde_json::json!({"mode": "gpu", "when": "before", "decode_tokens_per_sec": 50.0,
+                "prefill_tokens_per_sec": 2000.0}),
+            serde_json::json!({"mode": "gpu", "when": "after", "decode_tokens_per_sec": 25.0,
+                "prefill_tokens_per_sec": 4000.0}),
+            serde_json::json!({"mode": "offload", "error": ["out of memory"]}),
+        ];
+        let s = speedups_of(&[("resident", 1000.0), ("ram", 50.0)], Some(1000.0), &hf);
+        assert_eq!(s["resident_vs_transformers_gpu"].as_f64(), Some(20.0));
+        assert_eq!(s["prefill_vs_transformers_gpu"].as_f64(), Some(0.25));
+        // A mode whose run failed has no speed-up.
+        assert!(s["ram_vs_transformers_offload"].is_null());
+        // One run: divided by it.
+        let s = speedups_of(&[("resident", 1000.0)], None, &hf[1..2]);
+        assert_eq!(s["resident_vs_transformers_gpu"].as_f64(), Some(40.0));
+        assert!(s["prefill_vs_transformers_gpu"].is_null());
+    }
 }
