@@ -33,6 +33,9 @@ pub struct Model<D: Device> {
     experts: D::Experts,
     kv: D::Kv,
     rope: D::Rope,
+    /// Nanoseconds greedy steps spent issuing their work before they asked
+    /// the device for the token (see [`Generation::decode_issue_secs`]).
+    issue_ns: u64,
 }
 
 impl<D: Device> std::fmt::Debug for Model<D> {
@@ -74,6 +77,12 @@ pub struct Generation {
     pub prefill_kv: Option<KvTierStats>,
     /// KV tier counters over the decode steps.
     pub decode_kv: Option<KvTierStats>,
+    /// Of `decode_secs`, the seconds the host spent issuing the steps'
+    /// work before waiting on the device for each step's token (`None`
+    /// where the step is not split so: the CPU computes as it issues). The
+    /// rest is the wait; a device idles at least while a step's first
+    /// launches are recorded.
+    pub decode_issue_secs: Option<f64>,
 }
 
 impl Generation {
@@ -138,6 +147,7 @@ impl<D: Device> Model<D> {
             experts,
             kv,
             rope,
+            issue_ns: 0,
         })
     }
 
@@ -281,11 +291,17 @@ impl<D: Device> Decoder for Model<D> {
     /// The logits stay on the device; the device's argmax (the host's
     /// rule: the lowest index of the largest) sends back one id.
     fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
+        let started = Instant::now();
         let Some(logits) = self.head_step(&[token], Head::Last)? else {
             return Err(no_logits());
         };
+        self.issue_ns += u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let ids = self.dev.argmax_rows(&logits)?;
         ids.first().copied().ok_or_else(no_logits)
+    }
+
+    fn issue_ns(&self) -> Option<u64> {
+        self.dev.issues_async().then_some(self.issue_ns)
     }
 
     fn expert_stats(&self) -> ExpertStats {
@@ -320,6 +336,12 @@ pub(crate) trait Decoder {
     fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
         let logits = self.step(&[token], false)?;
         Ok(last_argmax(&logits, self.vocab()))
+    }
+    /// Nanoseconds greedy steps spent issuing work before waiting on the
+    /// device for their tokens, where the device runs what was issued
+    /// while the host goes on (`None` otherwise).
+    fn issue_ns(&self) -> Option<u64> {
+        None
     }
     /// Expert counters so far.
     fn expert_stats(&self) -> ExpertStats;
@@ -381,6 +403,7 @@ pub(crate) fn greedy<M: Decoder>(
     let decode_stats = m.expert_stats();
     let rows_start = m.row_stats();
     let kv_decode = m.kv_stats();
+    let issue_start = m.issue_ns();
     let decode_started = Instant::now();
     let mut next = last_argmax(&last, vocab);
     for _ in 0..max_new {
@@ -393,6 +416,10 @@ pub(crate) fn greedy<M: Decoder>(
         out.decode_steps += 1;
     }
     out.decode_secs = decode_started.elapsed().as_secs_f64();
+    out.decode_issue_secs = m
+        .issue_ns()
+        .zip(issue_start)
+        .map(|(now, was)| now.saturating_sub(was) as f64 / 1e9);
     let now = m.expert_stats();
     out.prefill_experts = decode_stats.since(&start_stats);
     out.decode_experts = now.since(&decode_stats);

@@ -132,3 +132,68 @@ fn deepseek_v3_graphs_equal_launches() {
 fn deepseek_v3_fp8_graphs_equal_launches() {
     check("deepseek_v3_fp8");
 }
+
+/// Kernels the launch path ran so far (one by one and inside graphs).
+fn kernels(m: &Model<CudaDevice>) -> u64 {
+    let s = m.device().graph_stats();
+    s.direct_kernels + s.graph_kernels
+}
+
+/// The fused decode steps (q/k norm, RoPE and KV append inside the
+/// attention's launch; the residual add and next norm inside the last
+/// product's) against their own launches: the same bits at every step, in
+/// fewer kernels, so the fused launches did run.
+fn fusion(name: &str) {
+    if !gpu_or_skip(&format!("gpu_engine_graphs fusion {name}")) {
+        return;
+    }
+    let dir = fixture(name);
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let report = pack(&dir, tmp.path());
+    let store = LoadOptions::store(&report.out);
+    let opts = GpuOptions {
+        kv: None,
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: None,
+            ram_bytes: 0,
+            in_place: false,
+        },
+    };
+    let mut plain = load_cuda(&dir, &store, &opts).unwrap();
+    plain.device().set_fusion(false, false);
+    let mut fused = load_cuda(&dir, &store, &opts).unwrap();
+    fused.device().set_fusion(true, true);
+    let (p0, f0) = (kernels(&plain), kernels(&fused));
+    let want = decode(&mut plain, &r.prompt);
+    let got = decode(&mut fused, &r.prompt);
+    let (p, f) = (kernels(&plain) - p0, kernels(&fused) - f0);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let same = g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{name}: step {i}: logits differ with the fused launches"
+        );
+    }
+    println!("{name}: {p} kernels in own launches, {f} fused");
+    assert!(
+        f < p,
+        "{name}: fusion ran no fewer kernels ({f} against {p})"
+    );
+}
+
+#[test]
+fn qwen3_moe_fused_steps_equal_their_own_launches() {
+    fusion("qwen3_moe");
+}
+
+#[test]
+fn mixtral_fused_steps_equal_their_own_launches() {
+    fusion("mixtral");
+}
+
+#[test]
+fn deepseek_v3_fused_steps_equal_their_own_launches() {
+    fusion("deepseek_v3");
+}

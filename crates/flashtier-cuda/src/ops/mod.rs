@@ -16,6 +16,8 @@
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
 //! - [`hint`]: asking L2 for weights a later kernel of the step reads.
+//! - [`fold`]: a layer half's last product with the residual add and the
+//!   next norm in its launch.
 //!
 //! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
 //! in the kernel table) may start early inside a recorded step's graph
@@ -28,6 +30,7 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
+pub mod fold;
 pub mod gemm;
 pub mod hint;
 mod moe;
@@ -107,6 +110,14 @@ const KERNELS: &[(&str, bool)] = &[
     ("moe_down_f16", true),
     ("moe_down_f32", true),
     ("moe_down_fp8", true),
+    ("moe_down_norm_bf16", true),
+    ("moe_down_norm_f16", true),
+    ("moe_down_norm_f32", true),
+    ("moe_down_norm_fp8", true),
+    ("gemv1_norm_bf16", true),
+    ("gemv1_norm_f16", true),
+    ("gemv1_norm_f32", true),
+    ("gemv1_norm_fp8", true),
     ("gemm_bf16", true),
     ("gemm_f16", true),
     ("gemm_f32", true),
@@ -148,6 +159,73 @@ const KERNELS: &[(&str, bool)] = &[
     ("read_words", false),
 ];
 
+/// The compile-time knobs of the decode kernels, for measuring them: each
+/// changes how the work is spread or loaded, never a result bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Evict-first hints on one-pass weight loads.
+    pub stream_weights: bool,
+    /// Chunks in flight per lane of a one-row product ([`GEMV_LOADS`]).
+    pub gemv_loads: u32,
+    /// Positions a warp of the decode attention loads ahead ([`ATTN_AHEAD`]).
+    pub attn_ahead: u32,
+    /// Output rows per block of the experts' down product ([`DOWN_ROWS`]).
+    pub down_rows: u32,
+    /// A down-product warp loads its rows together.
+    pub down_together: bool,
+    /// Prompt chunks' products as tiles.
+    pub prompt_tiles: bool,
+    /// The dense and grouped tile shapes.
+    pub tiles: (gemm::TileShape, gemm::TileShape),
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            stream_weights: true,
+            gemv_loads: GEMV_LOADS,
+            attn_ahead: ATTN_AHEAD,
+            down_rows: DOWN_ROWS,
+            down_together: false,
+            prompt_tiles: true,
+            tiles: (gemm::TileShape::DENSE, gemm::TileShape::GROUPED),
+        }
+    }
+}
+
+impl Tuning {
+    /// The defaults, each overridden by its environment variable where set
+    /// to a value in range (see [`DecodeKernels::new`]).
+    #[must_use]
+    pub fn from_env() -> Self {
+        let d = Self::default();
+        let var = |name: &str| std::env::var(name).ok();
+        let num = |name: &str, max: u32, default: u32| {
+            var(name)
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|n| (1..=max).contains(n))
+                .unwrap_or(default)
+        };
+        let shape = |name: &str, default: gemm::TileShape| {
+            var(name)
+                .and_then(|v| gemm::TileShape::parse(&v))
+                .unwrap_or(default)
+        };
+        Self {
+            stream_weights: var("FLASHTIER_STREAM_WEIGHTS").is_none_or(|v| v != "0"),
+            gemv_loads: num("FLASHTIER_GEMV_LOADS", MAX_GEMV_LOADS, d.gemv_loads),
+            attn_ahead: num("FLASHTIER_ATTN_AHEAD", MAX_ATTN_AHEAD, d.attn_ahead),
+            down_rows: num("FLASHTIER_DOWN_ROWS", MAX_DOWN_ROWS, d.down_rows),
+            down_together: var("FLASHTIER_DOWN_TOGETHER").is_some_and(|v| v == "1"),
+            prompt_tiles: var("FLASHTIER_PROMPT_TILES").is_none_or(|v| v != "0"),
+            tiles: (
+                shape("FLASHTIER_GEMM_TILE", d.tiles.0),
+                shape("FLASHTIER_GROUP_TILE", d.tiles.1),
+            ),
+        }
+    }
+}
+
 /// The compiled decode kernels of one device.
 pub struct DecodeKernels {
     gpu: Gpu,
@@ -180,39 +258,30 @@ impl DecodeKernels {
     /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
     /// `FLASHTIER_ATTN_AHEAD` sets [`ATTN_AHEAD`];
     /// `FLASHTIER_DOWN_ROWS` sets [`DOWN_ROWS`];
+    /// `FLASHTIER_DOWN_TOGETHER=1` has a warp of the down product load its
+    /// rows together (the same bits; see kernels/decode/moe.cu);
     /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
     /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
     /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
     /// gives the same bits, as each output is one chain over its width).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
-        let stream = std::env::var("FLASHTIER_STREAM_WEIGHTS").map_or(true, |v| v != "0");
-        let loads = std::env::var("FLASHTIER_GEMV_LOADS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|n| (1..=MAX_GEMV_LOADS).contains(n))
-            .unwrap_or(GEMV_LOADS);
-        let shape = |var: &str, default: gemm::TileShape| {
-            std::env::var(var)
-                .ok()
-                .and_then(|v| gemm::TileShape::parse(&v))
-                .unwrap_or(default)
-        };
-        let tiles = (
-            shape("FLASHTIER_GEMM_TILE", gemm::TileShape::DENSE),
-            shape("FLASHTIER_GROUP_TILE", gemm::TileShape::GROUPED),
+        Self::with_tuning(gpu, Tuning::from_env())
+    }
+
+    /// Compile and load the kernels with the knobs of `t` (none of them
+    /// changes a result bit; tests build several to show it).
+    pub fn with_tuning(gpu: &Gpu, t: Tuning) -> Result<Self, CudaError> {
+        let clamp = |v: u32, max: u32| v.clamp(1, max);
+        let (loads, ahead, down_rows) = (
+            clamp(t.gemv_loads, MAX_GEMV_LOADS),
+            clamp(t.attn_ahead, MAX_ATTN_AHEAD),
+            clamp(t.down_rows, MAX_DOWN_ROWS),
         );
-        let ahead = std::env::var("FLASHTIER_ATTN_AHEAD")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|n| (1..=MAX_ATTN_AHEAD).contains(n))
-            .unwrap_or(ATTN_AHEAD);
-        let down_rows = std::env::var("FLASHTIER_DOWN_ROWS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|n| (1..=MAX_DOWN_ROWS).contains(n))
-            .unwrap_or(DOWN_ROWS);
+        let tiles = t.tiles;
+        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
         let defines = [
-            ("STREAM_WEIGHTS", if stream { "1" } else { "0" }.to_owned()),
+            ("STREAM_WEIGHTS", flag(t.stream_weights)),
+            ("DOWN_TOGETHER", flag(t.down_together)),
             ("DOWN_ROWS", down_rows.to_string()),
             ("ATTN_AHEAD", ahead.to_string()),
             ("GEMV_LOADS", loads.to_string()),
@@ -235,7 +304,7 @@ impl DecodeKernels {
             funcs,
             routes_pool: Arc::new(route::RoutePool::new(gpu.clone())),
             scratch: pick::Scratch::new(gpu)?,
-            tiles_on: std::env::var("FLASHTIER_PROMPT_TILES").map_or(true, |v| v != "0"),
+            tiles_on: t.prompt_tiles,
             tiles,
             down_rows: down_rows as usize,
         })

@@ -26,6 +26,24 @@ impl DecodeKernels {
         act: &mut DevAct,
         out: &mut DevAct,
     ) -> Result<(), CudaError> {
+        self.moe_then(slots, layer_base, experts, routes, spec, x, act, out, None)
+    }
+
+    /// [`Self::moe`], the down product's launch followed by `tail` (the
+    /// residual add and norm of `out`, see [`super::fold`]) when given.
+    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
+    pub(super) fn moe_then(
+        &self,
+        slots: &ExpertSlots,
+        layer_base: usize,
+        experts: usize,
+        routes: &DevRoutes,
+        spec: &ExpertSpec,
+        x: &DevAct,
+        act: &mut DevAct,
+        out: &mut DevAct,
+        tail: Option<super::fold::AddNorm>,
+    ) -> Result<(), CudaError> {
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
         let pairs = rows * k;
@@ -90,11 +108,20 @@ impl DecodeKernels {
             .push(vec)
             .buf(g, out.buf());
         let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
+        let name = match tail {
+            Some(t) => {
+                a.push(t);
+                format!("moe_down_norm_{sfx}")
+            }
+            None => format!("moe_down_{sfx}"),
+        };
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
         // experts are summed in routed (ascending id) order; top_k <=
-        // MAX_TOP_K fits the kernel's shared products.
-        unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
+        // MAX_TOP_K fits the kernel's shared products. With a tail, its
+        // buffers are rows x hidden (checked where it was made) and its
+        // counter is 0 between launches.
+        unsafe { self.launch(&name, cfg, a) }?;
         Ok(())
     }
 }

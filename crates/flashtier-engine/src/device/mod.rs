@@ -171,6 +171,20 @@ impl std::fmt::Display for HeadCopy {
     }
 }
 
+/// Where a layer half's output goes: added to the residual stream
+/// `resid`, whose RMSNorm (weight `norm`, epsilon `eps`) is written to
+/// `out`, the next half's input ([`Device::add_norm`]).
+pub struct AddNormTo<'a, D: Device + ?Sized> {
+    /// The residual stream, updated in place.
+    pub resid: &'a mut D::Act,
+    /// The next norm's weight.
+    pub norm: &'a D::Vector,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// The normed rows.
+    pub out: &'a mut D::Act,
+}
+
 /// A compute device. See the module docs for shapes and determinism.
 pub trait Device {
     /// Activations.
@@ -190,6 +204,12 @@ pub trait Device {
 
     /// Short name (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
+
+    /// Whether the device runs issued work while the host goes on (a GPU's
+    /// stream), rather than computing as it is issued (the CPU).
+    fn issues_async(&self) -> bool {
+        false
+    }
 
     /// Make `m` resident.
     fn matrix(&self, m: Matrix) -> Result<Self::Mat, EngineError>;
@@ -236,6 +256,19 @@ pub trait Device {
     ) -> Result<(), EngineError> {
         self.add(x, y)?;
         self.rms_norm(out, x, w, eps)
+    }
+    /// `y = w x[r]` for every row, then [`Device::add_norm`] of `y` into
+    /// `to` (a layer half's last product and the residual add and norm
+    /// after it; devices may do both in one launch).
+    fn linear_add_norm(
+        &self,
+        w: &Self::Mat,
+        x: &Self::Act,
+        to: AddNormTo<'_, Self>,
+    ) -> Result<(), EngineError> {
+        let mut y = self.zeros(x.rows(), to.resid.cols())?;
+        self.linear(&mut y, w, x)?;
+        self.add_norm(to.resid, &y, to.norm, to.eps, to.out)
     }
     /// `outs[q][r] = ws[q] x[r]` for matrices sharing the input (q, k and v
     /// projections; devices may run them as one launch).
@@ -312,6 +345,25 @@ pub trait Device {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// [`Device::qk_norm_rope`] of the step's `q` and `k` at position
+    /// `first` (the cache's length), then [`Device::attend`]; a device may
+    /// do all of it in one launch, and then leave `q` and `k` as they came.
+    #[allow(clippy::too_many_arguments, reason = "one fused operation")]
+    fn rope_attend(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        (q, k, v): (&mut Self::Act, &mut Self::Act, &Self::Act),
+        norms: Option<[&Self::Vector; 2]>,
+        eps: f32,
+        table: &Self::Rope,
+        head_dim: usize,
+        first: usize,
+        out: &mut Self::Act,
+    ) -> Result<(), EngineError> {
+        self.qk_norm_rope(q, k, norms, eps, table, head_dim, first)?;
+        self.attend(kv, layer, q, k, v, out)
+    }
     /// Router logits `w x[r]` (`rows x experts`) and each row's experts
     /// chosen from them, as [`Device::linear`] then [`Device::route`];
     /// devices may fuse the two.
@@ -344,6 +396,20 @@ pub trait Device {
         routes: &Self::Routes,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// [`Device::moe`], then [`Device::add_norm`] of its output into `to`
+    /// (devices may do both in one launch).
+    fn moe_add_norm(
+        &self,
+        experts: &mut Self::Experts,
+        layer: usize,
+        x: &Self::Act,
+        routes: &Self::Routes,
+        to: AddNormTo<'_, Self>,
+    ) -> Result<(), EngineError> {
+        let mut y = self.zeros(x.rows(), to.resid.cols())?;
+        self.moe(experts, layer, x, routes, &mut y)?;
+        self.add_norm(to.resid, &y, to.norm, to.eps, to.out)
+    }
     /// Whether the tier uses hints (a tier holding every expert does not:
     /// the next layer's routing is then not computed ahead).
     fn hints_wanted(&self, experts: &Self::Experts) -> bool {

@@ -10,7 +10,7 @@
 //! input ("pre-gating") and its guess handed to the tier as a hint.
 
 use crate::config::{ModelConfig, Routing};
-use crate::device::Device;
+use crate::device::{Activation, AddNormTo, Device};
 use crate::error::EngineError;
 use crate::family::Step;
 use crate::loader::Loader;
@@ -41,6 +41,23 @@ impl<D: Device> DenseMlp<D> {
             down: l.matrix(&format!("{prefix}.down_proj.weight"), [hidden, width])?,
             width,
         })
+    }
+
+    /// The MLP of every row of `x`, added into `to`'s residual stream and
+    /// normed.
+    pub fn forward_into(
+        &self,
+        dev: &D,
+        x: &D::Act,
+        to: AddNormTo<'_, D>,
+    ) -> Result<(), EngineError> {
+        let rows = x.rows();
+        let mut act = dev.zeros(rows, self.width)?;
+        let mut up = dev.zeros(rows, self.width)?;
+        dev.linear(&mut act, &self.gate, x)?;
+        dev.linear(&mut up, &self.up, x)?;
+        dev.silu_mul(&mut act, &up)?;
+        dev.linear_add_norm(&self.down, &act, to)
     }
 
     /// The MLP of every row of `x`.
@@ -153,34 +170,37 @@ impl<D: Device> SparseMlp<D> {
             .router(&self.router, x, st.rule, self.score_bias.as_ref())
     }
 
-    /// The block's output for every row of `x` at `layer`; `next` is the
-    /// next sparse layer and its block, whose guess is hinted first.
+    /// The block's output for every row of `x` at `layer`, added into
+    /// `to`'s residual stream and normed; `next` is the next sparse layer
+    /// and its block, whose guess is hinted first.
     pub fn forward(
         &self,
         st: &mut Step<'_, D>,
         layer: usize,
         x: &D::Act,
         next: Option<(usize, &SparseMlp<D>)>,
-    ) -> Result<D::Act, EngineError> {
+        to: AddNormTo<'_, D>,
+    ) -> Result<(), EngineError> {
         let routes = self.route(st, x)?;
         if let Some((next_layer, block)) = next.filter(|_| st.dev.hints_wanted(st.experts)) {
             let guess = block.route(st, x)?;
             st.dev.hint(st.experts, next_layer, &guess)?;
         }
         let (dev, h) = (st.dev, st.cfg.hidden_size);
+        let Some(shared) = &self.shared else {
+            return dev.moe_add_norm(st.experts, layer, x, &routes, to);
+        };
         let mut out = dev.zeros(st.rows, h)?;
         dev.moe(st.experts, layer, x, &routes, &mut out)?;
-        if let Some(shared) = &self.shared {
-            let y = shared.mlp.forward(dev, x, st.rows, h)?;
-            match &shared.gate {
-                Some(g) => {
-                    let mut gate = dev.zeros(st.rows, 1)?;
-                    dev.linear(&mut gate, g, x)?;
-                    dev.add_gated(&mut out, &y, &gate)?;
-                }
-                None => dev.add(&mut out, &y)?,
+        let y = shared.mlp.forward(dev, x, st.rows, h)?;
+        match &shared.gate {
+            Some(g) => {
+                let mut gate = dev.zeros(st.rows, 1)?;
+                dev.linear(&mut gate, g, x)?;
+                dev.add_gated(&mut out, &y, &gate)?;
             }
+            None => dev.add(&mut out, &y)?,
         }
-        Ok(out)
+        dev.add_norm(to.resid, &out, to.norm, to.eps, to.out)
     }
 }

@@ -4,7 +4,7 @@
 //! cache's causal attention, and `o_proj`.
 
 use crate::config::ModelConfig;
-use crate::device::Device;
+use crate::device::{AddNormTo, Device};
 use crate::error::EngineError;
 use crate::family::Step;
 use crate::loader::Loader;
@@ -58,13 +58,15 @@ impl<D: Device> GqaWeights<D> {
         })
     }
 
-    /// Attention of the step's rows at `layer`; returns `rows x hidden`.
+    /// Attention of the step's rows at `layer` (`rows x hidden`), added
+    /// into `to`'s residual stream and normed.
     pub fn forward(
         &self,
         st: &mut Step<'_, D>,
         layer: usize,
         x: &D::Act,
-    ) -> Result<D::Act, EngineError> {
+        to: AddNormTo<'_, D>,
+    ) -> Result<(), EngineError> {
         let (dev, c) = (st.dev, st.cfg);
         let (n, d) = (st.rows, c.head_dim);
         let mut q = dev.zeros(n, c.num_q_heads * d)?;
@@ -81,13 +83,20 @@ impl<D: Device> GqaWeights<D> {
             dev.add_bias(&mut v, vb)?;
         }
         let norms = self.qk_norm.as_ref().map(|[qn, kn]| [qn, kn]);
-        dev.qk_norm_rope(&mut q, &mut k, norms, c.rms_norm_eps, st.rope, d, st.first)?;
         // The output product's weights come in while the attention runs.
         dev.prefetch(&[&self.o_proj])?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
-        dev.attend(st.kv, layer, &q, &k, &v, &mut heads)?;
-        let mut out = dev.zeros(n, c.hidden_size)?;
-        dev.linear(&mut out, &self.o_proj, &heads)?;
-        Ok(out)
+        dev.rope_attend(
+            st.kv,
+            layer,
+            (&mut q, &mut k, &v),
+            norms,
+            c.rms_norm_eps,
+            st.rope,
+            d,
+            st.first,
+            &mut heads,
+        )?;
+        dev.linear_add_norm(&self.o_proj, &heads, to)
     }
 }

@@ -7,7 +7,7 @@
 //! `1/sqrt(head_dim)` becomes DeepSeek's softmax scale.
 
 use crate::config::{Mla, ModelConfig};
-use crate::device::{Device, HeadCopy, RopeSpec, VectorLen};
+use crate::device::{AddNormTo, Device, HeadCopy, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::Step;
 use crate::loader::Loader;
@@ -82,13 +82,15 @@ impl<D: Device> MlaWeights<D> {
         })
     }
 
-    /// Attention of the step's rows at `layer`; returns `rows x hidden`.
+    /// Attention of the step's rows at `layer` (`rows x hidden`), added
+    /// into `to`'s residual stream and normed.
     pub fn forward(
         &self,
         st: &mut Step<'_, D>,
         layer: usize,
         x: &D::Act,
-    ) -> Result<D::Act, EngineError> {
+        to: AddNormTo<'_, D>,
+    ) -> Result<(), EngineError> {
         let (dev, c, m) = (st.dev, st.cfg, &self.dims);
         let (n, heads, d) = (st.rows, c.num_q_heads, c.head_dim);
         let (nope, rope, vd, rank) = (
@@ -140,9 +142,7 @@ impl<D: Device> MlaWeights<D> {
         dev.attend(st.kv, layer, &qs, &ks, &vs, &mut attended)?;
         let mut values = dev.zeros(n, heads * vd)?;
         dev.copy_heads(&mut values, &attended, slice(heads, vd, d, 0, vd, 0, 1.0))?;
-        let mut out = dev.zeros(n, c.hidden_size)?;
-        dev.linear(&mut out, &self.o_proj, &values)?;
-        Ok(out)
+        dev.linear_add_norm(&self.o_proj, &values, to)
     }
 }
 

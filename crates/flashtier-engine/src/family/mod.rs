@@ -22,7 +22,7 @@ pub mod route;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::device::Device;
+use crate::device::{AddNormTo, Device};
 use crate::error::EngineError;
 use crate::loader::Loader;
 use ffn::{Ffn, SparseMlp};
@@ -136,8 +136,12 @@ pub struct Step<'a, D: Device> {
 
 /// The decoder layers over the step's embedded rows `x` (the residual
 /// stream, updated in place), then the final norm: returns the normed
-/// rows the LM head reads. Each residual add is fused with the norm that
-/// follows it (the next layer's input norm, or the final norm).
+/// rows the LM head reads. Each half's output is added to the stream
+/// together with the norm that follows (the post-attention norm, the next
+/// layer's input norm, or the final norm), which devices may fold into
+/// the half's last product ([`Device::linear_add_norm`],
+/// [`Device::moe_add_norm`]); the normed rows alternate between two
+/// buffers, a half's input and its output.
 pub fn decoder_layers<D: Device>(
     w: &Weights<D>,
     st: &mut Step<'_, D>,
@@ -146,20 +150,30 @@ pub fn decoder_layers<D: Device>(
     let (dev, c) = (st.dev, st.cfg);
     let eps = c.rms_norm_eps;
     let mut normed = dev.zeros(st.rows, c.hidden_size)?;
+    let mut mid = dev.zeros(st.rows, c.hidden_size)?;
     let first = w.layers.first().map_or(&w.norm, |l| &l.input_norm);
     dev.rms_norm(&mut normed, x, first, eps)?;
     for (i, layer) in w.layers.iter().enumerate() {
-        let attn = match &layer.attn {
-            Attention::Gqa(g) => g.forward(st, i, &normed)?,
-            Attention::Mla(m) => m.forward(st, i, &normed)?,
+        let to = AddNormTo {
+            resid: &mut *x,
+            norm: &layer.post_attention_norm,
+            eps,
+            out: &mut mid,
         };
-        dev.add_norm(x, &attn, &layer.post_attention_norm, eps, &mut normed)?;
-        let ffn = match &layer.ffn {
-            Ffn::Dense(d) => d.forward(dev, &normed, st.rows, c.hidden_size)?,
-            Ffn::Sparse(s) => s.forward(st, i, &normed, next_sparse(w, i))?,
+        match &layer.attn {
+            Attention::Gqa(g) => g.forward(st, i, &normed, to)?,
+            Attention::Mla(m) => m.forward(st, i, &normed, to)?,
+        }
+        let to = AddNormTo {
+            resid: &mut *x,
+            norm: w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_norm),
+            eps,
+            out: &mut normed,
         };
-        let next = w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_norm);
-        dev.add_norm(x, &ffn, next, eps, &mut normed)?;
+        match &layer.ffn {
+            Ffn::Dense(d) => d.forward_into(dev, &mid, to)?,
+            Ffn::Sparse(s) => s.forward(st, i, &mid, next_sparse(w, i), to)?,
+        }
     }
     Ok(normed)
 }

@@ -53,10 +53,70 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
 #define DOWN_ROWS 4
 #endif
 
+// The down product's rows of one expert a warp computes: with
+// DOWN_TOGETHER (FLASHTIER_DOWN_TOGETHER=1) the rows' loads of a round are
+// in flight at once (a row of Qwen3-30B-A3B's experts is one round of
+// loads per lane, so the rows' round trips overlap instead of following
+// each other), at about 100 registers a thread (two blocks an SM); 0 (the
+// default) takes the rows one after another at 56 (four blocks an SM).
+#ifndef DOWN_TOGETHER
+#define DOWN_TOGETHER 0
+#endif
+// Four blocks an SM either way, so 512 blocks are one wave on an H100/H200.
+#if DOWN_TOGETHER
+#define DOWN_BOUNDS __launch_bounds__(256, 4)
+#else
+#define DOWN_BOUNDS
+#endif
+
+// acc[q] = dot(row m0 + q of `a`, x) for q < nrows (<= NR), one warp, each
+// row's sum in warp_dots' order (per lane in chunk order, then the warp's
+// butterfly), whatever rounds the loads take.
+template <int DT, int NR>
+static __device__ __forceinline__ void warp_rows_dots(const Mat& a, int m0, int nrows, int k,
+                                                      const float* x, int vec, float* acc) {
+#pragma unroll
+    for (int q = 0; q < NR; ++q) acc[q] = 0.f;
+    if (!vec) {
+        for (int q = 0; q < nrows; ++q)
+            lane_dots<DT, 1>(a, m0 + q, x, k, 1, vec, 0, vec ? k / 8 : k, acc + q);
+    } else {
+        constexpr int LOADS = DT == 2 ? 1 : 2;
+        const int lane = threadIdx.x & (WARP - 1), c1 = k / 8;
+        for (int c = lane; c < c1; c += LOADS * WARP) {
+            Raw raw[NR][LOADS];
+#pragma unroll
+            for (int q = 0; q < NR; ++q) {
+                const u8* row = a.w + (long long)(m0 + q) * a.row_bytes;
+#pragma unroll
+                for (int u = 0; u < LOADS; ++u)
+                    if (q < nrows && c + u * WARP < c1) raw[q][u] = load_raw<DT, 1>(row, c + u * WARP);
+            }
+#pragma unroll
+            for (int q = 0; q < NR; ++q) {
+                const float* srow =
+                    DT == 3 ? a.scales + (long long)((m0 + q) / a.br) * a.sc_cols : a.scales;
+#pragma unroll
+                for (int u = 0; u < LOADS; ++u) {
+                    const int cu = c + u * WARP;
+                    if (q < nrows && cu < c1) {
+                        float w[8];
+                        widen<DT>(raw[q][u], w);
+                        const float d = dot8(w, x + (long long)cu * 8);
+                        acc[q] = DT == 3 ? fmaf(srow[(cu * 8) / a.bc], d, acc[q]) : acc[q] + d;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NR; ++q) acc[q] = warp_sum(acc[q]);
+}
+
 // out[r][i] = sum over j < top_k (ascending id, as routed) of
 // w[r][j] * down_i(j) . act[r * top_k + j] for the DOWN_ROWS rows i of
 // block x: warp w takes the experts j = w, w + 8, ..., each over the
-// block's rows in turn; thread t < DOWN_ROWS adds row t's products in j
+// block's rows (warp_rows_dots); thread t < DOWN_ROWS adds row t's products in j
 // order. grid: (ceil(hidden / DOWN_ROWS), rows), 256 threads.
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
@@ -87,11 +147,26 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
         const u8* rec = (const u8*)base;
         const Mat d = {rec + e.down_off, rb, (const float*)(rec + e.down_soff), e.dn_sc_cols,
                        e.br, e.bc};
+#if DOWN_TOGETHER
+        float acc[DOWN_ROWS];
+        if (base != 0) {
+            warp_rows_dots<DT, DOWN_ROWS>(d, i0, rows, inter, act + p * inter, vec, acc);
+        } else {
+#pragma unroll
+            for (int q = 0; q < DOWN_ROWS; ++q) acc[q] = __int_as_float(0x7fc00000);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < DOWN_ROWS; ++q)
+                if (q < rows) part[q][j] = acc[q];
+        }
+#else
         for (int q = 0; q < rows; ++q) {
             float acc[1] = {__int_as_float(0x7fc00000)};
             if (base != 0) warp_dots<DT, 1>(d, i0 + q, inter, act + p * inter, inter, 1, vec, acc);
             if (lane == 0) part[q][j] = acc[0];
         }
+#endif
     }
     __syncthreads();
     const int t = threadIdx.x;
@@ -109,7 +184,7 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
                                                     float* act) {                               \
         moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act);          \
     }                                                                                           \
-    extern "C" __global__ void moe_down_##SUFFIX(                                              \
+    extern "C" __global__ void DOWN_BOUNDS moe_down_##SUFFIX(                 \
         const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
         const float* act, int hidden, int inter, Expert e, int vec, float* out) {               \
         moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \

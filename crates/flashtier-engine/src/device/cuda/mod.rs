@@ -29,6 +29,15 @@
 //! A one-row softmax router runs as one launch with its routing
 //! (`FLASHTIER_FUSED_ROUTER=0`: two, the same bits); a greedy decode step
 //! picks its token on the device and copies one id back.
+//!
+//! Two fusions are opt-in ([`CudaDevice::set_fusion`],
+//! `FLASHTIER_FUSED_ATTENTION=1`, `FLASHTIER_FUSED_NORM=1`): a decode
+//! row's q/k norm, RoPE and KV append inside its attention's launch, and a
+//! layer half's residual add and next norm inside its last product's. Each
+//! gives the same bits; together they take a Qwen3-30B-A3B-shaped step
+//! from 179 kernels to 115, but on the H200 the step measured no faster
+//! (the work they move stays on the step's critical path;
+//! docs/benchmarks.md, session 14), so they are off by default.
 
 pub mod experts;
 pub mod kv;
@@ -39,14 +48,18 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::attn::{FUSED_MAX_DIM, RopeStep};
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
+use flashtier_cuda::ops::fold::AddNormInto;
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_cuda::{Gpu, GraphStats};
 use flashtier_format::Dtype;
 
 use crate::config::Routing;
-use crate::device::{Activation, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen};
+use crate::device::{
+    Activation, AddNormTo, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen,
+};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
 use crate::matrix::{Matrix, MatrixData};
@@ -89,6 +102,14 @@ pub struct CudaDevice {
     fused_router: bool,
     /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
     prefetch_on: bool,
+    /// A decode row's q/k norm, RoPE and KV append inside its attention's
+    /// launch (`FLASHTIER_FUSED_ATTENTION=1`; off by default: on the H200
+    /// it measured no faster, docs/benchmarks.md; the same bits either way).
+    fused_attention: Cell<bool>,
+    /// A layer half's residual add and next norm inside its last product's
+    /// launch, for one-row steps (`FLASHTIER_FUSED_NORM=1`; off by default
+    /// for the same reason; the same bits either way).
+    fused_norm: Cell<bool>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -113,7 +134,21 @@ impl CudaDevice {
             kv_budget: RefCell::new(None),
             fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
             prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
+            fused_attention: Cell::new(
+                std::env::var("FLASHTIER_FUSED_ATTENTION").is_ok_and(|v| v == "1"),
+            ),
+            fused_norm: Cell::new(std::env::var("FLASHTIER_FUSED_NORM").is_ok_and(|v| v == "1")),
         })
+    }
+
+    /// Fold a decode row's q/k norm, RoPE and KV append into its attention
+    /// launch (`attention`), and a layer half's residual add and next norm
+    /// into its last product (`norm`). The same bits either way; set before
+    /// the first step, as recorded steps keep the launches they were
+    /// recorded with.
+    pub fn set_fusion(&self, attention: bool, norm: bool) {
+        self.fused_attention.set(attention);
+        self.fused_norm.set(norm);
     }
 
     /// Record one-token steps as CUDA graphs (on by default; off, every
@@ -225,6 +260,10 @@ impl Device for CudaDevice {
         "cuda"
     }
 
+    fn issues_async(&self) -> bool {
+        true
+    }
+
     fn matrix(&self, m: Matrix) -> Result<DevMatrix, EngineError> {
         let (rows, cols) = (m.rows(), m.cols());
         let up = match m.data() {
@@ -326,6 +365,33 @@ impl Device for CudaDevice {
     ) -> Result<(), EngineError> {
         self.timed(OpClass::Other, 0, || {
             Ok(self.kernels.add_rms_norm(x, y, w, eps, out)?)
+        })
+    }
+
+    fn linear_add_norm(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        to: AddNormTo<'_, Self>,
+    ) -> Result<(), EngineError> {
+        let mut y = self.zeros(x.rows(), to.resid.cols())?;
+        if !self.fused_norm.get() || x.rows() != 1 {
+            self.linear(&mut y, w, x)?;
+            return self.add_norm(to.resid, &y, to.norm, to.eps, to.out);
+        }
+        let class = if w.rows() >= LM_HEAD_ROWS {
+            OpClass::LmHead
+        } else {
+            OpClass::DenseGemv
+        };
+        let into = AddNormInto {
+            resid: to.resid,
+            norm: to.norm,
+            eps: to.eps,
+            out: to.out,
+        };
+        self.timed(class, w.bytes() as u64, || {
+            Ok(self.kernels.gemv_add_norm(&mut y, w, x, into)?)
         })
     }
 
@@ -459,6 +525,44 @@ impl Device for CudaDevice {
         })
     }
 
+    fn rope_attend(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        (q, k, v): (&mut DevAct, &mut DevAct, &DevAct),
+        norms: Option<[&DevVector; 2]>,
+        eps: f32,
+        table: &RopeTable,
+        head_dim: usize,
+        first: usize,
+        out: &mut DevAct,
+    ) -> Result<(), EngineError> {
+        let d = kv.dim();
+        let fuse = self.fused_attention.get()
+            && q.rows() == 1
+            && head_dim == d
+            && d <= FUSED_MAX_DIM
+            && first == kv.len()
+            && kv.fusable();
+        if !fuse {
+            self.qk_norm_rope(q, k, norms, eps, table, head_dim, first)?;
+            return self.attend(kv, layer, q, k, v, out);
+        }
+        fits_table(table, first, 1)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let q_heads = q.cols() / d.max(1);
+        let bytes = 2 * (kv.len() as u64 + 1) * (k.cols() * 4) as u64;
+        let rope = RopeStep {
+            norms,
+            eps,
+            table,
+            interleaved: false,
+        };
+        self.timed(OpClass::Attention, bytes, || {
+            kv.rope_attend(&self.kernels, layer, q_heads, q, (k, v), rope, scale, out)
+        })
+    }
+
     fn router(
         &self,
         w: &DevMatrix,
@@ -496,24 +600,19 @@ impl Device for CudaDevice {
         routes: &DevRoutes,
         out: &mut DevAct,
     ) -> Result<(), EngineError> {
-        self.all_resident.set(experts.resident_all());
-        if x.rows() > 1 && self.kernels.grouped(experts.spec()) {
-            return self.moe_grouped(experts, layer, x, routes, out);
-        }
-        if !experts.resident_all() {
-            let (ids, _) = routes.to_host(&self.kernels)?;
-            let cap = experts.step_capacity();
-            let mut distinct = ids.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            if distinct.len() > cap {
-                return self.moe_in_groups(experts, layer, x, routes, &ids, out);
-            }
-            experts.ensure(layer, &ids)?;
-        } else {
-            experts.ensure(layer, &[])?;
-        }
-        self.moe_rows(experts, layer, x, routes, out)
+        self.moe_step(experts, layer, x, routes, out, None)
+    }
+
+    fn moe_add_norm(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        to: AddNormTo<'_, Self>,
+    ) -> Result<(), EngineError> {
+        let mut y = self.zeros(x.rows(), to.resid.cols())?;
+        self.moe_step(experts, layer, x, routes, &mut y, Some(to))
     }
 
     fn hint(

@@ -11,13 +11,14 @@
 //! (decode) keep the GEMV kernels.
 
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
+use flashtier_cuda::ops::fold::AddNormInto;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
 use super::experts::CudaExperts;
 use super::profile::OpClass;
 use crate::config::Routing;
-use crate::device::Device;
+use crate::device::{AddNormTo, Device};
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
 
@@ -50,7 +51,62 @@ impl CudaDevice {
         Ok(r)
     }
 
-    /// The routed experts of every row, all of whose records are readable.
+    /// The routed experts of every row into `out`, then, with `tail`, the
+    /// residual add and norm of `out`: the tiers made ready for the step's
+    /// experts, then the kernels. A step of several rows runs grouped by
+    /// expert, one whose rows need more distinct experts than the tiers hold
+    /// in groups of rows; a one-row step's down product does the add and
+    /// norm in its own launch.
+    pub(super) fn moe_step(
+        &self,
+        experts: &mut CudaExperts,
+        layer: usize,
+        x: &DevAct,
+        routes: &DevRoutes,
+        out: &mut DevAct,
+        tail: Option<AddNormTo<'_, Self>>,
+    ) -> Result<(), EngineError> {
+        self.all_resident.set(experts.resident_all());
+        if x.rows() > 1 && self.kernels.grouped(experts.spec()) {
+            self.moe_grouped(experts, layer, x, routes, out)?;
+            return self.then_add_norm(out, tail);
+        }
+        if !experts.resident_all() {
+            let (ids, _) = routes.to_host(&self.kernels)?;
+            let cap = experts.step_capacity();
+            let mut distinct = ids.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if distinct.len() > cap {
+                self.moe_in_groups(experts, layer, x, routes, &ids, out)?;
+                return self.then_add_norm(out, tail);
+            }
+            experts.ensure(layer, &ids)?;
+        } else {
+            experts.ensure(layer, &[])?;
+        }
+        if self.fused_norm.get() && x.rows() == 1 {
+            return self.moe_rows(experts, layer, x, routes, out, tail);
+        }
+        self.moe_rows(experts, layer, x, routes, out, None)?;
+        self.then_add_norm(out, tail)
+    }
+
+    /// `tail`'s residual add and norm of `y`, if any.
+    fn then_add_norm(
+        &self,
+        y: &DevAct,
+        tail: Option<AddNormTo<'_, Self>>,
+    ) -> Result<(), EngineError> {
+        match tail {
+            Some(t) => self.add_norm(t.resid, y, t.norm, t.eps, t.out),
+            None => Ok(()),
+        }
+    }
+
+    /// The routed experts of every row, all of whose records are readable
+    /// (with `tail`, the down product's launch also adds `out` into the
+    /// residual stream and norms it).
     pub(super) fn moe_rows(
         &self,
         experts: &mut CudaExperts,
@@ -58,6 +114,7 @@ impl CudaDevice {
         x: &DevAct,
         routes: &DevRoutes,
         out: &mut DevAct,
+        tail: Option<AddNormTo<'_, Self>>,
     ) -> Result<(), EngineError> {
         let spec = *experts.spec();
         let pairs = x.rows() * routes.top_k();
@@ -66,16 +123,25 @@ impl CudaDevice {
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
         self.timed(OpClass::Experts, bytes, || {
-            Ok(self.kernels.moe(
-                experts.slots(),
-                base,
-                per_layer,
-                routes,
-                &spec,
-                x,
-                &mut act,
-                out,
-            )?)
+            let slots = experts.slots();
+            match tail {
+                Some(t) => {
+                    let into = AddNormInto {
+                        resid: t.resid,
+                        norm: t.norm,
+                        eps: t.eps,
+                        out: t.out,
+                    };
+                    let ops = (&mut act, out);
+                    self.kernels
+                        .moe_add_norm(slots, base, per_layer, routes, &spec, x, ops, into)?;
+                }
+                None => {
+                    self.kernels
+                        .moe(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
+                }
+            }
+            Ok(())
         })?;
         experts.consumed()
     }
@@ -186,7 +252,7 @@ impl CudaDevice {
                 .kernels
                 .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
             let mut yr = self.zeros(1, h)?;
-            self.moe_rows(experts, layer, &xr, &one, &mut yr)?;
+            self.moe_rows(experts, layer, &xr, &one, &mut yr, None)?;
             all.extend(yr.to_host(self.gpu.stream())?);
         }
         out.upload(self.gpu.stream(), &all)?;

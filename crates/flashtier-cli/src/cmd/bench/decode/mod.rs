@@ -50,7 +50,7 @@ use serde::Serialize;
 
 use crate::kit::{self, parse_bytes};
 use measure::{measure_limits, probe_before, profile, streamed_bound};
-use report::{Report, emit, hf_runs, mode_run, speedups};
+use report::{Report, StepKernels, emit, hf_runs, mode_run, speedups};
 
 /// A decode mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -270,6 +270,7 @@ fn run_mode(
     }
     match mode {
         Mode::Resident => {
+            run.step_kernels = Some(step_kernels(&mut m, &out.generated_ids)?);
             report.roofline = Some(profile(&mut m, args, &report.limits, run.tokens_per_sec)?);
             if args.prefill > 0 {
                 m.reset()?;
@@ -301,6 +302,21 @@ fn run_mode(
     run.mode = mode.name().to_owned();
     report.runs.push(run);
     Ok(())
+}
+
+/// The kernels of one more decode step after the timed ones, fed the last
+/// generated token, as the launch path counted them.
+fn step_kernels(m: &mut Model<CudaDevice>, generated: &[u32]) -> anyhow::Result<StepKernels> {
+    let before = m.device().graph_stats();
+    m.forward(&[generated.last().copied().unwrap_or(0)], false)?;
+    let after = m.device().graph_stats();
+    let direct = after.direct_kernels - before.direct_kernels;
+    let in_graphs = after.graph_kernels - before.graph_kernels;
+    Ok(StepKernels {
+        kernels: direct + in_graphs,
+        in_graphs,
+        graph_launches: after.graph_launches - before.graph_launches,
+    })
 }
 
 fn store_path(args: &Args) -> PathBuf {

@@ -27,8 +27,23 @@ pub(super) struct Run {
     pub(super) miss_bytes_per_token: f64,
     pub(super) h2d_bytes_per_token: f64,
     pub(super) stall_fraction: f64,
+    /// Share of the decode time the host spent issuing the steps' work
+    /// before waiting on each step's token.
+    pub(super) issue_fraction: Option<f64>,
     tiers: Option<TierStats>,
     generated_ids: Vec<u32>,
+    /// Kernels one decode step ran (resident mode: one step more after the
+    /// timed ones, counted by the launch path), and how many of them ran
+    /// inside graph replays.
+    pub(super) step_kernels: Option<StepKernels>,
+}
+
+/// The kernels of one decode step ([`Run::step_kernels`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct StepKernels {
+    pub(super) kernels: u64,
+    pub(super) in_graphs: u64,
+    pub(super) graph_launches: u64,
 }
 
 /// The whole report, as `--json` prints it.
@@ -108,8 +123,10 @@ pub(super) fn mode_run(
         } else {
             0.0
         },
+        issue_fraction: out.decode_issue_secs.map(|s| s / out.decode_secs.max(1e-9)),
         tiers: Some(tiers),
         generated_ids: out.generated_ids.clone(),
+        step_kernels: None,
     }
 }
 
@@ -237,6 +254,20 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
             x.h2d_bytes_per_token / 1e6,
             100.0 * x.stall_fraction
         );
+        if let Some(f) = x.issue_fraction {
+            println!(
+                "{:>9}  host issuing the steps {:.0}% of the decode time, waiting on their tokens {:.0}%",
+                "",
+                100.0 * f,
+                100.0 * (1.0 - f)
+            );
+        }
+        if let Some(k) = x.step_kernels {
+            println!(
+                "{:>9}  {} kernels a step, {} of them in {} graph launches",
+                "", k.kernels, k.in_graphs, k.graph_launches
+            );
+        }
     }
     if let Some(rf) = &r.roofline {
         println!(
