@@ -144,8 +144,31 @@ fn kernels(m: &Model<CudaDevice>) -> u64 {
 /// product's) against their own launches: the same bits at every step, in
 /// fewer kernels, so the fused launches did run.
 fn fusion(name: &str) {
-    if !gpu_or_skip(&format!("gpu_engine_graphs fusion {name}")) {
+    let fused = |d: &CudaDevice| d.set_fusion(true, true);
+    let Some((p, f)) = against_plain(name, "fused launches", &fused) else {
         return;
+    };
+    assert!(
+        f < p,
+        "{name}: fusion ran no fewer kernels ({f} against {p})"
+    );
+}
+
+/// The down product asking L2 for the next layer's q/k/v weights (a hint)
+/// against the step without it: the same bits at every step.
+fn prefetch_next(name: &str) {
+    let hinted = |d: &CudaDevice| d.set_prefetch_next(true);
+    let Some((p, h)) = against_plain(name, "next layer's weights prefetched", &hinted) else {
+        return;
+    };
+    assert_eq!(p, h, "{name}: the hint rides in the down product's launch");
+}
+
+/// Decode with the default device and with `set` applied: every step's
+/// logits the same bits; the kernels each ran (`None`: no GPU, skipped).
+fn against_plain(name: &str, what: &str, set: &dyn Fn(&CudaDevice)) -> Option<(u64, u64)> {
+    if !gpu_or_skip(&format!("gpu_engine_graphs {what} {name}")) {
+        return None;
     }
     let dir = fixture(name);
     let r = reference(&dir);
@@ -163,24 +186,19 @@ fn fusion(name: &str) {
     };
     let mut plain = load_cuda(&dir, &store, &opts).unwrap();
     plain.device().set_fusion(false, false);
+    plain.device().set_prefetch_next(false);
     let mut fused = load_cuda(&dir, &store, &opts).unwrap();
-    fused.device().set_fusion(true, true);
+    set(fused.device());
     let (p0, f0) = (kernels(&plain), kernels(&fused));
     let want = decode(&mut plain, &r.prompt);
     let got = decode(&mut fused, &r.prompt);
     let (p, f) = (kernels(&plain) - p0, kernels(&fused) - f0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let same = g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(
-            same,
-            "{name}: step {i}: logits differ with the fused launches"
-        );
+        assert!(same, "{name}: step {i}: logits differ with the {what}");
     }
-    println!("{name}: {p} kernels in own launches, {f} fused");
-    assert!(
-        f < p,
-        "{name}: fusion ran no fewer kernels ({f} against {p})"
-    );
+    println!("{name}: {p} kernels by default, {f} with the {what}");
+    Some((p, f))
 }
 
 #[test]
@@ -196,4 +214,14 @@ fn mixtral_fused_steps_equal_their_own_launches() {
 #[test]
 fn deepseek_v3_fused_steps_equal_their_own_launches() {
     fusion("deepseek_v3");
+}
+
+#[test]
+fn qwen3_moe_prefetched_next_weights_change_no_bit() {
+    prefetch_next("qwen3_moe");
+}
+
+#[test]
+fn qwen2_moe_prefetched_next_weights_change_no_bit() {
+    prefetch_next("qwen2_moe");
 }

@@ -132,6 +132,7 @@ impl DecodeKernels {
             act,
             out,
             Some(tail),
+            None,
         )
     }
 }

@@ -14,10 +14,11 @@ use super::buffers::DevMatrix;
 use crate::error::CudaError;
 use crate::launch::{Args, KernelArg};
 
-/// Up to four byte ranges (the C layout of `struct Spans`).
+/// Up to four byte ranges of device matrices to ask L2 for (the C layout
+/// of `struct Spans`), made by [`DecodeKernels::spans`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct Spans {
+pub struct Spans {
     p: [u64; 4],
     len: [i64; 4],
 }
@@ -30,6 +31,13 @@ impl DecodeKernels {
     /// Ask L2 for the stored bytes of `ws` (at most four; FP8 scales are
     /// left out). A hint: it changes no result.
     pub fn prefetch(&self, ws: &[&DevMatrix]) -> Result<(), CudaError> {
+        let s = self.spans(ws)?;
+        self.prefetch_spans(s)
+    }
+
+    /// The stored bytes of `ws` (one to four matrices) as spans, for a
+    /// prefetch launched later ([`Self::prefetch_spans`]).
+    pub fn spans(&self, ws: &[&DevMatrix]) -> Result<Spans, CudaError> {
         if ws.is_empty() || ws.len() > 4 {
             return Err(CudaError::invalid(
                 "prefetch",
@@ -41,6 +49,13 @@ impl DecodeKernels {
             s.p[q] = super::addr(&self.gpu, w.data(), 0);
             s.len[q] = w.data().len() as i64;
         }
+        Ok(s)
+    }
+
+    /// Ask L2 for the bytes of `s`. The matrices `s` was made from must
+    /// still be allocated when the launch runs (the model's weights are,
+    /// for as long as it decodes).
+    fn prefetch_spans(&self, s: Spans) -> Result<(), CudaError> {
         let cfg = LaunchConfig {
             grid_dim: (self.gpu.info().sm_count.max(1), 1, 1),
             block_dim: (256, 1, 1),
@@ -49,8 +64,8 @@ impl DecodeKernels {
         let mut a = Args::new();
         a.push(s);
         // SAFETY: matches `prefetch_spans`; span q is matrix q's whole data
-        // buffer (its stored bytes), and the kernel only issues prefetches
-        // of lines that start inside a span.
+        // buffer (its stored bytes, still allocated: see above), and the
+        // kernel only issues prefetches of lines that start inside a span.
         unsafe { self.launch("prefetch_spans", cfg, a) }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::buffers::DevAct;
 use super::experts::{ExpertSlots, ExpertSpec};
+use super::hint::Spans;
 use super::route::DevRoutes;
 use super::{DecodeKernels, blocks_cfg};
 use crate::error::CudaError;
@@ -26,7 +27,31 @@ impl DecodeKernels {
         act: &mut DevAct,
         out: &mut DevAct,
     ) -> Result<(), CudaError> {
-        self.moe_then(slots, layer_base, experts, routes, spec, x, act, out, None)
+        self.moe_then(
+            slots, layer_base, experts, routes, spec, x, act, out, None, None,
+        )
+    }
+
+    /// [`Self::moe`] with an L2 prefetch of `between` issued by the down
+    /// product's blocks before they wait on the gate/up product (the
+    /// weights a later kernel of the step reads, coming in while the down
+    /// product leaves read bandwidth unused). A hint: the same bits as
+    /// [`Self::moe`]. The matrices of `between` must outlive the launch.
+    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
+    pub fn moe_between(
+        &self,
+        slots: &ExpertSlots,
+        layer_base: usize,
+        experts: usize,
+        routes: &DevRoutes,
+        spec: &ExpertSpec,
+        x: &DevAct,
+        (act, out): (&mut DevAct, &mut DevAct),
+        between: Option<Spans>,
+    ) -> Result<(), CudaError> {
+        self.moe_then(
+            slots, layer_base, experts, routes, spec, x, act, out, None, between,
+        )
     }
 
     /// [`Self::moe`], the down product's launch followed by `tail` (the
@@ -43,6 +68,7 @@ impl DecodeKernels {
         act: &mut DevAct,
         out: &mut DevAct,
         tail: Option<super::fold::AddNorm>,
+        between: Option<Spans>,
     ) -> Result<(), CudaError> {
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
@@ -106,7 +132,8 @@ impl DecodeKernels {
             .push(i)
             .push(geo)
             .push(vec)
-            .buf(g, out.buf());
+            .buf(g, out.buf())
+            .push(between.unwrap_or_default());
         let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
         let name = match tail {
             Some(t) => {
@@ -116,7 +143,9 @@ impl DecodeKernels {
             None => format!("moe_down_{sfx}"),
         };
         // SAFETY: as above, reading act (pairs x inter) and the routed
-        // weights (rows x top_k), writing out (rows x hidden); each row's
+        // weights (rows x top_k), writing out (rows x hidden), prefetching
+        // only lines inside `between`'s spans (allocated matrices, or
+        // empty); each row's
         // experts are summed in routed (ascending id) order; top_k <=
         // MAX_TOP_K fits the kernel's shared products. With a tail, its
         // buffers are rows x hidden (checked where it was made) and its

@@ -306,6 +306,15 @@ pub trait Device {
         let _ = ws;
         Ok(())
     }
+    /// A hint that `ws` (model weights) are read after the next routed
+    /// experts: the device may ask for them while that expert step runs
+    /// (the CUDA device between its gate/up and down products, in recorded
+    /// steps, with `FLASHTIER_PREFETCH_NEXT=1`); never changes a result.
+    /// The next expert step takes the hint or drops it.
+    fn prefetch_after_experts(&self, ws: &[&Self::Mat]) -> Result<(), EngineError> {
+        let _ = ws;
+        Ok(())
+    }
     /// `x[r] += b` for every row.
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), EngineError>;
     /// `gate = silu(gate) * up`.

@@ -170,6 +170,13 @@ pub fn decoder_layers<D: Device>(
             eps,
             out: &mut normed,
         };
+        // The next layer's q/k/v weights may come in while this layer's
+        // routed experts run (a hint; see `Device::prefetch_after_experts`).
+        if let (Ffn::Sparse(_), Some(Attention::Gqa(g))) =
+            (&layer.ffn, w.layers.get(i + 1).map(|l| &l.attn))
+        {
+            dev.prefetch_after_experts(&[&g.q_proj, &g.k_proj, &g.v_proj])?;
+        }
         match &layer.ffn {
             Ffn::Dense(d) => d.forward_into(dev, &mid, to)?,
             Ffn::Sparse(s) => s.forward(st, i, &mid, next_sparse(w, i), to)?,

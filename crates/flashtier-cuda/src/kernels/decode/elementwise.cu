@@ -146,8 +146,10 @@ GEMV_NORM(gemv1_norm_fp8, 3)
 #define MOE_DOWN_NORM(DT, SUFFIX)                                                              \
     extern "C" __global__ void DOWN_BOUNDS moe_down_norm_##SUFFIX(                             \
         const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
-        const float* act, int hidden, int inter, Expert e, int vec, float* out, AddNorm an) {   \
-        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
+        const float* act, int hidden, int inter, Expert e, int vec, float* out, Spans next,     \
+        AddNorm an) {                                                                           \
+        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out,   \
+                     next);                                                                     \
         add_norm_tail(an, out);                                                                 \
     }
 MOE_DOWN_NORM(0, bf16)
@@ -319,11 +321,6 @@ argmax_grid(const float* x, int n, int per_block, float* part_v, int* part_i, u3
 // leave HBM idle): issued before the wait (they are weights, no kernel's
 // output), so they overlap the kernel before; computes nothing. Thread t
 // of the grid asks for lines t, t + threads, ... of each range.
-struct Spans {
-    const u8* p[4];
-    long long len[4];
-};
-
 extern "C" __global__ void __launch_bounds__(256) prefetch_spans(Spans s) {
     const long long step = (long long)gridDim.x * blockDim.x * 128;
     const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 128;

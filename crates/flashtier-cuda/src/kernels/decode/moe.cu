@@ -121,7 +121,7 @@ static __device__ __forceinline__ void warp_rows_dots(const Mat& a, int m0, int 
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
                                 const float* weights, int top_k, const float* act, int hidden,
-                                int inter, Expert e, int vec, float* out) {
+                                int inter, Expert e, int vec, float* out, const Spans& next) {
     __shared__ float part[DOWN_ROWS][MAX_TOPK];
     const int r = blockIdx.y, i0 = blockIdx.x * DOWN_ROWS;
     const int rows = min(DOWN_ROWS, hidden - i0);
@@ -140,6 +140,9 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
             prefetch_l2((const u8*)base + e.down_off + (long long)i0 * rb +
                         (long long)(u % lines) * 128);
     }
+    // Weights a later kernel reads (the next layer's q/k/v, when the host
+    // passes them): the down product leaves read bandwidth unused.
+    grid_prefetch(next);
     pdl_enter();
     for (int j = warp; j < top_k; j += blockDim.x / WARP) {
         const long long p = (long long)r * top_k + j;
@@ -186,8 +189,9 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
     }                                                                                           \
     extern "C" __global__ void DOWN_BOUNDS moe_down_##SUFFIX(                 \
         const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
-        const float* act, int hidden, int inter, Expert e, int vec, float* out) {               \
-        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
+        const float* act, int hidden, int inter, Expert e, int vec, float* out, Spans next) {   \
+        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out,   \
+                     next);                                                                     \
     }
 MOE(0, bf16)
 MOE(1, f16)

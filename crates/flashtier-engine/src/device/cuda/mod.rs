@@ -51,6 +51,7 @@ use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::{FUSED_MAX_DIM, RopeStep};
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::fold::AddNormInto;
+use flashtier_cuda::ops::hint::Spans;
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_cuda::{Gpu, GraphStats};
@@ -102,6 +103,12 @@ pub struct CudaDevice {
     fused_router: bool,
     /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
     prefetch_on: bool,
+    /// Take [`Device::prefetch_after_experts`] hints
+    /// (`FLASHTIER_PREFETCH_NEXT=1`; off by default).
+    prefetch_next: Cell<bool>,
+    /// The hint the next expert step launches between its gate/up and
+    /// down products (spans of model weights, which outlive every step).
+    staged: Cell<Option<Spans>>,
     /// A decode row's q/k norm, RoPE and KV append inside its attention's
     /// launch (`FLASHTIER_FUSED_ATTENTION=1`; off by default: on the H200
     /// it measured no faster, docs/benchmarks.md; the same bits either way).
@@ -134,6 +141,10 @@ impl CudaDevice {
             kv_budget: RefCell::new(None),
             fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
             prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
+            prefetch_next: Cell::new(
+                std::env::var("FLASHTIER_PREFETCH_NEXT").is_ok_and(|v| v == "1"),
+            ),
+            staged: Cell::new(None),
             fused_attention: Cell::new(
                 std::env::var("FLASHTIER_FUSED_ATTENTION").is_ok_and(|v| v == "1"),
             ),
@@ -149,6 +160,13 @@ impl CudaDevice {
     pub fn set_fusion(&self, attention: bool, norm: bool) {
         self.fused_attention.set(attention);
         self.fused_norm.set(norm);
+    }
+
+    /// Have the routed experts' down product ask L2 for the next layer's
+    /// q/k/v weights (`FLASHTIER_PREFETCH_NEXT=1`; off by default). A hint:
+    /// the same bits either way.
+    pub fn set_prefetch_next(&self, on: bool) {
+        self.prefetch_next.set(on);
     }
 
     /// Record one-token steps as CUDA graphs (on by default; off, every
@@ -422,6 +440,13 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.timed(OpClass::Other, 0, || Ok(self.kernels.prefetch(ws)?))
+    }
+
+    fn prefetch_after_experts(&self, ws: &[&DevMatrix]) -> Result<(), EngineError> {
+        if self.prefetch_on && self.prefetch_next.get() && self.gpu.recording() && !ws.is_empty() {
+            self.staged.set(Some(self.kernels.spans(ws)?));
+        }
+        Ok(())
     }
 
     fn hints_wanted(&self, experts: &CudaExperts) -> bool {

@@ -12,6 +12,7 @@
 
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
 use flashtier_cuda::ops::fold::AddNormInto;
+use flashtier_cuda::ops::hint::Spans;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
@@ -67,6 +68,8 @@ impl CudaDevice {
         tail: Option<AddNormTo<'_, Self>>,
     ) -> Result<(), EngineError> {
         self.all_resident.set(experts.resident_all());
+        // A staged hint goes with this step's one-row products or nowhere.
+        let between = self.staged.take();
         if x.rows() > 1 && self.kernels.grouped(experts.spec()) {
             self.moe_grouped(experts, layer, x, routes, out)?;
             return self.then_add_norm(out, tail);
@@ -86,9 +89,9 @@ impl CudaDevice {
             experts.ensure(layer, &[])?;
         }
         if self.fused_norm.get() && x.rows() == 1 {
-            return self.moe_rows(experts, layer, x, routes, out, tail);
+            return self.moe_rows(experts, layer, x, routes, out, tail, None);
         }
-        self.moe_rows(experts, layer, x, routes, out, None)?;
+        self.moe_rows(experts, layer, x, routes, out, None, between)?;
         self.then_add_norm(out, tail)
     }
 
@@ -106,7 +109,12 @@ impl CudaDevice {
 
     /// The routed experts of every row, all of whose records are readable
     /// (with `tail`, the down product's launch also adds `out` into the
-    /// residual stream and norms it).
+    /// residual stream and norms it; `between`: an L2 prefetch launched
+    /// between the gate/up and down products).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the step's operands and its two optional riders"
+    )]
     pub(super) fn moe_rows(
         &self,
         experts: &mut CudaExperts,
@@ -115,6 +123,7 @@ impl CudaDevice {
         routes: &DevRoutes,
         out: &mut DevAct,
         tail: Option<AddNormTo<'_, Self>>,
+        between: Option<Spans>,
     ) -> Result<(), EngineError> {
         let spec = *experts.spec();
         let pairs = x.rows() * routes.top_k();
@@ -137,8 +146,9 @@ impl CudaDevice {
                         .moe_add_norm(slots, base, per_layer, routes, &spec, x, ops, into)?;
                 }
                 None => {
+                    let ops = (&mut act, out);
                     self.kernels
-                        .moe(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
+                        .moe_between(slots, base, per_layer, routes, &spec, x, ops, between)?;
                 }
             }
             Ok(())
@@ -252,7 +262,7 @@ impl CudaDevice {
                 .kernels
                 .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
             let mut yr = self.zeros(1, h)?;
-            self.moe_rows(experts, layer, &xr, &one, &mut yr, None)?;
+            self.moe_rows(experts, layer, &xr, &one, &mut yr, None, None)?;
             all.extend(yr.to_host(self.gpu.stream())?);
         }
         out.upload(self.gpu.stream(), &all)?;
