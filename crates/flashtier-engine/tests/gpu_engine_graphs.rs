@@ -16,7 +16,7 @@ use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda};
 
-use common::{fixture, pack, reference};
+use common::{Reference, fixture, pack, reference};
 
 const STEPS: usize = 12;
 
@@ -52,10 +52,16 @@ fn decode(m: &mut Model<CudaDevice>, prompt: &[u32]) -> Vec<Vec<f32>> {
     steps
 }
 
-fn check(name: &str) {
-    if !gpu_or_skip(&format!("gpu_engine_graphs {name}")) {
-        return;
-    }
+/// Fixture `name`'s reference, its packed store (kept while the models
+/// run) and two GPU models of it with every expert resident.
+fn two_models(
+    name: &str,
+) -> (
+    Reference,
+    tempfile::TempDir,
+    Model<CudaDevice>,
+    Model<CudaDevice>,
+) {
     let dir = fixture(name);
     let r = reference(&dir);
     let tmp = tempfile::tempdir().unwrap();
@@ -70,9 +76,17 @@ fn check(name: &str) {
             in_place: false,
         },
     };
-    let mut eager = load_cuda(&dir, &store, &opts).unwrap();
+    let a = load_cuda(&dir, &store, &opts).unwrap();
+    let b = load_cuda(&dir, &store, &opts).unwrap();
+    (r, tmp, a, b)
+}
+
+fn check(name: &str) {
+    if !gpu_or_skip(&format!("gpu_engine_graphs {name}")) {
+        return;
+    }
+    let (r, _tmp, mut eager, mut graphs) = two_models(name);
     eager.device().set_graphs(false);
-    let mut graphs = load_cuda(&dir, &store, &opts).unwrap();
     graphs.device().gpu().set_segment_launches(16);
     assert!(graphs.experts().resident_all(), "{name}: every record fits");
     let want = decode(&mut eager, &r.prompt);
@@ -170,24 +184,9 @@ fn against_plain(name: &str, what: &str, set: &dyn Fn(&CudaDevice)) -> Option<(u
     if !gpu_or_skip(&format!("gpu_engine_graphs {what} {name}")) {
         return None;
     }
-    let dir = fixture(name);
-    let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    let report = pack(&dir, tmp.path());
-    let store = LoadOptions::store(&report.out);
-    let opts = GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: None,
-            ram_bytes: 0,
-            in_place: false,
-        },
-    };
-    let mut plain = load_cuda(&dir, &store, &opts).unwrap();
+    let (r, _tmp, mut plain, mut fused) = two_models(name);
     plain.device().set_fusion(false, false);
     plain.device().set_prefetch_next(false);
-    let mut fused = load_cuda(&dir, &store, &opts).unwrap();
     set(fused.device());
     let (p0, f0) = (kernels(&plain), kernels(&fused));
     let want = decode(&mut plain, &r.prompt);
