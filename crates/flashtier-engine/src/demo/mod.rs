@@ -9,9 +9,11 @@
 //! Steps: [`write_checkpoint`] -> [`pack_experts`] -> `reps` interleaved
 //! repetitions of { drive probe (direct reads of whole pseudo-random records
 //! at the pool's queue depth, a new set each time) -> streamed decode with a
-//! cold pool, every read logged -> replay of that log (the drive on the
-//! decode's own offsets, queue depth kept full) } -> the CPU decode on the
-//! mapped backing -> a last probe.
+//! cold pool of the repetition's own prompt (a different token walk, so a
+//! repetition does not re-read the offsets the one before read), every read
+//! logged -> replay of that log (the drive on the decode's own offsets,
+//! queue depth kept full) } -> the CPU decode of each repetition's prompt on
+//! the mapped backing -> a last probe.
 //!
 //! The I/O bound is `probe bytes/s / bytes read per token` with the median
 //! probe. A virtual disk whose host caches what was written or read serves
@@ -273,7 +275,8 @@ pub struct DemoReport {
     pub replay_bytes_per_sec: f64,
     /// Streamed decode (slots backing, direct reads): the median repetition.
     pub streamed: DecodeRun,
-    /// The CPU reference: the same decode on the mapped (page-cache) backing.
+    /// The CPU reference: the median repetition's decode on the mapped
+    /// (page-cache) backing.
     pub mapped: DecodeRun,
     /// Tokens/s the drive allows for the streamed decode's reads: experts
     /// at `drive_bytes_per_sec` plus, for Qwen4-Exp, rows at
@@ -287,7 +290,8 @@ pub struct DemoReport {
     /// `streamed.tokens_per_sec` over the bound from replaying its own reads
     /// (which the host's cache may serve).
     pub fraction_of_replay_bound: f64,
-    /// Both decodes produced the same tokens.
+    /// Every repetition's streamed decode produced the tokens of the CPU
+    /// reference on its prompt.
     pub same_tokens: bool,
     /// Qwen4-Exp's PLE rows: the tables, the budget and the row probes.
     pub rows: Option<RowsReport>,
@@ -310,9 +314,16 @@ pub fn run_decode_demo(
     let expert_bytes = store.payload_bytes() * records;
     let budget_bytes = ((stride * records) as f64 * opts.budget_fraction) as u64;
     let vocab = opts.model.vocab().max(1);
-    let prompt: Vec<u32> = (0..opts.prompt_len as u64)
-        .map(|i| ((i * 7919 + 13) % vocab) as u32)
-        .collect();
+    // Each repetition decodes its own prompt (the base one shifted by a
+    // share of the vocabulary), so no repetition replays the reads of the
+    // one before: the host's cache of a virtual disk would serve those.
+    let reps_n = opts.reps.max(1);
+    let prompt_of = |rep: usize| -> Vec<u32> {
+        let shift = rep as u64 * (vocab / (reps_n as u64 + 1));
+        (0..opts.prompt_len as u64)
+            .map(|i| ((i * 7919 + 13 + shift) % vocab) as u32)
+            .collect()
+    };
     let rows = packed.as_ref().map(|p| PleRowOptions {
         dir: p.dir.clone(),
         budget_bytes: p.budget_bytes,
@@ -320,16 +331,17 @@ pub fn run_decode_demo(
     let run = DecodeSetup {
         model: &model_dir,
         store: &store_path,
-        prompt: &prompt,
         budget_bytes,
+        opts,
+        progress,
     };
     // Interleaved repetitions (the machine and its drive are shared, single
     // runs are noisy): probes, streamed decode (cold pool, reads logged),
     // replay of its reads; medians are reported.
     let mut probes = Vec::with_capacity(opts.reps + 1);
     let mut row_probes = Vec::with_capacity(opts.reps + 1);
-    let mut reps: Vec<(f64, f64, DecodeRun)> = Vec::with_capacity(opts.reps);
-    for rep in 0..opts.reps.max(1) {
+    let mut reps: Vec<(f64, f64, DecodeRun, usize)> = Vec::with_capacity(reps_n);
+    for rep in 0..reps_n {
         let round = rep as u64;
         let probe = probe_drive(&store, &store_path, opts, round, progress)?;
         probes.push(probe);
@@ -342,12 +354,11 @@ pub fn run_decode_demo(
             opts.queue_depth.max(1),
         )?)));
         let streamed = run.decode(
+            &prompt_of(rep),
             opts.placement,
             Backing::Slots,
             logger.clone(),
             rows.as_ref(),
-            opts,
-            progress,
         )?;
         let replay_bw = read_extents(
             &store_path,
@@ -358,10 +369,21 @@ pub fn run_decode_demo(
         )?
         .bytes_per_sec();
         let fraction = streamed.tokens_per_sec / io_bound(&streamed, probe, row_probe);
-        reps.push((fraction, replay_bw, streamed));
+        reps.push((fraction, replay_bw, streamed, rep));
     }
-    let plain = Arc::new(PosixBackend::new(opts.queue_depth.max(1))?);
-    let mapped = run.decode(Placement::Cpu, Backing::Mapped, plain, None, opts, progress)?;
+    // The CPU reference of every repetition's prompt, after all of them
+    // (its page-cache reads would warm the host's cache for the next).
+    let mut mapped_runs = Vec::with_capacity(reps_n);
+    for rep in 0..reps_n {
+        let plain = Arc::new(PosixBackend::new(opts.queue_depth.max(1))?);
+        let prompt = prompt_of(rep);
+        mapped_runs.push(run.decode(&prompt, Placement::Cpu, Backing::Mapped, plain, None)?);
+    }
+    let same_tokens = reps.iter().all(|r| {
+        mapped_runs
+            .get(r.3)
+            .is_some_and(|m| m.generated_ids == r.2.generated_ids)
+    });
     let last = probe_drive(&store, &store_path, opts, opts.reps as u64, progress)?;
     probes.push(last);
     if let Some(p) = &packed {
@@ -371,7 +393,8 @@ pub fn run_decode_demo(
     let row_drive = packed.as_ref().map(|_| median(&row_probes));
     let fractions: Vec<f64> = reps.iter().map(|r| r.0).collect();
     reps.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (_, replay_bw, streamed) = reps.swap_remove(reps.len() / 2);
+    let (_, replay_bw, streamed, median_rep) = reps.swap_remove(reps.len() / 2);
+    let mapped = mapped_runs.swap_remove(median_rep);
     let bound = io_bound(&streamed, drive, row_drive);
     let replay_bound = io_bound(&streamed, replay_bw, row_drive);
     Ok(DemoReport {
@@ -384,7 +407,7 @@ pub fn run_decode_demo(
         fractions_of_io_bound: fractions,
         bound: Bound::of(streamed.tokens_per_sec, bound),
         fraction_of_replay_bound: streamed.tokens_per_sec / replay_bound,
-        same_tokens: streamed.generated_ids == mapped.generated_ids,
+        same_tokens,
         rows: packed.map(|p| RowsReport::new(p, row_probes)),
         streamed,
         mapped,
@@ -521,8 +544,9 @@ fn probe_drive(
 struct DecodeSetup<'a> {
     model: &'a Path,
     store: &'a Path,
-    prompt: &'a [u32],
     budget_bytes: u64,
+    opts: &'a DemoOptions,
+    progress: &'a (dyn Fn(DemoProgress) + Sync),
 }
 
 impl DecodeSetup<'_> {
@@ -531,13 +555,13 @@ impl DecodeSetup<'_> {
     /// is a drive read landing through pinned staging.
     fn decode(
         &self,
+        prompt: &[u32],
         placement: Placement,
         backing: Backing,
         backend: Arc<dyn StorageBackend>,
         rows: Option<&PleRowOptions>,
-        opts: &DemoOptions,
-        progress: &(dyn Fn(DemoProgress) + Sync),
     ) -> Result<DecodeRun, EngineError> {
+        let (opts, progress) = (self.opts, self.progress);
         let mut load = LoadOptions::store(self.store).budget(self.budget_bytes);
         load.backing = backing;
         load.queue_depth = opts.queue_depth;
@@ -560,7 +584,7 @@ impl DecodeSetup<'_> {
         };
         let total = opts.tokens as u64;
         let mut done = 0u64;
-        let out = engine.generate(self.prompt, opts.tokens, &[], false, |_| {
+        let out = engine.generate(prompt, opts.tokens, &[], false, |_| {
             done += 1;
             progress(DemoProgress { phase, done, total });
         })?;
