@@ -10,7 +10,7 @@
 //! repetitions of { drive probe (direct reads of whole pseudo-random records
 //! at the pool's queue depth, a new set each time) -> streamed decode with a
 //! cold pool of the repetition's own prompt (a different token walk, so a
-//! repetition does not re-read the offsets the one before read), every read
+//! repetition does not replay the reads of the one before), every read
 //! logged -> replay of that log (the drive on the decode's own offsets,
 //! queue depth kept full) } -> the CPU decode of each repetition's prompt on
 //! the mapped backing -> a last probe.
