@@ -263,6 +263,10 @@ impl Bound {
 /// What the demo measured.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DemoReport {
+    /// The probes' first round: repetition `r` probes round `probe_seed +
+    /// r` (records by `flashtier_io::record_extents`, row blocks by
+    /// `rows::probe_rows`), a new seed each run.
+    pub probe_seed: u64,
     /// Bytes of all expert records (payload).
     pub expert_bytes: u64,
     /// Expert budget in bytes.
@@ -341,8 +345,15 @@ pub fn run_decode_demo(
     let mut probes = Vec::with_capacity(opts.reps + 1);
     let mut row_probes = Vec::with_capacity(opts.reps + 1);
     let mut reps: Vec<(f64, f64, DecodeRun, usize)> = Vec::with_capacity(reps_n);
+    // The probes' records and row blocks differ from run to run as well
+    // (a run that reuses the folder would otherwise probe what the last
+    // one probed, which the host may still cache); the seed is reported.
+    let probe_seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     for rep in 0..reps_n {
-        let round = rep as u64;
+        let round = probe_seed.wrapping_add(rep as u64);
         let probe = probe_drive(&store, &store_path, opts, round, progress)?;
         probes.push(probe);
         let row_probe = packed
@@ -384,10 +395,11 @@ pub fn run_decode_demo(
             .get(r.3)
             .is_some_and(|m| m.generated_ids == r.2.generated_ids)
     });
-    let last = probe_drive(&store, &store_path, opts, opts.reps as u64, progress)?;
+    let last_round = probe_seed.wrapping_add(reps_n as u64);
+    let last = probe_drive(&store, &store_path, opts, last_round, progress)?;
     probes.push(last);
     if let Some(p) = &packed {
-        row_probes.push(rows::probe_rows(p, opts.reps as u64, progress)?);
+        row_probes.push(rows::probe_rows(p, last_round, progress)?);
     }
     let drive = median(&probes);
     let row_drive = packed.as_ref().map(|_| median(&row_probes));
@@ -398,6 +410,7 @@ pub fn run_decode_demo(
     let bound = io_bound(&streamed, drive, row_drive);
     let replay_bound = io_bound(&streamed, replay_bw, row_drive);
     Ok(DemoReport {
+        probe_seed,
         expert_bytes,
         budget_bytes,
         drive_probes_bytes_per_sec: probes,
