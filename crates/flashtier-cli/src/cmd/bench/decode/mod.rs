@@ -38,6 +38,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use flashtier_engine::Model;
 use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::device::KvState;
 use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda, resident_weight_bytes};
@@ -270,7 +271,11 @@ fn run_mode(
     }
     match mode {
         Mode::Resident => {
-            run.step_kernels = Some(step_kernels(&mut m, &out.generated_ids)?);
+            // A context already full leaves no room for the counted step:
+            // the report then goes without it.
+            if m.kv().len() < m.context_limit() {
+                run.step_kernels = Some(step_kernels(&mut m, &out.generated_ids)?);
+            }
             report.roofline = Some(profile(&mut m, args, &report.limits, run.tokens_per_sec)?);
             if args.prefill > 0 {
                 m.reset()?;
