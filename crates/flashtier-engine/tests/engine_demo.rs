@@ -140,6 +140,21 @@ fn tiny_qwen4_demo_streams_experts_and_rows() {
     assert_eq!(s.device, "cpu");
     assert!(s.fallback.as_deref().unwrap().contains("Qwen4-Exp"));
     assert!(report.io_bound_tokens_per_sec.is_finite());
+    // The posix backend meters the decode's expert reads: some time busy,
+    // never more reads in flight than the queue depth.
+    let busy = s.drive_busy_share.expect("posix meters its reads");
+    assert!(busy > 0.0 && busy <= 1.0, "{s:?}");
+    let depth = s.reads_in_flight_while_busy.unwrap();
+    assert!(
+        (1.0..=report.queue_depth as f64 + 1e-9).contains(&depth),
+        "{s:?}"
+    );
+    // The mapped reference reads through the page cache, on no backend.
+    assert!(
+        report.mapped.drive_busy_share.is_none_or(|b| b <= 1.0),
+        "{:?}",
+        report.mapped
+    );
     let seen = phases.into_inner().unwrap();
     assert!(seen.contains(&DemoPhase::PackRows), "{seen:?}");
 }

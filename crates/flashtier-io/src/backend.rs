@@ -12,6 +12,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
+use crate::activity::DriveActivity;
 use crate::buf::AlignedBuf;
 use crate::done::DoneQueue;
 use crate::error::IoError;
@@ -123,6 +124,13 @@ pub trait StorageBackend: Send + Sync {
 
     /// Write all of `src` at `offset` (blocking).
     fn write(&self, file: &StoreFile, offset: u64, src: &[u8]) -> Result<(), IoError>;
+
+    /// Totals of this backend's reads so far, for backends that meter them
+    /// (the thread-pool ones: posix, sim); `None` otherwise. Take two and
+    /// [`DriveActivity::since`] for a window's.
+    fn activity(&self) -> Option<DriveActivity> {
+        None
+    }
 
     /// Pre-register memory that reads will land in (io_uring fixed buffers).
     /// A no-op for backends that gain nothing from it.

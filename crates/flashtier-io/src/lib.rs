@@ -29,6 +29,7 @@ pub mod persist;
 pub mod prealloc;
 pub mod seqcopy;
 
+pub mod activity;
 pub mod backend;
 pub mod blocks;
 pub mod buf;
@@ -50,6 +51,7 @@ pub mod slots;
 pub mod uring;
 mod workers;
 
+pub use activity::DriveActivity;
 pub use backend::{
     Completer, DeviceSink, Drive, Landed, Landing, ReadReq, StorageBackend, Ticket, landing_ptr,
     read_blocking, read_blocking_with,

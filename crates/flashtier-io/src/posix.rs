@@ -48,6 +48,10 @@ impl StorageBackend for PosixBackend {
         Ok(self.workers.submit(reqs, |_| ()))
     }
 
+    fn activity(&self) -> Option<crate::DriveActivity> {
+        Some(self.workers.activity())
+    }
+
     fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
         Ok(self.workers.try_submit_ahead(reqs, |_| ()))
     }

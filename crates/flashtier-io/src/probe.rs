@@ -105,6 +105,10 @@ impl StorageBackend for LoggingBackend {
         self.inner.register_landing_region(region)
     }
 
+    fn activity(&self) -> Option<crate::DriveActivity> {
+        self.inner.activity()
+    }
+
     fn reap_on_caller(&self) -> bool {
         self.inner.reap_on_caller()
     }

@@ -278,6 +278,10 @@ impl StorageBackend for SimBackend {
         Ok(self.workers.submit(reqs, |req| self.plan_read(req)))
     }
 
+    fn activity(&self) -> Option<crate::DriveActivity> {
+        Some(self.workers.activity())
+    }
+
     fn read_ahead(&self, reqs: Vec<ReadReq>) -> Result<Option<Ticket>, IoError> {
         Ok(self
             .workers

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::activity::{ActivityMeter, DriveActivity};
 use crate::backend::{Completer, Landed, ReadReq, Ticket};
 use crate::error::IoError;
 use crate::posix::MAX_QUEUE_DEPTH;
@@ -49,6 +50,7 @@ pub(crate) struct ReadWorkers<X> {
     backend: &'static str,
     queue: Arc<JobQueue<Job<X>>>,
     workers: Vec<JoinHandle<()>>,
+    meter: Arc<ActivityMeter>,
 }
 
 impl<X: Send + 'static> ReadWorkers<X> {
@@ -68,15 +70,19 @@ impl<X: Send + 'static> ReadWorkers<X> {
             backend,
             queue,
             workers: Vec::with_capacity(queue_depth),
+            meter: Arc::new(ActivityMeter::new()),
         };
         for i in 0..queue_depth {
-            let (q, read) = (pool.queue.clone(), read.clone());
+            let (q, read, meter) = (pool.queue.clone(), read.clone(), pool.meter.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("ft-{backend}-{i}"))
                 .spawn(move || {
                     while let Some(job) = q.pop() {
                         job.done.mark_started();
-                        job.done.complete(job.idx, read(job.req, job.plan));
+                        meter.start();
+                        let landed = read(job.req, job.plan);
+                        meter.end();
+                        job.done.complete(job.idx, landed);
                     }
                 })
                 .map_err(|e| IoError::Backend {
@@ -86,6 +92,11 @@ impl<X: Send + 'static> ReadWorkers<X> {
             pool.workers.push(handle);
         }
         Ok(pool)
+    }
+
+    /// The workers' reads so far (see [`crate::activity`]).
+    pub(crate) fn activity(&self) -> DriveActivity {
+        self.meter.snapshot()
     }
 
     /// Queue every request of `reqs` (one ticket), `plan(req)` deciding

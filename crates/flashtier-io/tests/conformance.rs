@@ -659,3 +659,43 @@ fn reads_failing_at_submission_never_leave_the_next_waiting() -> anyhow::Result<
         Err(_) => anyhow::bail!("a read failing at submission never completed within 60 s"),
     }
 }
+
+/// The thread-pool backends meter their reads: every read counted, busy
+/// time no longer than the window, reads in flight while busy between one
+/// and the queue depth; the others report no activity.
+#[test]
+fn pool_backends_meter_their_reads() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (file, _) = make_file(dir.path(), "m.bin", 64 * UNIT)?;
+    let queue_depth = 4;
+    for b in backends(queue_depth)? {
+        let Some(before) = b.activity() else {
+            assert!(
+                b.name().starts_with("uring"),
+                "{} does not meter its reads",
+                b.name()
+            );
+            continue;
+        };
+        let started = std::time::Instant::now();
+        let reqs = (0..32)
+            .map(|i| host_req(&file, (i * 2 % 64) * UNIT, UNIT, i as u64))
+            .collect();
+        b.read(reqs)?;
+        let window = started.elapsed();
+        let after = b.activity().expect("metered once, metered always");
+        let d = after.since(&before);
+        assert_eq!(d.reads, 32, "{}", b.name());
+        assert!(d.busy > std::time::Duration::ZERO, "{}", b.name());
+        assert!(d.busy <= window, "{}: {d:?} in {window:?}", b.name());
+        let mean = d.mean_in_flight_while_busy();
+        assert!(
+            (1.0..=queue_depth as f64 + 1e-9).contains(&mean),
+            "{}: {mean} reads in flight",
+            b.name()
+        );
+        let share = d.busy_share(window);
+        assert!((0.0..=1.0).contains(&share), "{}: {share}", b.name());
+    }
+    Ok(())
+}

@@ -39,11 +39,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use flashtier_format::{Dtype, Store};
 use flashtier_io::{
-    LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents, record_extents,
+    DriveActivity, LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents,
+    record_extents,
 };
 
 use crate::device::cuda::experts::TierBudgets;
@@ -219,6 +220,14 @@ pub struct DecodeRun {
     /// Share of decode time the forward pass spent on rows (starting their
     /// prefetch, waiting for it, looking up).
     pub row_stall_fraction: Option<f64>,
+    /// Share of the decode with at least one expert read in flight (where
+    /// the backend meters its reads: posix, sim; see
+    /// [`flashtier_io::activity`]). The drive has nothing to do for the
+    /// rest: for Qwen4-Exp, chiefly while the LM head runs.
+    pub drive_busy_share: Option<f64>,
+    /// Expert reads in flight on average while any was (at most the queue
+    /// depth the drive probes use).
+    pub reads_in_flight_while_busy: Option<f64>,
 }
 
 /// How the streamed decode compares with the drive.
@@ -271,6 +280,8 @@ pub struct DemoReport {
     pub expert_bytes: u64,
     /// Expert budget in bytes.
     pub budget_bytes: u64,
+    /// Expert reads in flight at most, in the decode and in the probes.
+    pub queue_depth: usize,
     /// Drive read bandwidth, each probe (bytes/s).
     pub drive_probes_bytes_per_sec: Vec<f64>,
     /// Median of the probes (bytes/s).
@@ -413,6 +424,7 @@ pub fn run_decode_demo(
         probe_seed,
         expert_bytes,
         budget_bytes,
+        queue_depth: opts.queue_depth.max(1),
         drive_probes_bytes_per_sec: probes,
         drive_bytes_per_sec: drive,
         replay_bytes_per_sec: replay_bw,
@@ -578,7 +590,7 @@ impl DecodeSetup<'_> {
         let mut load = LoadOptions::store(self.store).budget(self.budget_bytes);
         load.backing = backing;
         load.queue_depth = opts.queue_depth;
-        load.backend = Some(backend);
+        load.backend = Some(backend.clone());
         let gpu = GpuOptions {
             kv: None,
             ordinal: 0,
@@ -597,15 +609,29 @@ impl DecodeSetup<'_> {
         };
         let total = opts.tokens as u64;
         let mut done = 0u64;
+        // The decode's window of the backend's reads: from the first token
+        // (the prompt's reads are behind it) to the end.
+        let mut decode_start = None;
         let out = engine.generate(prompt, opts.tokens, &[], false, |_| {
+            if done == 0 {
+                decode_start = backend.activity().map(|a| (a, Instant::now()));
+            }
             done += 1;
             progress(DemoProgress { phase, done, total });
         })?;
-        Ok(decode_run(&chosen, backing, &out))
+        let drive = decode_start
+            .zip(backend.activity())
+            .map(|((was, at), now)| (now.since(&was), at.elapsed()));
+        Ok(decode_run(&chosen, backing, &out, drive))
     }
 }
 
-fn decode_run(chosen: &Chosen, backing: Backing, out: &Generation) -> DecodeRun {
+fn decode_run(
+    chosen: &Chosen,
+    backing: Backing,
+    out: &Generation,
+    drive: Option<(DriveActivity, Duration)>,
+) -> DecodeRun {
     let e = out.decode_experts;
     let steps = out.decode_steps.max(1) as f64;
     let share = |ns: u64| {
@@ -637,5 +663,7 @@ fn decode_run(chosen: &Chosen, backing: Backing, out: &Generation) -> DecodeRun 
         row_hit_rate: out.decode_rows.map(|r| r.hit_rate()),
         row_bytes_read_per_token: out.decode_rows.map(|r| r.bytes_read as f64 / steps),
         row_stall_fraction: out.decode_rows.map(|r| share(r.stall_ns)),
+        drive_busy_share: drive.map(|(a, window)| a.busy_share(window)),
+        reads_in_flight_while_busy: drive.map(|(a, _)| a.mean_in_flight_while_busy()),
     }
 }

@@ -182,6 +182,13 @@ fn human_decode(x: &DemoReport) {
         ),
         Bound::NoReads => println!("   every expert use hit memory: nothing read, no I/O bound"),
     }
+    if let (Some(busy), Some(depth)) = (s.drive_busy_share, s.reads_in_flight_while_busy) {
+        println!(
+            "   expert reads in flight {:.0}% of the decode ({depth:.1} on average while any were; the drive probes keep {})",
+            100.0 * busy,
+            x.queue_depth
+        );
+    }
     let rows = if x.rows.is_some() {
         ", rows from the checkpoint"
     } else {
