@@ -304,6 +304,23 @@ fn every_tuning_gives_the_same_bits() {
             stream_weights: false,
             ..d
         },
+        // Staged down weights: tiles that fit (every dtype) and one that
+        // does not (the 2056-wide BF16 case at 4 rows) in one build.
+        Tuning {
+            down_stage: true,
+            ..d
+        },
+        Tuning {
+            down_stage: true,
+            down_rows: 3,
+            ..d
+        },
+        Tuning {
+            down_stage: true,
+            down_rows: 8,
+            stream_weights: false,
+            ..d
+        },
     ] {
         assert!(run_tuned(&gpu, t) == base, "{t:?} changed a result bit");
     }

@@ -84,6 +84,12 @@ pub const MAX_ATTN_AHEAD: u32 = 8;
 /// whatever it is). With 1, Qwen3-30B-A3B's shape ran 2048 short blocks,
 /// about four waves of the H200; 4 decoded 0.3-2.7% faster there.
 pub const DOWN_ROWS: u32 = 4;
+/// Largest tile of down-product weights a block stages in shared memory
+/// (`FLASHTIER_DOWN_STAGE=1`: `top_k x` its rows, each a multiple of 16
+/// bytes): the dynamic shared memory a launch gets without opting in to
+/// more. Qwen3-30B-A3B's BF16 experts (top-8, 4 rows of 1536 bytes) fill
+/// it; a larger tile runs the plain path.
+pub const DOWN_STAGE_MAX_BYTES: usize = 48 * 1024;
 /// Most down-product rows a block may be given.
 pub const MAX_DOWN_ROWS: u32 = 16;
 /// Most chunks in flight a lane may be given.
@@ -173,6 +179,9 @@ pub struct Tuning {
     pub down_rows: u32,
     /// A down-product warp loads its rows together.
     pub down_together: bool,
+    /// The down product's weights staged in shared memory before its wait
+    /// ([`DOWN_STAGE_MAX_BYTES`]).
+    pub down_stage: bool,
     /// Prompt chunks' products as tiles.
     pub prompt_tiles: bool,
     /// The dense and grouped tile shapes.
@@ -187,6 +196,7 @@ impl Default for Tuning {
             attn_ahead: ATTN_AHEAD,
             down_rows: DOWN_ROWS,
             down_together: false,
+            down_stage: false,
             prompt_tiles: true,
             tiles: (gemm::TileShape::DENSE, gemm::TileShape::GROUPED),
         }
@@ -217,6 +227,7 @@ impl Tuning {
             attn_ahead: num("FLASHTIER_ATTN_AHEAD", MAX_ATTN_AHEAD, d.attn_ahead),
             down_rows: num("FLASHTIER_DOWN_ROWS", MAX_DOWN_ROWS, d.down_rows),
             down_together: var("FLASHTIER_DOWN_TOGETHER").is_some_and(|v| v == "1"),
+            down_stage: var("FLASHTIER_DOWN_STAGE").is_some_and(|v| v == "1"),
             prompt_tiles: var("FLASHTIER_PROMPT_TILES").is_none_or(|v| v != "0"),
             tiles: (
                 shape("FLASHTIER_GEMM_TILE", d.tiles.0),
@@ -241,6 +252,8 @@ pub struct DecodeKernels {
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
     down_rows: usize,
+    /// The down product's weights staged in shared memory (compiled in).
+    down_stage: bool,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -260,6 +273,9 @@ impl DecodeKernels {
     /// `FLASHTIER_DOWN_ROWS` sets [`DOWN_ROWS`];
     /// `FLASHTIER_DOWN_TOGETHER=1` has a warp of the down product load its
     /// rows together (the same bits; see kernels/decode/moe.cu);
+    /// `FLASHTIER_DOWN_STAGE=1` has a block of the down product copy its
+    /// weights into shared memory before it waits on the gate/up product
+    /// (the same bits; [`DOWN_STAGE_MAX_BYTES`]);
     /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
     /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
     /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
@@ -282,6 +298,7 @@ impl DecodeKernels {
         let defines = [
             ("STREAM_WEIGHTS", flag(t.stream_weights)),
             ("DOWN_TOGETHER", flag(t.down_together)),
+            ("DOWN_STAGE", flag(t.down_stage)),
             ("DOWN_ROWS", down_rows.to_string()),
             ("ATTN_AHEAD", ahead.to_string()),
             ("GEMV_LOADS", loads.to_string()),
@@ -307,6 +324,7 @@ impl DecodeKernels {
             tiles_on: t.prompt_tiles,
             tiles,
             down_rows: down_rows as usize,
+            down_stage: t.down_stage,
         })
     }
 

@@ -134,7 +134,14 @@ impl DecodeKernels {
             .push(vec)
             .buf(g, out.buf())
             .push(between.unwrap_or_default());
-        let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
+        let mut cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
+        // The staged path's tile (kernels/decode/moe.cu), where it fits.
+        let row_bytes = spec.inter * spec.ty.elem_bytes();
+        let tile = k * self.down_rows * row_bytes;
+        if self.down_stage && vec == 1 && row_bytes % 16 == 0 && tile <= super::DOWN_STAGE_MAX_BYTES
+        {
+            cfg.shared_mem_bytes = tile as u32;
+        }
         let name = match tail {
             Some(t) => {
                 a.push(t);
@@ -143,13 +150,13 @@ impl DecodeKernels {
             None => format!("moe_down_{sfx}"),
         };
         // SAFETY: as above, reading act (pairs x inter) and the routed
-        // weights (rows x top_k), writing out (rows x hidden), prefetching
-        // only lines inside `between`'s spans (allocated matrices, or
-        // empty); each row's
-        // experts are summed in routed (ascending id) order; top_k <=
-        // MAX_TOP_K fits the kernel's shared products. With a tail, its
-        // buffers are rows x hidden (checked where it was made) and its
-        // counter is 0 between launches.
+        // weights (rows x top_k), writing out (rows x hidden), staging at
+        // most the launch's dynamic shared memory (the kernel checks the
+        // tile fits it), prefetching only lines inside `between`'s spans
+        // (allocated matrices, or empty); each row's experts are summed in
+        // routed (ascending id) order; top_k <= MAX_TOP_K fits the kernel's
+        // shared products. With a tail, its buffers are rows x hidden
+        // (checked where it was made) and its counter is 0 between launches.
         unsafe { self.launch(&name, cfg, a) }?;
         Ok(())
     }

@@ -62,12 +62,54 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
 #ifndef DOWN_TOGETHER
 #define DOWN_TOGETHER 0
 #endif
+// The down product's weights staged in shared memory (FLASHTIER_DOWN_STAGE=1):
+// before its wait, each block copies its rows of every routed expert's down
+// matrix into dynamic shared memory with cp.async, so the copies run while
+// the gate/up product still computes, and after the wait only the
+// activations come from L2. The host gives a launch the tile's bytes of
+// dynamic shared memory when it fits (top_k x DOWN_ROWS rows, a multiple of
+// 16 bytes each, at most 48 KiB), else none, and a launch without it runs
+// the plain path. The sums are warp_dots' (per lane in chunk order, then
+// the butterfly), so either path gives the same bits.
+#ifndef DOWN_STAGE
+#define DOWN_STAGE 0
+#endif
+
 // Four blocks an SM either way, so 512 blocks are one wave on an H100/H200.
-#if DOWN_TOGETHER
+#if DOWN_TOGETHER || DOWN_STAGE
 #define DOWN_BOUNDS __launch_bounds__(256, 4)
 #else
 #define DOWN_BOUNDS
 #endif
+
+static __device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
+// Copy 16 bytes to shared memory asynchronously; with STREAM_WEIGHTS the
+// bytes pass L2 evict-first (`policy` from stage_policy), as the plain
+// path's weight loads do.
+static __device__ __forceinline__ unsigned long long stage_policy() {
+    unsigned long long p = 0;
+    if (STREAM_WEIGHTS) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+static __device__ __forceinline__ void stage16(void* dst, const void* src, unsigned long long policy) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    if (STREAM_WEIGHTS)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+                     "l"(policy)
+                     : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void stage_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+}
 
 // acc[q] = dot(row m0 + q of `a`, x) for q < nrows (<= NR), one warp, each
 // row's sum in warp_dots' order (per lane in chunk order, then the warp's
@@ -132,19 +174,78 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
     // which finished before the gate/up kernel before this one passed its
     // own wait (read from L2, not L1); the table is written only between
     // steps.
-    const int lines = (int)((rb * rows + 127) / 128);
-    for (int u = threadIdx.x; u < top_k * lines; u += blockDim.x) {
-        const int j = u / lines;
-        const u64 base = table[layer_base + __ldcg(ids + (long long)r * top_k + j)];
-        if (base != 0)
-            prefetch_l2((const u8*)base + e.down_off + (long long)i0 * rb +
-                        (long long)(u % lines) * 128);
+    extern __shared__ __align__(16) u8 down_tile[];
+    const long long tile = (long long)top_k * DOWN_ROWS * rb;
+    const bool staged = DOWN_STAGE && vec && rb % 16 == 0 && tile <= dynamic_smem_bytes();
+    if (staged) {
+        // Row q of expert j at down_tile[(j * DOWN_ROWS + q) * rb].
+        const int per_row = (int)(rb / 16);
+        const unsigned long long policy = stage_policy();
+        for (int u = threadIdx.x; u < top_k * rows * per_row; u += blockDim.x) {
+            const int jq = u / per_row, c = u % per_row;
+            const int j = jq / rows, q = jq % rows;
+            const u64 base = table[layer_base + __ldcg(ids + (long long)r * top_k + j)];
+            if (base != 0)
+                stage16(down_tile + ((long long)j * DOWN_ROWS + q) * rb + (long long)c * 16,
+                        (const u8*)base + e.down_off + (long long)(i0 + q) * rb +
+                            (long long)c * 16,
+                        policy);
+        }
+    } else {
+        const int lines = (int)((rb * rows + 127) / 128);
+        for (int u = threadIdx.x; u < top_k * lines; u += blockDim.x) {
+            const int j = u / lines;
+            const u64 base = table[layer_base + __ldcg(ids + (long long)r * top_k + j)];
+            if (base != 0)
+                prefetch_l2((const u8*)base + e.down_off + (long long)i0 * rb +
+                            (long long)(u % lines) * 128);
+        }
     }
     // Weights a later kernel reads (the next layer's q/k/v, when the host
     // passes them): the down product leaves read bandwidth unused.
     grid_prefetch(next);
     pdl_enter();
-    for (int j = warp; j < top_k; j += blockDim.x / WARP) {
+    if (staged) {
+        stage_wait_all();
+        __syncthreads();
+        const int c1 = inter / 8;
+        for (int j = warp; j < top_k; j += blockDim.x / WARP) {
+            const long long p = (long long)r * top_k + j;
+            const u64 base = table[layer_base + ids[p]];
+            const float* xa = act + p * inter;
+            const float* sc = (const float*)((const u8*)base + e.down_soff);
+            for (int q = 0; q < rows; ++q) {
+                float acc = 0.f;
+                if (base != 0) {
+                    const u8* row = down_tile + ((long long)j * DOWN_ROWS + q) * rb;
+                    const float* srow =
+                        DT == 3 ? sc + (long long)((i0 + q) / e.br) * e.dn_sc_cols : sc;
+                    for (int c = lane; c < c1; c += WARP) {
+                        Raw raw = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
+                        if (DT == 3) {
+                            const uint2 v = ((const uint2*)row)[c];
+                            raw.a.x = v.x;
+                            raw.a.y = v.y;
+                        } else if (DT == 2) {
+                            raw.a = ((const uint4*)row)[2 * c];
+                            raw.b = ((const uint4*)row)[2 * c + 1];
+                        } else {
+                            raw.a = ((const uint4*)row)[c];
+                        }
+                        float w[8];
+                        widen<DT>(raw, w);
+                        const float d = dot8(w, xa + (long long)c * 8);
+                        acc = DT == 3 ? fmaf(srow[(c * 8) / e.bc], d, acc) : acc + d;
+                    }
+                    acc = warp_sum(acc);
+                } else {
+                    acc = __int_as_float(0x7fc00000);
+                }
+                if (lane == 0) part[q][j] = acc;
+            }
+        }
+    }
+    for (int j = warp; j < top_k && !staged; j += blockDim.x / WARP) {
         const long long p = (long long)r * top_k + j;
         const u64 base = table[layer_base + ids[p]];
         const u8* rec = (const u8*)base;
