@@ -86,9 +86,10 @@ pub const MAX_ATTN_AHEAD: u32 = 8;
 pub const DOWN_ROWS: u32 = 4;
 /// Largest tile of down-product weights a block stages in shared memory
 /// (`FLASHTIER_DOWN_STAGE=1`: `top_k x` its rows, each a multiple of 16
-/// bytes): the dynamic shared memory a launch gets without opting in to
-/// more. Qwen3-30B-A3B's BF16 experts (top-8, 4 rows of 1536 bytes) fill
-/// it; a larger tile runs the plain path.
+/// bytes; the kernels are given this much dynamic shared memory at load).
+/// Qwen3-30B-A3B's BF16 experts (top-8, 4 rows of 1536 bytes) fill it, and
+/// four such blocks fit an SM of an H100/H200; a larger tile runs the plain
+/// path.
 pub const DOWN_STAGE_MAX_BYTES: usize = 48 * 1024;
 /// Most down-product rows a block may be given.
 pub const MAX_DOWN_ROWS: u32 = 16;
@@ -313,6 +314,15 @@ impl DecodeKernels {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
+            if t.down_stage && name.starts_with("moe_down_") {
+                // The staged tile plus the kernel's own shared products go
+                // past the 48 KiB a launch gets without opting in.
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    DOWN_STAGE_MAX_BYTES as i32,
+                )
+                .map_err(CudaError::driver(format!("raise {name}'s shared memory limit")))?;
+            }
             funcs.insert(name, (f, waits));
         }
         Ok(Self {

@@ -88,23 +88,14 @@ static __device__ __forceinline__ u32 dynamic_smem_bytes() {
     return n;
 }
 
-// Copy 16 bytes to shared memory asynchronously; with STREAM_WEIGHTS the
-// bytes pass L2 evict-first (`policy` from stage_policy), as the plain
-// path's weight loads do.
-static __device__ __forceinline__ unsigned long long stage_policy() {
-    unsigned long long p = 0;
-    if (STREAM_WEIGHTS) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-static __device__ __forceinline__ void stage16(void* dst, const void* src, unsigned long long policy) {
+// Copy 16 bytes to shared memory asynchronously, through L2 only. (With
+// an L2 evict-first policy operand, NVRTC 13 built the copy's memory
+// descriptor from the policy register, desc[UR7], and the H200 stopped
+// there with an illegal instruction; without it the copy uses the
+// kernel's own descriptor.)
+static __device__ __forceinline__ void stage16(void* dst, const void* src) {
     const u32 d = (u32)__cvta_generic_to_shared(dst);
-    if (STREAM_WEIGHTS)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-                     "l"(policy)
-                     : "memory");
-    else
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
 static __device__ __forceinline__ void stage_wait_all() {
@@ -180,7 +171,6 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
     if (staged) {
         // Row q of expert j at down_tile[(j * DOWN_ROWS + q) * rb].
         const int per_row = (int)(rb / 16);
-        const unsigned long long policy = stage_policy();
         for (int u = threadIdx.x; u < top_k * rows * per_row; u += blockDim.x) {
             const int jq = u / per_row, c = u % per_row;
             const int j = jq / rows, q = jq % rows;
@@ -188,8 +178,7 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
             if (base != 0)
                 stage16(down_tile + ((long long)j * DOWN_ROWS + q) * rb + (long long)c * 16,
                         (const u8*)base + e.down_off + (long long)(i0 + q) * rb +
-                            (long long)c * 16,
-                        policy);
+                            (long long)c * 16);
         }
     } else {
         const int lines = (int)((rb * rows + 127) / 128);
