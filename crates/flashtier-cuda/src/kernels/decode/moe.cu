@@ -70,7 +70,9 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
 // dynamic shared memory when it fits (top_k x DOWN_ROWS rows, a multiple of
 // 16 bytes each, at most 48 KiB), else none, and a launch without it runs
 // the plain path. The sums are warp_dots' (per lane in chunk order, then
-// the butterfly), so either path gives the same bits.
+// the butterfly), so either path gives the same bits. Measured about 5%
+// slower than the plain path's L2 prefetch on the H200 (docs/benchmarks.md),
+// so off by default.
 #ifndef DOWN_STAGE
 #define DOWN_STAGE 0
 #endif
