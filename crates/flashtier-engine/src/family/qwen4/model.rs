@@ -267,6 +267,18 @@ impl Qwen4Model {
                 x.extend_from_slice(&row);
             }
         }
+        // No earlier layer guesses the first layer's experts: its router
+        // applied to the MoE input the streams would give without that
+        // layer's PLE and attention starts those reads first (the largest
+        // of the step's first reads), then the PLE rows' reads start; both
+        // land while the first layers compute.
+        if n == 1 && CpuDevice.hints_wanted(&self.experts) {
+            if let Some(first) = self.layers.first() {
+                let m = first.mlp_hc.forward(&x, n)?;
+                let guess = Moe::guess(&first.moe.router, &self.rule, &m.input)?;
+                self.experts.read_ahead_now(0, &guess)?;
+            }
+        }
         // Every PLE layer's rows are known now: start all their reads.
         for l in &mut self.layers {
             if let Some(p) = &mut l.ple {
@@ -291,14 +303,6 @@ impl Qwen4Model {
         let layer = &mut head[i];
         if let Some(p) = &mut layer.ple {
             p.forward(&self.ckpt, x, tokens)?;
-        }
-        if i == 0 && n == 1 && CpuDevice.hints_wanted(&self.experts) {
-            // No earlier layer guesses the first one: its router applied to
-            // the MoE input the streams would give without this layer's
-            // attention starts those reads now, while the attention runs.
-            let m = layer.mlp_hc.forward(x, n)?;
-            let guess = Moe::guess(&layer.moe.router, &self.rule, &m.input)?;
-            self.experts.read_ahead_now(i, &guess)?;
         }
         let m = layer.attn_hc.forward(x, n)?;
         let y = match &mut layer.mixer {
