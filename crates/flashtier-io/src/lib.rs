@@ -7,7 +7,9 @@
 //! registered files and fixed buffers, reaped by a ring thread),
 //! [`UringLocal`] (the same ring reaped on the waiting caller's thread) and the seeded fault-injecting
 //! [`SimBackend`]; [`open_backend`] picks one by [`BackendKind`] and falls back
-//! from io_uring to posix where the kernel refuses io_uring. All `unsafe` of the I/O path lives in this
+//! from io_uring to posix where the kernel refuses io_uring. The thread-pool
+//! backends meter their reads ([`StorageBackend::activity`]: how long the
+//! drive had a read in flight, and how many on average). All `unsafe` of the I/O path lives in this
 //! crate, each block with a `// SAFETY:` comment.
 //!
 //! ```
