@@ -149,7 +149,8 @@ fn tiny_qwen4_demo_streams_experts_and_rows() {
         (1.0..=report.queue_depth as f64 + 1e-9).contains(&depth),
         "{s:?}"
     );
-    // The mapped reference reads through the page cache, on no backend.
+    // The mapped reference reads through the page cache: its backend's
+    // meter has at most nothing to show.
     assert!(
         report.mapped.drive_busy_share.is_none_or(|b| b <= 1.0),
         "{:?}",

@@ -212,19 +212,9 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
                     const float* srow =
                         DT == 3 ? sc + (long long)((i0 + q) / e.br) * e.dn_sc_cols : sc;
                     for (int c = lane; c < c1; c += WARP) {
-                        Raw raw = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
-                        if (DT == 3) {
-                            const uint2 v = ((const uint2*)row)[c];
-                            raw.a.x = v.x;
-                            raw.a.y = v.y;
-                        } else if (DT == 2) {
-                            raw.a = ((const uint4*)row)[2 * c];
-                            raw.b = ((const uint4*)row)[2 * c + 1];
-                        } else {
-                            raw.a = ((const uint4*)row)[c];
-                        }
+                        // Plain loads (ONCE = 0): the row is in shared memory.
                         float w[8];
-                        widen<DT>(raw, w);
+                        widen<DT>(load_raw<DT, 0>(row, c), w);
                         const float d = dot8(w, xa + (long long)c * 8);
                         acc = DT == 3 ? fmaf(srow[(c * 8) / e.bc], d, acc) : acc + d;
                     }
