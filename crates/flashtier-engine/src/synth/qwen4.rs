@@ -13,13 +13,17 @@
 //! head: 2 x 16 heads x 10M rows x 128 values = 41B parameters, 0.6 of the
 //! expert bytes, as in the full model.
 //!
-//! [`Qwen4Spec::scaled_to`] scales by one factor `f`: widths, head counts,
-//! layers and vocabulary by `f` (as [`super::shape`] does for the other
-//! families), the per-head table base and the shard count by `f^2`, so the
+//! [`Qwen4Spec::scaled_to`] scales by one factor `f`: widths, head counts
+//! and layers by `f` (as [`super::shape`] does for the other families), the
+//! per-head table base, the shard count and the vocabulary by `f^2`, so the
 //! tables stay the same share of the expert bytes (table bytes grow as
-//! base x row width, experts as layers x width x width). Expert count,
-//! top-k, head widths, stream count and n-gram shape stay as in the
-//! reference.
+//! base x row width, experts as layers x width x width) and the LM head the
+//! same share of the weight bytes a token reads (vocabulary x hidden
+//! against layers x top-k x hidden x width): the full model's LM head is
+//! 0.4 of a token's routed expert bytes, and scaling the vocabulary by `f`
+//! alone would make it 0.4 / f of them, a CPU-bound step the full model
+//! does not have. Expert count, top-k, head widths, stream count and
+//! n-gram shape stay as in the reference.
 //!
 //! Values follow [`SynthSpec::tensors`]'s successor model (LM head row `r`
 //! is the embedding of `r + 7919`; every matrix writing into the streams is
@@ -176,7 +180,10 @@ impl Qwen4Spec {
         s.linear_k_heads = count(self.linear_k_heads, 1);
         s.linear_v_heads = s.linear_k_heads * (self.linear_v_heads / self.linear_k_heads.max(1));
         s.indexer_heads = count(self.indexer_heads, 1);
-        s.vocab = width(self.vocab, 256, 256);
+        // The vocabulary by f^2: the LM head (vocabulary x hidden) then
+        // keeps its share of the weight bytes a token reads (routed experts:
+        // layers x hidden x width), as the tables keep theirs.
+        s.vocab = ((((self.vocab as f64 * f * f) / 256.0).round() as u64) * 256).max(256);
         s.hc_lowrank = width(self.hc_lowrank, 16, 16);
         s.ngram_vocab_base = ((self.ngram_vocab_base as f64 * f * f) as u64).max(1024);
         s.split_parts = ((f64::from(self.split_parts) * f * f).round() as u32).max(2);
@@ -620,6 +627,17 @@ mod tests {
             share(&full)
         );
         assert_eq!(s.ple_layers.len(), 2);
+        // The LM head's share of the weight bytes a token reads.
+        let head = |m: &Qwen4Spec| {
+            (m.vocab * m.hidden) as f64
+                / (u64::from(m.layers * m.experts_per_token) * 3 * m.hidden * m.intermediate) as f64
+        };
+        assert!(
+            (head(&s) / head(&full) - 1.0).abs() < 0.35,
+            "{} vs {}",
+            head(&s),
+            head(&full)
+        );
         s.check().expect("a valid model");
     }
 
