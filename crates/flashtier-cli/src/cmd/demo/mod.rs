@@ -271,8 +271,10 @@ pub struct RowsVerified {
 
 /// The demo's model: the family's reference model (Qwen3-30B-A3B,
 /// Qwen1.5-MoE-A2.7B, Mixtral-8x7B, DeepSeek-V3, Qwen4-Exp) scaled to
-/// `--size`, widths, layers and vocabulary by one factor, expert count and
-/// top-k as the real model's.
+/// `--size`, widths, layers and vocabulary by one factor (Qwen4-Exp's
+/// vocabulary and n-gram tables by its square, so its LM head and tables
+/// keep their shares of the bytes), expert count and top-k as the real
+/// model's.
 pub fn demo_model(args: &Args) -> anyhow::Result<DemoModel> {
     Ok(match args.arch {
         DemoArch::Moe(arch) => {
