@@ -588,3 +588,55 @@ fn argmax_takes_the_lowest_index_on_ties() {
     let a = act(&k, &pool, 2, 1000, &v);
     assert_eq!(k.argmax_rows(&a).unwrap(), vec![17, 999]);
 }
+
+#[test]
+fn picks_left_on_the_device_embed_there_and_stale_ones_are_refused() {
+    let Some(gpu) = gpu_or_skip("picks_left_on_the_device_embed_there_and_stale_ones_are_refused")
+    else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0x51C4);
+    let (vocab, hidden) = (5000, 96);
+    let (bytes, _, table_vals) = random_matrix(&mut rng, vocab, hidden, WeightType::Bf16);
+    let table = DevMatrix::upload(&gpu, vocab, hidden, WeightType::Bf16, &bytes, None).unwrap();
+    let mut tickets = Vec::new();
+    for round in 0..4 {
+        let mut logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let best = rng.random_range(0..vocab);
+        logits[best] = 2.0;
+        // A tie further on: the lower index wins, as on the host.
+        logits[(best + 7) % vocab] = if best + 7 < vocab { 2.0 } else { 1.5 };
+        let x = act(&k, &pool, 1, vocab, &logits);
+        let t = k.argmax_ahead(&x).unwrap();
+        // The next step's embedding reads the id on the device, issued
+        // before the host reads it.
+        let mut row = pool.take(&gpu, 1, hidden).unwrap();
+        k.embed_picked(&mut row, &table, t).unwrap();
+        assert_eq!(k.picked(t).unwrap() as usize, best, "round {round}");
+        let got = row.to_host(gpu.stream()).unwrap();
+        let want = &table_vals[best * hidden..(best + 1) * hidden];
+        assert!(
+            got.iter().zip(want).all(|(g, w)| f64::from(*g) == *w),
+            "round {round}: the embedded row is table row {best}"
+        );
+        tickets.push(t);
+    }
+    // Two picks are kept: the one before the last still reads back, an
+    // older one is refused, and only the latest can be embedded.
+    assert!(k.picked(tickets[2]).is_ok());
+    assert!(k.picked(tickets[1]).is_err(), "a pick two behind is gone");
+    let mut row = pool.take(&gpu, 1, hidden).unwrap();
+    assert!(k.embed_picked(&mut row, &table, tickets[2]).is_err());
+    // A plain argmax overwrites the device's answer: the latest ticket no
+    // longer embeds.
+    let x = act(&k, &pool, 1, vocab, &vec![0.0; vocab]);
+    assert_eq!(k.argmax_rows(&x).unwrap(), vec![0]);
+    assert!(k.embed_picked(&mut row, &table, tickets[3]).is_err());
+    // A pick from a row wider than the table has rows is refused.
+    let wide = act(&k, &pool, 1, vocab + 1, &vec![0.0; vocab + 1]);
+    let t = k.argmax_ahead(&wide).unwrap();
+    assert_eq!(k.picked(t).unwrap(), 0);
+    assert!(k.embed_picked(&mut row, &table, t).is_err());
+}

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::device::cuda::kv::tier::KvTierStats;
-use crate::device::{Activation, Device, ExpertTier, KvPrecision, KvSpec, KvState};
+use crate::device::{Activation, Device, ExpertTier, KvPrecision, KvSpec, KvState, PickTicket};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
 use crate::family::qwen4::PleRowStats;
@@ -36,6 +36,16 @@ pub struct Model<D: Device> {
     /// Nanoseconds greedy steps spent issuing their work before they asked
     /// the device for the token (see [`Generation::decode_issue_secs`]).
     issue_ns: u64,
+    /// The pick the last chained step left on the device.
+    pick: Option<PickTicket>,
+}
+
+/// The tokens a step runs: ids on the host, or the pick the step before
+/// left on the device (one token).
+#[derive(Clone, Copy)]
+enum StepInput<'a> {
+    Host(&'a [u32]),
+    Picked(PickTicket),
 }
 
 impl<D: Device> std::fmt::Debug for Model<D> {
@@ -148,6 +158,7 @@ impl<D: Device> Model<D> {
             kv,
             rope,
             issue_ns: 0,
+            pick: None,
         })
     }
 
@@ -204,7 +215,7 @@ impl<D: Device> Model<D> {
     /// [`Self::forward`] with the LM head on the rows `head` names (none:
     /// an empty vector, for a prompt chunk whose logits nobody reads).
     fn run_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
-        match self.head_step(tokens, head)? {
+        match self.head_step(StepInput::Host(tokens), head)? {
             Some(logits) => self.dev.to_host(&logits),
             None => Ok(Vec::new()),
         }
@@ -212,14 +223,34 @@ impl<D: Device> Model<D> {
 
     /// One step of `tokens`; the logits of the rows `head` names, left on
     /// the device (`None` for [`Head::None`]).
-    fn head_step(&mut self, tokens: &[u32], head: Head) -> Result<Option<D::Act>, EngineError> {
-        let n = tokens.len();
+    fn head_step(
+        &mut self,
+        input: StepInput<'_>,
+        head: Head,
+    ) -> Result<Option<D::Act>, EngineError> {
         let (vocab, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
         let first = self.kv.len();
-        check_step(tokens, vocab, first, self.kv.capacity())?;
+        let n = match input {
+            StepInput::Host(tokens) => {
+                check_step(tokens, vocab, first, self.kv.capacity())?;
+                tokens.len()
+            }
+            StepInput::Picked(_) => {
+                if first + 1 > self.kv.capacity() {
+                    return Err(EngineError::ContextFull {
+                        len: first + 1,
+                        max: self.kv.capacity(),
+                    });
+                }
+                1
+            }
+        };
         let dev = &self.dev;
         let mut x = dev.zeros(n, h)?;
-        dev.embed(&mut x, &self.weights.embed, tokens)?;
+        match input {
+            StepInput::Host(tokens) => dev.embed(&mut x, &self.weights.embed, tokens)?,
+            StepInput::Picked(t) => dev.embed_picked(&mut x, &self.weights.embed, t)?,
+        }
         let mut st = Step {
             dev,
             cfg: &self.cfg,
@@ -292,12 +323,53 @@ impl<D: Device> Decoder for Model<D> {
     /// rule: the lowest index of the largest) sends back one id.
     fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
         let started = Instant::now();
-        let Some(logits) = self.head_step(&[token], Head::Last)? else {
+        let Some(logits) = self.head_step(StepInput::Host(&[token]), Head::Last)? else {
             return Err(no_logits());
         };
         self.issue_ns += u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let ids = self.dev.argmax_rows(&logits)?;
         ids.first().copied().ok_or_else(no_logits)
+    }
+
+    /// The device keeps its picks and the cache takes a position back (a
+    /// step issued ahead whose input was a stop token is undone). Every
+    /// pick is an embedding row: the loader holds the LM head and the
+    /// embedding to `vocab x hidden` (and the device checks it again).
+    fn chains(&self) -> bool {
+        self.dev.picks_ahead() && self.kv.rewinds()
+    }
+
+    fn chain_step(&mut self, from: Option<u32>) -> Result<PickTicket, EngineError> {
+        let started = Instant::now();
+        let host = from.map(|t| [t]);
+        let input = match (&host, self.pick) {
+            (Some(token), _) => StepInput::Host(token),
+            (None, Some(t)) => StepInput::Picked(t),
+            (None, None) => {
+                return Err(EngineError::Shape {
+                    op: "chain_step",
+                    what: "a step of the last pick before any pick".to_string(),
+                });
+            }
+        };
+        // The pick is the device's latest only until this step picks.
+        self.pick = None;
+        let Some(logits) = self.head_step(input, Head::Last)? else {
+            return Err(no_logits());
+        };
+        let t = self.dev.pick_ahead(&logits)?;
+        self.pick = Some(t);
+        self.issue_ns += u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Ok(t)
+    }
+
+    fn chain_token(&mut self, t: PickTicket) -> Result<u32, EngineError> {
+        self.dev.picked(t)
+    }
+
+    fn chain_undo(&mut self) -> Result<(), EngineError> {
+        self.pick = None;
+        self.kv.rewind(1)
     }
 
     fn issue_ns(&self) -> Option<u64> {
@@ -336,6 +408,29 @@ pub(crate) trait Decoder {
     fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
         let logits = self.step(&[token], false)?;
         Ok(last_argmax(&logits, self.vocab()))
+    }
+    /// Whether greedy steps can be chained: [`Self::chain_step`] issues a
+    /// step whose token stays on the device, so the next step can be
+    /// issued before the host reads it ([`Self::chain_token`]).
+    fn chains(&self) -> bool {
+        false
+    }
+    /// Issue one decode step of `from` (`None`: the token the last chained
+    /// step picked, still on the device) at the next position; its greedy
+    /// pick stays on the device.
+    fn chain_step(&mut self, from: Option<u32>) -> Result<PickTicket, EngineError> {
+        let _ = from;
+        Err(no_chain())
+    }
+    /// The token a chained step picked (waits for that step only).
+    fn chain_token(&mut self, t: PickTicket) -> Result<u32, EngineError> {
+        let _ = t;
+        Err(no_chain())
+    }
+    /// Undo the last chained step (its input was a token that ends the
+    /// decode): its position is taken back.
+    fn chain_undo(&mut self) -> Result<(), EngineError> {
+        Err(no_chain())
     }
     /// Nanoseconds greedy steps spent issuing work before waiting on the
     /// device for their tokens, where the device runs what was issued
@@ -405,15 +500,20 @@ pub(crate) fn greedy<M: Decoder>(
     let kv_decode = m.kv_stats();
     let issue_start = m.issue_ns();
     let decode_started = Instant::now();
-    let mut next = last_argmax(&last, vocab);
-    for _ in 0..max_new {
-        out.generated_ids.push(next);
-        on_token(next);
-        if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
-            break;
+    let next = last_argmax(&last, vocab);
+    if m.chains() {
+        chained(m, next, max_new, stop_ids, &mut out, &mut on_token)?;
+    } else {
+        let mut next = next;
+        for _ in 0..max_new {
+            out.generated_ids.push(next);
+            on_token(next);
+            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
+                break;
+            }
+            next = m.greedy_step(next)?;
+            out.decode_steps += 1;
         }
-        next = m.greedy_step(next)?;
-        out.decode_steps += 1;
     }
     out.decode_secs = decode_started.elapsed().as_secs_f64();
     out.decode_issue_secs = m
@@ -434,6 +534,63 @@ pub(crate) fn greedy<M: Decoder>(
         .zip(kv_decode)
         .map(|(now, was)| now.since(&was));
     Ok(out)
+}
+
+/// The decode loop of [`greedy`] with chained steps: the step after a
+/// token is issued before the host reads that token, so the device never
+/// waits for the host between steps. When the token read ends the decode
+/// (a stop id), the step issued on it is undone. The tokens are
+/// [`Decoder::greedy_step`]'s: the same kernels pick them.
+fn chained<M: Decoder>(
+    m: &mut M,
+    first: u32,
+    max_new: usize,
+    stop_ids: &[u32],
+    out: &mut Generation,
+    on_token: &mut impl FnMut(u32),
+) -> Result<(), EngineError> {
+    if max_new == 0 {
+        return Ok(());
+    }
+    out.generated_ids.push(first);
+    on_token(first);
+    if out.generated_ids.len() >= max_new || stop_ids.contains(&first) {
+        return Ok(());
+    }
+    let mut pending = m.chain_step(Some(first))?;
+    out.decode_steps += 1;
+    loop {
+        // The token `pending` holds is wanted; a step on it only while a
+        // token after it may be.
+        let ahead = if out.generated_ids.len() + 1 < max_new {
+            Some(m.chain_step(None)?)
+        } else {
+            None
+        };
+        let token = m.chain_token(pending)?;
+        out.generated_ids.push(token);
+        on_token(token);
+        if stop_ids.contains(&token) {
+            if ahead.is_some() {
+                m.chain_undo()?;
+            }
+            return Ok(());
+        }
+        match ahead {
+            Some(t) => {
+                pending = t;
+                out.decode_steps += 1;
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+fn no_chain() -> EngineError {
+    EngineError::Shape {
+        op: "chain_step",
+        what: "this model reads every token back before the next step".to_string(),
+    }
 }
 
 /// Refuse a step of no tokens or more than [`PREFILL_CHUNK`], a token

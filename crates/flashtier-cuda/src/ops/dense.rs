@@ -246,6 +246,61 @@ impl DecodeKernels {
             }
         };
         let ids_addr = ids_dev.as_ref().map_or(0, |d| addr(gpu, d, 0));
+        // SAFETY: every id is below the table's rows (checked above); the
+        // uploaded ids (several rows) are retired below, kept until the
+        // launch was issued.
+        unsafe { self.launch_embed(out, table, ids_addr, id0) }?;
+        if let Some(d) = ids_dev {
+            gpu.retire(d);
+        }
+        Ok(())
+    }
+
+    /// `out` (one row) = `table[id]`, the id read on the device from the
+    /// pick `t` ([`Self::argmax_ahead`]): `t` must be the latest pick (the
+    /// device keeps one) and its row no wider than `table` has rows, so any
+    /// id it holds is a row. The host need not have read the id.
+    pub fn embed_picked(
+        &self,
+        out: &mut DevAct,
+        table: &DevMatrix,
+        t: super::pick::PickTicket,
+    ) -> Result<(), CudaError> {
+        if out.rows() != 1 || out.cols() != table.cols() || t.cols() > table.rows() {
+            return Err(shape(
+                "embed_picked",
+                format!(
+                    "a pick of {} ids into {}x{} from a table of {}x{}",
+                    t.cols(),
+                    out.rows(),
+                    out.cols(),
+                    table.rows(),
+                    table.cols()
+                ),
+            ));
+        }
+        let ids = self.latest_pick_addr(t)?;
+        // SAFETY: the id at `ids` is the argmax of a row of t.cols() <=
+        // table.rows() values (the kernel writes an index below its row's
+        // width), written by a launch issued before this one on the same
+        // stream; the scratch it lives in outlives every launch.
+        unsafe { self.launch_embed(out, table, ids, 0) }
+    }
+
+    /// Launch `embed_*`: `out.rows()` rows, ids from the device address
+    /// `ids` (0: the one id `id0`).
+    ///
+    /// # Safety
+    /// Every id the launch reads is below `table.rows()`, and a nonzero
+    /// `ids` holds `out.rows()` ids that stay allocated until it ran.
+    unsafe fn launch_embed(
+        &self,
+        out: &mut DevAct,
+        table: &DevMatrix,
+        ids: u64,
+        id0: i32,
+    ) -> Result<(), CudaError> {
+        let gpu = &self.gpu;
         let f = format!("embed_{}", table.ty().suffix());
         let (sc_cols, br, bc) = scale_args(table);
         let row_bytes = (table.cols() * table.ty().elem_bytes()) as i64;
@@ -253,7 +308,7 @@ impl DecodeKernels {
         let cfg = LaunchConfig {
             grid_dim: (
                 table.cols().div_ceil(256).min(64) as u32,
-                dim(ids.len(), "y")?,
+                dim(out.rows(), "y")?,
                 1,
             ),
             block_dim: (256, 1, 1),
@@ -266,19 +321,14 @@ impl DecodeKernels {
             .push(sc_cols)
             .push(br)
             .push(bc)
-            .push(ids_addr)
+            .push(ids)
             .push(id0)
             .push(cols)
             .buf(gpu, out.buf());
-        // SAFETY: matches `embed_*`; every id is below the table's rows
-        // (checked above), so each row read lies in the table, and out holds
-        // ids.len() rows of cols; the uploaded ids (several rows) are
-        // retired below, kept until the launch was issued.
-        unsafe { self.launch(&f, cfg, a) }?;
-        if let Some(d) = ids_dev {
-            gpu.retire(d);
-        }
-        Ok(())
+        // SAFETY: matches `embed_*`; each id is a row of the table (the
+        // caller's promise), so each row read lies in the table, and out
+        // holds out.rows() rows of cols.
+        unsafe { self.launch(&f, cfg, a) }
     }
 
     /// `x += y`.

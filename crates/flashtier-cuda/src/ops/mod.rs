@@ -245,6 +245,7 @@ pub struct DecodeKernels {
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
     routes_pool: Arc<route::RoutePool>,
     scratch: pick::Scratch,
+    picks: pick::Picks,
     /// Prompt chunks' products as tiles and their experts grouped
     /// ([`gemm`]); `FLASHTIER_PROMPT_TILES=0` runs them as GEMV passes and
     /// (row, expert) pairs instead.
@@ -331,6 +332,7 @@ impl DecodeKernels {
             funcs,
             routes_pool: Arc::new(route::RoutePool::new(gpu.clone())),
             scratch: pick::Scratch::new(gpu)?,
+            picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
             tiles,
             down_rows: down_rows as usize,

@@ -8,8 +8,17 @@
 //! finish reduces their partial results (a counter in [`Scratch`], 0
 //! between launches). Kernels run in issue order on the compute stream,
 //! so one scratch serves every launch of a device's kernels.
+//!
+//! A greedy decode may also leave a pick on the device
+//! ([`DecodeKernels::argmax_ahead`]): the next step embeds it there
+//! ([`DecodeKernels::embed_picked`]) and is issued before the host reads
+//! the id, so the device does not wait for the host between steps. The id
+//! comes back through page-locked memory ([`Picks`]: two slots, so one
+//! pick's copy can land while the host reads the one before).
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
 
 use super::buffers::DevAct;
 use super::{DecodeKernels, addr, dim};
@@ -63,9 +72,127 @@ impl Scratch {
     pub(crate) fn counter(&self, gpu: &Gpu, slot: usize) -> u64 {
         addr(gpu, &self.counters, slot)
     }
+
+    /// Device address of the one-row argmax's answer.
+    fn answer_addr(&self, gpu: &Gpu) -> u64 {
+        addr(gpu, &self.out, 0)
+    }
+}
+
+/// A greedy pick left on the device by [`DecodeKernels::argmax_ahead`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PickTicket {
+    /// Picks started on this device before this one.
+    seq: u64,
+    /// Width of the row picked from (the id is below it).
+    cols: usize,
+}
+
+impl PickTicket {
+    /// Width of the row picked from.
+    #[must_use]
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// Page-locked copies of the last two picks and how many were started.
+pub(crate) struct Picks(Mutex<PickSlots>);
+
+struct PickSlots {
+    host: [PinnedHostSlice<i32>; 2],
+    started: u64,
+    /// The scratch's answer is the latest pick's (no plain argmax since).
+    answer_is_pick: bool,
+}
+
+impl Picks {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self, CudaError> {
+        let one = || {
+            // SAFETY: the memory is only read after a copy into it landed
+            // (`PinnedHostSlice::as_slice` waits for the copy's event).
+            unsafe { gpu.context().alloc_pinned::<i32>(1) }
+                .map_err(CudaError::driver("allocate page-locked pick slots"))
+        };
+        Ok(Self(Mutex::new(PickSlots {
+            host: [one()?, one()?],
+            started: 0,
+            answer_is_pick: false,
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PickSlots> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl DecodeKernels {
+    /// The greedy pick of one-row `x` (as [`Self::argmax_rows`]), left on
+    /// the device for the next step's [`Self::embed_picked`] and copied to
+    /// page-locked memory without waiting: the host may issue more work
+    /// before it reads the id with [`Self::picked`]. Ends a recording step.
+    pub fn argmax_ahead(&self, x: &DevAct) -> Result<PickTicket, CudaError> {
+        if x.rows() != 1 {
+            return Err(CudaError::invalid(
+                "argmax_ahead",
+                format!("{} rows (one)", x.rows()),
+            ));
+        }
+        self.launch_argmax_one(x)?;
+        self.gpu.flush()?;
+        let mut p = self.picks.lock();
+        let seq = p.started;
+        let stream = self.gpu.stream();
+        let slot = &mut p.host[(seq % 2) as usize];
+        stream
+            .memcpy_dtoh(&self.scratch.out, slot)
+            .map_err(CudaError::driver("copy a pick"))?;
+        p.started += 1;
+        p.answer_is_pick = true;
+        Ok(PickTicket {
+            seq,
+            cols: x.cols(),
+        })
+    }
+
+    /// The id `t` picked, once its copy landed (waits for that copy only,
+    /// not for work issued after it). Only the last two picks can be read.
+    pub fn picked(&self, t: PickTicket) -> Result<u32, CudaError> {
+        let p = self.picks.lock();
+        if t.seq + 2 < p.started || t.seq >= p.started {
+            return Err(CudaError::invalid(
+                "picked",
+                format!(
+                    "pick {} of {} started (only the last two are kept)",
+                    t.seq, p.started
+                ),
+            ));
+        }
+        let host = p.host[(t.seq % 2) as usize]
+            .as_slice()
+            .map_err(CudaError::driver("wait for a pick"))?;
+        let v = host.first().copied().unwrap_or(-1);
+        u32::try_from(v)
+            .ok()
+            .filter(|&id| (id as usize) < t.cols)
+            .ok_or_else(|| CudaError::invalid("picked", format!("id {v} of {} columns", t.cols)))
+    }
+
+    /// Device address of the latest pick's id, when `t` is that pick.
+    pub(crate) fn latest_pick_addr(&self, t: PickTicket) -> Result<u64, CudaError> {
+        let p = self.picks.lock();
+        if t.seq + 1 != p.started || !p.answer_is_pick {
+            return Err(CudaError::invalid(
+                "embed_picked",
+                format!(
+                    "pick {} is not the device's latest answer ({} picks started; the device keeps one)",
+                    t.seq, p.started
+                ),
+            ));
+        }
+        Ok(self.scratch.answer_addr(&self.gpu))
+    }
+
     /// Index of each row's largest value (lowest index on ties; as the
     /// host's argmax, 0 for a row whose first value is NaN), on the host.
     /// The launch joins a recording step, which this issues.
@@ -98,6 +225,21 @@ impl DecodeKernels {
 
     /// The argmax of a one-row `x` over several blocks (`argmax_grid`).
     fn argmax_one(&self, x: &DevAct) -> Result<u32, CudaError> {
+        self.picks.lock().answer_is_pick = false;
+        self.launch_argmax_one(x)?;
+        let gpu = &self.gpu;
+        gpu.flush()?;
+        let host = gpu
+            .stream()
+            .clone_dtoh(&self.scratch.out)
+            .map_err(CudaError::driver("copy argmax"))?;
+        host.first()
+            .map(|&v| v as u32)
+            .ok_or_else(|| CudaError::invalid("argmax", "no result".to_string()))
+    }
+
+    /// Launch `argmax_grid` over one-row `x` into the scratch's answer.
+    fn launch_argmax_one(&self, x: &DevAct) -> Result<(), CudaError> {
         let gpu = &self.gpu;
         let n = x.cols();
         let per = ARGMAX_BLOCK_ELEMS.max(n.div_ceil(MAX_ARGMAX_BLOCKS));
@@ -121,15 +263,7 @@ impl DecodeKernels {
         // MAX_ARGMAX_BLOCKS (the partial arrays' length); the last block
         // writes out[0]; the counter is 0 between launches (kernels run in
         // stream order and the last block resets it).
-        unsafe { self.launch("argmax_grid", cfg, a) }?;
-        gpu.flush()?;
-        let host = gpu
-            .stream()
-            .clone_dtoh(&s.out)
-            .map_err(CudaError::driver("copy argmax"))?;
-        host.first()
-            .map(|&v| v as u32)
-            .ok_or_else(|| CudaError::invalid("argmax", "no result".to_string()))
+        unsafe { self.launch("argmax_grid", cfg, a) }
     }
 }
 

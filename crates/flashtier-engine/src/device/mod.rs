@@ -58,6 +58,18 @@ pub trait KvState {
     fn tier_stats(&self) -> Option<cuda::kv::tier::KvTierStats> {
         None
     }
+    /// Whether [`KvState::rewind`] can take positions back.
+    fn rewinds(&self) -> bool {
+        false
+    }
+    /// Forget the last `n` complete positions (a step whose token nobody
+    /// reads), so the next step writes over them.
+    fn rewind(&mut self, n: usize) -> Result<(), EngineError> {
+        Err(EngineError::Shape {
+            op: "kv rewind",
+            what: format!("{n} positions of a cache that cannot take them back"),
+        })
+    }
 }
 
 /// The expert tier a device reads expert matrices from.
@@ -439,6 +451,44 @@ pub trait Device {
     fn to_host(&self, x: &Self::Act) -> Result<Vec<f32>, EngineError>;
     /// Index of each row's largest value (lowest index on ties).
     fn argmax_rows(&self, x: &Self::Act) -> Result<Vec<u32>, EngineError>;
+    /// Whether this device can leave a greedy pick on itself
+    /// ([`Device::pick_ahead`]), so a decode issues its next step before
+    /// it reads the token.
+    fn picks_ahead(&self) -> bool {
+        false
+    }
+    /// One-row `x`'s greedy pick ([`Device::argmax_rows`]'s rule), kept
+    /// on the device for [`Device::embed_picked`]; the host reads it with
+    /// [`Device::picked`] without waiting for work issued after it.
+    fn pick_ahead(&self, x: &Self::Act) -> Result<PickTicket, EngineError> {
+        let _ = x;
+        Err(no_picks_ahead(self.name()))
+    }
+    /// The id `t` picked (waits for it).
+    fn picked(&self, t: PickTicket) -> Result<u32, EngineError> {
+        let _ = t;
+        Err(no_picks_ahead(self.name()))
+    }
+    /// `out` (one row) = `table[id]` for the id `t` picked, read on the
+    /// device (`t` the latest pick).
+    fn embed_picked(
+        &self,
+        out: &mut Self::Act,
+        table: &Self::Mat,
+        t: PickTicket,
+    ) -> Result<(), EngineError> {
+        let _ = (out, table, t);
+        Err(no_picks_ahead(self.name()))
+    }
+}
+
+pub use flashtier_cuda::ops::pick::PickTicket;
+
+fn no_picks_ahead(device: &str) -> EngineError {
+    EngineError::Shape {
+        op: "pick_ahead",
+        what: format!("{device} reads every pick back"),
+    }
 }
 
 /// [`Device::qk_norm_rope`] as its parts: [`Device::rms_norm`] of each

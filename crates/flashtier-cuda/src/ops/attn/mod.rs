@@ -225,6 +225,36 @@ impl DevKvCache {
         self.len = (self.len + n).min(self.capacity);
     }
 
+    /// Forget the last `n` complete positions of every layer (a step
+    /// whose token nobody reads), so the next append writes over them.
+    /// Only a cache whose every chunk stays resident may: a window that
+    /// slid past those positions' chunks has no room to take them back.
+    pub fn rewind(&mut self, n: usize) -> Result<(), CudaError> {
+        let keep = self.len.checked_sub(n);
+        let whole = self.window.slots() >= ChunkWindow::chunks(self.capacity);
+        let in_step = self.layer_len.iter().any(|&l| l != self.len);
+        match keep {
+            Some(keep) if whole && !in_step => {
+                self.len = keep;
+                self.layer_len.iter_mut().for_each(|l| *l = keep);
+                Ok(())
+            }
+            _ => Err(CudaError::invalid(
+                "kv cache",
+                format!(
+                    "rewind {n} of {} positions (every chunk resident: {whole}; layers mid-step: {in_step})",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    /// Whether [`Self::rewind`] may take positions back.
+    #[must_use]
+    pub fn rewinds(&self) -> bool {
+        self.window.slots() >= ChunkWindow::chunks(self.capacity)
+    }
+
     /// Room for `positions` positions in every layer, copying what is held
     /// (only while nothing wraps: chunks sit at their own index).
     fn grow(&mut self, positions: usize) -> Result<(), CudaError> {

@@ -28,7 +28,11 @@
 //!
 //! A one-row softmax router runs as one launch with its routing
 //! (`FLASHTIER_FUSED_ROUTER=0`: two, the same bits); a greedy decode step
-//! picks its token on the device and copies one id back.
+//! picks its token on the device and copies one id back. Greedy steps
+//! chain ([`Device::pick_ahead`], `FLASHTIER_CHAIN=0`: off): the next step
+//! embeds the pick on the device and is issued before the host reads the
+//! id, so the GPU does not wait for the host between steps (a step issued
+//! on a stop token is undone: the KV cache takes its position back).
 //!
 //! Two fusions are opt-in ([`CudaDevice::set_fusion`],
 //! `FLASHTIER_FUSED_ATTENTION=1`, `FLASHTIER_FUSED_NORM=1`): a decode
@@ -59,7 +63,7 @@ use flashtier_format::Dtype;
 
 use crate::config::Routing;
 use crate::device::{
-    Activation, AddNormTo, Device, HeadCopy, KvSpec, KvState, RopeSpec, VectorLen,
+    Activation, AddNormTo, Device, HeadCopy, KvSpec, KvState, PickTicket, RopeSpec, VectorLen,
 };
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
@@ -117,6 +121,10 @@ pub struct CudaDevice {
     /// launch, for one-row steps (`FLASHTIER_FUSED_NORM=1`; off by default
     /// for the same reason; the same bits either way).
     fused_norm: Cell<bool>,
+    /// Greedy decodes leave their picks on the device and issue the next
+    /// step before reading them (`FLASHTIER_CHAIN=0`: every step waits for
+    /// its token first; the same tokens either way).
+    chain: Cell<bool>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -149,7 +157,16 @@ impl CudaDevice {
                 std::env::var("FLASHTIER_FUSED_ATTENTION").is_ok_and(|v| v == "1"),
             ),
             fused_norm: Cell::new(std::env::var("FLASHTIER_FUSED_NORM").is_ok_and(|v| v == "1")),
+            chain: Cell::new(std::env::var("FLASHTIER_CHAIN").map_or(true, |v| v != "0")),
         })
+    }
+
+    /// Let a greedy decode issue its next step before it reads the token
+    /// (on by default, `FLASHTIER_CHAIN=0` off): the step embeds the pick on
+    /// the device, so the GPU does not wait for the host between steps. The
+    /// same tokens either way.
+    pub fn set_chain(&self, on: bool) {
+        self.chain.set(on);
     }
 
     /// Fold a decode row's q/k norm, RoPE and KV append into its attention
@@ -667,5 +684,31 @@ impl Device for CudaDevice {
 
     fn argmax_rows(&self, x: &DevAct) -> Result<Vec<u32>, EngineError> {
         Ok(self.kernels.argmax_rows(x)?)
+    }
+
+    fn picks_ahead(&self) -> bool {
+        self.chain.get()
+    }
+
+    fn pick_ahead(&self, x: &DevAct) -> Result<PickTicket, EngineError> {
+        Ok(self.kernels.argmax_ahead(x)?)
+    }
+
+    fn picked(&self, t: PickTicket) -> Result<u32, EngineError> {
+        Ok(self.kernels.picked(t)?)
+    }
+
+    fn embed_picked(
+        &self,
+        out: &mut DevAct,
+        table: &DevMatrix,
+        t: PickTicket,
+    ) -> Result<(), EngineError> {
+        if self.all_resident.get() && !self.profiler.on() {
+            self.gpu.begin_step()?;
+        }
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.embed_picked(out, table, t)?)
+        })
     }
 }

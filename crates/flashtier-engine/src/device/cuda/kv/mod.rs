@@ -189,6 +189,18 @@ impl KvState for CudaKv {
     fn tier_stats(&self) -> Option<KvTierStats> {
         self.spill.as_ref().map(|s| s.tier.stats())
     }
+    fn rewinds(&self) -> bool {
+        self.spill.is_none() && self.cache.rewinds()
+    }
+    fn rewind(&mut self, n: usize) -> Result<(), EngineError> {
+        if self.spill.is_some() {
+            return Err(EngineError::Shape {
+                op: "kv rewind",
+                what: format!("{n} positions of a cache with chunks on the drive"),
+            });
+        }
+        Ok(self.cache.rewind(n)?)
+    }
 }
 
 impl CudaKv {
