@@ -18,7 +18,8 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PinnedHostSlice};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice};
 
 use super::buffers::DevAct;
 use super::{DecodeKernels, addr, dim};
@@ -101,6 +102,9 @@ pub(crate) struct Picks(Mutex<PickSlots>);
 
 struct PickSlots {
     host: [PinnedHostSlice<i32>; 2],
+    /// Recorded after each slot's copy: the context does not track
+    /// events (`Gpu::open`), so the slices' own never are.
+    landed: [CudaEvent; 2],
     started: u64,
     /// The scratch's answer is the latest pick's (no plain argmax since).
     answer_is_pick: bool,
@@ -114,8 +118,14 @@ impl Picks {
             unsafe { gpu.context().alloc_pinned::<i32>(1) }
                 .map_err(CudaError::driver("allocate page-locked pick slots"))
         };
+        let event = || {
+            gpu.context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(CudaError::driver("create a pick event"))
+        };
         Ok(Self(Mutex::new(PickSlots {
             host: [one()?, one()?],
+            landed: [event()?, event()?],
             started: 0,
             answer_is_pick: false,
         })))
@@ -143,10 +153,13 @@ impl DecodeKernels {
         let mut p = self.picks.lock();
         let seq = p.started;
         let stream = self.gpu.stream();
-        let slot = &mut p.host[(seq % 2) as usize];
+        let i = (seq % 2) as usize;
         stream
-            .memcpy_dtoh(&self.scratch.out, slot)
+            .memcpy_dtoh(&self.scratch.out, &mut p.host[i])
             .map_err(CudaError::driver("copy a pick"))?;
+        p.landed[i]
+            .record(stream)
+            .map_err(CudaError::driver("record a pick's copy"))?;
         p.started += 1;
         p.answer_is_pick = true;
         Ok(PickTicket {
@@ -168,7 +181,11 @@ impl DecodeKernels {
                 ),
             ));
         }
-        let host = p.host[(t.seq % 2) as usize]
+        let i = (t.seq % 2) as usize;
+        p.landed[i]
+            .synchronize()
+            .map_err(CudaError::driver("wait for a pick"))?;
+        let host = p.host[i]
             .as_slice()
             .map_err(CudaError::driver("wait for a pick"))?;
         let v = host.first().copied().unwrap_or(-1);
