@@ -16,30 +16,13 @@ mod common;
 use flashtier_engine::Model;
 use flashtier_engine::device::KvState;
 use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda};
 
-use common::{fixture, pack, reference};
+use common::two_resident_gpu_models;
 
 const NEW: usize = 10;
 
 fn models(name: &str) -> (common::Reference, tempfile::TempDir, [Model<CudaDevice>; 2]) {
-    let dir = fixture(name);
-    let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    let report = pack(&dir, tmp.path());
-    let store = LoadOptions::store(&report.out);
-    let opts = GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: None,
-            ram_bytes: 0,
-            in_place: false,
-        },
-    };
-    let chained = load_cuda(&dir, &store, &opts).unwrap();
-    let plain = load_cuda(&dir, &store, &opts).unwrap();
+    let (r, tmp, chained, plain) = two_resident_gpu_models(name);
     plain.device().set_chain(false);
     (r, tmp, [chained, plain])
 }

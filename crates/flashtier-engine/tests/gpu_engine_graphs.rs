@@ -13,10 +13,8 @@ mod common;
 
 use flashtier_engine::Model;
 use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda};
 
-use common::{Reference, fixture, pack, reference};
+use common::two_resident_gpu_models;
 
 const STEPS: usize = 12;
 
@@ -52,40 +50,11 @@ fn decode(m: &mut Model<CudaDevice>, prompt: &[u32]) -> Vec<Vec<f32>> {
     steps
 }
 
-/// Fixture `name`'s reference, its packed store (kept while the models
-/// run) and two GPU models of it with every expert resident.
-fn two_models(
-    name: &str,
-) -> (
-    Reference,
-    tempfile::TempDir,
-    Model<CudaDevice>,
-    Model<CudaDevice>,
-) {
-    let dir = fixture(name);
-    let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    let report = pack(&dir, tmp.path());
-    let store = LoadOptions::store(&report.out);
-    let opts = GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: None,
-            ram_bytes: 0,
-            in_place: false,
-        },
-    };
-    let a = load_cuda(&dir, &store, &opts).unwrap();
-    let b = load_cuda(&dir, &store, &opts).unwrap();
-    (r, tmp, a, b)
-}
-
 fn check(name: &str) {
     if !gpu_or_skip(&format!("gpu_engine_graphs {name}")) {
         return;
     }
-    let (r, _tmp, mut eager, mut graphs) = two_models(name);
+    let (r, _tmp, mut eager, mut graphs) = two_resident_gpu_models(name);
     eager.device().set_graphs(false);
     graphs.device().gpu().set_segment_launches(16);
     assert!(graphs.experts().resident_all(), "{name}: every record fits");
@@ -184,7 +153,7 @@ fn against_plain(name: &str, what: &str, set: &dyn Fn(&CudaDevice)) -> Option<(u
     if !gpu_or_skip(&format!("gpu_engine_graphs {what} {name}")) {
         return None;
     }
-    let (r, _tmp, mut plain, mut fused) = two_models(name);
+    let (r, _tmp, mut plain, mut fused) = two_resident_gpu_models(name);
     plain.device().set_fusion(false, false);
     plain.device().set_prefetch_next(false);
     set(fused.device());

@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 use flashtier::experts::Backing;
 use flashtier_engine::device::cpu::CpuDevice;
+use flashtier_engine::device::cuda::CudaDevice;
+use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::experts::ExpertStats;
-use flashtier_engine::load::{LoadOptions, load_cpu};
+use flashtier_engine::load::{GpuOptions, LoadOptions, load_cpu, load_cuda};
 use flashtier_engine::pack::{PackOptions, PackReport, pack_experts};
 use flashtier_engine::{EngineError, Generation, Model};
 use serde_json::Value;
@@ -137,4 +139,33 @@ pub fn max_abs_diff(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
         }
     }
     worst
+}
+
+/// Fixture `name`'s reference, its packed store (kept while the models
+/// run) and two GPU models of it with every expert resident in HBM.
+pub fn two_resident_gpu_models(
+    name: &str,
+) -> (
+    Reference,
+    tempfile::TempDir,
+    Model<CudaDevice>,
+    Model<CudaDevice>,
+) {
+    let dir = fixture(name);
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let report = pack(&dir, tmp.path());
+    let store = LoadOptions::store(&report.out);
+    let opts = GpuOptions {
+        kv: None,
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: None,
+            ram_bytes: 0,
+            in_place: false,
+        },
+    };
+    let a = load_cuda(&dir, &store, &opts).unwrap();
+    let b = load_cuda(&dir, &store, &opts).unwrap();
+    (r, tmp, a, b)
 }
