@@ -236,12 +236,7 @@ impl<D: Device> Model<D> {
                 tokens.len()
             }
             StepInput::Picked(_) => {
-                if first + 1 > self.kv.capacity() {
-                    return Err(EngineError::ContextFull {
-                        len: first + 1,
-                        max: self.kv.capacity(),
-                    });
-                }
+                check_room(first, 1, self.kv.capacity())?;
                 1
             }
         };
@@ -500,19 +495,25 @@ pub(crate) fn greedy<M: Decoder>(
     let kv_decode = m.kv_stats();
     let issue_start = m.issue_ns();
     let decode_started = Instant::now();
-    let next = last_argmax(&last, vocab);
-    if m.chains() {
-        chained(m, next, max_new, stop_ids, &mut out, &mut on_token)?;
-    } else {
-        let mut next = next;
-        for _ in 0..max_new {
-            out.generated_ids.push(next);
-            on_token(next);
-            if out.generated_ids.len() >= max_new || stop_ids.contains(&next) {
-                break;
+    // Take a new token; whether the decode ends with it.
+    let mut take = |out: &mut Generation, token: u32| {
+        out.generated_ids.push(token);
+        on_token(token);
+        out.generated_ids.len() >= max_new || stop_ids.contains(&token)
+    };
+    let first = last_argmax(&last, vocab);
+    if max_new > 0 && !take(&mut out, first) {
+        if m.chains() {
+            chained(m, first, max_new, &mut out, &mut take)?;
+        } else {
+            let mut next = first;
+            loop {
+                next = m.greedy_step(next)?;
+                out.decode_steps += 1;
+                if take(&mut out, next) {
+                    break;
+                }
             }
-            next = m.greedy_step(next)?;
-            out.decode_steps += 1;
         }
     }
     out.decode_secs = decode_started.elapsed().as_secs_f64();
@@ -536,27 +537,19 @@ pub(crate) fn greedy<M: Decoder>(
     Ok(out)
 }
 
-/// The decode loop of [`greedy`] with chained steps: the step after a
-/// token is issued before the host reads that token, so the device never
-/// waits for the host between steps. When the token read ends the decode
-/// (a stop id), the step issued on it is undone. The tokens are
-/// [`Decoder::greedy_step`]'s: the same kernels pick them.
+/// The decode loop of [`greedy`] with chained steps, after `first` was
+/// taken: the step after a token is issued before the host reads that
+/// token, so the device never waits for the host between steps. When the
+/// token read ends the decode (a stop id), the step issued on it is
+/// undone. The tokens are [`Decoder::greedy_step`]'s: the same kernels
+/// pick them.
 fn chained<M: Decoder>(
     m: &mut M,
     first: u32,
     max_new: usize,
-    stop_ids: &[u32],
     out: &mut Generation,
-    on_token: &mut impl FnMut(u32),
+    take: &mut impl FnMut(&mut Generation, u32) -> bool,
 ) -> Result<(), EngineError> {
-    if max_new == 0 {
-        return Ok(());
-    }
-    out.generated_ids.push(first);
-    on_token(first);
-    if out.generated_ids.len() >= max_new || stop_ids.contains(&first) {
-        return Ok(());
-    }
     let mut pending = m.chain_step(Some(first))?;
     out.decode_steps += 1;
     loop {
@@ -568,15 +561,9 @@ fn chained<M: Decoder>(
             None
         };
         let token = m.chain_token(pending)?;
-        out.generated_ids.push(token);
-        on_token(token);
-        if stop_ids.contains(&token) {
-            if ahead.is_some() {
-                m.chain_undo()?;
-            }
-            return Ok(());
-        }
+        let done = take(out, token);
         match ahead {
+            Some(_) if done => return m.chain_undo(),
             Some(t) => {
                 pending = t;
                 out.decode_steps += 1;
@@ -612,6 +599,11 @@ pub(crate) fn check_step(
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(EngineError::TokenOutOfRange { id, vocab });
     }
+    check_room(used, n, capacity)
+}
+
+/// Refuse `n` more positions past `capacity` (`used` taken).
+fn check_room(used: usize, n: usize, capacity: usize) -> Result<(), EngineError> {
     if used + n > capacity {
         return Err(EngineError::ContextFull {
             len: used + n,

@@ -113,8 +113,8 @@ struct PickSlots {
 impl Picks {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         let one = || {
-            // SAFETY: the memory is only read after a copy into it landed
-            // (`PinnedHostSlice::as_slice` waits for the copy's event).
+            // SAFETY: a slot is only read after a copy into it landed
+            // (`DecodeKernels::picked` waits on the slot's `landed` event).
             unsafe { gpu.context().alloc_pinned::<i32>(1) }
                 .map_err(CudaError::driver("allocate page-locked pick slots"))
         };

@@ -231,7 +231,7 @@ impl DevKvCache {
     /// slid past those positions' chunks has no room to take them back.
     pub fn rewind(&mut self, n: usize) -> Result<(), CudaError> {
         let keep = self.len.checked_sub(n);
-        let whole = self.window.slots() >= ChunkWindow::chunks(self.capacity);
+        let whole = self.rewinds();
         let in_step = self.layer_len.iter().any(|&l| l != self.len);
         match keep {
             Some(keep) if whole && !in_step => {

@@ -161,6 +161,15 @@ impl CudaDevice {
         })
     }
 
+    /// Start recording a one-row step (its embedding is the first launch)
+    /// when every expert is resident and no profile is taken.
+    fn begin_one_row_step(&self) -> Result<(), EngineError> {
+        if self.all_resident.get() && !self.profiler.on() {
+            self.gpu.begin_step()?;
+        }
+        Ok(())
+    }
+
     /// Let a greedy decode issue its next step before it reads the token
     /// (on by default, `FLASHTIER_CHAIN=0` off): the step embeds the pick on
     /// the device, so the GPU does not wait for the host between steps. The
@@ -357,8 +366,8 @@ impl Device for CudaDevice {
                 vocab: table.rows(),
             });
         }
-        if ids.len() == 1 && self.all_resident.get() && !self.profiler.on() {
-            self.gpu.begin_step()?;
+        if ids.len() == 1 {
+            self.begin_one_row_step()?;
         }
         self.timed(OpClass::Other, 0, || {
             Ok(self.kernels.embed(out, table, ids)?)
@@ -704,9 +713,7 @@ impl Device for CudaDevice {
         table: &DevMatrix,
         t: PickTicket,
     ) -> Result<(), EngineError> {
-        if self.all_resident.get() && !self.profiler.on() {
-            self.gpu.begin_step()?;
-        }
+        self.begin_one_row_step()?;
         self.timed(OpClass::Other, 0, || {
             Ok(self.kernels.embed_picked(out, table, t)?)
         })
