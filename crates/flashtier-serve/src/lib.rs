@@ -1,0 +1,1 @@
+//! flashtier serve (in progress).

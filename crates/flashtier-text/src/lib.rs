@@ -1,0 +1,1 @@
+//! flashtier's text layer (in progress).
