@@ -385,6 +385,8 @@ CHAT_CASES = [
     ("structured_content", "trimmed", None),
     ("multi_turn", "pyrepr", None),
     ("tool_round_trip", "pyrepr", None),
+    ("unicode", "pyrepr", None),
+    ("whitespace_content", "pyrepr", None),
 ]
 
 TEXT_CASES = [
