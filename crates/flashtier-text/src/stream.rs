@@ -127,8 +127,8 @@ impl StreamDecoder {
         Ok(())
     }
 
-    /// Keeps the last `RESTART_CONTEXT_TOKENS` ids as the whole window,
-    /// `sent` bytes of their text counted as returned.
+    /// Keeps `window[tail_start..]` as the whole window, `sent` bytes of
+    /// its text counted as returned.
     fn keep_tail(&mut self, tail_start: usize, sent: usize) {
         self.window.drain(..tail_start);
         self.context_len = 0;
@@ -152,6 +152,12 @@ impl StreamDecoder {
         let last_text = self.decode(self.window.get(last..).unwrap_or_default())?;
         self.keep_tail(last, last_text.len());
         Ok(delta)
+    }
+
+    /// How many ids the decoder holds now (at most [`MAX_WINDOW_TOKENS`]
+    /// + 1, whatever the length of the stream).
+    pub fn window_len(&self) -> usize {
+        self.window.len()
     }
 
     /// Ends the stream: returns the held text (trailing U+FFFD of an
