@@ -216,6 +216,54 @@ items={% for k, v in {'z': 1, 'y': 2}.items() %}{{ k }}{{ v }}{% endfor %} get={
 upper={{ 'MiXed'.upper() }} {{ 'MiXed'.lower() }} {{ 'hello world'.title() }} replace={{ 'a-b-c'.replace('-', '+') }}
 """
 
+# Constructs that real model templates lean on, checked one by one: a
+# content macro, selectattr/map/dictsort filters, reversed slices, loop
+# neighbours, dict methods, arithmetic and slicing, conditional
+# expressions without else, and Python printing of tuples and dicts.
+FEATURES_TEMPLATE = """\
+{%- macro render_content(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is iterable and content is not mapping -%}
+        {%- for item in content -%}
+            {%- if 'image' in item or item.type == 'image' -%}<image>
+            {%- elif 'text' in item -%}{{- item.text -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set systems = messages | selectattr('role', 'equalto', 'system') | list -%}
+{%- set ns = namespace(last_query=messages | length - 1, seen=0) -%}
+{%- for message in messages[::-1] -%}
+    {%- set index = (messages | length - 1) - loop.index0 -%}
+    {%- if message.role == 'user' and ns.seen == 0 -%}
+        {%- set ns.last_query = index -%}
+        {%- set ns.seen = 1 -%}
+    {%- endif -%}
+{%- endfor -%}
+[systems={{ systems | length }} first={{ (messages | first).role }} last={{ (messages | last).role | upper }} last_query={{ ns.last_query }}]
+{% for message in messages -%}
+{%- set content = render_content(message.content) | trim -%}
+{{ loop.index }}{% if loop.previtem is defined %}<{{ loop.previtem.role[:1] }}{% endif %}{% if loop.nextitem is defined %}>{{ loop.nextitem.role[:1] }}{% endif %} {{ message.role | capitalize }}: {{ content | replace('\\n', ' / ') }}
+{%- if message.reasoning_content is string and loop.index0 > ns.last_query %} (thought: {{ message.reasoning_content.strip('\\n ') }}){% endif %}
+{%- if message.tool_calls %}
+{%- for call in message.tool_calls %}
+{%- set call = call.function if call.function is defined else call %}
+ call {{ call.name }}({% for k, v in call.arguments | dictsort %}{{ k }}={{ v | tojson }}{{ ', ' if not loop.last }}{% endfor %})
+{%- endfor %}
+{%- endif %}
+{%- if message.get('tool_call_id') %} [for {{ message.get('tool_call_id', 'none') }}]{% endif %}
+
+{% endfor -%}
+{%- if tools is not none %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
+{{ tools[0] | tojson(indent=4) }}
+{% endif -%}
+{{ 'keys=' ~ (messages[0] | list | join('+')) }} {{ 'count=' ~ messages | length }} {{ ('a', 'b') | join }} {{ [3, 1, 2] | sort | join(',') }} {{ 'x' * 3 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 10 }} {{ [1, 2, 3][1:] }} {{ 'abc'[::-1] }} {{ 'hello'[-1] }} {{ (1, 2) }} {{ {'a': 1, 'b': [none]} }} {{ none }} {{ 1.5 + 1 }} {{ 10 / 4 }} {{ 'q' in 'quiet' }} {{ messages[0].missing is defined }} {{ messages | map(attribute='role') | unique | list }}
+{%- if add_generation_prompt %}
+<|assistant|>
+{%- endif %}
+"""
+
 # Tool schemas with keys in sorted order: serde_json without preserve_order
 # sorts object keys, so the ordinary cases do not depend on that feature.
 WEATHER_TOOL_SORTED = {
@@ -387,6 +435,11 @@ CHAT_CASES = [
     ("tool_round_trip", "pyrepr", None),
     ("unicode", "pyrepr", None),
     ("whitespace_content", "pyrepr", None),
+    ("multi_turn", "features", None),
+    ("tool_round_trip", "features", [WEATHER_TOOL_SORTED, CLOCK_TOOL_SORTED]),
+    ("structured_content", "features", None),
+    ("named_user_and_reasoning", "features", None),
+    ("unicode", "features", None),
 ]
 
 TEXT_CASES = [
@@ -497,7 +550,8 @@ def main():
     )
 
     hf = AutoTokenizer.from_pretrained(out)
-    templates = {"main": None, "trimmed": TRIMMED_TEMPLATE, "pyrepr": PYREPR_TEMPLATE}
+    templates = {"main": None, "trimmed": TRIMMED_TEMPLATE, "pyrepr": PYREPR_TEMPLATE,
+                 "features": FEATURES_TEMPLATE}
     conversations = {name: (msgs, agp) for name, msgs, agp in CONVERSATIONS}
 
     chat_cases = []
@@ -563,7 +617,7 @@ def main():
             "len_tokenizer": len(hf),
             "special_tokens_map": hf.special_tokens_map,
             "eos_token_id": [im_end, endoftext],
-            "templates": {"main": None, "trimmed": TRIMMED_TEMPLATE, "pyrepr": PYREPR_TEMPLATE},
+            "templates": templates,
             "chat_cases": chat_cases,
             "text_cases": text_cases,
             "cut_cases": cut_cases(hf),
