@@ -7,7 +7,8 @@
 //!   `additional_chat_templates/*.jinja` (named) take priority over
 //!   tokenizer_config.json's `chat_template`, which is a string or a list of
 //!   `{name, template}`. A set of named templates must have a `default`;
-//!   a `tool_use` template is picked instead when tools are given.
+//!   a `tool_use` template is picked instead when tools are given. At
+//!   most [`MAX_NAMED_TEMPLATES`] files are read from the folder.
 //! - Special tokens: tokenizer_config.json's `bos_token`, `eos_token`,
 //!   `unk_token`, `sep_token`, `pad_token`, `cls_token`, `mask_token`, each a
 //!   string, an AddedToken object (`{"content": ...}`) or null. A legacy
@@ -25,6 +26,10 @@ use serde_json::Value;
 
 use crate::error::{Result, TextError};
 use crate::files;
+
+/// The most templates `additional_chat_templates/` may hold (each is read
+/// and compiled at open).
+pub const MAX_NAMED_TEMPLATES: usize = 64;
 
 /// The named special tokens, as strings (transformers' `special_tokens_map`:
 /// unset ones are `None` and stay undefined in chat templates).
@@ -213,6 +218,12 @@ fn file_templates(dir: &Path) -> Result<BTreeMap<String, TemplateSource>> {
             let path = entry.map_err(io)?.path();
             if path.extension().is_some_and(|e| e == "jinja") {
                 paths.push(path);
+            }
+            if paths.len() > MAX_NAMED_TEMPLATES {
+                return Err(TextError::TooManyTemplates {
+                    path: extra.clone(),
+                    limit: MAX_NAMED_TEMPLATES,
+                });
             }
         }
         paths.sort();

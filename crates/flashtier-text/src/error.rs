@@ -76,6 +76,16 @@ pub enum TextError {
         names: Vec<String>,
     },
 
+    /// `additional_chat_templates/` holds more templates than
+    /// [`crate::config::MAX_NAMED_TEMPLATES`].
+    #[error("{path} holds more than {limit} templates")]
+    TooManyTemplates {
+        /// The folder.
+        path: PathBuf,
+        /// The limit.
+        limit: usize,
+    },
+
     /// An end-of-sequence id is not in the tokenizer's vocabulary.
     #[error(
         "{path}: `{field}` holds id {id}, outside the tokenizer's {vocab_size}-token vocabulary"

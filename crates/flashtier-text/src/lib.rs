@@ -46,14 +46,14 @@
 //! # Ok::<(), flashtier_text::TextError>(())
 //! ```
 //!
-//! Where minijinja still differs from Jinja2 in ways a template can see
-//! (none of the common model templates relies on them): `~` and `join`
-//! print booleans and `None` as `true` / `none` (only `{{ }}` and `|string`
-//! print Python's `str()`), `strftime_now` uses UTC rather than local time,
-//! and Python methods beyond minijinja-contrib's pycompat set fail as
-//! unknown methods. Without serde_json's `preserve_order` feature, JSON
-//! objects passed in (tools, message fields) reach the template with their
-//! keys sorted, where transformers keeps the caller's order.
+//! Where rendering can still differ from transformers (none of the common
+//! model templates relies on these): `strftime_now` uses UTC rather than
+//! local time; Python methods beyond minijinja-contrib's pycompat set fail
+//! as unknown methods; `repr` of a string prints unassigned code points
+//! that Python would escape. Without serde_json's `preserve_order` feature
+//! (off in this workspace), JSON objects passed in (tools, message fields)
+//! reach the template with their keys sorted, where transformers keeps the
+//! caller's order; objects built inside templates keep their order.
 
 pub mod chat;
 pub mod config;

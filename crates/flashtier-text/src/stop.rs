@@ -11,9 +11,11 @@
 //! is still incomplete at the end of the text seen so far.
 //!
 //! Bounds: at most [`MAX_STOP_STRINGS`] strings of at most
-//! [`MAX_STOP_STRING_BYTES`] bytes; a push scans the held text plus the
-//! delta once per stop string, so its work is linear in the delta (times
-//! the number of strings and their length).
+//! [`MAX_STOP_STRING_BYTES`] bytes; a push searches the held text plus the
+//! delta once per stop string (a linear-time substring search) and tests at
+//! most `longest` suffixes of it against each string, so its work is
+//! O(strings × (delta + longest²)) byte comparisons, and the memory held
+//! between pushes is under `longest` bytes.
 
 use crate::error::{Result, TextError};
 

@@ -81,6 +81,16 @@ fn an_oversize_config_is_refused_before_reading() {
 }
 
 #[test]
+fn an_oversize_tokenizer_is_refused_before_reading() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("tokenizer.json");
+    let file = fs::File::create(&path).expect("creates");
+    file.set_len(flashtier_text::MAX_TOKENIZER_BYTES + 1)
+        .expect("a sparse file");
+    assert!(matches!(open_err(dir.path()), TextError::TooLarge { path: at, .. } if at == path));
+}
+
+#[test]
 fn device_nodes_and_fifos_are_refused() {
     let dir = folder(&[]);
     let config = dir.path().join("config.json");
@@ -305,4 +315,21 @@ fn a_template_syntax_error_names_the_file_and_line() {
         }
         other => panic!("wrong error: {other:?}"),
     }
+}
+
+#[test]
+fn a_folder_of_too_many_templates_is_refused() {
+    let names: Vec<String> = (0..=flashtier_text::config::MAX_NAMED_TEMPLATES)
+        .map(|i| format!("additional_chat_templates/t{i}.jinja"))
+        .collect();
+    let files: Vec<(&str, String)> = names
+        .iter()
+        .map(|n| (n.as_str(), "x".to_string()))
+        .collect();
+    let dir = folder(&files);
+    let err = open_err(dir.path());
+    assert!(
+        matches!(&err, TextError::TooManyTemplates { path, limit: 64 } if path.ends_with("additional_chat_templates")),
+        "{err:?}"
+    );
 }

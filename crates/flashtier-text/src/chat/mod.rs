@@ -20,7 +20,7 @@
 //! budget bounds both time and memory; a template that loops forever or
 //! grows its output without end fails with
 //! [`TextError::TemplateOutOfFuel`]. Printing values nests at most
-//! [`pyfmt::MAX_DEPTH`] levels; macros recurse at most minijinja's default
+//! 256 levels; macros recurse at most minijinja's default
 //! 500 levels.
 
 mod clock;
