@@ -59,6 +59,7 @@ mod loader;
 pub mod matrix;
 pub mod model;
 pub mod pack;
+pub mod sample;
 pub mod source;
 pub mod store_cache;
 pub mod synth;

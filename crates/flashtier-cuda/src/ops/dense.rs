@@ -455,20 +455,36 @@ impl DecodeKernels {
         Ok(())
     }
 
-    /// `out` (`1 x cols`) = row `r` of `x`.
-    pub fn copy_row(&self, out: &mut DevAct, x: &DevAct, r: usize) -> Result<(), CudaError> {
-        if out.rows() != 1 || out.cols() != x.cols() || r >= x.rows() {
+    /// Rows `dst_row..dst_row + n` of `dst` = rows `src_row..src_row + n`
+    /// of `src` (the same width), after every launch queued so far.
+    pub fn copy_rows(
+        &self,
+        dst: &mut DevAct,
+        dst_row: usize,
+        src: &DevAct,
+        src_row: usize,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let c = src.cols();
+        let fits = |row: usize, rows: usize| row.checked_add(n).is_some_and(|end| end <= rows);
+        if dst.cols() != c || n == 0 || !fits(src_row, src.rows()) || !fits(dst_row, dst.rows()) {
             return Err(shape(
-                "copy_row",
-                format!("row {r} of {}x{}", x.rows(), x.cols()),
+                "copy_rows",
+                format!(
+                    "{n} rows from row {src_row} of {}x{c} to row {dst_row} of {}x{}",
+                    src.rows(),
+                    dst.rows(),
+                    dst.cols()
+                ),
             ));
         }
-        let c = x.cols();
+        // Recorded launches wait in a queue; the copy goes to the stream.
         self.gpu.flush()?;
-        let src = x.buf().slice(r * c..(r + 1) * c);
+        let from = src.buf().slice(src_row * c..(src_row + n) * c);
+        let mut to = dst.buf_mut().slice_mut(dst_row * c..(dst_row + n) * c);
         self.gpu
             .stream()
-            .memcpy_dtod(&src, out.buf_mut())
-            .map_err(CudaError::driver("copy a row"))
+            .memcpy_dtod(&from, &mut to)
+            .map_err(CudaError::driver("copy rows"))
     }
 }

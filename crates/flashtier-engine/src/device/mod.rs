@@ -445,8 +445,16 @@ pub trait Device {
         layer: usize,
         routes: &Self::Routes,
     ) -> Result<(), EngineError>;
-    /// `out` (`1 x cols`) = row `r` of `x`.
-    fn copy_row(&self, out: &mut Self::Act, x: &Self::Act, r: usize) -> Result<(), EngineError>;
+    /// Rows `dst_row..dst_row + n` of `dst` = rows `src_row..src_row + n`
+    /// of `src` (both as wide; the rows must exist).
+    fn copy_rows(
+        &self,
+        dst: &mut Self::Act,
+        dst_row: usize,
+        src: &Self::Act,
+        src_row: usize,
+        n: usize,
+    ) -> Result<(), EngineError>;
     /// Copy `x` to the host, row-major.
     fn to_host(&self, x: &Self::Act) -> Result<Vec<f32>, EngineError>;
     /// Index of each row's largest value (lowest index on ties).

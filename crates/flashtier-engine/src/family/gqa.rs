@@ -6,7 +6,7 @@
 use crate::config::ModelConfig;
 use crate::device::{AddNormTo, Device};
 use crate::error::EngineError;
-use crate::family::Step;
+use crate::family::{RowUse, Step, per_sequence_arity};
 use crate::loader::Loader;
 
 /// One layer's attention weights.
@@ -86,16 +86,24 @@ impl<D: Device> GqaWeights<D> {
         // The output product's weights come in while the attention runs.
         dev.prefetch(&[&self.o_proj])?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
-        dev.rope_attend(
-            st.kv,
-            layer,
-            (&mut q, &mut k, &v),
-            norms,
-            c.rms_norm_eps,
-            st.rope,
-            d,
-            st.first,
-            &mut heads,
+        let (eps, rope) = (c.rms_norm_eps, st.rope);
+        st.per_sequence(
+            &mut [&mut heads, &mut q, &mut k, &mut v],
+            &[RowUse::Out, RowUse::In, RowUse::In, RowUse::In],
+            |dev, kv, first, a| match a {
+                [heads, q, k, v] => dev.rope_attend(
+                    kv,
+                    layer,
+                    (&mut **q, &mut **k, &**v),
+                    norms,
+                    eps,
+                    rope,
+                    d,
+                    first,
+                    heads,
+                ),
+                _ => Err(per_sequence_arity()),
+            },
         )?;
         dev.linear_add_norm(&self.o_proj, &heads, to)
     }

@@ -9,7 +9,7 @@
 use crate::config::{Mla, ModelConfig};
 use crate::device::{AddNormTo, Device, HeadCopy, RopeSpec, VectorLen};
 use crate::error::EngineError;
-use crate::family::Step;
+use crate::family::{RowUse, Step, per_sequence_arity};
 use crate::loader::Loader;
 
 /// The query projection of latent attention.
@@ -126,8 +126,18 @@ impl<D: Device> MlaWeights<D> {
             dims: rope,
             interleaved: m.rope_interleave,
         };
-        dev.rope(&mut latent, st.rope, rotate(1, rank + rope, rank), st.first)?;
-        dev.rope(&mut q, st.rope, rotate(heads, qk, nope), st.first)?;
+        let table = st.rope;
+        st.per_sequence(
+            &mut [&mut latent, &mut q],
+            &[RowUse::InOut, RowUse::InOut],
+            |dev, _, first, a| match a {
+                [latent, q] => {
+                    dev.rope(latent, table, rotate(1, rank + rope, rank), first)?;
+                    dev.rope(q, table, rotate(heads, qk, nope), first)
+                }
+                _ => Err(per_sequence_arity()),
+            },
+        )?;
         // Query heads `[nope | rope]` padded to `d` and pre-scaled; keys
         // `[k_nope | k_rot]` (k_rot shared by every head); values padded.
         let q_scale = (c.attention_scale() * (d as f64).sqrt()) as f32;
@@ -139,7 +149,14 @@ impl<D: Device> MlaWeights<D> {
         let mut vs = dev.zeros(n, heads * d)?;
         dev.copy_heads(&mut vs, &kv, slice(heads, vd, nope + vd, nope, d, 0, 1.0))?;
         let mut attended = dev.zeros(n, heads * d)?;
-        dev.attend(st.kv, layer, &qs, &ks, &vs, &mut attended)?;
+        st.per_sequence(
+            &mut [&mut attended, &mut qs, &mut ks, &mut vs],
+            &[RowUse::Out, RowUse::In, RowUse::In, RowUse::In],
+            |dev, kv, _, a| match a {
+                [attended, qs, ks, vs] => dev.attend(kv, layer, qs, ks, vs, attended),
+                _ => Err(per_sequence_arity()),
+            },
+        )?;
         let mut values = dev.zeros(n, heads * vd)?;
         dev.copy_heads(&mut values, &attended, slice(heads, vd, d, 0, vd, 0, 1.0))?;
         dev.linear_add_norm(&self.o_proj, &values, to)

@@ -22,7 +22,7 @@ pub mod route;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::device::{AddNormTo, Device};
+use crate::device::{Activation, AddNormTo, Device};
 use crate::error::EngineError;
 use crate::loader::Loader;
 use ffn::{Ffn, SparseMlp};
@@ -114,7 +114,34 @@ fn load_layer<D: Device>(
     })
 }
 
-/// What one forward step of `rows` tokens shares across layers.
+/// The rows of one sequence in a step: `rows` consecutive rows from
+/// `start`, at positions `first..first + rows` of its KV cache.
+pub struct SeqRows<'a, D: Device> {
+    /// The sequence's KV cache.
+    pub kv: &'a mut D::Kv,
+    /// Position of the sequence's first row (the cache's length).
+    pub first: usize,
+    /// The sequence's first row in the step.
+    pub start: usize,
+    /// Rows of the sequence.
+    pub rows: usize,
+}
+
+/// How [`Step::per_sequence`] treats an activation of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowUse {
+    /// Read by the sequence's operations.
+    In,
+    /// Written by them (every column of the sequence's rows).
+    Out,
+    /// Read and updated in place.
+    InOut,
+}
+
+/// What one forward step of `rows` tokens shares across layers. The rows
+/// belong to one sequence (a prompt chunk, a decode token) or to several
+/// (a batch: each sequence's rows consecutive, in `seqs` order); only the
+/// position-dependent operations (RoPE, attention) look at `seqs`.
 pub struct Step<'a, D: Device> {
     /// The device.
     pub dev: &'a D,
@@ -124,14 +151,68 @@ pub struct Step<'a, D: Device> {
     pub rule: &'a RouteRule,
     /// RoPE's table.
     pub rope: &'a D::Rope,
-    /// The sequence's KV cache.
-    pub kv: &'a mut D::Kv,
+    /// The sequences whose rows the step holds.
+    pub seqs: Vec<SeqRows<'a, D>>,
     /// The expert tier.
     pub experts: &'a mut D::Experts,
     /// Tokens in this step.
     pub rows: usize,
-    /// Position of the step's first token.
-    pub first: usize,
+}
+
+impl<D: Device> Step<'_, D> {
+    /// Run `f` once per sequence with its KV cache, its first position and
+    /// its rows of `acts` (`uses` says how each is used): a step of one
+    /// sequence hands `f` the activations themselves; otherwise `f` gets
+    /// copies of the sequence's rows, and the rows of the `Out` and `InOut`
+    /// activations are copied back after it. Every operation the engine
+    /// runs computes each row on its own, so the copies change no bit.
+    pub fn per_sequence(
+        &mut self,
+        acts: &mut [&mut D::Act],
+        uses: &[RowUse],
+        mut f: impl FnMut(&D, &mut D::Kv, usize, &mut [&mut D::Act]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let (dev, rows) = (self.dev, self.rows);
+        if acts.len() != uses.len() {
+            return Err(EngineError::Shape {
+                op: "per_sequence",
+                what: format!("{} activations, {} uses", acts.len(), uses.len()),
+            });
+        }
+        if let [seq] = self.seqs.as_mut_slice()
+            && seq.start == 0
+            && seq.rows == rows
+        {
+            return f(dev, seq.kv, seq.first, acts);
+        }
+        for seq in &mut self.seqs {
+            let mut parts = Vec::with_capacity(acts.len());
+            for (a, &u) in acts.iter().zip(uses) {
+                let mut part = dev.zeros(seq.rows, a.cols())?;
+                if u != RowUse::Out {
+                    dev.copy_rows(&mut part, 0, a, seq.start, seq.rows)?;
+                }
+                parts.push(part);
+            }
+            let mut refs: Vec<&mut D::Act> = parts.iter_mut().collect();
+            f(dev, seq.kv, seq.first, &mut refs)?;
+            for ((a, part), &u) in acts.iter_mut().zip(&parts).zip(uses) {
+                if u != RowUse::In {
+                    dev.copy_rows(a, seq.start, part, 0, seq.rows)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Step::per_sequence`] handed `f` another number of activations than
+/// it was given (a bug in the caller's pattern).
+pub(crate) fn per_sequence_arity() -> EngineError {
+    EngineError::Shape {
+        op: "per_sequence",
+        what: "the activations handed back do not match the pattern".to_string(),
+    }
 }
 
 /// The decoder layers over the step's embedded rows `x` (the residual

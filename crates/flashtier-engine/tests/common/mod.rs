@@ -5,6 +5,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
+pub mod batch;
 pub mod rewrite;
 
 use std::path::{Path, PathBuf};

@@ -119,6 +119,38 @@ impl KvState for KvCache {
     fn advance(&mut self, n: usize) {
         self.len += n;
     }
+
+    fn rewinds(&self) -> bool {
+        true
+    }
+
+    /// Every layer drops its last `n` positions: the blocks past the ones
+    /// still held are freed and the rest of the last block is zeroed (as a
+    /// block a push opens is), so the next push writes after the kept
+    /// positions exactly as if the dropped ones never were.
+    fn rewind(&mut self, n: usize) -> Result<(), EngineError> {
+        if n > self.len || self.held.iter().any(|&h| h != self.len) {
+            return Err(EngineError::Shape {
+                op: "kv rewind",
+                what: format!(
+                    "{n} positions of a cache holding {} (layers at {:?})",
+                    self.len, self.held
+                ),
+            });
+        }
+        let keep = self.len - n;
+        let bytes = self.position_bytes();
+        let end = keep.div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS * bytes;
+        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            buf.truncate(end);
+            if let Some(tail) = buf.get_mut(keep * bytes..) {
+                tail.fill(0);
+            }
+        }
+        self.held.fill(keep);
+        self.len = keep;
+        Ok(())
+    }
 }
 
 /// Runs each fold task on an instruction set.

@@ -478,17 +478,27 @@ impl Device for CpuDevice {
         Ok(())
     }
 
-    fn copy_row(&self, out: &mut HostAct, x: &HostAct, r: usize) -> Result<(), EngineError> {
-        if out.rows != 1 || out.cols != x.cols || r >= x.rows {
+    fn copy_rows(
+        &self,
+        dst: &mut HostAct,
+        dst_row: usize,
+        src: &HostAct,
+        src_row: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let c = src.cols;
+        let fits = |row: usize, rows: usize| row.checked_add(n).is_some_and(|end| end <= rows);
+        if dst.cols != c || n == 0 || !fits(src_row, src.rows) || !fits(dst_row, dst.rows) {
             return Err(shape_err(
-                "copy_row",
+                "copy_rows",
                 format!(
-                    "row {r} of {}x{} into {}x{}",
-                    x.rows, x.cols, out.rows, out.cols
+                    "{n} rows from row {src_row} of {}x{c} to row {dst_row} of {}x{}",
+                    src.rows, dst.rows, dst.cols
                 ),
             ));
         }
-        out.data.copy_from_slice(x.row(r));
+        dst.data[dst_row * c..(dst_row + n) * c]
+            .copy_from_slice(&src.data[src_row * c..(src_row + n) * c]);
         Ok(())
     }
 

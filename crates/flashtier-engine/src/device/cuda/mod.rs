@@ -681,8 +681,15 @@ impl Device for CudaDevice {
         Ok(())
     }
 
-    fn copy_row(&self, out: &mut DevAct, x: &DevAct, r: usize) -> Result<(), EngineError> {
-        Ok(self.kernels.copy_row(out, x, r)?)
+    fn copy_rows(
+        &self,
+        dst: &mut DevAct,
+        dst_row: usize,
+        src: &DevAct,
+        src_row: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        Ok(self.kernels.copy_rows(dst, dst_row, src, src_row, n)?)
     }
 
     fn to_host(&self, x: &DevAct) -> Result<Vec<f32>, EngineError> {

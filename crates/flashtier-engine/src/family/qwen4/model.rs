@@ -67,6 +67,9 @@ pub struct Qwen4Model {
     experts: PoolExperts,
     rule: RouteRule,
     pos: usize,
+    /// The batch API's id of the sequence the state is of
+    /// ([`crate::engine::Engine::step_batch`]; `None` after a reset).
+    owner: Option<u64>,
     /// Leave out stream `s`'s attention injection (only to show the
     /// fixture needs every hyper-connection term).
     pub(crate) drop_inject_stream: Option<usize>,
@@ -184,6 +187,7 @@ impl Qwen4Model {
             experts,
             rule,
             pos: 0,
+            owner: None,
             drop_inject_stream: None,
         })
     }
@@ -218,6 +222,16 @@ impl Qwen4Model {
             .sum()
     }
 
+    /// The batch API's id of the sequence the state is of.
+    pub(crate) fn owner(&self) -> Option<u64> {
+        self.owner
+    }
+
+    /// Name the sequence the state is of (right after a reset).
+    pub(crate) fn set_owner(&mut self, id: u64) {
+        self.owner = Some(id);
+    }
+
     /// Forget the sequence (the expert tier stays warm).
     pub fn reset(&mut self) {
         for l in &mut self.layers {
@@ -230,6 +244,7 @@ impl Qwen4Model {
             }
         }
         self.pos = 0;
+        self.owner = None;
     }
 
     /// Run `tokens` at the next positions; returns the logits of every

@@ -21,6 +21,9 @@ use crate::family::qwen4::{PleRowOptions, Qwen4Model};
 use crate::load::{GpuOptions, LoadOptions, cpu_experts, cuda_experts};
 use crate::model::{Generation, Model};
 
+mod batch;
+pub use batch::{EngineStep, SeqKv};
+
 /// Where a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Placement {
