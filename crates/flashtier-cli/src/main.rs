@@ -32,6 +32,9 @@ enum Command {
     Replay(cmd::replay::Args),
     /// Decode with a checkpoint, experts streamed from the store.
     Run(cmd::run::Args),
+    /// Serve a model over the OpenAI HTTP API (chat and completions,
+    /// streaming, sampling, continuous batching, prompt reuse).
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +54,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Replay(a) => cmd::replay::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     }
 }

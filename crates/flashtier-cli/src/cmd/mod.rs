@@ -6,4 +6,5 @@ pub mod inspect;
 pub mod pack;
 pub mod replay;
 pub mod run;
+pub mod serve;
 pub mod verify;

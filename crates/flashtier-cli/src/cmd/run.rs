@@ -24,6 +24,38 @@ use crate::kit::{self, parse_bytes};
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt_ids", "prompt"])))]
 pub struct Args {
+    /// The model and where its tiers live.
+    #[command(flatten)]
+    pub m: ModelArgs,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Prompt text, tokenized with the model's tokenizer.json.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub max_new: usize,
+    /// Keep generating past the model's end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (generated_ids, tokens_per_sec, expert_hit_rate,
+    /// bytes_read_per_token, stall_fraction, ...; with --rows-budget also
+    /// row_hit_rate, row_bytes_read_per_token, row_stall_fraction) instead
+    /// of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write {"prompt_logits": [[...] per prompt position]} to FILE: not a
+    /// file of the model, not the expert store (even one still to be
+    /// packed), not in the row-shard folder.
+    #[arg(long, value_name = "FILE")]
+    pub logits_out: Option<PathBuf>,
+}
+
+/// The model, its stores and its memory budgets: the options `run` and
+/// `serve` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
     /// Model directory: config.json and safetensors (tokenizer.json for --prompt).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
@@ -85,35 +117,12 @@ pub struct Args {
     /// Expert reads in flight at most.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub queue_depth: usize,
-    /// Prompt as comma-separated token ids.
-    #[arg(long, value_name = "IDS", value_delimiter = ',')]
-    pub prompt_ids: Option<Vec<u32>>,
-    /// Prompt text, tokenized with the model's tokenizer.json.
-    #[arg(long, value_name = "TEXT")]
-    pub prompt: Option<String>,
-    /// Tokens to generate.
-    #[arg(long, value_name = "N", default_value_t = 32)]
-    pub max_new: usize,
-    /// Keep generating past the model's end-of-sequence token.
-    #[arg(long)]
-    pub ignore_eos: bool,
-    /// Print one JSON object (generated_ids, tokens_per_sec, expert_hit_rate,
-    /// bytes_read_per_token, stall_fraction, ...; with --rows-budget also
-    /// row_hit_rate, row_bytes_read_per_token, row_stall_fraction) instead
-    /// of text.
-    #[arg(long)]
-    pub json: bool,
-    /// Write {"prompt_logits": [[...] per prompt position]} to FILE: not a
-    /// file of the model, not the expert store (even one still to be
-    /// packed), not in the row-shard folder.
-    #[arg(long, value_name = "FILE")]
-    pub logits_out: Option<PathBuf>,
 }
 
 /// Run `flashtier run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let tokenizer = match &args.prompt {
-        Some(_) => Some(load_tokenizer(&args.model)?),
+        Some(_) => Some(load_tokenizer(&args.m.model)?),
         None => None,
     };
     let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt, &tokenizer) {
@@ -131,10 +140,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         refuse_logits_out(path, &args)?;
     }
-    if args.kv_budget_hbm.is_some() && args.device == Placement::Cpu {
+    if args.m.kv_budget_hbm.is_some() && args.m.device == Placement::Cpu {
         return Err(EngineError::KvBudgetNeedsGpu { why: None }.into());
     }
-    let (mut model, store, chosen, touched) = load_model(&args)?;
+    let (mut model, store, chosen, touched) = load_model(&args.m, args.json)?;
     if let (Some(why), false) = (&chosen.fallback, args.json) {
         eprintln!("decoding on the CPU: {why}");
     }
@@ -163,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         },
     );
-    let out = out.map_err(|e| explain_pool(e, &args))?;
+    let out = out.map_err(|e| explain_pool(e, &args.m))?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &out)?;
     }
@@ -174,49 +183,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// from the store cache, paired with this checkpoint.
 /// The model, its store, where it runs, and the weight bytes a decode
 /// token reads.
-fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
+pub(crate) fn load_model(
+    m: &ModelArgs,
+    json: bool,
+) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
-    let ckpt = Checkpoint::open(&args.model)
-        .with_context(|| format!("opening {}", args.model.display()))?;
-    let touched = checked_weight_bytes(args, &ckpt)?;
+    let ckpt =
+        Checkpoint::open(&m.model).with_context(|| format!("opening {}", m.model.display()))?;
+    let touched = checked_weight_bytes(m, &ckpt)?;
     drop(ckpt);
-    let store = match &args.store {
+    let store = match &m.store {
         Some(path) => ExpertStore::File(path.clone()),
-        None => ExpertStore::Cache(store_cache(args.cache.as_deref())?),
+        None => ExpertStore::Cache(store_cache(m.cache.as_deref())?),
     };
     let opts = LoadOptions {
         store,
-        budget_bytes: args.budget,
-        backing: args.backing,
-        queue_depth: args.queue_depth,
+        budget_bytes: m.budget,
+        backing: m.backing,
+        queue_depth: m.queue_depth,
         backend: None,
     };
-    let show = !args.json;
-    let path = match (&opts.store, &args.store) {
+    let show = !json;
+    let path = match (&opts.store, &m.store) {
         (ExpertStore::File(path), _) if !path.exists() => {
-            let report = pack_store(&args.model, path, show)?;
+            let report = pack_store(&m.model, path, show)?;
             report.out
         }
         _ => {
             let bar = kit::bytes_bar(0, "packing", show);
-            let path = resolve_store(&args.model, &opts, &|done, total| {
+            let path = resolve_store(&m.model, &opts, &|done, total| {
                 if bar.length() != Some(total) {
                     bar.set_length(total);
                     bar.println(format!(
                         "packing the experts of {} once into {}",
-                        args.model.display(),
+                        m.model.display(),
                         describe_cache(&opts)
                     ));
                 }
                 bar.set_position(done);
             })
-            .with_context(|| format!("packing the experts of {}", args.model.display()))?;
+            .with_context(|| format!("packing the experts of {}", m.model.display()))?;
             bar.finish_and_clear();
             path
         }
     };
-    let kv = args.kv_budget_hbm.map(|bytes| {
-        let dir = args.kv_dir.clone().unwrap_or_else(|| {
+    let kv = m.kv_budget_hbm.map(|bytes| {
+        let dir = m.kv_dir.clone().unwrap_or_else(|| {
             path.parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
@@ -227,29 +239,29 @@ fn load_model(args: &Args) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
         kv,
         ordinal: 0,
         budgets: TierBudgets {
-            hbm_bytes: args.budget_hbm.or(args.budget),
-            ram_bytes: args.budget_ram,
+            hbm_bytes: m.budget_hbm.or(m.budget),
+            ram_bytes: m.budget_ram,
             in_place: false,
         },
     };
-    let rows = args.rows_budget.map(|budget_bytes| PleRowOptions {
-        dir: args
+    let rows = m.rows_budget.map(|budget_bytes| PleRowOptions {
+        dir: m
             .rows_dir
             .clone()
             .unwrap_or_else(|| PleRowOptions::dir_beside(&path)),
         budget_bytes,
     });
     let (model, chosen) =
-        engine::open_with_rows(&args.model, &path, &opts, args.device, &gpu, rows.as_ref())
-            .map_err(|e| explain_pool(e, args))
-            .with_context(|| format!("loading {}", args.model.display()))?;
+        engine::open_with_rows(&m.model, &path, &opts, m.device, &gpu, rows.as_ref())
+            .map_err(|e| explain_pool(e, m))
+            .with_context(|| format!("loading {}", m.model.display()))?;
     Ok((model, path, chosen, touched))
 }
 
 /// The weight bytes a decode token reads, after the config is checked
 /// against the checkpoint (counts it contradicts are refused before
 /// anything is packed; Qwen4-Exp's tensors are checked at load).
-fn checked_weight_bytes(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<u64> {
+fn checked_weight_bytes(m: &ModelArgs, ckpt: &Checkpoint) -> anyhow::Result<u64> {
     let json = ckpt.source().config();
     if Qwen4Config::is_qwen4(json) {
         let cfg = Qwen4Config::from_json(json)?;
@@ -257,7 +269,7 @@ fn checked_weight_bytes(args: &Args, ckpt: &Checkpoint) -> anyhow::Result<u64> {
             &cfg, ckpt,
         ));
     }
-    let cfg = ModelConfig::from_file(&args.model.join("config.json"))?;
+    let cfg = ModelConfig::from_file(&m.model.join("config.json"))?;
     flashtier_engine::config::bounds::check(&cfg, ckpt)?;
     Ok(flashtier_engine::load::weight_bytes_per_token(&cfg, ckpt))
 }
@@ -288,8 +300,8 @@ fn describe_cache(opts: &LoadOptions) -> String {
 
 /// A pool that cannot hold one step's experts says how big the budget must
 /// be; every other failure is reported as it is.
-fn explain_pool(e: EngineError, args: &Args) -> anyhow::Error {
-    let flag = if args.budget_hbm.is_some() {
+pub(crate) fn explain_pool(e: EngineError, m: &ModelArgs) -> anyhow::Error {
+    let flag = if m.budget_hbm.is_some() {
         "--budget-hbm"
     } else {
         "--budget"
@@ -360,8 +372,8 @@ pub(crate) fn ple_rows_dir(
 /// links), absent ones by where they would land.
 fn refuse_logits_out(out: &Path, args: &Args) -> anyhow::Result<()> {
     use flashtier_io::persist::{PersistError, refuse_inputs, resolve};
-    let model = args.model.as_path();
-    let store = store_path(model, args.store.as_deref(), args.cache.as_deref())?;
+    let model = args.m.model.as_path();
+    let store = store_path(model, args.m.store.as_deref(), args.m.cache.as_deref())?;
     let mut inputs = model_files(model);
     inputs.push(store);
     refuse_inputs(out, &inputs)?;
@@ -377,12 +389,12 @@ fn refuse_logits_out(out: &Path, args: &Args) -> anyhow::Result<()> {
     {
         return Err(refused(input, "it is").into());
     }
-    if args.rows_budget.is_some() {
+    if args.m.rows_budget.is_some() {
         let dir = ple_rows_dir(
             model,
-            args.store.as_deref(),
-            args.cache.as_deref(),
-            args.rows_dir.as_deref(),
+            args.m.store.as_deref(),
+            args.m.cache.as_deref(),
+            args.m.rows_dir.as_deref(),
         )?;
         let at = resolve(&dir).or_else(|_| std::path::absolute(&dir))?;
         if target == at {
@@ -440,7 +452,7 @@ fn report(
             "decode_steps": out.decode_steps,
             "decode_secs": out.decode_secs,
             "prefill_secs": out.prefill_secs,
-            "budget_bytes": args.budget,
+            "budget_bytes": args.m.budget,
             "expert_bytes_read_total": out.total_experts.bytes_read,
             "prefetch_bytes_per_token": e.prefetch_bytes as f64 / steps,
             "prefetch_used_bytes_per_token": e.prefetch_used_bytes as f64 / steps,
@@ -452,13 +464,13 @@ fn report(
             "device_fallback": chosen.fallback,
             "gpu_tiers": model.gpu_tiers().map(|(t, path, resident)| serde_json::json!({
                 "tiers": t, "expert_path": path, "all_resident": resident,
-                "budget_hbm_bytes": args.budget_hbm.or(args.budget), "budget_ram_bytes": args.budget_ram,
+                "budget_hbm_bytes": args.m.budget_hbm.or(args.m.budget), "budget_ram_bytes": args.m.budget_ram,
             })),
-            "rows_budget_bytes": args.rows_budget,
+            "rows_budget_bytes": args.m.rows_budget,
             "row_hit_rate": out.decode_rows.map(|r| r.hit_rate()),
             "row_bytes_read_per_token": out.decode_rows.map(|r| r.bytes_read as f64 / steps),
             "row_stall_fraction": out.decode_rows.map(|r| fraction(r.stall_ns, out.decode_secs)),
-            "kv_budget_hbm_bytes": args.kv_budget_hbm,
+            "kv_budget_hbm_bytes": args.m.kv_budget_hbm,
             "kv_tier": out.decode_kv.map(|k| kv_json(&k, steps, out.decode_secs)),
             "kv_tier_prefill": out.prefill_kv,
             "prefill_tokens_per_sec": if out.prefill_secs > 0.0 { out.prompt_tokens as f64 / out.prefill_secs } else { 0.0 },

@@ -1,0 +1,607 @@
+//! The scheduler: one thread owns the engine and runs continuous batching.
+//!
+//! Requests arrive through a [`Scheduler`] handle. Each step the thread
+//! admits waiting requests while fewer than `max_batch` run (taking a kept
+//! cache whose prefix the prompt shares, [`PrefixCache`]), then builds one
+//! engine step: every running sequence's decode token first, then prompt
+//! chunks of the sequences still reading their prompts, up to
+//! `step_rows` rows in all. A sequence's first output token is picked from
+//! the step that reads its prompt's last token. Each picked token goes to
+//! its request's event channel at once.
+//!
+//! Cancellation: a request whose receiver is gone (the client closed the
+//! connection, or the handler stopped at a stop string) leaves the batch
+//! before the next step, and its cache is kept for reuse.
+//!
+//! Bounds: at most `max_queue` requests wait (a submit past it is
+//! [`SubmitError::QueueFull`], HTTP 429) and `max_batch` run; a request's
+//! channel carries at most `max_tokens + 2` events; a step holds at most
+//! `step_rows` rows; each sequence's cache at most `context` positions;
+//! kept caches at most `prefix_cache_tokens` positions.
+//!
+//! Exactness: a failed step fails the requests in it (their caches are
+//! dropped, since some layers may have advanced past others); the other
+//! requests go on.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flashtier_engine::engine::{Engine, EngineStep, SeqKv};
+use flashtier_engine::model::{RowOut, Want};
+use flashtier_engine::sample::{Pick, Sampler, SamplingParams};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::prefix::PrefixCache;
+
+/// Limits of the scheduler (see the module docs).
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequences in one step at most.
+    pub max_batch: usize,
+    /// Requests waiting at most.
+    pub max_queue: usize,
+    /// Rows (tokens of all sequences) in one step at most.
+    pub step_rows: usize,
+    /// Positions of one sequence at most (prompt and output).
+    pub context: usize,
+    /// Positions the kept caches hold at most (0: no prompt reuse).
+    pub prefix_cache_tokens: usize,
+}
+
+/// One generation request.
+#[derive(Debug)]
+pub struct Job {
+    /// The prompt's token ids (not empty).
+    pub prompt: Vec<u32>,
+    /// How to pick tokens.
+    pub params: SamplingParams,
+    /// Output tokens at most.
+    pub max_tokens: usize,
+    /// Tokens that end the output (the model's EOS unless ignored).
+    pub stop_ids: Vec<u32>,
+}
+
+/// What a request hears.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// It joined the batch; `cached` prompt positions came from a kept
+    /// cache.
+    Started {
+        /// Reused prompt positions.
+        cached: usize,
+    },
+    /// An output token.
+    Token(Pick),
+    /// The end.
+    Done(Finish),
+    /// The engine failed; nothing more comes.
+    Failed(String),
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token (counted in the output tokens, never shown as text).
+    Stop(u32),
+    /// `max_tokens` reached, or the sequence's context is full.
+    Length,
+}
+
+/// Why a request was not taken.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SubmitError {
+    /// `max_queue` requests already wait.
+    #[error("the server's queue is full ({0} requests waiting); retry later")]
+    QueueFull(usize),
+    /// The scheduler has stopped.
+    #[error("the server is shutting down")]
+    Stopped,
+    /// The request cannot run on this model.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Counters, read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests taken.
+    pub requests: AtomicU64,
+    /// Requests refused at the queue limit.
+    pub rejected: AtomicU64,
+    /// Requests finished (any way).
+    pub finished: AtomicU64,
+    /// Requests failed by the engine.
+    pub failed: AtomicU64,
+    /// Requests cancelled by their client.
+    pub cancelled: AtomicU64,
+    /// Requests waiting now.
+    pub waiting: AtomicUsize,
+    /// Requests running now.
+    pub running: AtomicUsize,
+    /// Prompt tokens taken.
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens reused from kept caches.
+    pub cached_tokens: AtomicU64,
+    /// Output tokens picked.
+    pub generated_tokens: AtomicU64,
+    /// Engine steps run.
+    pub steps: AtomicU64,
+    /// Rows over all steps.
+    pub step_rows: AtomicU64,
+    /// Nanoseconds in engine steps.
+    pub step_ns: AtomicU64,
+    /// Expert bytes read from the store so far.
+    pub expert_bytes_read: AtomicU64,
+    /// Expert hits and misses so far.
+    pub expert_hits: AtomicU64,
+    /// Expert misses so far.
+    pub expert_misses: AtomicU64,
+    /// Positions in kept caches now.
+    pub prefix_cache_tokens: AtomicUsize,
+}
+
+struct Submitted {
+    job: Job,
+    events: tmpsc::UnboundedSender<Event>,
+}
+
+/// The handle requests are submitted through; dropping every handle (and
+/// [`Scheduler::stop`]) ends the thread once the running requests finish.
+#[derive(Clone)]
+pub struct Scheduler {
+    tx: mpsc::Sender<Submitted>,
+    counters: Arc<Counters>,
+    max_queue: usize,
+    vocab: usize,
+    context: usize,
+    stopping: Arc<AtomicBool>,
+}
+
+/// The running thread; join it after the last handle is gone.
+pub struct SchedulerThread {
+    join: JoinHandle<()>,
+    cfg: SchedulerConfig,
+}
+
+impl SchedulerThread {
+    /// The limits in force (the requested ones, clamped to the engine's).
+    #[must_use]
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Wait for the thread to end.
+    pub fn join(self) {
+        let _ = self.join.join();
+    }
+}
+
+impl Scheduler {
+    /// Start the thread that owns the engine: `open` runs on it (a GPU
+    /// engine's context belongs to the thread that made it) and its error,
+    /// if any, is returned here.
+    pub fn start<E: std::fmt::Display>(
+        open: impl FnOnce() -> Result<Engine, E> + Send + 'static,
+        cfg: SchedulerConfig,
+    ) -> Result<(Scheduler, SchedulerThread), String> {
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let thread_counters = counters.clone();
+        let join = std::thread::Builder::new()
+            .name("flashtier-scheduler".into())
+            .spawn(move || {
+                let engine = match open() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let cfg = SchedulerConfig {
+                    max_batch: cfg.max_batch.clamp(1, engine.max_batch()),
+                    step_rows: cfg.step_rows.clamp(1, engine.max_step_rows()),
+                    context: cfg.context.clamp(2, engine.context_limit().max(2)),
+                    ..cfg
+                };
+                let _ = ready_tx.send(Ok((engine.vocab_size(), cfg.clone())));
+                let mut worker = Worker {
+                    engine,
+                    prefix: PrefixCache::new(cfg.prefix_cache_tokens),
+                    cfg,
+                    rx,
+                    waiting: VecDeque::new(),
+                    live: Vec::new(),
+                    counters: thread_counters,
+                    next_id: 0,
+                };
+                worker.run();
+            })
+            .map_err(|e| format!("starting the scheduler thread: {e}"))?;
+        let (vocab, cfg) = match ready_rx.recv() {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                let _ = join.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = join.join();
+                return Err("the scheduler thread ended while opening the engine".into());
+            }
+        };
+        let handle = Scheduler {
+            tx,
+            counters,
+            max_queue: cfg.max_queue,
+            vocab,
+            context: cfg.context,
+            stopping,
+        };
+        Ok((handle, SchedulerThread { join, cfg }))
+    }
+
+    /// Queue `job`; its events come on the returned receiver (dropping it
+    /// cancels the request).
+    pub fn submit(&self, job: Job) -> Result<tmpsc::UnboundedReceiver<Event>, SubmitError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(SubmitError::Stopped);
+        }
+        self.check(&job)?;
+        let waiting = &self.counters.waiting;
+        if waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_queue).then_some(n + 1)
+            })
+            .is_err()
+        {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(SubmitError::QueueFull(self.max_queue));
+        }
+        let (events, rx) = tmpsc::unbounded_channel();
+        if self.tx.send(Submitted { job, events }).is_err() {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::Stopped);
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(rx)
+    }
+
+    fn check(&self, job: &Job) -> Result<(), SubmitError> {
+        let invalid = |s: String| Err(SubmitError::Invalid(s));
+        if job.prompt.is_empty() {
+            return invalid("the prompt is empty".into());
+        }
+        if let Some(&t) = job.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return invalid(format!(
+                "prompt token {t} is past the vocabulary of {}",
+                self.vocab
+            ));
+        }
+        if job.prompt.len() >= self.context {
+            return invalid(format!(
+                "the prompt has {} tokens; this server's context is {} (prompt and output)",
+                job.prompt.len(),
+                self.context
+            ));
+        }
+        if job.max_tokens == 0 {
+            return invalid("max_tokens must be at least 1".into());
+        }
+        job.params
+            .validate(self.vocab)
+            .map_err(|e| SubmitError::Invalid(e.to_string()))
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Positions of one sequence at most.
+    #[must_use]
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Refuse new requests; the running and waiting ones finish.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+}
+
+struct Live {
+    job: Job,
+    events: tmpsc::UnboundedSender<Event>,
+    kv: SeqKv,
+    sampler: Sampler,
+    /// Every token the cache holds, then the pending one.
+    tokens: Vec<u32>,
+    /// Prompt tokens the cache holds.
+    fed: usize,
+    /// The picked token not yet fed.
+    pending: Option<u32>,
+    generated: usize,
+}
+
+struct Worker {
+    engine: Engine,
+    prefix: PrefixCache,
+    cfg: SchedulerConfig,
+    rx: mpsc::Receiver<Submitted>,
+    waiting: VecDeque<Submitted>,
+    live: Vec<Live>,
+    counters: Arc<Counters>,
+    next_id: u64,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        loop {
+            if !self.receive() {
+                break;
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.live.is_empty() {
+                self.step();
+            }
+        }
+        tracing::debug!("scheduler stopped");
+    }
+
+    /// Move arrivals to `waiting`; blocks when there is nothing to do.
+    /// False when every handle is gone and nothing is left.
+    fn receive(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(s) => self.waiting.push_back(s),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return !(self.live.is_empty() && self.waiting.is_empty());
+                }
+            }
+        }
+        if self.live.is_empty() && self.waiting.is_empty() {
+            match self.rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(s) => self.waiting.push_back(s),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        true
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.events.is_closed());
+        let gone = before - self.waiting.len();
+        if gone > 0 {
+            self.counters.waiting.fetch_sub(gone, Ordering::AcqRel);
+            self.counters
+                .cancelled
+                .fetch_add(gone as u64, Ordering::Relaxed);
+            self.counters
+                .finished
+                .fetch_add(gone as u64, Ordering::Relaxed);
+        }
+        let mut i = 0;
+        while i < self.live.len() {
+            if self.live[i].events.is_closed() {
+                let l = self.live.swap_remove(i);
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                self.retire(l);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.live.len() < self.cfg.max_batch {
+            let Some(s) = self.waiting.pop_front() else {
+                break;
+            };
+            self.counters.waiting.fetch_sub(1, Ordering::AcqRel);
+            let id = self.next_id;
+            self.next_id += 1;
+            let Submitted { job, events } = s;
+            let vocab = self.engine.vocab_size();
+            let sampler = match Sampler::new(job.params.clone(), vocab, &job.prompt) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.fail_one(&events, e.to_string());
+                    continue;
+                }
+            };
+            let (kv, cached) = match self.prefix.take(&job.prompt, self.cfg.context) {
+                Some(r) => (r.kv, r.cached),
+                None => match self.engine.new_seq(self.cfg.context, id) {
+                    Ok(kv) => (kv, 0),
+                    Err(e) => {
+                        self.fail_one(&events, e.to_string());
+                        continue;
+                    }
+                },
+            };
+            self.counters
+                .prompt_tokens
+                .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+            self.counters
+                .cached_tokens
+                .fetch_add(cached as u64, Ordering::Relaxed);
+            let _ = events.send(Event::Started { cached });
+            self.counters.running.fetch_add(1, Ordering::AcqRel);
+            self.live.push(Live {
+                tokens: job.prompt[..cached].to_vec(),
+                fed: cached,
+                job,
+                events,
+                kv,
+                sampler,
+                pending: None,
+                generated: 0,
+            });
+        }
+        self.counters
+            .prefix_cache_tokens
+            .store(self.prefix.held(), Ordering::Relaxed);
+    }
+
+    fn fail_one(&self, events: &tmpsc::UnboundedSender<Event>, why: String) {
+        let _ = events.send(Event::Failed(why));
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        self.counters.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A sequence leaves the batch; its cache is kept for reuse.
+    fn retire(&mut self, l: Live) {
+        self.counters.running.fetch_sub(1, Ordering::AcqRel);
+        self.counters.finished.fetch_add(1, Ordering::Relaxed);
+        let mut tokens = l.tokens;
+        tokens.truncate(l.kv.len());
+        if tokens.len() == l.kv.len() {
+            self.prefix.put(tokens, l.kv);
+        }
+    }
+
+    fn step(&mut self) {
+        // Decode rows first, then prompt chunks in arrival order.
+        let mut rows_left = self.cfg.step_rows;
+        let mut plan: Vec<(usize, Vec<u32>, Want)> = Vec::new();
+        for (i, l) in self.live.iter().enumerate() {
+            if let Some(t) = l.pending
+                && rows_left > 0
+            {
+                plan.push((i, vec![t], want_of(&l.job.params)));
+                rows_left -= 1;
+            }
+        }
+        for (i, l) in self.live.iter().enumerate() {
+            if l.fed < l.job.prompt.len() && rows_left > 0 {
+                let end = (l.fed + rows_left).min(l.job.prompt.len());
+                let want = if end == l.job.prompt.len() {
+                    want_of(&l.job.params)
+                } else {
+                    Want::Nothing
+                };
+                plan.push((i, l.job.prompt[l.fed..end].to_vec(), want));
+                rows_left -= end - l.fed;
+            }
+        }
+        if plan.is_empty() {
+            return;
+        }
+        let rows = self.cfg.step_rows - rows_left;
+        let t0 = Instant::now();
+        let result = {
+            let mut kvs: Vec<Option<&mut SeqKv>> =
+                self.live.iter_mut().map(|l| Some(&mut l.kv)).collect();
+            let mut steps: Vec<EngineStep<'_>> = plan
+                .iter()
+                .filter_map(|(i, tokens, want)| {
+                    Some(EngineStep {
+                        kv: kvs[*i].take()?,
+                        tokens,
+                        want: *want,
+                    })
+                })
+                .collect();
+            self.engine.step_batch(&mut steps)
+        };
+        let c = &self.counters;
+        c.steps.fetch_add(1, Ordering::Relaxed);
+        c.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        c.step_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let stats = self.engine.expert_stats();
+        c.expert_bytes_read
+            .store(stats.bytes_read, Ordering::Relaxed);
+        c.expert_hits.store(stats.hits, Ordering::Relaxed);
+        c.expert_misses.store(stats.misses, Ordering::Relaxed);
+        let outs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                // Every sequence of the step fails; its cache is dropped.
+                let why = format!("engine step failed: {e}");
+                tracing::error!("{why}");
+                let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                failed.sort_unstable();
+                for &i in failed.iter().rev() {
+                    let l = self.live.swap_remove(i);
+                    self.counters.running.fetch_sub(1, Ordering::AcqRel);
+                    self.fail_one(&l.events, why.clone());
+                }
+                return;
+            }
+        };
+        let mut done: Vec<usize> = Vec::new();
+        for ((i, tokens, _), out) in plan.iter().zip(outs) {
+            let l = &mut self.live[*i];
+            if l.pending.take().is_some() {
+                l.tokens.extend_from_slice(tokens);
+            } else {
+                l.fed += tokens.len();
+                l.tokens.extend_from_slice(tokens);
+            }
+            let pick = match out {
+                RowOut::Nothing => continue,
+                RowOut::Token(t) => {
+                    l.sampler.accept(t);
+                    Pick {
+                        token: t,
+                        logprob: None,
+                        top: Vec::new(),
+                    }
+                }
+                RowOut::Logits(z) => match l.sampler.pick(&z) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = l.events.send(Event::Failed(e.to_string()));
+                        done.push(*i);
+                        continue;
+                    }
+                },
+            };
+            l.generated += 1;
+            self.counters
+                .generated_tokens
+                .fetch_add(1, Ordering::Relaxed);
+            let token = pick.token;
+            let finish = if l.job.stop_ids.contains(&token) {
+                Some(Finish::Stop(token))
+            } else {
+                let _ = l.events.send(Event::Token(pick));
+                (l.generated >= l.job.max_tokens || l.kv.len() + 1 > l.kv.capacity())
+                    .then_some(Finish::Length)
+            };
+            match finish {
+                Some(f) => {
+                    let _ = l.events.send(Event::Done(f));
+                    done.push(*i);
+                }
+                None => l.pending = Some(token),
+            }
+        }
+        done.sort_unstable();
+        done.dedup();
+        for &i in done.iter().rev() {
+            let l = self.live.swap_remove(i);
+            self.retire(l);
+        }
+    }
+}
+
+/// What a sequence asks of its last row: the device's argmax when no
+/// sampling, bias, penalty or logprobs needs the logits.
+fn want_of(p: &SamplingParams) -> Want {
+    if p.is_plain_greedy() {
+        Want::Greedy
+    } else {
+        Want::Logits
+    }
+}
