@@ -42,6 +42,10 @@ pub struct ExpertStats {
     pub stall_ns: u64,
     /// Bytes copied from host memory to the device (GPU tiers; 0 on the CPU).
     pub h2d_bytes: u64,
+    /// Expert records the steps used, each counted once per step and layer
+    /// however many rows of the step used it: the expert weights the steps
+    /// read (a batch of sequences sharing experts reads fewer per row).
+    pub records_used: u64,
 }
 
 impl ExpertStats {
@@ -67,6 +71,7 @@ impl ExpertStats {
                 .saturating_sub(earlier.prefetch_used_bytes),
             stall_ns: self.stall_ns.saturating_sub(earlier.stall_ns),
             h2d_bytes: self.h2d_bytes.saturating_sub(earlier.h2d_bytes),
+            records_used: self.records_used.saturating_sub(earlier.records_used),
         }
     }
 }

@@ -201,6 +201,15 @@ pub fn resident_weight_bytes(ckpt: &Checkpoint) -> u64 {
 /// an untied embedding table gives one row, plus `top_k / num_experts` of
 /// the routed experts' bytes (the chosen experts of every sparse layer).
 pub fn weight_bytes_per_token(cfg: &ModelConfig, ckpt: &Checkpoint) -> u64 {
+    let (resident, chosen) = weight_bytes_split(cfg, ckpt);
+    resident.saturating_add(chosen)
+}
+
+/// [`weight_bytes_per_token`] in its two parts: the bytes every step reads
+/// once whatever its rows (dense weights, norms, the LM head; one embedding
+/// row per token), and the routed expert bytes one token chooses (a step of
+/// several tokens reads the union of their choices).
+pub fn weight_bytes_split(cfg: &ModelConfig, ckpt: &Checkpoint) -> (u64, u64) {
     let mut resident = 0u64;
     let mut routed = 0u64;
     for (name, t) in ckpt.source().tensors() {
@@ -217,7 +226,7 @@ pub fn weight_bytes_per_token(cfg: &ModelConfig, ckpt: &Checkpoint) -> u64 {
         }
     }
     let chosen = routed.saturating_mul(cfg.top_k as u64) / (cfg.num_experts.max(1) as u64);
-    resident.saturating_add(chosen)
+    (resident, chosen)
 }
 
 /// [`weight_bytes_per_token`] of a Qwen4-Exp checkpoint: its routed

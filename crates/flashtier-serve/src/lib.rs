@@ -19,6 +19,7 @@
 //! sampled request repeats too.
 
 pub mod api;
+pub mod bench;
 pub mod error;
 pub mod http;
 pub mod metrics;

@@ -141,6 +141,17 @@ pub struct Counters {
     pub expert_misses: AtomicU64,
     /// Positions in kept caches now.
     pub prefix_cache_tokens: AtomicUsize,
+    /// Expert records the steps used (each once per step and layer).
+    pub expert_records_used: AtomicU64,
+    /// Steps of decode rows only (no prompt chunk), their rows, their
+    /// nanoseconds and the expert records they used.
+    pub decode_steps: AtomicU64,
+    /// Rows of decode-only steps.
+    pub decode_rows: AtomicU64,
+    /// Nanoseconds of decode-only steps.
+    pub decode_step_ns: AtomicU64,
+    /// Expert records decode-only steps used.
+    pub decode_records: AtomicU64,
 }
 
 struct Submitted {
@@ -497,6 +508,7 @@ impl Worker {
             return;
         }
         let rows = self.cfg.step_rows - rows_left;
+        let decode_only = plan.iter().all(|(i, _, _)| self.live[*i].pending.is_some());
         let t0 = Instant::now();
         let result = {
             let mut kvs: Vec<Option<&mut SeqKv>> =
@@ -518,7 +530,20 @@ impl Worker {
         c.step_rows.fetch_add(rows as u64, Ordering::Relaxed);
         c.step_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let before_records = c.expert_records_used.load(Ordering::Relaxed);
         let stats = self.engine.expert_stats();
+        c.expert_records_used
+            .store(stats.records_used, Ordering::Relaxed);
+        if decode_only {
+            c.decode_steps.fetch_add(1, Ordering::Relaxed);
+            c.decode_rows.fetch_add(rows as u64, Ordering::Relaxed);
+            c.decode_step_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            c.decode_records.fetch_add(
+                stats.records_used.saturating_sub(before_records),
+                Ordering::Relaxed,
+            );
+        }
         c.expert_bytes_read
             .store(stats.bytes_read, Ordering::Relaxed);
         c.expert_hits.store(stats.hits, Ordering::Relaxed);

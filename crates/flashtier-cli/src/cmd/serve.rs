@@ -8,7 +8,7 @@ use anyhow::Context;
 use flashtier_serve::{HttpConfig, Scheduler, SchedulerConfig};
 use flashtier_text::TextModel;
 
-use super::run::{ModelArgs, load_model};
+use crate::kit::model::{ModelArgs, load_model};
 use crate::kit::parse_bytes;
 
 /// Options of `flashtier serve`.

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod fio;
 pub mod limit;
+pub mod model;
 mod steps;
 
 pub use steps::{

@@ -11,6 +11,7 @@ pub mod io;
 pub mod kv;
 pub mod pack;
 pub mod rows;
+pub mod serve;
 
 /// What to measure.
 #[derive(clap::Subcommand, Debug)]
@@ -36,6 +37,9 @@ pub enum Bench {
     Pack(pack::Args),
     /// Expert-pool miss streaming (slots backing) against fio.
     Experts(experts::Args),
+    /// The server's scheduler: concurrent streams against the bytes bound
+    /// and `run`'s decode, and prompt reuse.
+    Serve(serve::Args),
 }
 
 /// Run `flashtier bench`.
@@ -51,5 +55,6 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Gemm(a) => gemm::run(a),
         Bench::Pack(a) => pack::run(a),
         Bench::Experts(a) => experts::run(a),
+        Bench::Serve(a) => serve::run(a),
     }
 }

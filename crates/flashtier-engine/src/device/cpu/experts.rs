@@ -340,6 +340,7 @@ impl ExpertTier for PoolExperts {
             prefetch_used_bytes: s.prefetch_used_bytes,
             stall_ns: self.stall_ns,
             h2d_bytes: 0,
+            records_used: s.accesses,
         }
     }
 }

@@ -98,6 +98,8 @@ pub struct CudaExperts {
     in_place_set: Vec<usize>,
     stall_ns: u64,
     uses: u64,
+    /// Distinct records per `ensure`, summed ([`ExpertStats::records_used`]).
+    records_used: u64,
     tier: TierStats,
     hint: Option<(u32, Vec<u32>)>,
     /// Which ranks of a guess have been worth reading.
@@ -183,13 +185,14 @@ impl CudaExperts {
     /// the host but the time waited. Every id is below `experts`.
     pub fn ensure(&mut self, layer: usize, ids: &[u32]) -> Result<(), EngineError> {
         self.uses += ids.len() as u64;
+        let mut distinct: Vec<u32> = ids.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        self.records_used += distinct.len() as u64;
         if self.resident_all {
             self.tier.hbm_hits += ids.len() as u64;
             return Ok(());
         }
-        let mut distinct: Vec<u32> = ids.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
         self.tracker.served(layer, &distinct);
         if let Some(&bad) = distinct.iter().find(|&&e| e as usize >= self.experts) {
             return Err(EngineError::ExpertOutOfRange {
@@ -276,6 +279,7 @@ impl ExpertTier for CudaExperts {
             prefetch_used_bytes: s.prefetch_used_bytes,
             stall_ns: self.stall_ns,
             h2d_bytes: self.tier.h2d_bytes,
+            records_used: self.records_used,
         }
     }
 }

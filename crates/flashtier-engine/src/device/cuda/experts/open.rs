@@ -171,6 +171,7 @@ impl CudaExperts {
             in_place_set: Vec::new(),
             stall_ns: 0,
             uses: 0,
+            records_used: 0,
             tier: TierStats::default(),
             hint: None,
             tracker: HintTracker::default(),
