@@ -10,6 +10,9 @@ use flashtier_engine::engine::{Chosen, Engine, Placement};
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::{EngineError, Generation};
 
+use flashtier_engine::sample::SamplingParams;
+use flashtier_text::{ChatMessage, ChatOptions, TextModel};
+
 use crate::kit::model::{ModelArgs, explain_pool, load_model, store_cache};
 
 /// Options of `flashtier run`.
@@ -37,6 +40,29 @@ pub struct Args {
     /// of text.
     #[arg(long)]
     pub json: bool,
+    /// Sample: 0 is greedy (the default); see `serve` for how the knobs
+    /// combine (flashtier_engine::sample).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the smallest set of likeliest tokens reaching this mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep the K likeliest tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep tokens at least this fraction as likely as the likeliest.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide a seen token's positive logit by it (multiply a negative one).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// The sampler's seed (the same seed, prompt and flags: the same tokens).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Render --prompt as one user message through the model's chat
+    /// template (tokenizer_config.json or chat_template.jinja).
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
     /// Write {"prompt_logits": [[...] per prompt position]} to FILE: not a
     /// file of the model, not the expert store (even one still to be
     /// packed), not in the row-shard folder.
@@ -46,19 +72,40 @@ pub struct Args {
 
 /// Run `flashtier run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tokenizer = match &args.prompt {
-        Some(_) => Some(load_tokenizer(&args.m.model)?),
+    let text = match &args.prompt {
+        Some(_) => Some(load_text(&args.m.model)?),
         None => None,
     };
-    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt, &tokenizer) {
+    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt, &text) {
         (Some(ids), _, _) => ids.clone(),
-        (None, Some(text), Some(tok)) => tok
-            .encode(text.as_str(), false)
-            .map_err(|e| anyhow::anyhow!("tokenizing --prompt: {e}"))?
-            .get_ids()
-            .to_vec(),
+        (None, Some(p), Some(t)) if args.chat => t
+            .encode_chat(
+                &[ChatMessage::new("user", p.as_str())],
+                &ChatOptions::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("--chat: {e}"))?,
+        (None, Some(p), Some(t)) => t
+            .encode(p, false)
+            .map_err(|e| anyhow::anyhow!("tokenizing --prompt: {e}"))?,
         _ => bail!("give --prompt-ids or --prompt"),
     };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+        ..SamplingParams::greedy()
+    };
+    if !params.is_plain_greedy() || args.top_k != 0 || args.top_p != 1.0 || args.min_p != 0.0 {
+        if args.logits_out.is_some() {
+            bail!("--logits-out comes from the greedy path: drop the sampling flags");
+        }
+        params
+            .validate(usize::MAX)
+            .map_err(|e| anyhow::anyhow!("sampling: {e}"))?;
+    }
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
@@ -79,24 +126,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let quiet = args.json;
     let mut stdout = std::io::stdout();
-    let out = model.generate(
-        &prompt,
-        args.max_new,
-        &stop,
-        args.logits_out.is_some(),
-        |t| {
-            if !quiet {
-                let text = tokenizer
-                    .as_ref()
-                    .and_then(|tok| tok.decode(&[t], false).ok());
-                let _ = match text {
-                    Some(s) => write!(stdout, "{t}:{} ", token_text(&s)),
-                    None => write!(stdout, "{t} "),
-                };
-                let _ = stdout.flush();
-            }
-        },
-    );
+    let mut show = |t: u32| {
+        if !quiet {
+            let piece = text.as_ref().and_then(|tm| tm.decode(&[t], false).ok());
+            let _ = match piece {
+                Some(s) => write!(stdout, "{t}:{} ", token_text(&s)),
+                None => write!(stdout, "{t} "),
+            };
+            let _ = stdout.flush();
+        }
+    };
+    let out = if params.is_plain_greedy() {
+        model.generate(
+            &prompt,
+            args.max_new,
+            &stop,
+            args.logits_out.is_some(),
+            show,
+        )
+    } else {
+        model.generate_sampled(&prompt, args.max_new, &stop, &params, &mut show)
+    };
     let out = out.map_err(|e| explain_pool(e, &args.m))?;
     if let Some(path) = &args.logits_out {
         write_logits(path, &out)?;
@@ -104,16 +154,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     report(&args, &out, (&store, &model, &chosen, touched))
 }
 
-fn load_tokenizer(model: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
-    let path = model.join("tokenizer.json");
-    if !path.exists() {
+fn load_text(model: &Path) -> anyhow::Result<TextModel> {
+    if !model.join("tokenizer.json").exists() {
         bail!(
             "--prompt needs {}, which does not exist; give token ids with --prompt-ids",
-            path.display()
+            model.join("tokenizer.json").display()
         );
     }
-    tokenizers::Tokenizer::from_file(&path)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
+    TextModel::open(model).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// The expert store `run` uses for `model`: `store`, or the store cache's

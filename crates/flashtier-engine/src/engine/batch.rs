@@ -273,3 +273,97 @@ fn foreign(kv: &SeqKv) -> EngineError {
         what: format!("{kv:?} is not this engine's device"),
     }
 }
+
+impl Engine {
+    /// [`Engine::generate`] with tokens picked by `params` ([`Sampler`]):
+    /// the prompt in steps of at most [`PREFILL_CHUNK`] tokens on a fresh
+    /// sequence, then one step per token until `max_new` tokens or a token
+    /// of `stop_ids` (kept as the last generated id). Temperature 0 with no
+    /// penalty or bias picks on the device, as greedy decoding does: the
+    /// same tokens as [`Engine::generate`].
+    ///
+    /// [`Sampler`]: crate::sample::Sampler
+    pub fn generate_sampled(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop_ids: &[u32],
+        params: &crate::sample::SamplingParams,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<crate::model::Generation, EngineError> {
+        use std::time::Instant;
+        let vocab = self.vocab_size();
+        let mut sampler = crate::sample::Sampler::new(params.clone(), vocab, prompt)
+            .map_err(|e| EngineError::config("sampling", e.to_string()))?;
+        let want = if params.is_plain_greedy() {
+            Want::Greedy
+        } else {
+            Want::Logits
+        };
+        let need = prompt.len() + max_new.max(1);
+        let mut kv = self.new_seq(need.min(self.context_limit()), 0)?;
+        let start = self.expert_stats();
+        let t0 = Instant::now();
+        let mut out = RowOut::Nothing;
+        let chunks: Vec<&[u32]> = prompt.chunks(PREFILL_CHUNK).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let w = if i + 1 == chunks.len() {
+                want
+            } else {
+                Want::Nothing
+            };
+            let mut step = [EngineStep {
+                kv: &mut kv,
+                tokens: chunk,
+                want: w,
+            }];
+            out = self.step_batch(&mut step)?.remove(0);
+        }
+        let prefill_secs = t0.elapsed().as_secs_f64();
+        let after_prefill = self.expert_stats();
+        let t1 = Instant::now();
+        let mut generated = Vec::new();
+        let mut steps = 0u64;
+        loop {
+            let token = match std::mem::replace(&mut out, RowOut::Nothing) {
+                RowOut::Token(t) => {
+                    sampler.accept(t);
+                    t
+                }
+                RowOut::Logits(z) => {
+                    sampler
+                        .pick(&z)
+                        .map_err(|e| EngineError::config("sampling", e.to_string()))?
+                        .token
+                }
+                RowOut::Nothing => break,
+            };
+            generated.push(token);
+            on_token(token);
+            if generated.len() >= max_new || stop_ids.contains(&token) || kv.len() >= kv.capacity()
+            {
+                break;
+            }
+            let t = [token];
+            let mut step = [EngineStep {
+                kv: &mut kv,
+                tokens: &t,
+                want,
+            }];
+            out = self.step_batch(&mut step)?.remove(0);
+            steps += 1;
+        }
+        let end = self.expert_stats();
+        Ok(crate::model::Generation {
+            generated_ids: generated,
+            prompt_tokens: prompt.len(),
+            prefill_secs,
+            decode_secs: t1.elapsed().as_secs_f64(),
+            decode_steps: steps,
+            prefill_experts: after_prefill.since(&start),
+            decode_experts: end.since(&after_prefill),
+            total_experts: end.since(&start),
+            ..Default::default()
+        })
+    }
+}
