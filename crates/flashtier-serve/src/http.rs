@@ -430,7 +430,7 @@ impl Streaming {
     fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
         let out = &self.out;
         let want_lp = self.p.params.logprobs.is_some();
-        match self.p.kind {
+        let mut v = match self.p.kind {
             Kind::Chat => {
                 let mut delta = json!({});
                 if !self.sent_role {
@@ -458,7 +458,12 @@ impl Streaming {
                     "finish_reason": finish,
                 }],
             }),
+        };
+        // OpenAI: with `include_usage`, every other chunk has `"usage": null`.
+        if self.p.include_usage {
+            v["usage"] = Value::Null;
         }
+        v
     }
 
     fn usage_chunk(&self) -> Value {
