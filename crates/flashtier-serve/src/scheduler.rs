@@ -141,6 +141,8 @@ pub struct Counters {
     pub expert_misses: AtomicU64,
     /// Positions in kept caches now.
     pub prefix_cache_tokens: AtomicUsize,
+    /// Nanoseconds the engine waited for expert reads so far.
+    pub expert_stall_ns: AtomicU64,
     /// Expert records the steps used (each once per step and layer).
     pub expert_records_used: AtomicU64,
     /// Steps of decode rows only (no prompt chunk), their rows, their
@@ -547,6 +549,7 @@ impl Worker {
         c.expert_bytes_read
             .store(stats.bytes_read, Ordering::Relaxed);
         c.expert_hits.store(stats.hits, Ordering::Relaxed);
+        c.expert_stall_ns.store(stats.stall_ns, Ordering::Relaxed);
         c.expert_misses.store(stats.misses, Ordering::Relaxed);
         let outs = match result {
             Ok(o) => o,

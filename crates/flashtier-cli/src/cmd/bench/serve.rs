@@ -38,6 +38,11 @@ pub struct Args {
     /// Decoder layers of the synthetic checkpoint.
     #[arg(long, default_value_t = 16)]
     pub layers: u32,
+    /// Scale the synthetic checkpoint to about this many bytes (the real
+    /// model's proportions, as the demo's) instead of --layers of the
+    /// reference shape.
+    #[arg(long, value_name = "BYTES", value_parser = kit::parse_bytes)]
+    pub synth_bytes: Option<u64>,
     /// Stream counts to run, each a separate batch.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub streams: Vec<usize>,
@@ -82,7 +87,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.m.model.display()
             );
         };
-        let spec = SynthSpec::reference(arch, Dtype::Bf16, 1).with_layers(args.layers);
+        let spec = match args.synth_bytes {
+            Some(b) => SynthSpec::scaled_to(arch, Dtype::Bf16, b, 1),
+            None => SynthSpec::reference(arch, Dtype::Bf16, 1).with_layers(args.layers),
+        };
         kit::synth_with_bar(&spec, &args.m.model, true)?;
     }
     let mut m = args.m.clone();
