@@ -84,7 +84,7 @@ pub fn render(c: &Counters) -> String {
         l(&c.step_rows),
     );
     put(
-        "step_seconds_total_ns",
+        "step_ns_total",
         "counter",
         "Nanoseconds in engine steps.",
         l(&c.step_ns),
@@ -100,6 +100,36 @@ pub fn render(c: &Counters) -> String {
         "counter",
         "Expert uses served from memory.",
         l(&c.expert_hits),
+    );
+    put(
+        "expert_stall_ns_total",
+        "counter",
+        "Nanoseconds the engine waited for expert reads (stall share: over step_ns_total).",
+        l(&c.expert_stall_ns),
+    );
+    put(
+        "expert_records_used_total",
+        "counter",
+        "Expert records the steps used, each once per step and layer.",
+        l(&c.expert_records_used),
+    );
+    put(
+        "decode_steps_total",
+        "counter",
+        "Steps of decode tokens only.",
+        l(&c.decode_steps),
+    );
+    put(
+        "decode_step_rows_total",
+        "counter",
+        "Rows of decode-only steps.",
+        l(&c.decode_rows),
+    );
+    put(
+        "decode_step_ns_total",
+        "counter",
+        "Nanoseconds of decode-only steps.",
+        l(&c.decode_step_ns),
     );
     put(
         "expert_misses_total",
