@@ -13,6 +13,7 @@
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
 use flashtier_cuda::ops::fold::AddNormInto;
 use flashtier_cuda::ops::hint::Spans;
+use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
@@ -55,8 +56,9 @@ impl CudaDevice {
     /// The routed experts of every row into `out`, then, with `tail`, the
     /// residual add and norm of `out`: the tiers made ready for the step's
     /// experts, then the kernels. A step of several rows runs grouped by
-    /// expert, one whose rows need more distinct experts than the tiers hold
-    /// in groups of rows; a one-row step's down product does the add and
+    /// expert (more than [`MAX_GEMV_ROWS`] rows), one whose rows need more
+    /// distinct experts than the tiers hold in groups of rows; a one-row
+    /// step's down product does the add and
     /// norm in its own launch.
     pub(super) fn moe_step(
         &self,
@@ -70,7 +72,11 @@ impl CudaDevice {
         self.all_resident.set(experts.resident_all());
         // A staged hint goes with this step's one-row products or nowhere.
         let between = self.staged.take();
-        if x.rows() > 1 && self.kernels.grouped(experts.spec()) {
+        // Up to a GEMV pass of rows (a batch's decode tokens), each row's
+        // pairs run as decode products: the router stays on the device and
+        // no tile of 64 rows is launched for a handful. Longer steps (prompt
+        // chunks) run grouped by expert.
+        if x.rows() > MAX_GEMV_ROWS && self.kernels.grouped(experts.spec()) {
             self.moe_grouped(experts, layer, x, routes, out)?;
             return self.then_add_norm(out, tail);
         }
