@@ -214,10 +214,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut reuse = serde_json::Value::Null;
     if args.prefix > 0 {
-        let base = prompt(7, args.prefix, vocab);
+        // Seeds no stream prompt uses: nothing kept shares its first tokens.
+        let base = prompt(1 << 40, args.prefix, vocab);
         let (cold, c0) = first_token(&sched, &base).map_err(|e| anyhow::anyhow!(e))?;
         let mut again = base.clone();
-        again.extend(prompt(8, 16, vocab));
+        again.extend(prompt((1 << 40) + 1, 16, vocab));
         let (warm, c1) = first_token(&sched, &again).map_err(|e| anyhow::anyhow!(e))?;
         eprintln!(
             "  prompt reuse: {}-token prompt first token in {:.1} ms ({:.0} prompt tok/s); the same prefix + 16 in {:.1} ms ({c1} reused): {:.1}x",
