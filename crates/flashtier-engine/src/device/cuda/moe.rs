@@ -10,10 +10,10 @@
 //! bits the whole chunk gives when every expert is resident. One-row steps
 //! (decode) keep the GEMV kernels.
 
+use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
 use flashtier_cuda::ops::fold::AddNormInto;
 use flashtier_cuda::ops::hint::Spans;
-use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
