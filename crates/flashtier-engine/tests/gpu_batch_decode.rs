@@ -76,3 +76,77 @@ fn a_gpu_batch_gives_each_sequence_what_it_gets_alone() {
         }
     }
 }
+
+#[test]
+fn chained_decode_of_one_sequence_picks_what_generate_picks() {
+    if let Err(e) = CudaDevice::open(0) {
+        flashtier_io::skip::notice("gpu_batch_decode chained", &e.to_string());
+        return;
+    }
+    use flashtier_engine::device::KvState;
+    use flashtier_engine::model::{RowOut, SeqStep, Want};
+    let dir = fixture("qwen3_moe");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let report = pack(&dir, tmp.path());
+    let store = LoadOptions::store(&report.out);
+    let opts = GpuOptions {
+        kv: None,
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: None,
+            ram_bytes: 0,
+            in_place: false,
+        },
+    };
+    let mut gpu = load_cuda(&dir, &store, &opts).unwrap();
+    let n = r.greedy.len();
+    let want = gpu
+        .generate(&r.prompt, n, &[], false, |_| {})
+        .unwrap()
+        .generated_ids;
+    let mut kv = gpu.new_kv(64).unwrap();
+    let mut e = [SeqStep {
+        kv: &mut kv,
+        tokens: &r.prompt,
+        want: Want::Greedy,
+    }];
+    let RowOut::Token(first) = gpu.step_batch(&mut e).unwrap().remove(0) else {
+        panic!("no greedy token")
+    };
+    let mut got = vec![first];
+    // Chained in two runs (the first stopped by its taker), a batch step
+    // between them: the cache resumes where each left it.
+    let mut taken = Vec::new();
+    let mut take = |t: u32| {
+        taken.push(t);
+        taken.len() == 3
+    };
+    let ran = gpu.decode_chained(&mut kv, first, n, &mut take).unwrap();
+    assert_eq!(ran, Some(3));
+    got.extend(&taken);
+    assert_eq!(
+        kv.len(),
+        r.prompt.len() + 3,
+        "the last taken token is not fed"
+    );
+    let last = [*got.last().unwrap()];
+    let mut e = [SeqStep {
+        kv: &mut kv,
+        tokens: &last,
+        want: Want::Greedy,
+    }];
+    let RowOut::Token(t) = gpu.step_batch(&mut e).unwrap().remove(0) else {
+        panic!("no greedy token")
+    };
+    got.push(t);
+    let mut rest = Vec::new();
+    let left = n - got.len();
+    gpu.decode_chained(&mut kv, t, left, &mut |t| {
+        rest.push(t);
+        false
+    })
+    .unwrap();
+    got.extend(rest);
+    assert_eq!(got, want, "chained, batched and chained again");
+}

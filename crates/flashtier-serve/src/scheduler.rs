@@ -482,7 +482,122 @@ impl Worker {
         }
     }
 
+    /// One greedy sequence decoding alone, nothing waiting: its steps
+    /// chained on the device (the GPU engine), until it ends or a request
+    /// arrives to batch with. False when the engine does not chain (then
+    /// nothing was done).
+    fn step_alone(&mut self) -> bool {
+        let Worker {
+            engine,
+            live,
+            rx,
+            waiting,
+            counters,
+            ..
+        } = self;
+        if live.len() != 1 || !waiting.is_empty() {
+            return false;
+        }
+        let l = &mut live[0];
+        let Some(first) = l.pending else {
+            return false;
+        };
+        if !l.job.params.is_plain_greedy() {
+            return false;
+        }
+        let max_new = l.job.max_tokens.saturating_sub(l.generated);
+        let (events, stop_ids) = (l.events.clone(), l.job.stop_ids.clone());
+        let mut taken: Vec<u32> = Vec::new();
+        let mut finish = None;
+        let t0 = Instant::now();
+        let mut take = |t: u32| -> bool {
+            taken.push(t);
+            if stop_ids.contains(&t) {
+                finish = Some(Finish::Stop(t));
+                return true;
+            }
+            let _ = events.send(Event::Token(Pick {
+                token: t,
+                logprob: None,
+                top: Vec::new(),
+            }));
+            if taken.len() >= max_new {
+                finish = Some(Finish::Length);
+                return true;
+            }
+            if events.is_closed() {
+                return true;
+            }
+            // A new request: stop here to batch with it.
+            match rx.try_recv() {
+                Ok(s) => {
+                    waiting.push_back(s);
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        let result = engine.decode_chained(&mut l.kv, first, max_new, &mut take);
+        let ns = t0.elapsed().as_nanos() as u64;
+        let n = match result {
+            Ok(None) => return false,
+            Ok(Some(n)) => n as u64,
+            Err(e) => {
+                let why = format!("engine step failed: {e}");
+                tracing::error!("{why}");
+                let l = live.swap_remove(0);
+                counters.running.fetch_sub(1, Ordering::AcqRel);
+                let _ = l.events.send(Event::Failed(why));
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                counters.finished.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        };
+        for c in [
+            &counters.steps,
+            &counters.step_rows,
+            &counters.decode_steps,
+            &counters.decode_rows,
+        ] {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+        for c in [&counters.step_ns, &counters.decode_step_ns] {
+            c.fetch_add(ns, Ordering::Relaxed);
+        }
+        counters
+            .generated_tokens
+            .fetch_add(taken.len() as u64, Ordering::Relaxed);
+        let stats = engine.expert_stats();
+        counters
+            .expert_bytes_read
+            .store(stats.bytes_read, Ordering::Relaxed);
+        counters.expert_hits.store(stats.hits, Ordering::Relaxed);
+        counters
+            .expert_misses
+            .store(stats.misses, Ordering::Relaxed);
+        counters
+            .expert_stall_ns
+            .store(stats.stall_ns, Ordering::Relaxed);
+        let fed = taken.len().saturating_sub(1);
+        l.tokens.push(first);
+        l.tokens.extend_from_slice(&taken[..fed]);
+        l.generated += taken.len();
+        l.pending = taken.last().copied();
+        if finish.is_none() && l.kv.len() + 1 > l.kv.capacity() {
+            finish = Some(Finish::Length);
+        }
+        if let Some(f) = finish {
+            let _ = l.events.send(Event::Done(f));
+            let l = self.live.swap_remove(0);
+            self.retire(l);
+        }
+        true
+    }
+
     fn step(&mut self) {
+        if self.step_alone() {
+            return;
+        }
         // Decode rows first, then prompt chunks in arrival order.
         let mut rows_left = self.cfg.step_rows;
         let mut plan: Vec<(usize, Vec<u32>, Want)> = Vec::new();

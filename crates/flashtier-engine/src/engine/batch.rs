@@ -367,3 +367,23 @@ impl Engine {
         })
     }
 }
+
+impl Engine {
+    /// [`crate::model::Model::decode_chained`] on the GPU: one greedy
+    /// sequence's decode steps chained on the device, `take` deciding when
+    /// to stop (a stop token, a new request to batch with). `None` where
+    /// steps do not chain (the CPU engines, a cache with offloaded
+    /// chunks): the caller steps with [`Engine::step_batch`].
+    pub fn decode_chained(
+        &mut self,
+        kv: &mut SeqKv,
+        first: u32,
+        max_new: usize,
+        take: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, EngineError> {
+        match (self, kv) {
+            (Self::Cuda(m), SeqKv::Cuda(kv)) => m.decode_chained(kv, first, max_new, take),
+            _ => Ok(None),
+        }
+    }
+}

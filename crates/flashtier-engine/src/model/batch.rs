@@ -195,3 +195,60 @@ fn no_row() -> EngineError {
         what: "the LM head gave fewer rows than were asked for".to_string(),
     }
 }
+
+impl<D: Device> Model<D> {
+    /// Greedy decode steps of one sequence whose cache is `kv`, chained on
+    /// the device as [`Model::generate`]'s are (the step after a token is
+    /// issued before the host reads it): feeds `first` (picked, not yet
+    /// fed), then hands each picked token to `take` until it returns true
+    /// or `max_new` tokens were taken; the step issued on the last taken
+    /// token is undone, so `kv` ends holding `first` and the tokens before
+    /// the last one taken (the last is the caller's next input). The same
+    /// tokens as [`Model::step_batch`] with [`Want::Greedy`]: the same
+    /// kernels pick them. Returns the tokens taken, or `None` (nothing
+    /// done) where steps do not chain (the CPU; a cache with offloaded
+    /// chunks).
+    pub fn decode_chained(
+        &mut self,
+        kv: &mut D::Kv,
+        first: u32,
+        max_new: usize,
+        take: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, EngineError> {
+        use super::greedy::Decoder;
+        let room = kv.capacity().saturating_sub(kv.len() + 1);
+        let max_new = max_new.min(room);
+        if max_new == 0 {
+            return Ok(None);
+        }
+        std::mem::swap(&mut self.kv, kv);
+        let run = (|| {
+            if !self.chains() {
+                return Ok(None);
+            }
+            let mut pending = self.chain_step(Some(first))?;
+            let mut n = 0;
+            loop {
+                let ahead = if n + 1 < max_new {
+                    Some(self.chain_step(None)?)
+                } else {
+                    None
+                };
+                let token = self.chain_token(pending)?;
+                n += 1;
+                let done = take(token);
+                match ahead {
+                    Some(_) if done => {
+                        self.chain_undo()?;
+                        return Ok(Some(n));
+                    }
+                    Some(t) => pending = t,
+                    None => return Ok(Some(n)),
+                }
+            }
+        })();
+        self.pick = None;
+        std::mem::swap(&mut self.kv, kv);
+        run
+    }
+}
