@@ -52,6 +52,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::attn::{FUSED_MAX_DIM, RopeStep};
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::fold::AddNormInto;
@@ -125,6 +126,9 @@ pub struct CudaDevice {
     /// step before reading them (`FLASHTIER_CHAIN=0`: every step waits for
     /// its token first; the same tokens either way).
     chain: Cell<bool>,
+    /// Record steps of up to [`MAX_GEMV_ROWS`] rows too (a batch's decode
+    /// tokens; `FLASHTIER_BATCH_GRAPHS=1`, off by default while measured).
+    batch_graphs: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -158,6 +162,7 @@ impl CudaDevice {
             ),
             fused_norm: Cell::new(std::env::var("FLASHTIER_FUSED_NORM").is_ok_and(|v| v == "1")),
             chain: Cell::new(std::env::var("FLASHTIER_CHAIN").map_or(true, |v| v != "0")),
+            batch_graphs: std::env::var("FLASHTIER_BATCH_GRAPHS").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -366,7 +371,7 @@ impl Device for CudaDevice {
                 vocab: table.rows(),
             });
         }
-        if ids.len() == 1 {
+        if ids.len() == 1 || (self.batch_graphs && ids.len() <= MAX_GEMV_ROWS) {
             self.begin_one_row_step()?;
         }
         self.timed(OpClass::Other, 0, || {
