@@ -12,7 +12,8 @@
 //! Bound: the entries hold at most `budget` positions in all (the KV bytes
 //! are `budget x` the model's bytes per position); the least recently used
 //! go first. A cache that cannot be cut back (one with chunks offloaded to
-//! a drive, Qwen4-Exp's recurrent state) is reused only whole.
+//! a drive) is reused only whole; Qwen4-Exp's, whose state the model holds
+//! for one sequence at a time, is never kept.
 
 use flashtier_engine::engine::SeqKv;
 
@@ -117,7 +118,14 @@ impl PrefixCache {
     /// budget is dropped.
     pub fn put(&mut self, tokens: Vec<u32>, kv: SeqKv) {
         debug_assert_eq!(tokens.len(), kv.len());
-        if tokens.is_empty() || tokens.len() != kv.len() || tokens.len() > self.budget {
+        // Qwen4-Exp's state lives in the model, which the next sequence
+        // takes over: nothing of it can be kept.
+        let state_in_model = matches!(kv, SeqKv::Qwen4 { .. });
+        if state_in_model
+            || tokens.is_empty()
+            || tokens.len() != kv.len()
+            || tokens.len() > self.budget
+        {
             return;
         }
         while self.held + tokens.len() > self.budget {
