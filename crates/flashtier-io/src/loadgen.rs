@@ -38,8 +38,8 @@ use crate::backend::{Landing, ReadReq, StorageBackend, Ticket};
 use crate::done::DoneQueue;
 use crate::error::IoError;
 use crate::file::StoreFile;
-use crate::posix::MAX_QUEUE_DEPTH;
 use crate::region::LandingRegion;
+use crate::workers::MAX_QUEUE_DEPTH;
 
 /// Offset pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

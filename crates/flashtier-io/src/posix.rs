@@ -12,10 +12,8 @@
 use crate::backend::{ReadReq, StorageBackend, Ticket, read_blocking};
 use crate::error::IoError;
 use crate::file::StoreFile;
+pub use crate::workers::MAX_QUEUE_DEPTH;
 use crate::workers::{ReadWorkers, check_queue_depth};
-
-/// Largest supported queue depth.
-pub const MAX_QUEUE_DEPTH: usize = 256;
 
 /// pread/pwrite on worker threads.
 pub struct PosixBackend {

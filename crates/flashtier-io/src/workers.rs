@@ -19,8 +19,10 @@ use std::thread::JoinHandle;
 use crate::activity::{ActivityMeter, DriveActivity};
 use crate::backend::{Completer, Landed, ReadReq, Ticket};
 use crate::error::IoError;
-use crate::posix::MAX_QUEUE_DEPTH;
 use crate::queue::JobQueue;
+
+/// Largest supported queue depth: reads in flight, one thread each.
+pub const MAX_QUEUE_DEPTH: usize = 256;
 
 /// `queue_depth` is in 1..=[`MAX_QUEUE_DEPTH`].
 pub(crate) fn check_queue_depth(queue_depth: usize) -> Result<(), IoError> {

@@ -16,7 +16,7 @@ use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::config::{self, SpecialTokens};
 use crate::error::{Result, TextError};
 use crate::files::{self, MAX_TOKENIZER_BYTES};
-use crate::stream::StreamDecoder;
+use crate::stream::{StreamDecoder, decode_ids};
 
 /// The text side of one model folder.
 #[derive(Debug, Clone)]
@@ -30,21 +30,6 @@ pub struct TextModel {
     tool_template: Option<ChatTemplate>,
     eos_ids: Vec<u32>,
     eos_origin: Option<(PathBuf, String)>,
-}
-
-/// Decodes with the `tokenizers` crate, mapping its error. Ids outside the
-/// vocabulary are skipped, as transformers' `decode` skips them.
-pub(crate) fn decode_ids(
-    tokenizer: &Tokenizer,
-    ids: &[u32],
-    skip_special_tokens: bool,
-) -> Result<String> {
-    tokenizer
-        .decode(ids, skip_special_tokens)
-        .map_err(|err| TextError::Decode {
-            count: ids.len(),
-            message: err.to_string(),
-        })
 }
 
 fn load_tokenizer(path: &Path) -> Result<Tokenizer> {

@@ -27,8 +27,7 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
-use crate::error::Result;
-use crate::model::decode_ids;
+use crate::error::{Result, TextError};
 
 /// The most trailing U+FFFD characters held back (a byte-fallback decoder
 /// writes one per byte of an incomplete 4-byte sequence, so up to three).
@@ -170,4 +169,19 @@ impl StreamDecoder {
         self.sent_bytes = 0;
         Ok(rest)
     }
+}
+
+/// Decodes with the `tokenizers` crate, mapping its error. Ids outside the
+/// vocabulary are skipped, as transformers' `decode` skips them.
+pub(crate) fn decode_ids(
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    skip_special_tokens: bool,
+) -> Result<String> {
+    tokenizer
+        .decode(ids, skip_special_tokens)
+        .map_err(|err| TextError::Decode {
+            count: ids.len(),
+            message: err.to_string(),
+        })
 }

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use flashtier_engine::device::cuda::kv::tier::KvTierStats;
 use flashtier_engine::engine::{Chosen, Engine, Placement};
-use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::{EngineError, Generation};
 
 use flashtier_engine::sample::SamplingParams;
 use flashtier_text::{ChatMessage, ChatOptions, TextModel};
 
-use crate::kit::model::{ModelArgs, explain_pool, load_model, store_cache};
+use crate::kit::model::{ModelArgs, explain_pool, load_model, ple_rows_dir, store_path};
 
 /// Options of `flashtier run`.
 #[derive(clap::Args, Debug)]
@@ -162,31 +161,6 @@ fn load_text(model: &Path) -> anyhow::Result<TextModel> {
         );
     }
     TextModel::open(model).map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-/// The expert store `run` uses for `model`: `store`, or the store cache's
-/// file of the model (packed there on first use).
-fn store_path(model: &Path, store: Option<&Path>, cache: Option<&Path>) -> anyhow::Result<PathBuf> {
-    match store {
-        Some(p) => Ok(p.to_path_buf()),
-        None => store_cache(cache)?
-            .path_for(model)
-            .with_context(|| format!("opening {}", model.display())),
-    }
-}
-
-/// The folder of `model`'s packed PLE row shards under `run`'s flags:
-/// `rows_dir`, else beside the expert store (`--store`, or the cache's).
-pub(crate) fn ple_rows_dir(
-    model: &Path,
-    store: Option<&Path>,
-    cache: Option<&Path>,
-    rows_dir: Option<&Path>,
-) -> anyhow::Result<PathBuf> {
-    match rows_dir {
-        Some(dir) => Ok(dir.to_path_buf()),
-        None => Ok(PleRowOptions::dir_beside(&store_path(model, store, cache)?)),
-    }
 }
 
 /// Refuse a `--logits-out` that is a file `run` reads or writes, or lies

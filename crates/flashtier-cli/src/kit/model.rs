@@ -233,3 +233,32 @@ pub(crate) fn store_cache(cache: Option<&Path>) -> anyhow::Result<StoreCache> {
         }),
     }
 }
+
+/// The expert store `run` uses for `model`: `store`, or the store cache's
+/// file of the model (packed there on first use).
+pub(crate) fn store_path(
+    model: &Path,
+    store: Option<&Path>,
+    cache: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    match store {
+        Some(p) => Ok(p.to_path_buf()),
+        None => store_cache(cache)?
+            .path_for(model)
+            .with_context(|| format!("opening {}", model.display())),
+    }
+}
+
+/// The folder of `model`'s packed PLE row shards under `run`'s flags:
+/// `rows_dir`, else beside the expert store (`--store`, or the cache's).
+pub(crate) fn ple_rows_dir(
+    model: &Path,
+    store: Option<&Path>,
+    cache: Option<&Path>,
+    rows_dir: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    match rows_dir {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => Ok(PleRowOptions::dir_beside(&store_path(model, store, cache)?)),
+    }
+}

@@ -25,8 +25,7 @@ mod greedy;
 pub use batch::{RowOut, SeqStep, Want};
 pub(crate) use greedy::{Decoder, greedy};
 
-/// Most prompt tokens in one forward step.
-pub const PREFILL_CHUNK: usize = 256;
+pub use crate::config::bounds::PREFILL_CHUNK;
 
 /// A loaded model with its KV cache and expert tier, decoding one sequence.
 pub struct Model<D: Device> {

@@ -17,8 +17,13 @@
 
 use crate::checksum::xxh3_64_with_seed;
 
-use super::header::{KV_HEADER_BYTES, KV_TABLE_ENTRY_BYTES, KvFormatError};
+use super::error::KvFormatError;
 use super::tile::KvStrides;
+
+/// Bytes the header occupies (one page; the table starts after it).
+pub const KV_HEADER_BYTES: usize = 4096;
+/// Bytes of one block-table entry (generation u64, checksum u64).
+pub const KV_TABLE_ENTRY_BYTES: usize = 16;
 
 /// Page size every extent is aligned to.
 pub const PAGE_BYTES: u64 = 4096;

@@ -5,6 +5,7 @@
 //! Pure code: no `unsafe`, no syscalls; every integer on disk is fixed-width
 //! little-endian. The byte-level format is documented in `docs/kv-format.md`.
 
+pub mod error;
 pub mod group;
 pub mod header;
 pub mod tile;

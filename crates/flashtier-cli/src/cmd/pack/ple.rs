@@ -4,23 +4,35 @@
 //! the engine's own names and writer, so a later run packs nothing), with
 //! a progress bar over the table bytes and a text or `--json` summary.
 
+use std::path::Path;
+
 use anyhow::Context;
 use flashtier_engine::family::qwen4::pack_ple_rows;
 use flashtier_io::persist::Wait;
 
-use super::rows::Args;
-use crate::cmd::run::ple_rows_dir;
 use crate::kit;
+use crate::kit::model::ple_rows_dir;
+
+/// What `pack rows --ple` takes of `pack rows`' flags.
+pub struct PleArgs<'a> {
+    /// The Qwen4-Exp checkpoint.
+    pub model: &'a Path,
+    /// `--store`: the expert store the shards go beside.
+    pub store: Option<&'a Path>,
+    /// `--cache`: the store cache whose store they go beside.
+    pub cache: Option<&'a Path>,
+    /// `--out-dir`: the folder, instead of beside the store.
+    pub out_dir: Option<&'a Path>,
+    /// `--no-wait`: fail instead of waiting for another writer's lock.
+    pub no_wait: bool,
+    /// `--json`: one JSON summary instead of text and a progress bar.
+    pub json: bool,
+}
 
 /// Run `flashtier pack rows --ple`.
-pub fn run(a: &Args) -> anyhow::Result<()> {
-    let model = a.model.as_ref().context("--ple needs --model")?;
-    let dir = ple_rows_dir(
-        model,
-        a.store.as_deref(),
-        a.cache.as_deref(),
-        a.out_dir.as_deref(),
-    )?;
+pub fn run(a: &PleArgs<'_>) -> anyhow::Result<()> {
+    let model = a.model;
+    let dir = ple_rows_dir(model, a.store, a.cache, a.out_dir)?;
     let bar = kit::bytes_bar(0, "packing PLE rows", !a.json);
     let wait = if a.no_wait { Wait::Fail } else { Wait::Block };
     let t0 = std::time::Instant::now();

@@ -128,7 +128,14 @@ fn source(a: &Args) -> anyhow::Result<TableSource> {
 /// Run `flashtier pack rows`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.ple {
-        return super::ple::run(&a);
+        return super::ple::run(&super::ple::PleArgs {
+            model: a.model.as_deref().context("--ple needs --model")?,
+            store: a.store.as_deref(),
+            cache: a.cache.as_deref(),
+            out_dir: a.out_dir.as_deref(),
+            no_wait: a.no_wait,
+            json: a.json,
+        });
     }
     let out = a.out.as_ref().context("--out is required without --ple")?;
     let src = source(&a)?;

@@ -39,8 +39,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, dims};
-use crate::model::PREFILL_CHUNK;
 use crate::source::{CheckpointFiles as Source, TensorInfo};
+
+/// Most prompt tokens in one forward step (the activation bound below
+/// is computed for this many rows).
+pub const PREFILL_CHUNK: usize = 256;
 
 /// Largest count a `config.json` field may hold (`u32::MAX`): far above any
 /// model's, small enough that a sum or product of two counts fits in u64.

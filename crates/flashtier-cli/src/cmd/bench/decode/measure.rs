@@ -14,13 +14,44 @@ use std::path::Path;
 
 use flashtier_engine::Model;
 use flashtier_engine::device::cuda::CudaDevice;
+use flashtier_engine::device::cuda::experts::TierStats;
 use flashtier_engine::device::cuda::profile::ClassTime;
 use flashtier_format::Store;
 use flashtier_io::probe::{Extent, Refill, read_extents};
 use serde::Serialize;
 
-use super::report::Run;
 use super::{Args, prompt};
+
+/// One decode mode's result.
+#[derive(Debug, Serialize, Default)]
+pub(super) struct Run {
+    pub(super) mode: String,
+    pub(super) budget_hbm_bytes: u64,
+    pub(super) budget_ram_bytes: u64,
+    pub(super) tokens_per_sec: f64,
+    pub(super) decode_steps: u64,
+    pub(super) expert_hit_rate: f64,
+    pub(super) miss_bytes_per_token: f64,
+    pub(super) h2d_bytes_per_token: f64,
+    pub(super) stall_fraction: f64,
+    /// Share of the decode time the host spent issuing the steps' work
+    /// before waiting on each step's token.
+    pub(super) issue_fraction: Option<f64>,
+    pub(super) tiers: Option<TierStats>,
+    pub(super) generated_ids: Vec<u32>,
+    /// Kernels one decode step ran (resident mode: one step more after the
+    /// timed ones, counted by the launch path), and how many of them ran
+    /// inside graph replays.
+    pub(super) step_kernels: Option<StepKernels>,
+}
+
+/// The kernels of one decode step ([`Run::step_kernels`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct StepKernels {
+    pub(super) kernels: u64,
+    pub(super) in_graphs: u64,
+    pub(super) graph_launches: u64,
+}
 
 /// The device's own limits.
 #[derive(Debug, Serialize)]

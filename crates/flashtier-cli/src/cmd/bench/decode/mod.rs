@@ -50,8 +50,9 @@ use flashtier_io::{PosixBackend, StorageBackend};
 use serde::Serialize;
 
 use crate::kit::{self, parse_bytes};
+use measure::StepKernels;
 use measure::{measure_limits, probe_before, profile, streamed_bound};
-use report::{Report, StepKernels, emit, hf_runs, mode_run, speedups};
+use report::{Report, emit, hf_runs, mode_run, speedups};
 
 /// A decode mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
