@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::Dtype;
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {

@@ -82,8 +82,8 @@ fn replay_reports_a_bad_trace_with_its_line() -> anyhow::Result<()> {
 
 #[test]
 fn pack_writes_low_bit_companions_and_replay_reads_the_packed_store() -> anyhow::Result<()> {
-    use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
     use flashtier_format::{Dtype, Store};
+    use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("model");
     write_checkpoint(

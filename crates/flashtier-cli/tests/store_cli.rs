@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::{Dtype, Store};
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
 fn flashtier(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flashtier"))

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use flashtier::kv::swap::{KvSwap, SwapOptions};
 use flashtier::rows::RowGeometry;
 use flashtier::rows::pack::write_synthetic_table;
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_format::row_shard::ROW_SHARD_HEADER_BYTES;
 use flashtier_format::{Dtype, Store};
 use flashtier_io::{AlignedBuf, PosixBackend};
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
 fn flashtier(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flashtier"))

@@ -201,12 +201,10 @@ pub enum EngineError {
     /// The expert pool failed (read, checksum, budget, record lookup).
     #[error(transparent)]
     Pool(#[from] flashtier::experts::ExpertsError),
-    /// Packing the experts (for the store cache or the demo) failed.
+    /// A packed store does not pair with its checkpoint, or packing one
+    /// (`flashtier-pack`) failed.
     #[error(transparent)]
-    Pack(#[from] crate::pack::PackError),
-    /// Writing a synthetic checkpoint failed.
-    #[error(transparent)]
-    Synth(#[from] crate::synth::SynthError),
+    Pack(#[from] crate::store::PackError),
     /// Reading bytes failed.
     #[error(transparent)]
     StoreIo(#[from] flashtier_io::IoError),

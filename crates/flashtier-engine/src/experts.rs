@@ -7,7 +7,7 @@
 //!
 //! The engine has one expert source: records packed into an expert store
 //! (`flashtier pack experts`, or packed on first use into the store cache,
-//! see [`crate::store_cache`]) and served by the tier's [`ExpertPool`]. A
+//! `flashtier_pack::cache`) and served by the tier's [`ExpertPool`]. A
 //! record's bytes reach a kernel only after its read landed and its
 //! checksum matched (the pool's contract).
 

@@ -18,11 +18,15 @@
 //!   over the validated files and headers of [`source::CheckpointFiles`].
 //! - [`matrix::Matrix`]: weights kept in their stored form (BF16/F16/F32,
 //!   or FP8 codes with block scales).
-//! - [`experts`]: the record layout of a packed store, the expert counters,
-//!   the pool; [`store_cache`]: stores packed once from plain checkpoints.
-//! - [`model::Model`]: the forward pass and greedy [`model::Model::generate`].
-//! - [`pack`], [`synth`], [`demo`]: the packer, synthetic checkpoints in
-//!   real models' proportions, and the streamed-vs-I/O-bound demo.
+//! - [`store`]: the packed expert store as the engine reads it (which
+//!   tensors are experts, the record layout, the pairing check);
+//!   [`experts`]: the expert counters and the pool over a store.
+//! - [`model::Model`]: the forward pass and greedy [`model::Model::generate`];
+//!   [`engine::Engine`] over every device and family, [`sample`] for
+//!   sampled decoding.
+//!
+//! Writing stores (the packer, the store cache), synthetic checkpoints and
+//! the demo live in `flashtier-pack`, outside the decode path.
 //!
 //! Streaming never changes results: the kernels reduce in an order fixed by
 //! the shapes alone, expert outputs are summed in ascending expert order
@@ -31,7 +35,7 @@
 //!
 //! ```
 //! use flashtier_engine::load::{LoadOptions, load_cpu};
-//! use flashtier_engine::pack::{PackOptions, pack_experts};
+//! use flashtier_pack::pack::{PackOptions, pack_experts};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/engine/mixtral"));
 //! let tmp = tempfile::tempdir()?;
@@ -47,7 +51,6 @@
 
 pub mod checkpoint;
 pub mod config;
-pub mod demo;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -58,11 +61,9 @@ pub mod load;
 mod loader;
 pub mod matrix;
 pub mod model;
-pub mod pack;
 pub mod sample;
 pub mod source;
-pub mod store_cache;
-pub mod synth;
+pub mod store;
 
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;

@@ -1,6 +1,7 @@
 //! Putting a model together: the checkpoint's resident weights on a
-//! device, and the experts from a packed store (given, or packed once into
-//! the [`StoreCache`]) through the expert pool.
+//! device, and the experts from a packed store through the expert pool.
+//! (Packing a store, or finding the one packed before in a store cache, is
+//! `flashtier-pack`'s: this crate opens stores, it does not write them.)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,24 +21,14 @@ use crate::device::cuda::kv::KvBudget;
 use crate::error::EngineError;
 use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
-use crate::pack::check_pairing;
 use crate::source::CheckpointFiles;
-use crate::store_cache::StoreCache;
-
-/// Where the experts come from.
-#[derive(Clone, Debug)]
-pub enum ExpertStore {
-    /// This store file, which must pair with the checkpoint.
-    File(PathBuf),
-    /// The cache's store of the checkpoint, packed first when missing.
-    Cache(StoreCache),
-}
+use crate::store::check_pairing;
 
 /// How [`load_cpu`] builds a model.
 #[derive(Clone)]
 pub struct LoadOptions {
-    /// The expert store.
-    pub store: ExpertStore,
+    /// The expert store file, which must pair with the checkpoint.
+    pub store: PathBuf,
     /// Budget for resident expert records in bytes (`None`: all of them).
     pub budget_bytes: Option<u64>,
     /// Pool backing.
@@ -60,19 +51,10 @@ impl std::fmt::Debug for LoadOptions {
 }
 
 impl LoadOptions {
-    /// Experts from the store cache at `cache`, all resident, slots backing.
-    pub fn cached(cache: &Path) -> Self {
-        Self::with_store(ExpertStore::Cache(StoreCache::at(cache)))
-    }
-
     /// Experts from the store file `store`, all resident, slots backing.
     pub fn store(store: &Path) -> Self {
-        Self::with_store(ExpertStore::File(store.to_path_buf()))
-    }
-
-    fn with_store(store: ExpertStore) -> Self {
         Self {
-            store,
+            store: store.to_path_buf(),
             budget_bytes: None,
             backing: Backing::Slots,
             queue_depth: 8,
@@ -94,19 +76,6 @@ impl LoadOptions {
     pub fn budget(mut self, bytes: u64) -> Self {
         self.budget_bytes = Some(bytes);
         self
-    }
-}
-
-/// The store file `opts` names for `model`, packed into the cache first
-/// when needed (`progress(done, total)` sees packed bytes).
-pub fn resolve_store(
-    model: &Path,
-    opts: &LoadOptions,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<PathBuf, EngineError> {
-    match &opts.store {
-        ExpertStore::File(p) => Ok(p.clone()),
-        ExpertStore::Cache(cache) => Ok(cache.ensure(model, progress)?.path().to_path_buf()),
     }
 }
 
@@ -155,7 +124,7 @@ pub fn load_cpu(model: &Path, opts: &LoadOptions) -> Result<Model<CpuDevice>, En
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
     let cfg = ModelConfig::from_file(&model.join("config.json"))?;
-    let store = resolve_store(model, opts, &|_, _| {})?;
+    let store = opts.store.clone();
     let experts = cpu_experts(&cfg, &ckpt, &store, opts)?;
     Model::new(CpuDevice, &cfg, &ckpt, experts)
 }
@@ -337,7 +306,7 @@ pub fn load_cuda(
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
     let cfg = ModelConfig::from_file(&model.join("config.json"))?;
-    let store = resolve_store(model, opts, &|_, _| {})?;
+    let store = opts.store.clone();
     let dev = CudaDevice::open(gpu.ordinal)?;
     dev.set_kv_budget(gpu.kv.clone());
     check_fits(&dev, &ckpt, &store, gpu)?;

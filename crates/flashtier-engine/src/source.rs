@@ -38,7 +38,7 @@
 //!   trailing bytes is one that transformers itself cannot load;
 //! - every checkpoint under `tests/fixtures/engine/` (written by transformers
 //!   5.17 with torch 2.11, one of them sharded) and every synthetic one
-//!   ([`crate::synth`]) tiles exactly, with its header padded to 8 bytes.
+//!   (`flashtier_pack::synth`) tiles exactly, with its header padded to 8 bytes.
 //!
 //! The padding the format does have lives inside the header's length, so it
 //! needs no allowance here.
@@ -233,6 +233,18 @@ impl CheckpointFiles {
     #[must_use]
     pub fn files(&self) -> &[WeightFile] {
         &self.files
+    }
+
+    /// Every file of the checkpoint a writer reads (config.json, the index,
+    /// the safetensors files): an output may be none of them.
+    #[must_use]
+    pub fn input_paths(&self) -> Vec<PathBuf> {
+        let mut inputs = vec![
+            self.dir().join("config.json"),
+            self.dir().join("model.safetensors.index.json"),
+        ];
+        inputs.extend(self.files().iter().map(|f| f.path.clone()));
+        inputs
     }
 
     /// Every tensor, by name.

@@ -168,17 +168,14 @@ fn a_fifo_config_is_no_synthetic_checkpoint() {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = d.path().to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(flashtier_engine::synth::remove_synthetic(&dir));
+        let _ = tx.send(flashtier_pack::synth::remove_synthetic(&dir));
     });
     let err = rx
         .recv_timeout(std::time::Duration::from_secs(5))
         .expect("remove_synthetic blocked on a FIFO")
         .expect_err("not synthetic");
     assert!(
-        matches!(
-            err,
-            flashtier_engine::synth::SynthError::NotSynthetic { .. }
-        ),
+        matches!(err, flashtier_pack::synth::SynthError::NotSynthetic { .. }),
         "{err}"
     );
     assert!(d.path().join("config.json").exists());
@@ -364,8 +361,8 @@ fn real_fixtures_and_synthetic_checkpoints_open() {
         }
     }
     assert!(opened >= 7, "only {opened} fixtures found");
-    use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
     use flashtier_format::Dtype;
+    use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
     for arch in [
         SynthArch::Qwen3Moe,
         SynthArch::Qwen2Moe,

@@ -103,7 +103,7 @@ fn qwen3_moe_yarn_matches_transformers() {
 /// reused (not packed again) on the second, with the same output.
 #[test]
 fn plain_checkpoints_pack_once_into_the_store_cache() {
-    use flashtier_engine::store_cache::{CachedStore, StoreCache};
+    use flashtier_pack::cache::{CachedStore, StoreCache};
     let dir = fixture("mixtral");
     let r = reference(&dir);
     let cache = tempfile::tempdir().unwrap();

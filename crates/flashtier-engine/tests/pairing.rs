@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 
 use flashtier::experts::lowbit::LowbitSpec;
 use flashtier::experts::lowbit_pack::write_companion;
-use flashtier_engine::pack::{PackError, PackOptions, check_pairing, pack_experts};
 use flashtier_engine::source::CheckpointFiles;
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier_engine::store::{PackError, check_pairing};
 use flashtier_format::{Dtype, Manifest, Store, StoreWriterPlan};
+use flashtier_pack::pack::{PackOptions, pack_experts};
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
 fn pack(model: &Path, out: &Path) -> Store {
     pack_experts(&PackOptions::new(model, out), &|_| {}).expect("pack");

@@ -15,8 +15,8 @@ mod common;
 use flashtier::experts::Backing;
 use flashtier_engine::load::{LoadOptions, load_cpu};
 use flashtier_engine::model::PREFILL_CHUNK;
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
 use flashtier_format::Dtype;
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
 use common::pack;
 

@@ -307,8 +307,8 @@ fn a_wrapper_whose_text_names_collide_is_a_typed_error() {
         t.insert("model.embed_tokens.weight".into(), v);
     });
     let store = dir.path().join("experts.ftstore");
-    let err = flashtier_engine::pack::pack_experts(
-        &flashtier_engine::pack::PackOptions::new(dir.path(), &store),
+    let err = flashtier_pack::pack::pack_experts(
+        &flashtier_pack::pack::PackOptions::new(dir.path(), &store),
         &|_| {},
     )
     .unwrap_err()
@@ -339,14 +339,14 @@ fn a_wrappers_config_errors_name_the_text_config_field() {
         wrap(t, c);
     });
     let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
-    let err = flashtier_engine::pack::plan_experts(&src).unwrap_err();
+    let err = flashtier_pack::pack::plan_experts(&src).unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("field text_config.num_hidden_layers:"),
         "{text}"
     );
-    let packed = flashtier_engine::pack::pack_experts(
-        &flashtier_engine::pack::PackOptions::new(dir.path(), &dir.path().join("e.ftstore")),
+    let packed = flashtier_pack::pack::pack_experts(
+        &flashtier_pack::pack::PackOptions::new(dir.path(), &dir.path().join("e.ftstore")),
         &|_| {},
     )
     .unwrap_err()

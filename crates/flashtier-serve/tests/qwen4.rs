@@ -7,8 +7,8 @@
 
 use flashtier_engine::engine::{self, Engine, Placement};
 use flashtier_engine::load::{GpuOptions, LoadOptions};
-use flashtier_engine::pack::{PackOptions, pack_experts};
 use flashtier_engine::sample::SamplingParams;
+use flashtier_pack::pack::{PackOptions, pack_experts};
 use flashtier_serve::scheduler::{Event, Finish, Job};
 use flashtier_serve::{Scheduler, SchedulerConfig};
 

@@ -48,7 +48,7 @@ fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
         let (store, report) = kit::verify_with_bar(&args.file, args.direct, !args.json)?;
         if let Some(model) = &args.model {
             let ckpt = flashtier_engine::source::CheckpointFiles::open(model)?;
-            flashtier_engine::pack::check_pairing(&store, &ckpt)?;
+            flashtier_engine::store::check_pairing(&store, &ckpt)?;
         }
         return Ok(report);
     }

@@ -12,10 +12,10 @@ use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::device::cuda::kv::KvBudget;
 use flashtier_engine::engine::{self, Chosen, Engine, Placement};
 use flashtier_engine::family::qwen4::PleRowOptions;
-use flashtier_engine::load::{ExpertStore, GpuOptions, LoadOptions, resolve_store};
-use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
-use flashtier_engine::store_cache::StoreCache;
+use flashtier_engine::load::{GpuOptions, LoadOptions};
 use flashtier_engine::{EngineError, ModelConfig};
+use flashtier_pack::cache::StoreCache;
+use flashtier_pack::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
 
 use super::{bytes_bar, parse_bytes};
 
@@ -99,40 +99,36 @@ pub(crate) fn load_model(
         Checkpoint::open(&m.model).with_context(|| format!("opening {}", m.model.display()))?;
     let touched = checked_weight_bytes(m, &ckpt)?;
     drop(ckpt);
-    let store = match &m.store {
-        Some(path) => ExpertStore::File(path.clone()),
-        None => ExpertStore::Cache(store_cache(m.cache.as_deref())?),
+    let show = !json;
+    let path = match &m.store {
+        Some(path) if !path.exists() => pack_store(&m.model, path, show)?.out,
+        Some(path) => path.clone(),
+        None => {
+            let cache = store_cache(m.cache.as_deref())?;
+            let bar = bytes_bar(0, "packing", show);
+            let cached = cache.ensure(&m.model, &|done, total| {
+                if bar.length() != Some(total) {
+                    bar.set_length(total);
+                    bar.println(format!(
+                        "packing the experts of {} once into the store cache {}",
+                        m.model.display(),
+                        cache.dir().display()
+                    ));
+                }
+                bar.set_position(done);
+            });
+            let cached =
+                cached.with_context(|| format!("packing the experts of {}", m.model.display()))?;
+            bar.finish_and_clear();
+            cached.path().to_path_buf()
+        }
     };
     let opts = LoadOptions {
-        store,
+        store: path.clone(),
         budget_bytes: m.budget,
         backing: m.backing,
         queue_depth: m.queue_depth,
         backend: None,
-    };
-    let show = !json;
-    let path = match (&opts.store, &m.store) {
-        (ExpertStore::File(path), _) if !path.exists() => {
-            let report = pack_store(&m.model, path, show)?;
-            report.out
-        }
-        _ => {
-            let bar = bytes_bar(0, "packing", show);
-            let path = resolve_store(&m.model, &opts, &|done, total| {
-                if bar.length() != Some(total) {
-                    bar.set_length(total);
-                    bar.println(format!(
-                        "packing the experts of {} once into {}",
-                        m.model.display(),
-                        describe_cache(&opts)
-                    ));
-                }
-                bar.set_position(done);
-            })
-            .with_context(|| format!("packing the experts of {}", m.model.display()))?;
-            bar.finish_and_clear();
-            path
-        }
     };
     let kv = m.kv_budget_hbm.map(|bytes| {
         let dir = m.kv_dir.clone().unwrap_or_else(|| {
@@ -196,13 +192,6 @@ fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport
         .with_context(|| format!("packing {} into {}", model.display(), out.display()))?;
     bar.finish_and_clear();
     Ok(report)
-}
-
-fn describe_cache(opts: &LoadOptions) -> String {
-    match &opts.store {
-        ExpertStore::Cache(c) => format!("the store cache {}", c.dir().display()),
-        ExpertStore::File(p) => p.display().to_string(),
-    }
 }
 
 /// A pool that cannot hold one step's experts says how big the budget must

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use flashtier::verify::{Progress, QUEUE_WINDOWS, VerifyReport};
-use flashtier_engine::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
-use flashtier_engine::synth::{SynthReport, SynthSpec, remove_synthetic, write_checkpoint};
 use flashtier_format::Store;
 use flashtier_io::{DirectMode, PosixBackend};
+use flashtier_pack::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_pack::synth::{SynthReport, SynthSpec, remove_synthetic, write_checkpoint};
 
 use super::bytes_bar;
 

@@ -16,8 +16,8 @@ use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::experts::ExpertStats;
 use flashtier_engine::load::{GpuOptions, LoadOptions, load_cpu, load_cuda};
-use flashtier_engine::pack::{PackOptions, PackReport, pack_experts};
 use flashtier_engine::{EngineError, Generation, Model};
+use flashtier_pack::pack::{PackOptions, PackReport, pack_experts};
 use serde_json::Value;
 
 /// A committed fixture made by `tools/make_fixtures.py` (from the crate the
@@ -124,9 +124,11 @@ pub fn pack(model: &Path, dir: &Path) -> PackReport {
     pack_experts(&PackOptions::new(model, &store), &|_| {}).unwrap()
 }
 
-/// `model` on the CPU, experts from a store cache in `cache`.
+/// `model` on the CPU, experts from a store cache in `cache` (packed
+/// there first when missing).
 pub fn load(model: &Path, cache: &Path) -> Result<Model<CpuDevice>, EngineError> {
-    load_cpu(model, &LoadOptions::cached(cache))
+    let store = flashtier_pack::cache::StoreCache::at(cache).ensure(model, &|_, _| {})?;
+    load_cpu(model, &LoadOptions::store(store.path()))
 }
 
 /// Largest absolute difference of two logit tables.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use flashtier_engine::engine::{self, Engine, Placement};
 use flashtier_engine::load::{GpuOptions, LoadOptions};
-use flashtier_engine::pack::{PackOptions, pack_experts};
+use flashtier_pack::pack::{PackOptions, pack_experts};
 use flashtier_serve::scheduler::SchedulerThread;
 use flashtier_serve::{HttpConfig, Scheduler, SchedulerConfig};
 use flashtier_text::TextModel;

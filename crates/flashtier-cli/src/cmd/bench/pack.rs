@@ -16,10 +16,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use flashtier_engine::pack::{PackOptions, plan_experts};
 use flashtier_engine::source::CheckpointFiles;
-use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::{Dtype, StoreWriterPlan};
+use flashtier_pack::pack::{PackOptions, plan_experts};
+use flashtier_pack::synth::{SynthArch, SynthSpec};
 use serde::Serialize;
 
 use crate::kit::bench::{check_reps, emit, interleaved, paired_ratio, ratio};

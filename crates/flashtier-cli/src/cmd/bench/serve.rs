@@ -16,8 +16,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use flashtier_engine::checkpoint::Checkpoint;
-use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::Dtype;
+use flashtier_pack::synth::{SynthArch, SynthSpec};
 use flashtier_serve::bench::{StreamsRun, first_token, quantile, run_streams};
 use flashtier_serve::{Scheduler, SchedulerConfig};
 use serde_json::json;

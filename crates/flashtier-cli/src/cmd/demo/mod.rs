@@ -28,16 +28,16 @@ use flashtier::experts::replay::{
 };
 use flashtier::experts::tracegen::TraceFamily;
 use flashtier::verify::VerifyReport;
-use flashtier_engine::demo::{
-    DemoModel, DemoOptions, DemoPhase, DemoReport, RowsPacked, run_decode_demo,
-};
 use flashtier_engine::engine::Placement;
-use flashtier_engine::pack::{PackOptions, PackReport};
-use flashtier_engine::synth::{
-    Qwen4Spec, SynthArch, SynthReport, SynthSpec, remove_synthetic, write_qwen4_checkpoint,
-};
 use flashtier_format::Dtype;
 use flashtier_io::{BackendKind, DirectMode, PosixBackend, StorageBackend, open_backend};
+use flashtier_pack::demo::{
+    DemoModel, DemoOptions, DemoPhase, DemoReport, RowsPacked, run_decode_demo,
+};
+use flashtier_pack::pack::{PackOptions, PackReport};
+use flashtier_pack::synth::{
+    Qwen4Spec, SynthArch, SynthReport, SynthSpec, remove_synthetic, write_qwen4_checkpoint,
+};
 
 use crate::kit::{self, bytes_bar, count_bar, parse_bytes};
 use report::Done;
@@ -207,7 +207,7 @@ pub fn pack_rows(
     let table = spec.table_bytes();
     let budget = (table as f64 * rows_fraction) as u64;
     let packed =
-        flashtier_engine::demo::rows::pack_rows(&ws.model, &ws.store, &ws.rows, table, budget)?;
+        flashtier_pack::demo::rows::pack_rows(&ws.model, &ws.store, &ws.rows, table, budget)?;
     bar.finish_and_clear();
     Ok(Some(packed))
 }
@@ -229,7 +229,7 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
         );
     }
     let ckpt = flashtier_engine::source::CheckpointFiles::open(&ws.model)?;
-    flashtier_engine::pack::check_pairing(&store, &ckpt)?;
+    flashtier_engine::store::check_pairing(&store, &ckpt)?;
     Ok(report)
 }
 

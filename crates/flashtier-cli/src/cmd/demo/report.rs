@@ -3,9 +3,9 @@
 
 use flashtier::experts::replay::ReplayReport;
 use flashtier::verify::VerifyReport;
-use flashtier_engine::demo::{Bound, DecodeRun, DemoModel, DemoReport, RowsPacked};
-use flashtier_engine::pack::PackReport;
-use flashtier_engine::synth::SynthReport;
+use flashtier_pack::demo::{Bound, DecodeRun, DemoModel, DemoReport, RowsPacked};
+use flashtier_pack::pack::PackReport;
+use flashtier_pack::synth::SynthReport;
 
 use super::{RowsVerified, Workspace};
 use crate::kit;

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use flashtier_engine::pack::{PackOptions, PackReport};
 use flashtier_io::DirectMode;
 use flashtier_io::persist::Wait;
+use flashtier_pack::pack::{PackOptions, PackReport};
 
 use crate::kit;
 

@@ -9,7 +9,9 @@ use serde_json::Value;
 
 use super::{Mixer, Qwen4Model};
 use crate::load::LoadOptions;
-use crate::pack::{PackOptions, pack_experts};
+// The packer is a dev-dependency: only paths cross into it, so the two
+// builds of this crate (this test and the one it links) never meet.
+use flashtier_pack::pack::{PackOptions, pack_experts};
 
 const MAX_ABS_ERR: f32 = 1e-3;
 

@@ -43,7 +43,6 @@ use flashtier_io::{PosixBackend, StorageBackend, UringBackend};
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::{Qwen4Config, in_scope};
 use crate::error::EngineError;
-use crate::pack::checkpoint_inputs;
 use crate::source::CheckpointFiles;
 
 /// Where a Qwen4-Exp model's PLE rows come from, when not from the
@@ -164,7 +163,7 @@ fn pack_one(
     wait: Wait,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RowShardHeader, EngineError> {
-    refuse_inputs(&shard.path, &checkpoint_inputs(ckpt)).map_err(RowError::from)?;
+    refuse_inputs(&shard.path, &ckpt.input_paths()).map_err(RowError::from)?;
     let layer = shard.layer as u64;
     Ok(pack_shard_with(
         src,
@@ -236,7 +235,7 @@ pub(crate) struct LayerRows {
 /// step's reads in one system call and wakes no worker per read (on the
 /// demo model, 2 cores: row stall 4.3-4.7% of the step against 6.4% with
 /// posix workers), or posix workers where the kernel refuses a ring.
-pub(crate) fn row_backend() -> Result<Arc<dyn StorageBackend>, EngineError> {
+pub fn row_backend() -> Result<Arc<dyn StorageBackend>, EngineError> {
     match UringBackend::new(ROW_QUEUE_DEPTH) {
         Ok(ring) => Ok(Arc::new(ring)),
         Err(e) => {

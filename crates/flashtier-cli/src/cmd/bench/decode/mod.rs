@@ -42,11 +42,11 @@ use flashtier_engine::device::KvState;
 use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda, resident_weight_bytes};
-use flashtier_engine::pack::PackOptions;
-use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::{Dtype, Store};
 use flashtier_io::probe::LoggingBackend;
 use flashtier_io::{PosixBackend, StorageBackend};
+use flashtier_pack::pack::PackOptions;
+use flashtier_pack::synth::{SynthArch, SynthSpec};
 use serde::Serialize;
 
 use crate::kit::{self, parse_bytes};

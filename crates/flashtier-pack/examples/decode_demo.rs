@@ -1,9 +1,9 @@
 //! The decode demo from the library, printing its JSON report:
-//! `cargo run --release -p flashtier --example decode_demo -- DIR [TOKENS]`.
+//! `cargo run --release -p flashtier-pack --example decode_demo -- DIR [TOKENS]`.
 
 use std::path::PathBuf;
 
-use flashtier_engine::demo::{DemoOptions, run_decode_demo};
+use flashtier_pack::demo::{DemoOptions, run_decode_demo};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::shape::largest_fit;
 use super::{Init, SynthError, SynthFiles, SynthReport, SynthTensor};
-use crate::family::qwen4::ngram::{NgramHasher, NgramSpec};
+use flashtier_engine::family::qwen4::ngram::{NgramHasher, NgramSpec};
 
 /// Scale of matrices that write into the residual streams (relative to
 /// 1/sqrt(fan-in)), as for the other families.

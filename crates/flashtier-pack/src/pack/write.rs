@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use flashtier_format::{StoreWriterPlan, xxh3_64};
 use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
-use super::error::PackError;
-use super::layout::ExpertLayout;
-use crate::source::CheckpointFiles;
+use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::store::ExpertLayout;
+use flashtier_engine::store::PackError;
 
 /// What the pipeline needs to fill one record.
 pub(crate) struct RecordSource<'a> {

@@ -9,8 +9,8 @@
 //! of the wrong type is named as such, not as missing).
 
 use crate::config::bounds::{checkpoint_layers, layer_mismatch};
-use crate::pack::PackError;
 use crate::source::CheckpointFiles as Checkpoint;
+use crate::store::PackError;
 
 /// The config fields the manifest takes counts from.
 const COUNT_FIELDS: [&str; 9] = [

@@ -3,7 +3,7 @@
 //!
 //! [`pack_rows`] opens the model with its rows in the row store, which packs
 //! every missing shard from the checkpoint (the engine names and checks
-//! them; see [`crate::family::qwen4::rows`]), then lists the shards.
+//! them; see [`flashtier_engine::family::qwen4::rows`]), then lists the shards.
 //! [`probe_rows`] reads [`PROBE_BLOCKS`] pseudo-random 4 KiB blocks (a new
 //! set each round, one shard file per round) with direct I/O,
 //! [`ROW_QUEUE_DEPTH`] at a time, on the backend the decode's row reads use
@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use flashtier_io::{Extent, Refill, read_extents_on};
 
 use super::{DemoPhase, DemoProgress};
-use crate::error::EngineError;
-use crate::family::qwen4::rows::{ROW_QUEUE_DEPTH, row_backend};
-use crate::family::qwen4::{PleRowOptions, Qwen4Model};
-use crate::load::LoadOptions;
+use flashtier_engine::error::EngineError;
+use flashtier_engine::family::qwen4::rows::{ROW_QUEUE_DEPTH, row_backend};
+use flashtier_engine::family::qwen4::{PleRowOptions, Qwen4Model};
+use flashtier_engine::load::LoadOptions;
 
 /// Blocks one row probe reads.
 pub const PROBE_BLOCKS: usize = 1024;

@@ -47,15 +47,17 @@ use flashtier_io::{
     record_extents,
 };
 
-use crate::device::cuda::experts::TierBudgets;
-use crate::engine::{Chosen, Placement, open_with_rows};
-use crate::error::EngineError;
-use crate::family::qwen4::PleRowOptions;
-use crate::load::{GpuOptions, LoadOptions};
-use crate::model::Generation;
+use flashtier_engine::device::cuda::experts::TierBudgets;
+use flashtier_engine::engine::{Chosen, Placement, open_with_rows};
+use flashtier_engine::error::EngineError;
+
+use crate::error::DemoError;
 use crate::pack::{PackOptions, pack_experts};
 use crate::synth::{Qwen4Spec, SynthArch, SynthSpec, write_checkpoint, write_qwen4_checkpoint};
 use flashtier::experts::Backing;
+use flashtier_engine::family::qwen4::PleRowOptions;
+use flashtier_engine::load::{GpuOptions, LoadOptions};
+use flashtier_engine::model::Generation;
 
 pub mod rows;
 pub use rows::{RowsPacked, RowsReport};
@@ -318,7 +320,7 @@ pub struct DemoReport {
 pub fn run_decode_demo(
     opts: &DemoOptions,
     progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<DemoReport, EngineError> {
+) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let model_dir = opts.work_dir.join("model");
     let store_path = opts.work_dir.join("experts.ftstore");
@@ -466,7 +468,7 @@ fn prepare(
     model_dir: &Path,
     store_path: &Path,
     progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<Option<RowsPacked>, EngineError> {
+) -> Result<Option<RowsPacked>, DemoError> {
     let total = opts.model.total_bytes();
     let rows_dir = opts.work_dir.join("rows");
     if !model_dir.join("config.json").exists() {
@@ -511,7 +513,7 @@ fn prepare(
             });
             let table = spec.table_bytes();
             let budget = (table as f64 * rows_fraction) as u64;
-            rows::pack_rows(model_dir, store_path, &rows_dir, table, budget).map(Some)
+            Ok(rows::pack_rows(model_dir, store_path, &rows_dir, table, budget).map(Some)?)
         }
     }
 }

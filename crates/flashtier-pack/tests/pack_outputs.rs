@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 use flashtier::experts::lowbit::LowbitSpec;
 use flashtier::experts::lowbit_pack::write_companion;
-use flashtier_engine::pack::{PackError, PackOptions, PackReport, pack_experts};
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier_engine::store::PackError;
 use flashtier_format::{Dtype, Store};
 use flashtier_io::persist::{Output, Wait};
 use flashtier_io::{DirectMode, PersistError};
+use flashtier_pack::pack::{PackOptions, PackReport, pack_experts};
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
 /// Every file of `dir` (not recursing) with its bytes.
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -290,7 +291,7 @@ fn a_pack_failing_midway_leaves_no_temp_file_and_no_output() {
 /// older synthetic checkpoint is replaced.
 #[test]
 fn the_synthesizer_never_replaces_a_real_model() {
-    use flashtier_engine::synth::{SynthError, remove_synthetic};
+    use flashtier_pack::synth::{SynthError, remove_synthetic};
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();

@@ -16,8 +16,8 @@ use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::{ExpertFamily, ExpertLayout, ExpertTensors, check_dtype, split::parse_expert_name};
 use crate::error::dims;
-use crate::pack::PackError;
 use crate::source::CheckpointFiles as Checkpoint;
+use crate::store::PackError;
 
 /// The two fused-tensor prefixes transformers 5 writes.
 const FUSED_PREFIXES: [&str; 2] = [

@@ -12,8 +12,8 @@ use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::{ExpertFamily, ExpertLayout, ExpertTensors, check_dtype, source_name, suffix_rank};
 use crate::error::dims;
-use crate::pack::PackError;
 use crate::source::CheckpointFiles as Checkpoint;
+use crate::store::PackError;
 
 /// Split an expert tensor name into (is_mixtral, layer, expert, suffix).
 pub(super) fn parse_expert_name(name: &str) -> Option<(bool, u32, u32, &str)> {

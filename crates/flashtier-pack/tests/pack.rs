@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use flashtier_engine::pack::{PackError, PackOptions, check_pairing, pack_experts, source_name};
 use flashtier_engine::source::CheckpointFiles;
-use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
+use flashtier_engine::store::{PackError, check_pairing, source_name};
 use flashtier_format::{Dtype, RecordKey, Store};
+use flashtier_pack::pack::{PackOptions, pack_experts};
+use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 use safetensors::SafeTensors;
 
 /// Every tensor of a checkpoint folder, read with the `safetensors` crate.
@@ -320,7 +321,8 @@ fn synthetic_checkpoints_are_deterministic() {
 /// the `safetensors` crate, through buffered and direct checkpoint reads.
 #[test]
 fn fused_transformers5_checkpoints_pack_byte_identical() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/qwen3_moe_tied");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../flashtier-engine/tests/fixtures/engine/qwen3_moe_tied");
     let src = source_tensors(&model);
     for direct_source in [false, true] {
         let tmp = tempfile::tempdir().expect("tempdir");

@@ -6,8 +6,8 @@
 
 use flashtier_engine::family::qwen4::{PleRowOptions, Qwen4Model};
 use flashtier_engine::load::LoadOptions;
-use flashtier_engine::pack::{PackOptions, pack_experts};
-use flashtier_engine::synth::{Qwen4Spec, write_qwen4_checkpoint};
+use flashtier_pack::pack::{PackOptions, pack_experts};
+use flashtier_pack::synth::{Qwen4Spec, write_qwen4_checkpoint};
 
 #[test]
 fn a_synthetic_qwen4_decodes_the_successor_walk_through_both_tiers()

@@ -6,7 +6,7 @@
 //! `$HOME/.cache/flashtier`; stores live in its `stores/` folder, one per
 //! checkpoint folder, named `{folder name}-{xxh3 of the canonical path}.ftstore`.
 //! A cached store is reused only while it pairs with the checkpoint
-//! ([`crate::pack::check_pairing`]: config checksum, file lengths, header
+//! ([`flashtier_engine::store::check_pairing`]: config checksum, file lengths, header
 //! checksums); otherwise it is packed again. Packing is the packer's own
 //! (bounded memory, temporary file renamed into place when complete).
 
@@ -15,13 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flashtier_format::{Store, xxh3_64};
 
-use crate::config::qwen4::Qwen4Config;
-use crate::config::{ModelConfig, bounds};
-use crate::error::EngineError;
-use crate::pack::{
-    PackOptions, PackReport, check_pairing, pack_experts, plan_experts, planned_bytes,
-};
-use crate::source::CheckpointFiles;
+use crate::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_engine::config::qwen4::Qwen4Config;
+use flashtier_engine::config::{ModelConfig, bounds};
+use flashtier_engine::error::EngineError;
+use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::store::check_pairing;
 
 /// What [`StoreCache::ensure`] found or did.
 #[derive(Clone, Debug)]

@@ -1,9 +1,9 @@
 //! The decode demo end to end on a tiny synthetic model (no timing asserted).
 #![allow(clippy::unwrap_used, reason = "test")]
 
-use flashtier_engine::demo::{Bound, DemoModel, DemoOptions, DemoPhase, run_decode_demo};
-use flashtier_engine::synth::{SynthArch, SynthSpec};
 use flashtier_format::Dtype;
+use flashtier_pack::demo::{Bound, DemoModel, DemoOptions, DemoPhase, run_decode_demo};
+use flashtier_pack::synth::{SynthArch, SynthSpec};
 
 #[test]
 fn tiny_demo_streams_and_maps_the_same_tokens() {

@@ -1,6 +1,6 @@
 //! Packing the MoE experts of a Hugging Face checkpoint into an expert store.
 //!
-//! `pack_experts` opens the checkpoint ([`crate::source`]), recognises
+//! `pack_experts` opens the checkpoint ([`flashtier_engine::source`]), recognises
 //! its expert tensors ([`layout`]), plans a store with one record per
 //! (layer, expert), and streams the records through a bounded pipeline
 //! ([`write`]): memory stays at `depth` records whatever the checkpoint's
@@ -28,12 +28,12 @@
 //! would double the disk footprint for tensors that are read once at start.
 //! The manifest records the checkpoint's path, the checksum of its
 //! `config.json` and each safetensors file's length and header checksum, so
-//! [`check_pairing`] detects a store used with a checkpoint it was not
+//! [`check_pairing`](flashtier_engine::store::check_pairing) detects a store used with a checkpoint it was not
 //! packed from.
 //!
 //! ```
-//! use flashtier_engine::pack::{PackOptions, pack_experts};
-//! use flashtier_engine::synth::{SynthArch, SynthSpec, write_checkpoint};
+//! use flashtier_pack::pack::{PackOptions, pack_experts};
+//! use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 //! use flashtier_format::{Dtype, RecordKey, Store};
 //! use flashtier_io::{DirectMode, StoreFile};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,9 +56,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod error;
-pub mod layout;
-mod pairing;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -74,14 +71,12 @@ use flashtier_format::{
 use flashtier_io::DirectMode;
 use flashtier_io::persist::{Output, Wait, refuse_inputs};
 
-pub use error::PackError;
-pub use layout::{
-    ExpertFamily, ExpertLayout, ExpertTensors, TENSOR_ALIGN_BYTES, expert_layout, source_name,
+use flashtier_engine::store::{
+    ExpertFamily, ExpertLayout, ExpertTensors, PackError, expert_layout,
 };
-pub use pairing::check_pairing;
 
-use crate::source::CheckpointFiles;
 use flashtier::experts::lowbit_pack::existing_store;
+use flashtier_engine::source::CheckpointFiles;
 
 /// Options of [`pack_experts`].
 #[derive(Clone, Debug)]
@@ -336,16 +331,6 @@ pub fn planned_bytes(manifest: &Manifest) -> u64 {
         .saturating_mul(manifest.keys.len() as u64)
 }
 
-/// The files a pack of `ckpt` reads (an output may be none of them).
-pub(crate) fn checkpoint_inputs(ckpt: &CheckpointFiles) -> Vec<PathBuf> {
-    let mut inputs = vec![
-        ckpt.dir().join("config.json"),
-        ckpt.dir().join("model.safetensors.index.json"),
-    ];
-    inputs.extend(ckpt.files().iter().map(|f| f.path.clone()));
-    inputs
-}
-
 /// Pack the experts of `opts.model_dir` into `opts.out`. `progress` is
 /// called with the payload bytes of each record as it is written.
 pub fn pack_experts(
@@ -360,7 +345,7 @@ pub fn pack_experts(
         Some(text) => text,
         None => opened,
     };
-    refuse_inputs(&opts.out, &checkpoint_inputs(&ckpt))?;
+    refuse_inputs(&opts.out, &ckpt.input_paths())?;
     let (layout, manifest) = plan_experts(&ckpt)?;
     let plan = StoreWriterPlan::new(manifest)?;
     let mut output = Output::lock(&opts.out, opts.wait)?;
