@@ -16,8 +16,6 @@
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
 //! - [`hint`]: asking L2 for weights a later kernel of the step reads.
-//! - [`fold`]: a layer half's last product with the residual add and the
-//!   next norm in its launch.
 //!
 //! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
 //! in the kernel table) may start early inside a recorded step's graph
@@ -30,7 +28,6 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
-pub mod fold;
 pub mod gemm;
 pub mod hint;
 mod moe;
@@ -84,13 +81,6 @@ pub const MAX_ATTN_AHEAD: u32 = 8;
 /// whatever it is). With 1, Qwen3-30B-A3B's shape ran 2048 short blocks,
 /// about four waves of the H200; 4 decoded 0.3-2.7% faster there.
 pub const DOWN_ROWS: u32 = 4;
-/// Largest tile of down-product weights a block stages in shared memory
-/// (`FLASHTIER_DOWN_STAGE=1`: `top_k x` its rows, each a multiple of 16
-/// bytes; the kernels are given this much dynamic shared memory at load).
-/// Qwen3-30B-A3B's BF16 experts (top-8, 4 rows of 1536 bytes) fill it, and
-/// four such blocks fit an SM of an H100/H200; a larger tile runs the plain
-/// path.
-pub const DOWN_STAGE_MAX_BYTES: usize = 48 * 1024;
 /// Most down-product rows a block may be given.
 pub const MAX_DOWN_ROWS: u32 = 16;
 /// Most chunks in flight a lane may be given.
@@ -117,14 +107,6 @@ const KERNELS: &[(&str, bool)] = &[
     ("moe_down_f16", true),
     ("moe_down_f32", true),
     ("moe_down_fp8", true),
-    ("moe_down_norm_bf16", true),
-    ("moe_down_norm_f16", true),
-    ("moe_down_norm_f32", true),
-    ("moe_down_norm_fp8", true),
-    ("gemv1_norm_bf16", true),
-    ("gemv1_norm_f16", true),
-    ("gemv1_norm_f32", true),
-    ("gemv1_norm_fp8", true),
     ("gemm_bf16", true),
     ("gemm_f16", true),
     ("gemm_f32", true),
@@ -178,11 +160,6 @@ pub struct Tuning {
     pub attn_ahead: u32,
     /// Output rows per block of the experts' down product ([`DOWN_ROWS`]).
     pub down_rows: u32,
-    /// A down-product warp loads its rows together.
-    pub down_together: bool,
-    /// The down product's weights staged in shared memory before its wait
-    /// ([`DOWN_STAGE_MAX_BYTES`]).
-    pub down_stage: bool,
     /// Prompt chunks' products as tiles.
     pub prompt_tiles: bool,
     /// The dense and grouped tile shapes.
@@ -196,8 +173,6 @@ impl Default for Tuning {
             gemv_loads: GEMV_LOADS,
             attn_ahead: ATTN_AHEAD,
             down_rows: DOWN_ROWS,
-            down_together: false,
-            down_stage: false,
             prompt_tiles: true,
             tiles: (gemm::TileShape::DENSE, gemm::TileShape::GROUPED),
         }
@@ -227,8 +202,6 @@ impl Tuning {
             gemv_loads: num("FLASHTIER_GEMV_LOADS", MAX_GEMV_LOADS, d.gemv_loads),
             attn_ahead: num("FLASHTIER_ATTN_AHEAD", MAX_ATTN_AHEAD, d.attn_ahead),
             down_rows: num("FLASHTIER_DOWN_ROWS", MAX_DOWN_ROWS, d.down_rows),
-            down_together: var("FLASHTIER_DOWN_TOGETHER").is_some_and(|v| v == "1"),
-            down_stage: var("FLASHTIER_DOWN_STAGE").is_some_and(|v| v == "1"),
             prompt_tiles: var("FLASHTIER_PROMPT_TILES").is_none_or(|v| v != "0"),
             tiles: (
                 shape("FLASHTIER_GEMM_TILE", d.tiles.0),
@@ -254,8 +227,6 @@ pub struct DecodeKernels {
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
     down_rows: usize,
-    /// The down product's weights staged in shared memory (compiled in).
-    down_stage: bool,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -273,11 +244,6 @@ impl DecodeKernels {
     /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
     /// `FLASHTIER_ATTN_AHEAD` sets [`ATTN_AHEAD`];
     /// `FLASHTIER_DOWN_ROWS` sets [`DOWN_ROWS`];
-    /// `FLASHTIER_DOWN_TOGETHER=1` has a warp of the down product load its
-    /// rows together (the same bits; see kernels/decode/moe.cu);
-    /// `FLASHTIER_DOWN_STAGE=1` has a block of the down product copy its
-    /// weights into shared memory before it waits on the gate/up product
-    /// (the same bits; [`DOWN_STAGE_MAX_BYTES`]);
     /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
     /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
     /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
@@ -299,8 +265,6 @@ impl DecodeKernels {
         let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
         let defines = [
             ("STREAM_WEIGHTS", flag(t.stream_weights)),
-            ("DOWN_TOGETHER", flag(t.down_together)),
-            ("DOWN_STAGE", flag(t.down_stage)),
             ("DOWN_ROWS", down_rows.to_string()),
             ("ATTN_AHEAD", ahead.to_string()),
             ("GEMV_LOADS", loads.to_string()),
@@ -315,15 +279,6 @@ impl DecodeKernels {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
-            if t.down_stage && name.starts_with("moe_down_") {
-                // The staged tile plus the kernel's own shared products go
-                // past the 48 KiB a launch gets without opting in.
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    DOWN_STAGE_MAX_BYTES as i32,
-                )
-                .map_err(CudaError::driver(format!("raise {name}'s shared memory limit")))?;
-            }
             funcs.insert(name, (f, waits));
         }
         Ok(Self {
@@ -336,7 +291,6 @@ impl DecodeKernels {
             tiles_on: t.prompt_tiles,
             tiles,
             down_rows: down_rows as usize,
-            down_stage: t.down_stage,
         })
     }
 
