@@ -90,7 +90,7 @@ pub const MAX_GEMV_LOADS: u32 = 16;
 /// touches nothing an earlier kernel writes before it (`pdl_wait` in
 /// kernels/decode/gemv.cu): a recorded graph may start those early. Only
 /// the bandwidth probe does not wait (it never runs in a step).
-const KERNELS: &[(&str, bool)] = &[
+pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv_bf16", true),
     ("gemv_f16", true),
     ("gemv_f32", true),
@@ -180,34 +180,39 @@ impl Default for Tuning {
 }
 
 impl Tuning {
-    /// The defaults, each overridden by its environment variable where set
-    /// to a value in range (see [`DecodeKernels::new`]).
-    #[must_use]
-    pub fn from_env() -> Self {
-        let d = Self::default();
-        let var = |name: &str| std::env::var(name).ok();
-        let num = |name: &str, max: u32, default: u32| {
-            var(name)
-                .and_then(|v| v.parse::<u32>().ok())
-                .filter(|n| (1..=max).contains(n))
-                .unwrap_or(default)
-        };
-        let shape = |name: &str, default: gemm::TileShape| {
-            var(name)
-                .and_then(|v| gemm::TileShape::parse(&v))
-                .unwrap_or(default)
-        };
+    /// The defaults, each overridden by its environment variable
+    /// ([`crate::settings`]; a value out of range is an error naming it).
+    pub fn from_env() -> Result<Self, CudaError> {
+        Ok(crate::settings::tuning(
+            &flashtier_io::settings::Env::process(),
+        )?)
+    }
+
+    /// The knobs clamped into their ranges.
+    fn clamped(self) -> Self {
         Self {
-            stream_weights: var("FLASHTIER_STREAM_WEIGHTS").is_none_or(|v| v != "0"),
-            gemv_loads: num("FLASHTIER_GEMV_LOADS", MAX_GEMV_LOADS, d.gemv_loads),
-            attn_ahead: num("FLASHTIER_ATTN_AHEAD", MAX_ATTN_AHEAD, d.attn_ahead),
-            down_rows: num("FLASHTIER_DOWN_ROWS", MAX_DOWN_ROWS, d.down_rows),
-            prompt_tiles: var("FLASHTIER_PROMPT_TILES").is_none_or(|v| v != "0"),
-            tiles: (
-                shape("FLASHTIER_GEMM_TILE", d.tiles.0),
-                shape("FLASHTIER_GROUP_TILE", d.tiles.1),
-            ),
+            gemv_loads: self.gemv_loads.clamp(1, MAX_GEMV_LOADS),
+            attn_ahead: self.attn_ahead.clamp(1, MAX_ATTN_AHEAD),
+            down_rows: self.down_rows.clamp(1, MAX_DOWN_ROWS),
+            ..self
         }
+    }
+
+    /// The defines the decode kernels are compiled with for these knobs
+    /// (clamped into their ranges).
+    pub(crate) fn defines(&self) -> Vec<(&'static str, String)> {
+        let t = self.clamped();
+        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
+        vec![
+            ("STREAM_WEIGHTS", flag(t.stream_weights)),
+            ("DOWN_ROWS", t.down_rows.to_string()),
+            ("ATTN_AHEAD", t.attn_ahead.to_string()),
+            ("GEMV_LOADS", t.gemv_loads.to_string()),
+            ("GEMM_TM", t.tiles.0.tm.to_string()),
+            ("GEMM_TN", t.tiles.0.tn.to_string()),
+            ("GROUP_TM", t.tiles.1.tm.to_string()),
+            ("GROUP_TN", t.tiles.1.tn.to_string()),
+        ]
     }
 }
 
@@ -220,8 +225,8 @@ pub struct DecodeKernels {
     scratch: pick::Scratch,
     picks: pick::Picks,
     /// Prompt chunks' products as tiles and their experts grouped
-    /// ([`gemm`]); `FLASHTIER_PROMPT_TILES=0` runs them as GEMV passes and
-    /// (row, expert) pairs instead.
+    /// ([`gemm`]); off ([`crate::settings::PROMPT_TILES`]), they run as
+    /// GEMV passes and (row, expert) pairs instead.
     tiles_on: bool,
     /// The dense and grouped tile shapes compiled in.
     tiles: (gemm::TileShape, gemm::TileShape),
@@ -238,42 +243,20 @@ impl std::fmt::Debug for DecodeKernels {
 }
 
 impl DecodeKernels {
-    /// Compile and load the kernels for the device of `gpu`.
-    /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
-    /// loads without their evict-first hint (for measuring the hint);
-    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
-    /// `FLASHTIER_ATTN_AHEAD` sets [`ATTN_AHEAD`];
-    /// `FLASHTIER_DOWN_ROWS` sets [`DOWN_ROWS`];
-    /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
-    /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
-    /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
-    /// gives the same bits, as each output is one chain over its width).
+    /// Compile and load the kernels for the device of `gpu`, tuned as the
+    /// environment says ([`Tuning::from_env`], [`crate::settings`]: the
+    /// evict-first hint, [`GEMV_LOADS`], [`ATTN_AHEAD`], [`DOWN_ROWS`], the
+    /// tiled prompt products and their tile shapes; any of them gives the
+    /// same bits).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
-        Self::with_tuning(gpu, Tuning::from_env())
+        Self::with_tuning(gpu, Tuning::from_env()?)
     }
 
     /// Compile and load the kernels with the knobs of `t` (none of them
     /// changes a result bit; tests build several to show it).
     pub fn with_tuning(gpu: &Gpu, t: Tuning) -> Result<Self, CudaError> {
-        let clamp = |v: u32, max: u32| v.clamp(1, max);
-        let (loads, ahead, down_rows) = (
-            clamp(t.gemv_loads, MAX_GEMV_LOADS),
-            clamp(t.attn_ahead, MAX_ATTN_AHEAD),
-            clamp(t.down_rows, MAX_DOWN_ROWS),
-        );
-        let tiles = t.tiles;
-        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
-        let defines = [
-            ("STREAM_WEIGHTS", flag(t.stream_weights)),
-            ("DOWN_ROWS", down_rows.to_string()),
-            ("ATTN_AHEAD", ahead.to_string()),
-            ("GEMV_LOADS", loads.to_string()),
-            ("GEMM_TM", tiles.0.tm.to_string()),
-            ("GEMM_TN", tiles.0.tn.to_string()),
-            ("GROUP_TM", tiles.1.tm.to_string()),
-            ("GROUP_TN", tiles.1.tn.to_string()),
-        ];
-        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
+        let t = t.clamped();
+        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &t.defines())?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
         for &(name, waits) in KERNELS {
             let f = module
@@ -289,8 +272,8 @@ impl DecodeKernels {
             scratch: pick::Scratch::new(gpu)?,
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
-            tiles,
-            down_rows: down_rows as usize,
+            tiles: t.tiles,
+            down_rows: t.down_rows as usize,
         })
     }
 
