@@ -60,6 +60,7 @@ pub mod matrix;
 pub mod model;
 pub mod pack;
 pub mod sample;
+pub mod settings;
 pub mod source;
 pub mod store_cache;
 pub mod synth;

@@ -113,6 +113,7 @@ impl CudaDevice {
     /// Open GPU `ordinal` and compile the kernels for it.
     pub fn open(ordinal: usize) -> Result<Self, EngineError> {
         let gpu = Gpu::open(ordinal)?;
+        let s = crate::settings::CudaSettings::read(&flashtier_io::settings::Env::process())?;
         let kernels = DecodeKernels::new(&gpu)?;
         Ok(Self {
             gpu,
@@ -121,9 +122,9 @@ impl CudaDevice {
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
             kv_budget: RefCell::new(None),
-            fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
-            prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
-            chain: Cell::new(std::env::var("FLASHTIER_CHAIN").map_or(true, |v| v != "0")),
+            fused_router: s.fused_router,
+            prefetch_on: s.prefetch,
+            chain: Cell::new(s.chain),
         })
     }
 
