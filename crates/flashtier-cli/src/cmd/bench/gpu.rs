@@ -91,7 +91,7 @@ pub struct Opts {
 /// Run `flashtier bench gpu`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let args = *args.opts;
-    let gpu = Gpu::open(0).context("flashtier bench gpu needs a CUDA GPU")?;
+    let gpu = Gpu::open(0).context("flashtier bench gpu: open GPU 0")?;
     let info = gpu.info().clone();
     if !args.json {
         println!(
