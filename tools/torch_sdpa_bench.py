@@ -3,7 +3,8 @@
 torch.nn.functional.scaled_dot_product_attention on the same shapes.
 
 q: [batch, q_heads, 1, head_dim], k/v: [batch, kv_heads, context, head_dim]
-bf16 (contiguous, SDPA's native layout), enable_gqa=True. Every SDPA backend
+in --dtype (bfloat16 by default; `flashtier bench gpu` asks for float32, the
+engine's KV type), contiguous (SDPA's native layout), enable_gqa=True. Every SDPA backend
 that accepts the shape is timed; the fastest is reported. Timing: CUDA events
 around `iters` back-to-back calls queued behind a spin (so host launch
 overhead stays out), rotating over enough input sets to exceed the L2 cache;
@@ -40,15 +41,16 @@ def time_call(fn, iters, reps):
     return times[len(times) // 2]
 
 
-def bench_shape(batch, ctx, hq, hkv, d, iters, reps, l2_bytes):
-    kv_bytes = 2 * batch * hkv * ctx * d * 2
+def bench_shape(batch, ctx, hq, hkv, d, iters, reps, l2_bytes, dtype):
+    elem = torch.tensor([], dtype=dtype).element_size()
+    kv_bytes = 2 * batch * hkv * ctx * d * elem
     sets = max(1, min(32, -(-4 * l2_bytes // kv_bytes)))
     gen = torch.Generator(device="cuda").manual_seed(batch * 1_000_003 + ctx)
-    qs = [torch.rand(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+    qs = [torch.rand(batch, hq, 1, d, device="cuda", dtype=dtype, generator=gen) * 2 - 1
           for _ in range(sets)]
-    ks = [torch.rand(batch, hkv, ctx, d, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+    ks = [torch.rand(batch, hkv, ctx, d, device="cuda", dtype=dtype, generator=gen) * 2 - 1
           for _ in range(sets)]
-    vs = [torch.rand(batch, hkv, ctx, d, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+    vs = [torch.rand(batch, hkv, ctx, d, device="cuda", dtype=dtype, generator=gen) * 2 - 1
           for _ in range(sets)]
     results = {}
     backends = {
@@ -76,7 +78,7 @@ def bench_shape(batch, ctx, hq, hkv, d, iters, reps, l2_bytes):
                   file=sys.stderr)
     timed = {k: v for k, v in results.items() if v is not None}
     best = min(timed, key=timed.get) if timed else None
-    bytes_moved = kv_bytes + 2 * batch * hq * d * 2
+    bytes_moved = kv_bytes + 2 * batch * hq * d * elem
     del qs, ks, vs
     torch.cuda.empty_cache()
     return {
@@ -101,16 +103,19 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60 << 20)
     rows = []
     for b in parse_list(a.batches):
         for c in parse_list(a.contexts):
-            rows.append(bench_shape(b, c, a.q_heads, a.kv_heads, a.head_dim, a.iters, a.reps, l2))
+            rows.append(bench_shape(b, c, a.q_heads, a.kv_heads, a.head_dim, a.iters, a.reps, l2, dtype))
     print(json.dumps({
         "torch": torch.__version__,
         "device": props.name,
+        "dtype": a.dtype,
         "shapes": rows,
     }))
 

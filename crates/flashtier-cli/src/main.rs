@@ -8,8 +8,25 @@ mod kit;
 /// flashtier: run language models bigger than memory by streaming their bulky
 /// inference state (MoE experts, embedding rows, KV blocks) from NVMe.
 #[derive(Parser, Debug)]
-#[command(name = "flashtier", version, about, long_about = None)]
+#[command(
+    name = "flashtier",
+    version,
+    about,
+    long_about = None,
+    after_help = "Environment variables that steer the libraries: see --help, or docs/configuration.md.",
+    after_long_help = kit::settings::environment_help()
+)]
 struct Cli {
+    /// Which logs go to stderr: a `tracing` filter (`info`,
+    /// `flashtier_io=debug,warn`, ...).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILTER",
+        env = "FLASHTIER_LOG",
+        default_value = "warn"
+    )]
+    log: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,14 +55,14 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).map_err(|e| {
+        anyhow::anyhow!("--log / FLASHTIER_LOG={:?}: not a log filter: {e}", cli.log)
+    })?;
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLASHTIER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Pack(p) => cmd::pack::run(p),
@@ -55,5 +72,28 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(a) => cmd::replay::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn help_documents_every_variable() {
+        Cli::command().debug_assert();
+        let help = Cli::command().render_long_help().to_string();
+        for (_, table) in crate::kit::settings::tables() {
+            for s in table {
+                assert!(help.contains(s.name), "{} is not in --help", s.name);
+            }
+        }
+        let serve = Cli::command()
+            .find_subcommand_mut("serve")
+            .map(|c| c.render_long_help().to_string())
+            .unwrap_or_default();
+        assert!(serve.contains("FLASHTIER_API_KEY"), "{serve}");
     }
 }

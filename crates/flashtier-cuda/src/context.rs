@@ -12,6 +12,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 
 use crate::error::CudaError;
 use crate::launch::{Args, GraphStats, Shared};
+use crate::settings::LaunchSettings;
 
 /// Whether the CUDA driver library can be loaded on this machine.
 #[must_use]
@@ -91,11 +92,14 @@ impl std::fmt::Debug for Gpu {
 
 impl Gpu {
     /// Open device `ordinal`: [`CudaError::NoDriver`] where there is no driver,
-    /// [`CudaError::NoDevice`] where it reports no such device.
+    /// [`CudaError::NoDevice`] where it reports no such device,
+    /// [`CudaError::Setting`] where a launch setting's variable holds a bad
+    /// value ([`crate::settings::LaunchSettings`]).
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
+        let launch = LaunchSettings::read(&flashtier_io::settings::Env::process())?;
         cudarc::driver::result::init().map_err(CudaError::driver("cuInit"))?;
         let count = CudaContext::device_count().map_err(CudaError::driver("cuDeviceGetCount"))?;
         let count = usize::try_from(count).unwrap_or(0);
@@ -119,7 +123,7 @@ impl Gpu {
             ctx,
             stream,
             info,
-            queue: Arc::new(Shared::new()),
+            queue: Arc::new(Shared::new(launch)),
         })
     }
 

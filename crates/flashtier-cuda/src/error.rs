@@ -54,6 +54,10 @@ pub enum CudaError {
         /// The compiler's log.
         log: String,
     },
+    /// A `FLASHTIER_*` variable held a value its reader cannot take
+    /// ([`crate::settings`]).
+    #[error(transparent)]
+    Setting(#[from] flashtier_io::settings::SettingError),
     /// A shape, geometry or argument the kernels do not accept.
     #[error("invalid {what}: {why}")]
     Invalid {

@@ -7,18 +7,20 @@
 //!   the expert arena, with the device-address check.
 //! - [`sink`]: [`HbmSink`], the disk -> pinned -> HBM device sink of the
 //!   `flashtier-io` backends (double-buffered staging, a copy stream).
-//! - [`nvrtc`], [`attention`], [`plan`], [`dequant`]: kernels compiled at run
-//!   time for the device's own architecture (CUBIN for `sm_90` on Hopper):
-//!   tiled split-KV decode attention (flash-decoding, log-sum-exp merge) and
-//!   the FP8 -> BF16 row dequant.
+//! - [`nvrtc`], [`dequant`]: kernels compiled at run time for the device's
+//!   own architecture (CUBIN for `sm_90` on Hopper), and the FP8 -> BF16 row
+//!   dequant.
 //! - [`ops`]: the decode engine's kernels (matrix-vector products over
 //!   stored weights, routing, routed experts from HBM slots or pinned
-//!   memory, RMSNorm, RoPE, f32 KV-cache attention) behind checked launches.
+//!   memory, RMSNorm, RoPE, split-KV decode attention over an f32 KV cache
+//!   whose chunks may be restored tile by tile) behind checked launches.
 //! - [`launch`]: kernel launches at once, or queued for a decode step and
 //!   issued as CUDA graphs that replay once a step's shape repeats.
 //! - [`measure`]: CUDA-event timings and copy bandwidths for benchmarks.
 //! - [`blas`]: cuBLAS products as the benchmarks' yardstick for the prompt
 //!   products (libcublas loaded at run time; nothing else needs it).
+//! - [`settings`]: the `FLASHTIER_*` variables this crate reads (all for
+//!   measuring; none changes a result bit), read there only.
 //!
 //! ```no_run
 //! use flashtier_cuda::{CudaError, Gpu};
@@ -29,7 +31,6 @@
 //! }
 //! ```
 
-pub mod attention;
 pub mod blas;
 pub mod context;
 pub mod dequant;
@@ -39,10 +40,9 @@ pub mod measure;
 pub mod nvrtc;
 pub mod ops;
 pub mod pinned;
-pub mod plan;
+pub mod settings;
 pub mod sink;
 
-pub use attention::{AttnDims, DecodeAttention, TileTable};
 pub use context::{DeviceInfo, Gpu, driver_present, nvrtc_present};
 pub use cudarc;
 pub use dequant::{Fp8Rows, UtilKernels};

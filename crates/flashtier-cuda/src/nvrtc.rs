@@ -12,15 +12,6 @@ use cudarc::nvrtc::sys::{self as nv, nvrtcProgram};
 use crate::context::{Gpu, nvrtc_present};
 use crate::error::CudaError;
 
-/// Source of the attention kernels: the definitions and PTX wrappers, the
-/// split kernel, then the merge and finalize kernels that share them.
-pub const ATTENTION_SRC: &str = concat!(
-    include_str!("kernels/attention_ptx.cu"),
-    "\n",
-    include_str!("kernels/attention.cu"),
-    "\n",
-    include_str!("kernels/attention_merge.cu")
-);
 /// Source of the dequant and fill kernels (after the shared definitions).
 pub const UTIL_SRC: &str = concat!(
     include_str!("kernels/common.cuh"),
@@ -115,8 +106,8 @@ fn compile_cached(
 }
 
 /// Compile `src` for the device of `gpu` (once per process) and load it. With
-/// `FLASHTIER_DUMP_CUBIN=<dir>` the machine code is also written there (for
-/// `cuobjdump --dump-sass`).
+/// [`crate::settings::DUMP_CUBIN`] set to a folder the machine code is also
+/// written there (for `cuobjdump --dump-sass`).
 pub fn load_module(
     gpu: &Gpu,
     module: &str,
@@ -125,8 +116,8 @@ pub fn load_module(
 ) -> Result<(Arc<CudaModule>, Cubin), CudaError> {
     let arch = gpu.info().arch();
     let cubin = compile_cached(module, src, &arch, defines)?;
-    if let Some(dir) = std::env::var_os("FLASHTIER_DUMP_CUBIN") {
-        let path = std::path::Path::new(&dir).join(format!("{module}.{arch}.cubin"));
+    if let Some(dir) = crate::settings::dump_cubin(&flashtier_io::settings::Env::process()) {
+        let path = dir.join(format!("{module}.{arch}.cubin"));
         if let Err(e) = std::fs::write(&path, &cubin.image) {
             tracing::warn!(path = %path.display(), "could not dump cubin: {e}");
         }
@@ -187,46 +178,25 @@ mod tests {
             "{}",
             c.log
         );
-    }
-
-    /// The kernels compile for Hopper with every head dimension the host
-    /// accepts. Needs NVRTC only (no GPU); skips where it is absent.
-    #[test]
-    fn kernels_compile_for_sm90() {
-        if !nvrtc_present() {
-            flashtier_io::skip::notice(
-                "kernels_compile_for_sm90",
-                "libnvrtc not found (no CUDA runtime compiler on this machine)",
+        // Every kernel the launch table names is in the machine code (the
+        // table and the sources agree).
+        for &(name, _) in crate::ops::KERNELS {
+            let sym = format!("{name}\0");
+            assert!(
+                c.image.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                "kernel {name} is not in the decode module"
             );
-            return;
         }
-        for d in [16, 64, 80, 128, 256] {
-            // The depth the H200's shared memory gives.
-            for kreg in [false, d % 32 == 0 && d <= 128] {
-                let stages = crate::attention::split_stages(d, kreg, 233_472, 232_448);
-                let defines = [
-                    ("HEAD_DIM", d.to_string()),
-                    ("STAGES", stages.to_string()),
-                    ("KREG", u8::from(kreg).to_string()),
-                ];
-                let c = compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
-                    .unwrap_or_else(|e| panic!("head_dim {d}: {e}"));
-                assert!(!c.image.is_empty());
-                eprintln!("head_dim {d}:\n{}", c.log);
-            }
-        }
-        // The tuning switches (L2 prefetch hint, evict-first policy).
-        for (pf, ef) in [(0, 0), (2, 1)] {
-            let defines = [
-                ("HEAD_DIM", "128".to_string()),
-                ("STAGES", "3".to_string()),
-                ("L2_PF", format!("{pf}")),
-                ("EVICT_FIRST", format!("{ef}")),
-            ];
-            compile_cubin("attention", ATTENTION_SRC, "sm_90", &defines)
-                .unwrap_or_else(|e| panic!("L2_PF {pf} EVICT_FIRST {ef}: {e}"));
-        }
-        let c = compile_cubin("util", UTIL_SRC, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!c.image.is_empty());
+        // The tuning knobs' far ends compile too.
+        let t = crate::ops::Tuning {
+            stream_weights: false,
+            gemv_loads: crate::ops::MAX_GEMV_LOADS,
+            attn_ahead: crate::ops::MAX_ATTN_AHEAD,
+            down_rows: crate::ops::MAX_DOWN_ROWS,
+            ..crate::ops::Tuning::default()
+        };
+        let defines = t.defines();
+        compile_cubin("decode", crate::ops::DECODE_SRC, "sm_90", &defines)
+            .unwrap_or_else(|e| panic!("{t:?}: {e}"));
     }
 }

@@ -229,6 +229,10 @@ pub enum EngineError {
     /// The GPU failed, or there is none.
     #[error(transparent)]
     Cuda(#[from] flashtier_cuda::CudaError),
+    /// A `FLASHTIER_*` variable held a value its reader cannot take
+    /// ([`crate::settings`]).
+    #[error(transparent)]
+    Setting(#[from] flashtier_io::settings::SettingError),
     /// An expert store file is not usable.
     #[error(transparent)]
     Format(#[from] flashtier_format::FormatError),

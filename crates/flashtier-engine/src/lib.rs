@@ -62,6 +62,7 @@ mod loader;
 pub mod matrix;
 pub mod model;
 pub mod sample;
+pub mod settings;
 pub mod source;
 pub mod store;
 

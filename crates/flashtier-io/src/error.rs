@@ -149,6 +149,10 @@ pub enum IoError {
     /// A caller passed an invalid argument (queue depth, geometry...).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A `FLASHTIER_*` variable held a value its reader cannot take
+    /// ([`crate::settings`]).
+    #[error(transparent)]
+    Setting(#[from] crate::settings::SettingError),
 }
 
 impl From<OpenError> for IoError {

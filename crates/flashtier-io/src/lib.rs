@@ -46,6 +46,7 @@ pub mod posix;
 pub mod probe;
 mod queue;
 pub mod region;
+pub mod settings;
 pub mod sim;
 mod sim_plan;
 pub mod skip;

@@ -53,8 +53,9 @@ pub use crate::sim_plan::{Countdown, Fault, FaultPlan, OpKind};
 use crate::sim_plan::{Decision, Planner};
 use crate::workers::{ReadWorkers, check_queue_depth};
 
-/// Environment variable that overrides the plan's seed (replay).
-pub const SEED_ENV: &str = "FLASHTIER_SIM_SEED";
+/// Environment variable that overrides the plan's seed (replay; read by
+/// [`crate::settings`]).
+pub const SEED_ENV: &str = crate::settings::SIM_SEED;
 
 /// Most short-read splits the simulator injects into one request.
 const MAX_SHORT_SPLITS: u32 = 8;
@@ -168,13 +169,8 @@ impl SimBackend {
 }
 
 fn seed_for(plan: &FaultPlan) -> Result<u64, IoError> {
-    match std::env::var(SEED_ENV) {
-        Ok(s) => s
-            .trim()
-            .parse::<u64>()
-            .map_err(|e| IoError::Invalid(format!("{SEED_ENV}={s} is not a u64 seed: {e}"))),
-        Err(_) => Ok(plan.seed.unwrap_or_else(rand::random)),
-    }
+    let seed = crate::settings::Env::process().sim_seed()?;
+    Ok(seed.or(plan.seed).unwrap_or_else(rand::random))
 }
 
 fn os_err(code: i32) -> std::io::Error {

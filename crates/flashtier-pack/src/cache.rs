@@ -58,14 +58,7 @@ impl StoreCache {
     /// The default location (see the module docs), or `None` when neither
     /// `FLASHTIER_CACHE`, `XDG_CACHE_HOME` nor `HOME` is set.
     pub fn default_location() -> Option<Self> {
-        let var = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        let dir = var("FLASHTIER_CACHE")
-            .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("flashtier")))
-            .or_else(|| var("HOME").map(|d| d.join(".cache").join("flashtier")))?;
+        let dir = crate::settings::cache_dir(&flashtier_io::settings::Env::process())?;
         Some(Self { dir })
     }
 

@@ -10,4 +10,5 @@
 pub mod experts;
 pub mod kv;
 pub mod rows;
+pub mod settings;
 pub mod verify;

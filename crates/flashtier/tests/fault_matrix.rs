@@ -417,9 +417,9 @@ fn print_tallies(by: &Tallies, total: &Tally, secs: f64) {
 fn every_byte_served_is_exact_or_a_typed_error() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
-    let replay = std::env::var(SEED_ENV)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
+    let replay = flashtier_io::settings::Env::process()
+        .sim_seed()
+        .unwrap_or_else(|e| panic!("{e}"));
     let seeds: Vec<u64> = match replay {
         Some(s) => vec![s],
         None => (BASE_SEED..BASE_SEED + RUNS).collect(),

@@ -49,9 +49,14 @@ pub struct Args {
     /// (0: no reuse).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub prefix_cache_tokens: usize,
-    /// Requests must send `Authorization: Bearer KEY` [default:
-    /// $FLASHTIER_API_KEY; none: no key asked].
-    #[arg(long, value_name = "KEY")]
+    /// Requests must send `Authorization: Bearer KEY` (unset or empty: no
+    /// key asked).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "FLASHTIER_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
     /// Largest request body.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "16M")]
@@ -106,11 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eos.dedup();
     let http = HttpConfig {
         model_name: name.clone(),
-        api_key: args
-            .api_key
-            .clone()
-            .or_else(|| std::env::var("FLASHTIER_API_KEY").ok())
-            .filter(|k| !k.is_empty()),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: usize::try_from(args.max_body).unwrap_or(usize::MAX),
     };
     let limits = thread.config().clone();

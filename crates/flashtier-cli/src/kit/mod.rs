@@ -8,6 +8,7 @@ pub mod bench;
 pub mod fio;
 pub mod limit;
 pub mod model;
+pub mod settings;
 mod steps;
 
 pub use steps::{

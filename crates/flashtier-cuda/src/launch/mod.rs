@@ -46,9 +46,10 @@ use cudarc::driver::{CudaFunction, LaunchConfig};
 pub use args::{Args, KernelArg, MAX_ARGS};
 
 use crate::error::CudaError;
+use crate::settings::LaunchSettings;
 
-/// Launches queued before a segment is issued (default; the environment
-/// variable `FLASHTIER_GRAPH_SEGMENT` sets another, 1 to
+/// Launches queued before a segment is issued (default;
+/// [`crate::settings::GRAPH_SEGMENT`] sets another, 1 to
 /// [`MAX_SEGMENT_LAUNCHES`]).
 /// 32 measured faster than 64 and 256 on the H200 (docs/benchmarks.md,
 /// session 9): a shorter segment starts on the device sooner while the
@@ -159,18 +160,11 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    pub(crate) fn new() -> Self {
-        let graphs_on = std::env::var("FLASHTIER_CUDA_GRAPHS").map_or(true, |v| v != "0");
-        let pdl_on = std::env::var("FLASHTIER_PDL").map_or(true, |v| v != "0");
-        let segment_len = std::env::var("FLASHTIER_GRAPH_SEGMENT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| (1..=MAX_SEGMENT_LAUNCHES).contains(n))
-            .unwrap_or(SEGMENT_LAUNCHES);
+    pub(crate) fn new(s: LaunchSettings) -> Self {
         Self {
-            graphs_on,
-            pdl_on,
-            segment_len,
+            graphs_on: s.graphs,
+            pdl_on: s.pdl,
+            segment_len: s.segment_launches.clamp(1, MAX_SEGMENT_LAUNCHES),
             recording: false,
             segment: 0,
             pending: Vec::new(),
@@ -210,8 +204,8 @@ impl Queue {
 pub(crate) struct Shared(Mutex<Queue>);
 
 impl Shared {
-    pub(crate) fn new() -> Self {
-        Self(Mutex::new(Queue::new()))
+    pub(crate) fn new(s: LaunchSettings) -> Self {
+        Self(Mutex::new(Queue::new(s)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {

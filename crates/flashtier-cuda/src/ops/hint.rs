@@ -15,10 +15,10 @@ use crate::error::CudaError;
 use crate::launch::{Args, KernelArg};
 
 /// Up to four byte ranges of device matrices to ask L2 for (the C layout
-/// of `struct Spans`), made by [`DecodeKernels::spans`].
+/// of `struct Spans`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Spans {
+struct Spans {
     p: [u64; 4],
     len: [i64; 4],
 }
@@ -35,9 +35,8 @@ impl DecodeKernels {
         self.prefetch_spans(s)
     }
 
-    /// The stored bytes of `ws` (one to four matrices) as spans, for a
-    /// prefetch launched later ([`Self::prefetch_spans`]).
-    pub fn spans(&self, ws: &[&DevMatrix]) -> Result<Spans, CudaError> {
+    /// The stored bytes of `ws` (one to four matrices) as spans.
+    fn spans(&self, ws: &[&DevMatrix]) -> Result<Spans, CudaError> {
         if ws.is_empty() || ws.len() > 4 {
             return Err(CudaError::invalid(
                 "prefetch",

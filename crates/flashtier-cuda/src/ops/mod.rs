@@ -16,8 +16,6 @@
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
 //! - [`hint`]: asking L2 for weights a later kernel of the step reads.
-//! - [`fold`]: a layer half's last product with the residual add and the
-//!   next norm in its launch.
 //!
 //! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
 //! in the kernel table) may start early inside a recorded step's graph
@@ -30,7 +28,6 @@ pub mod attn;
 pub mod buffers;
 pub mod dense;
 pub mod experts;
-pub mod fold;
 pub mod gemm;
 pub mod hint;
 mod moe;
@@ -84,13 +81,6 @@ pub const MAX_ATTN_AHEAD: u32 = 8;
 /// whatever it is). With 1, Qwen3-30B-A3B's shape ran 2048 short blocks,
 /// about four waves of the H200; 4 decoded 0.3-2.7% faster there.
 pub const DOWN_ROWS: u32 = 4;
-/// Largest tile of down-product weights a block stages in shared memory
-/// (`FLASHTIER_DOWN_STAGE=1`: `top_k x` its rows, each a multiple of 16
-/// bytes; the kernels are given this much dynamic shared memory at load).
-/// Qwen3-30B-A3B's BF16 experts (top-8, 4 rows of 1536 bytes) fill it, and
-/// four such blocks fit an SM of an H100/H200; a larger tile runs the plain
-/// path.
-pub const DOWN_STAGE_MAX_BYTES: usize = 48 * 1024;
 /// Most down-product rows a block may be given.
 pub const MAX_DOWN_ROWS: u32 = 16;
 /// Most chunks in flight a lane may be given.
@@ -100,7 +90,7 @@ pub const MAX_GEMV_LOADS: u32 = 16;
 /// touches nothing an earlier kernel writes before it (`pdl_wait` in
 /// kernels/decode/gemv.cu): a recorded graph may start those early. Only
 /// the bandwidth probe does not wait (it never runs in a step).
-const KERNELS: &[(&str, bool)] = &[
+pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemv_bf16", true),
     ("gemv_f16", true),
     ("gemv_f32", true),
@@ -117,14 +107,6 @@ const KERNELS: &[(&str, bool)] = &[
     ("moe_down_f16", true),
     ("moe_down_f32", true),
     ("moe_down_fp8", true),
-    ("moe_down_norm_bf16", true),
-    ("moe_down_norm_f16", true),
-    ("moe_down_norm_f32", true),
-    ("moe_down_norm_fp8", true),
-    ("gemv1_norm_bf16", true),
-    ("gemv1_norm_f16", true),
-    ("gemv1_norm_f32", true),
-    ("gemv1_norm_fp8", true),
     ("gemm_bf16", true),
     ("gemm_f16", true),
     ("gemm_f32", true),
@@ -178,11 +160,6 @@ pub struct Tuning {
     pub attn_ahead: u32,
     /// Output rows per block of the experts' down product ([`DOWN_ROWS`]).
     pub down_rows: u32,
-    /// A down-product warp loads its rows together.
-    pub down_together: bool,
-    /// The down product's weights staged in shared memory before its wait
-    /// ([`DOWN_STAGE_MAX_BYTES`]).
-    pub down_stage: bool,
     /// Prompt chunks' products as tiles.
     pub prompt_tiles: bool,
     /// The dense and grouped tile shapes.
@@ -196,8 +173,6 @@ impl Default for Tuning {
             gemv_loads: GEMV_LOADS,
             attn_ahead: ATTN_AHEAD,
             down_rows: DOWN_ROWS,
-            down_together: false,
-            down_stage: false,
             prompt_tiles: true,
             tiles: (gemm::TileShape::DENSE, gemm::TileShape::GROUPED),
         }
@@ -205,36 +180,39 @@ impl Default for Tuning {
 }
 
 impl Tuning {
-    /// The defaults, each overridden by its environment variable where set
-    /// to a value in range (see [`DecodeKernels::new`]).
-    #[must_use]
-    pub fn from_env() -> Self {
-        let d = Self::default();
-        let var = |name: &str| std::env::var(name).ok();
-        let num = |name: &str, max: u32, default: u32| {
-            var(name)
-                .and_then(|v| v.parse::<u32>().ok())
-                .filter(|n| (1..=max).contains(n))
-                .unwrap_or(default)
-        };
-        let shape = |name: &str, default: gemm::TileShape| {
-            var(name)
-                .and_then(|v| gemm::TileShape::parse(&v))
-                .unwrap_or(default)
-        };
+    /// The defaults, each overridden by its environment variable
+    /// ([`crate::settings`]; a value out of range is an error naming it).
+    pub fn from_env() -> Result<Self, CudaError> {
+        Ok(crate::settings::tuning(
+            &flashtier_io::settings::Env::process(),
+        )?)
+    }
+
+    /// The knobs clamped into their ranges.
+    fn clamped(self) -> Self {
         Self {
-            stream_weights: var("FLASHTIER_STREAM_WEIGHTS").is_none_or(|v| v != "0"),
-            gemv_loads: num("FLASHTIER_GEMV_LOADS", MAX_GEMV_LOADS, d.gemv_loads),
-            attn_ahead: num("FLASHTIER_ATTN_AHEAD", MAX_ATTN_AHEAD, d.attn_ahead),
-            down_rows: num("FLASHTIER_DOWN_ROWS", MAX_DOWN_ROWS, d.down_rows),
-            down_together: var("FLASHTIER_DOWN_TOGETHER").is_some_and(|v| v == "1"),
-            down_stage: var("FLASHTIER_DOWN_STAGE").is_some_and(|v| v == "1"),
-            prompt_tiles: var("FLASHTIER_PROMPT_TILES").is_none_or(|v| v != "0"),
-            tiles: (
-                shape("FLASHTIER_GEMM_TILE", d.tiles.0),
-                shape("FLASHTIER_GROUP_TILE", d.tiles.1),
-            ),
+            gemv_loads: self.gemv_loads.clamp(1, MAX_GEMV_LOADS),
+            attn_ahead: self.attn_ahead.clamp(1, MAX_ATTN_AHEAD),
+            down_rows: self.down_rows.clamp(1, MAX_DOWN_ROWS),
+            ..self
         }
+    }
+
+    /// The defines the decode kernels are compiled with for these knobs
+    /// (clamped into their ranges).
+    pub(crate) fn defines(&self) -> Vec<(&'static str, String)> {
+        let t = self.clamped();
+        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
+        vec![
+            ("STREAM_WEIGHTS", flag(t.stream_weights)),
+            ("DOWN_ROWS", t.down_rows.to_string()),
+            ("ATTN_AHEAD", t.attn_ahead.to_string()),
+            ("GEMV_LOADS", t.gemv_loads.to_string()),
+            ("GEMM_TM", t.tiles.0.tm.to_string()),
+            ("GEMM_TN", t.tiles.0.tn.to_string()),
+            ("GROUP_TM", t.tiles.1.tm.to_string()),
+            ("GROUP_TN", t.tiles.1.tn.to_string()),
+        ]
     }
 }
 
@@ -247,15 +225,13 @@ pub struct DecodeKernels {
     scratch: pick::Scratch,
     picks: pick::Picks,
     /// Prompt chunks' products as tiles and their experts grouped
-    /// ([`gemm`]); `FLASHTIER_PROMPT_TILES=0` runs them as GEMV passes and
-    /// (row, expert) pairs instead.
+    /// ([`gemm`]); off ([`crate::settings::PROMPT_TILES`]), they run as
+    /// GEMV passes and (row, expert) pairs instead.
     tiles_on: bool,
     /// The dense and grouped tile shapes compiled in.
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
     down_rows: usize,
-    /// The down product's weights staged in shared memory (compiled in).
-    down_stage: bool,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -267,63 +243,25 @@ impl std::fmt::Debug for DecodeKernels {
 }
 
 impl DecodeKernels {
-    /// Compile and load the kernels for the device of `gpu`.
-    /// `FLASHTIER_STREAM_WEIGHTS=0` compiles the one-pass kernels' weight
-    /// loads without their evict-first hint (for measuring the hint);
-    /// `FLASHTIER_GEMV_LOADS` sets [`GEMV_LOADS`];
-    /// `FLASHTIER_ATTN_AHEAD` sets [`ATTN_AHEAD`];
-    /// `FLASHTIER_DOWN_ROWS` sets [`DOWN_ROWS`];
-    /// `FLASHTIER_DOWN_TOGETHER=1` has a warp of the down product load its
-    /// rows together (the same bits; see kernels/decode/moe.cu);
-    /// `FLASHTIER_DOWN_STAGE=1` has a block of the down product copy its
-    /// weights into shared memory before it waits on the gate/up product
-    /// (the same bits; [`DOWN_STAGE_MAX_BYTES`]);
-    /// `FLASHTIER_PROMPT_TILES=0` turns off the tiled prompt products
-    /// ([`gemm`]); `FLASHTIER_GEMM_TILE` and `FLASHTIER_GROUP_TILE` (`TMxTN`,
-    /// e.g. `4x4`) set their tile shapes (for measuring them; any shape
-    /// gives the same bits, as each output is one chain over its width).
+    /// Compile and load the kernels for the device of `gpu`, tuned as the
+    /// environment says ([`Tuning::from_env`], [`crate::settings`]: the
+    /// evict-first hint, [`GEMV_LOADS`], [`ATTN_AHEAD`], [`DOWN_ROWS`], the
+    /// tiled prompt products and their tile shapes; any of them gives the
+    /// same bits).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
-        Self::with_tuning(gpu, Tuning::from_env())
+        Self::with_tuning(gpu, Tuning::from_env()?)
     }
 
     /// Compile and load the kernels with the knobs of `t` (none of them
     /// changes a result bit; tests build several to show it).
     pub fn with_tuning(gpu: &Gpu, t: Tuning) -> Result<Self, CudaError> {
-        let clamp = |v: u32, max: u32| v.clamp(1, max);
-        let (loads, ahead, down_rows) = (
-            clamp(t.gemv_loads, MAX_GEMV_LOADS),
-            clamp(t.attn_ahead, MAX_ATTN_AHEAD),
-            clamp(t.down_rows, MAX_DOWN_ROWS),
-        );
-        let tiles = t.tiles;
-        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
-        let defines = [
-            ("STREAM_WEIGHTS", flag(t.stream_weights)),
-            ("DOWN_TOGETHER", flag(t.down_together)),
-            ("DOWN_STAGE", flag(t.down_stage)),
-            ("DOWN_ROWS", down_rows.to_string()),
-            ("ATTN_AHEAD", ahead.to_string()),
-            ("GEMV_LOADS", loads.to_string()),
-            ("GEMM_TM", tiles.0.tm.to_string()),
-            ("GEMM_TN", tiles.0.tn.to_string()),
-            ("GROUP_TM", tiles.1.tm.to_string()),
-            ("GROUP_TN", tiles.1.tn.to_string()),
-        ];
-        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &defines)?;
+        let t = t.clamped();
+        let (module, _) = load_module(gpu, "decode", DECODE_SRC, &t.defines())?;
         let mut funcs = HashMap::with_capacity(KERNELS.len());
         for &(name, waits) in KERNELS {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
-            if t.down_stage && name.starts_with("moe_down_") {
-                // The staged tile plus the kernel's own shared products go
-                // past the 48 KiB a launch gets without opting in.
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    DOWN_STAGE_MAX_BYTES as i32,
-                )
-                .map_err(CudaError::driver(format!("raise {name}'s shared memory limit")))?;
-            }
             funcs.insert(name, (f, waits));
         }
         Ok(Self {
@@ -334,9 +272,8 @@ impl DecodeKernels {
             scratch: pick::Scratch::new(gpu)?,
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
-            tiles,
-            down_rows: down_rows as usize,
-            down_stage: t.down_stage,
+            tiles: t.tiles,
+            down_rows: t.down_rows as usize,
         })
     }
 

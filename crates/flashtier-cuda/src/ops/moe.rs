@@ -4,7 +4,6 @@
 
 use super::buffers::DevAct;
 use super::experts::{ExpertSlots, ExpertSpec};
-use super::hint::Spans;
 use super::route::DevRoutes;
 use super::{DecodeKernels, blocks_cfg};
 use crate::error::CudaError;
@@ -26,49 +25,6 @@ impl DecodeKernels {
         x: &DevAct,
         act: &mut DevAct,
         out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        self.moe_then(
-            slots, layer_base, experts, routes, spec, x, act, out, None, None,
-        )
-    }
-
-    /// [`Self::moe`] with an L2 prefetch of `between` issued by the down
-    /// product's blocks before they wait on the gate/up product (the
-    /// weights a later kernel of the step reads, coming in while the down
-    /// product leaves read bandwidth unused). A hint: the same bits as
-    /// [`Self::moe`]. The matrices of `between` must outlive the launch.
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub fn moe_between(
-        &self,
-        slots: &ExpertSlots,
-        layer_base: usize,
-        experts: usize,
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        (act, out): (&mut DevAct, &mut DevAct),
-        between: Option<Spans>,
-    ) -> Result<(), CudaError> {
-        self.moe_then(
-            slots, layer_base, experts, routes, spec, x, act, out, None, between,
-        )
-    }
-
-    /// [`Self::moe`], the down product's launch followed by `tail` (the
-    /// residual add and norm of `out`, see [`super::fold`]) when given.
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub(super) fn moe_then(
-        &self,
-        slots: &ExpertSlots,
-        layer_base: usize,
-        experts: usize,
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        act: &mut DevAct,
-        out: &mut DevAct,
-        tail: Option<super::fold::AddNorm>,
-        between: Option<Spans>,
     ) -> Result<(), CudaError> {
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
@@ -132,32 +88,13 @@ impl DecodeKernels {
             .push(i)
             .push(geo)
             .push(vec)
-            .buf(g, out.buf())
-            .push(between.unwrap_or_default());
-        let mut cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
-        // The staged path's tile (kernels/decode/moe.cu), where it fits.
-        let row_bytes = spec.inter * spec.ty.elem_bytes();
-        let tile = k * self.down_rows * row_bytes;
-        if self.down_stage && vec == 1 && row_bytes % 16 == 0 && tile <= super::DOWN_STAGE_MAX_BYTES
-        {
-            cfg.shared_mem_bytes = tile as u32;
-        }
-        let name = match tail {
-            Some(t) => {
-                a.push(t);
-                format!("moe_down_norm_{sfx}")
-            }
-            None => format!("moe_down_{sfx}"),
-        };
+            .buf(g, out.buf());
+        let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
         // SAFETY: as above, reading act (pairs x inter) and the routed
-        // weights (rows x top_k), writing out (rows x hidden), staging at
-        // most the launch's dynamic shared memory (the kernel checks the
-        // tile fits it), prefetching only lines inside `between`'s spans
-        // (allocated matrices, or empty); each row's experts are summed in
-        // routed (ascending id) order; top_k <= MAX_TOP_K fits the kernel's
-        // shared products. With a tail, its buffers are rows x hidden
-        // (checked where it was made) and its counter is 0 between launches.
-        unsafe { self.launch(&name, cfg, a) }?;
+        // weights (rows x top_k), writing out (rows x hidden); each row's
+        // experts are summed in routed (ascending id) order; top_k <=
+        // MAX_TOP_K fits the kernel's shared products.
+        unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
         Ok(())
     }
 }

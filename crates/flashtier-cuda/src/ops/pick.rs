@@ -37,9 +37,6 @@ pub const ARGMAX_BLOCK_ELEMS: usize = 4096;
 pub(crate) const ROUTER_COUNTER: usize = 0;
 /// Counter of `argmax_grid`.
 const ARGMAX_COUNTER: usize = 1;
-/// Counter of the products followed by their residual add and norm
-/// (`gemv1_norm_*`, `moe_down_norm_*`).
-pub(crate) const ADD_NORM_COUNTER: usize = 2;
 
 /// Device memory of the grid-wide kernels: their last-block counters and
 /// the one-row argmax's partial results and answer.
@@ -56,7 +53,7 @@ impl Scratch {
         let s = gpu.raw_stream();
         let err = CudaError::driver("allocate kernel scratch");
         Ok(Self {
-            counters: s.alloc_zeros::<u32>(3).map_err(err)?,
+            counters: s.alloc_zeros::<u32>(2).map_err(err)?,
             part_v: s
                 .alloc_zeros::<f32>(MAX_ARGMAX_BLOCKS)
                 .map_err(CudaError::driver("allocate kernel scratch"))?,

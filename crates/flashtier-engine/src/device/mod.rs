@@ -197,6 +197,22 @@ pub struct AddNormTo<'a, D: Device + ?Sized> {
     pub out: &'a mut D::Act,
 }
 
+impl<D: Device + ?Sized> AddNormTo<'_, D> {
+    /// Add `y` (a layer half's output) into the residual stream and write
+    /// its norm ([`Device::add_norm`]).
+    pub fn add(self, dev: &D, y: &D::Act) -> Result<(), EngineError> {
+        dev.add_norm(self.resid, y, self.norm, self.eps, self.out)
+    }
+
+    /// `y = w x[r]` for every row (a layer half's last product), then
+    /// [`Self::add`] of `y`.
+    pub fn linear(self, dev: &D, w: &D::Mat, x: &D::Act) -> Result<(), EngineError> {
+        let mut y = dev.zeros(x.rows(), self.resid.cols())?;
+        dev.linear(&mut y, w, x)?;
+        self.add(dev, &y)
+    }
+}
+
 /// A compute device. See the module docs for shapes and determinism.
 pub trait Device {
     /// Activations.
@@ -269,19 +285,6 @@ pub trait Device {
         self.add(x, y)?;
         self.rms_norm(out, x, w, eps)
     }
-    /// `y = w x[r]` for every row, then [`Device::add_norm`] of `y` into
-    /// `to` (a layer half's last product and the residual add and norm
-    /// after it; devices may do both in one launch).
-    fn linear_add_norm(
-        &self,
-        w: &Self::Mat,
-        x: &Self::Act,
-        to: AddNormTo<'_, Self>,
-    ) -> Result<(), EngineError> {
-        let mut y = self.zeros(x.rows(), to.resid.cols())?;
-        self.linear(&mut y, w, x)?;
-        self.add_norm(to.resid, &y, to.norm, to.eps, to.out)
-    }
     /// `outs[q][r] = ws[q] x[r]` for matrices sharing the input (q, k and v
     /// projections; devices may run them as one launch).
     fn linear_many(
@@ -315,15 +318,6 @@ pub trait Device {
     /// A hint that `ws` are read soon (the device may start reading them
     /// into a cache); never changes a result.
     fn prefetch(&self, ws: &[&Self::Mat]) -> Result<(), EngineError> {
-        let _ = ws;
-        Ok(())
-    }
-    /// A hint that `ws` (model weights) are read after the next routed
-    /// experts: the device may ask for them while that expert step runs
-    /// (the CUDA device between its gate/up and down products, in recorded
-    /// steps, with `FLASHTIER_PREFETCH_NEXT=1`); never changes a result.
-    /// The next expert step takes the hint or drops it.
-    fn prefetch_after_experts(&self, ws: &[&Self::Mat]) -> Result<(), EngineError> {
         let _ = ws;
         Ok(())
     }
@@ -366,25 +360,6 @@ pub trait Device {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
-    /// [`Device::qk_norm_rope`] of the step's `q` and `k` at position
-    /// `first` (the cache's length), then [`Device::attend`]; a device may
-    /// do all of it in one launch, and then leave `q` and `k` as they came.
-    #[allow(clippy::too_many_arguments, reason = "one fused operation")]
-    fn rope_attend(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        (q, k, v): (&mut Self::Act, &mut Self::Act, &Self::Act),
-        norms: Option<[&Self::Vector; 2]>,
-        eps: f32,
-        table: &Self::Rope,
-        head_dim: usize,
-        first: usize,
-        out: &mut Self::Act,
-    ) -> Result<(), EngineError> {
-        self.qk_norm_rope(q, k, norms, eps, table, head_dim, first)?;
-        self.attend(kv, layer, q, k, v, out)
-    }
     /// Router logits `w x[r]` (`rows x experts`) and each row's experts
     /// chosen from them, as [`Device::linear`] then [`Device::route`];
     /// devices may fuse the two.
@@ -417,20 +392,6 @@ pub trait Device {
         routes: &Self::Routes,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
-    /// [`Device::moe`], then [`Device::add_norm`] of its output into `to`
-    /// (devices may do both in one launch).
-    fn moe_add_norm(
-        &self,
-        experts: &mut Self::Experts,
-        layer: usize,
-        x: &Self::Act,
-        routes: &Self::Routes,
-        to: AddNormTo<'_, Self>,
-    ) -> Result<(), EngineError> {
-        let mut y = self.zeros(x.rows(), to.resid.cols())?;
-        self.moe(experts, layer, x, routes, &mut y)?;
-        self.add_norm(to.resid, &y, to.norm, to.eps, to.out)
-    }
     /// Whether the tier uses hints (a tier holding every expert does not:
     /// the next layer's routing is then not computed ahead).
     fn hints_wanted(&self, experts: &Self::Experts) -> bool {

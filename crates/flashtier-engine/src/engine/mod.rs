@@ -153,6 +153,7 @@ pub fn open_with_rows(
             if gpu.kv.is_some() {
                 return Err(EngineError::KvBudgetNeedsGpu { why: fallback });
             }
+            crate::device::cpu::isa::Isa::configured()?;
             let experts = cpu_experts(&cfg, &ckpt, store, opts)?;
             let m = Model::new(CpuDevice, &cfg, &ckpt, experts)?;
             let chosen = Chosen {
@@ -184,6 +185,7 @@ fn open_qwen4(
         }
         Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
     };
+    crate::device::cpu::isa::Isa::configured()?;
     let m = Qwen4Model::open_with_rows(model, store, opts, rows)?;
     let chosen = Chosen {
         device: "cpu",

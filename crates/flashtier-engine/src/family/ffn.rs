@@ -57,7 +57,7 @@ impl<D: Device> DenseMlp<D> {
         dev.linear(&mut act, &self.gate, x)?;
         dev.linear(&mut up, &self.up, x)?;
         dev.silu_mul(&mut act, &up)?;
-        dev.linear_add_norm(&self.down, &act, to)
+        to.linear(dev, &self.down, &act)
     }
 
     /// The MLP of every row of `x`.
@@ -188,7 +188,9 @@ impl<D: Device> SparseMlp<D> {
         }
         let (dev, h) = (st.dev, st.cfg.hidden_size);
         let Some(shared) = &self.shared else {
-            return dev.moe_add_norm(st.experts, layer, x, &routes, to);
+            let mut out = dev.zeros(st.rows, h)?;
+            dev.moe(st.experts, layer, x, &routes, &mut out)?;
+            return to.add(dev, &out);
         };
         let mut out = dev.zeros(st.rows, h)?;
         dev.moe(st.experts, layer, x, &routes, &mut out)?;

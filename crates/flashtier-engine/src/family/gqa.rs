@@ -91,20 +91,13 @@ impl<D: Device> GqaWeights<D> {
             &mut [&mut heads, &mut q, &mut k, &mut v],
             &[RowUse::Out, RowUse::In, RowUse::In, RowUse::In],
             |dev, kv, first, a| match a {
-                [heads, q, k, v] => dev.rope_attend(
-                    kv,
-                    layer,
-                    (&mut **q, &mut **k, &**v),
-                    norms,
-                    eps,
-                    rope,
-                    d,
-                    first,
-                    heads,
-                ),
+                [heads, q, k, v] => {
+                    dev.qk_norm_rope(q, k, norms, eps, rope, d, first)?;
+                    dev.attend(kv, layer, q, k, v, heads)
+                }
                 _ => Err(per_sequence_arity()),
             },
         )?;
-        dev.linear_add_norm(&self.o_proj, &heads, to)
+        to.linear(dev, &self.o_proj, &heads)
     }
 }

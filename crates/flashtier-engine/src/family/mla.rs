@@ -159,7 +159,7 @@ impl<D: Device> MlaWeights<D> {
         )?;
         let mut values = dev.zeros(n, heads * vd)?;
         dev.copy_heads(&mut values, &attended, slice(heads, vd, d, 0, vd, 0, 1.0))?;
-        dev.linear_add_norm(&self.o_proj, &values, to)
+        to.linear(dev, &self.o_proj, &values)
     }
 }
 

@@ -219,10 +219,8 @@ pub(crate) fn per_sequence_arity() -> EngineError {
 /// stream, updated in place), then the final norm: returns the normed
 /// rows the LM head reads. Each half's output is added to the stream
 /// together with the norm that follows (the post-attention norm, the next
-/// layer's input norm, or the final norm), which devices may fold into
-/// the half's last product ([`Device::linear_add_norm`],
-/// [`Device::moe_add_norm`]); the normed rows alternate between two
-/// buffers, a half's input and its output.
+/// layer's input norm, or the final norm: [`AddNormTo`]); the normed rows
+/// alternate between two buffers, a half's input and its output.
 pub fn decoder_layers<D: Device>(
     w: &Weights<D>,
     st: &mut Step<'_, D>,
@@ -251,13 +249,6 @@ pub fn decoder_layers<D: Device>(
             eps,
             out: &mut normed,
         };
-        // The next layer's q/k/v weights may come in while this layer's
-        // routed experts run (a hint; see `Device::prefetch_after_experts`).
-        if let (Ffn::Sparse(_), Some(Attention::Gqa(g))) =
-            (&layer.ffn, w.layers.get(i + 1).map(|l| &l.attn))
-        {
-            dev.prefetch_after_experts(&[&g.q_proj, &g.k_proj, &g.v_proj])?;
-        }
         match &layer.ffn {
             Ffn::Dense(d) => d.forward_into(dev, &mid, to)?,
             Ffn::Sparse(s) => s.forward(st, i, &mid, next_sparse(w, i), to)?,

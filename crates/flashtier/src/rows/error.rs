@@ -86,6 +86,10 @@ pub enum RowError {
     /// An invalid configuration (ways, geometry, hash moduli, threads...).
     #[error("invalid row store configuration: {0}")]
     Config(String),
+    /// A `FLASHTIER_*` variable held a value its reader cannot take
+    /// ([`crate::settings`]).
+    #[error(transparent)]
+    Setting(#[from] flashtier_io::settings::SettingError),
     /// A pool worker panicked while serving a read (a bug; never served).
     #[error("row read of {path} at offset {offset} was lost: a worker panicked")]
     WorkerLost {

@@ -105,17 +105,15 @@ impl RowPool {
     }
 
     /// The process-wide pool, created on first use with
-    /// `FLASHTIER_ROW_THREADS` threads (default [`DEFAULT_THREADS`]). The
+    /// [`crate::settings::ROW_THREADS`] threads (default [`DEFAULT_THREADS`]). The
     /// stores of all layers share it, as they never look up at once.
     pub fn shared() -> Result<Arc<Self>, RowError> {
+        if let Some(pool) = SHARED_POOL.get() {
+            return pool.clone().map_err(RowError::Config);
+        }
+        let threads = crate::settings::row_threads(&flashtier_io::settings::Env::process())?;
         SHARED_POOL
-            .get_or_init(|| {
-                let threads = std::env::var("FLASHTIER_ROW_THREADS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(DEFAULT_THREADS);
-                Self::new(threads).map_err(|e| e.to_string())
-            })
+            .get_or_init(|| Self::new(threads).map_err(|e| e.to_string()))
             .clone()
             .map_err(RowError::Config)
     }

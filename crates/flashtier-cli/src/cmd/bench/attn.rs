@@ -7,7 +7,7 @@
 //! timed (the pushes are not). The work is counted as multiply-adds of the
 //! scores and of the value sums over the stored head width (`Bf16x2`
 //! stores twice the head width), so the GFLOP/s compare kernels, not
-//! models. The instruction set is the engine's ([`Isa::current`]:
+//! models. The instruction set is the engine's ([`Isa::configured`]:
 //! `FLASHTIER_CPU_ISA` picks another). There is no device limit to report
 //! against: the kernel is compute-bound on data that sits in the caches.
 //! Repetitions each start a fresh cache; medians and every sample are
@@ -111,7 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let macs = 2 * seen * (a.q_heads * width) as u64;
     let report = Report {
         threads: rayon::current_num_threads(),
-        isa: Isa::current().name(),
+        isa: Isa::configured()?.name(),
         rows: a.rows,
         chunk: a.chunk,
         q_heads: a.q_heads,

@@ -98,6 +98,8 @@ struct Report {
 
 /// Run `flashtier bench cpu`.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    // A bad FLASHTIER_CPU_ISA is an error here, not a silent fallback.
+    Isa::configured()?;
     check_reps(a.reps)?;
     let cases = cases(&a)?;
     let ws = usize::try_from(a.working_set).context("--working-set does not fit in memory")?;

@@ -5,9 +5,11 @@
 //!   [`HbmSink`](flashtier_cuda::HbmSink), against the drive alone (fio where
 //!   it is installed, else the same O_DIRECT reads into host memory) and the
 //!   host-to-device copy bandwidth. Fresh file regions for every pass.
-//! - Attention: the split-KV decode attention kernel's achieved HBM bytes/s
-//!   (KV + q + out bytes over CUDA-event time) against a device-to-device
-//!   copy and, given `--torch-script`, PyTorch's SDPA on the same shapes.
+//! - Attention: the decode engine's own attention (the KV append, split
+//!   partials and merge a decode step runs; f32 keys and values) and its
+//!   achieved HBM bytes/s (KV + q + out bytes over CUDA-event time) against
+//!   the HBM read bandwidth and a device-to-device copy and, given
+//!   `--torch-script`, PyTorch's SDPA on the same shapes.
 
 mod attn;
 mod stream;
@@ -46,10 +48,11 @@ pub struct Opts {
     /// Skip the streaming part.
     #[arg(long)]
     pub no_stream: bool,
-    /// Batch sizes for attention.
+    /// Batch sizes for attention (sequences, each with its own KV cache).
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     pub batches: Vec<usize>,
-    /// Context lengths for attention.
+    /// Context lengths for attention (positions attended, the new one
+    /// included).
     #[arg(
         long,
         value_delimiter = ',',
@@ -62,16 +65,9 @@ pub struct Opts {
     /// KV heads.
     #[arg(long, default_value_t = 4)]
     pub kv_heads: usize,
-    /// Head dimension.
+    /// Head dimension (at most 256).
     #[arg(long, default_value_t = 128)]
     pub head_dim: usize,
-    /// KV layouts to time: `paged` ([block, token, kv_head, dim]) and/or
-    /// `slot` ([slot, K|V, kv_head, token, dim]).
-    #[arg(long, value_delimiter = ',', default_value = "paged,slot")]
-    pub layouts: Vec<String>,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 64)]
-    pub block_size: usize,
     /// Decode steps per timed run.
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
@@ -95,7 +91,7 @@ pub struct Opts {
 /// Run `flashtier bench gpu`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let args = *args.opts;
-    let gpu = Gpu::open(0).context("flashtier bench gpu needs a CUDA GPU")?;
+    let gpu = Gpu::open(0).context("flashtier bench gpu: open GPU 0")?;
     let info = gpu.info().clone();
     if !args.json {
         println!(

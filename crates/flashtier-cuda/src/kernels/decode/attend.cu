@@ -31,54 +31,6 @@ extern "C" __global__ void kv_append(const float* k, const float* v, float* aren
     base[(long long)(kv_heads + h) * gs + (long long)t * dim + d] = v[i];
 }
 
-// A one-row decode step's q/k RMSNorm (when has_norm), RoPE and KV append,
-// done inside the attention's launch (`on`; otherwise the kernels
-// qk_norm_rope and kv_append ran before it): k_new / v_new hold the row's
-// raw keys and values (kv_heads * dim), q the raw queries; qw / kw the norm
-// weights. Heads up to FUSE_DIM wide (one value per thread of the block).
-struct Fuse {
-    const float* k_new;
-    const float* v_new;
-    const float* cos_t;
-    const float* sin_t;
-    const float* qw;
-    const float* kw;
-    float eps;
-    int has_norm;
-    int interleaved;
-    int on;
-};
-
-#define FUSE_DIM (ATTN_WARPS * WARP)
-
-// One head's per-head RMSNorm (weight w, when f.has_norm) and RoPE by
-// position `pos`, from the `dim` values at src into dst (shared), with
-// qk_norm_rope's arithmetic: thread t holds element t, the warps' sums are
-// added in warp order (qk_norm_rope's other four warps add zeros, which
-// leaves a sum of squares unchanged). All threads call it.
-static __device__ void fused_head(const float* src, const float* w, const Fuse& f, int dim,
-                                  long long pos, float* v, float* dst, float* red) {
-    const int t = threadIdx.x;
-    float acc = 0.f;
-    if (t < dim) {
-        v[t] = src[t];
-        acc = fmaf(v[t], v[t], acc);
-    }
-    if (f.has_norm) {
-        acc = warp_sum(acc);
-        if ((t & (WARP - 1)) == 0) red[t / WARP] = acc;
-        __syncthreads();
-        float sum = 0.f;
-#pragma unroll
-        for (int w8 = 0; w8 < ATTN_WARPS; ++w8) sum += red[w8];
-        const float inv = 1.f / sqrtf(sum / (float)dim + f.eps);
-        if (t < dim) v[t] = w[t] * (v[t] * inv);
-    }
-    __syncthreads();
-    rotate(v, dst, dim / 2, f.interleaved, f.cos_t, f.sin_t, pos);
-    __syncthreads();
-}
-
 // Partial attention of query head h of row r over the positions of split
 // s = s_first + blockIdx.z, [s * chunk, min(len, (s + 1) * chunk)),
 // len = first + r + 1 (causal): (m, l, o) of the online softmax. The
@@ -86,13 +38,12 @@ static __device__ void fused_head(const float* src, const float* w, const Fuse& 
 // grid: (q_heads, rows, splits of this launch), ATTN_WARPS warps; part
 // layout [(r * q_heads + h) * splits + s][2 + dim], splits the total.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP)
-attn_partial(const float* q, int q_cols, float* arena, int kv_heads, int dim, int group,
+attn_partial(const float* q, int q_cols, const float* arena, int kv_heads, int dim, int group,
              int first, float scale, int chunk, float* part, float* direct, int gs, int s_first,
-             int c_base, int slots, int splits, Fuse f) {
+             int c_base, int slots, int splits) {
     __shared__ float wm[ATTN_WARPS];
     __shared__ float wl[ATTN_WARPS];
     __shared__ float wo[ATTN_WARPS][MAX_DIM_PER_LANE * WARP];
-    __shared__ float fq[FUSE_DIM], fk[FUSE_DIM], fv[FUSE_DIM], ftmp[FUSE_DIM], fred[ATTN_WARPS];
     pdl_enter();
     const int h = blockIdx.x, r = blockIdx.y, s = s_first + blockIdx.z;
     const int q_heads = gridDim.x;
@@ -102,35 +53,14 @@ attn_partial(const float* q, int q_cols, float* arena, int kv_heads, int dim, in
     const int end = min(len, start + chunk);
     const int kvh = h / group;
     const int per_lane = (dim + WARP - 1) / WARP;
-    float* base = arena + (long long)((s - c_base) % slots) * (2LL * kv_heads * gs);
+    const float* base = arena + (long long)((s - c_base) % slots) * (2LL * kv_heads * gs);
     const float* K = base + (long long)kvh * gs;
     const float* V = base + (long long)(kv_heads + kvh) * gs;
-    // Fused (one row, r = 0): the new position `first` is the last of the
-    // last split; that split's blocks take its key and value from shared
-    // memory (the block of each kv head's first query head also writes them
-    // to the arena, which no block of this launch reads at that position).
-    const bool fused = f.on != 0;
-    const bool newest = fused && s == splits - 1;
-    if (fused) {
-        fused_head(q + (long long)h * dim, f.qw, f, dim, first, ftmp, fq, fred);
-        if (newest) {
-            fused_head(f.k_new + (long long)kvh * dim, f.kw, f, dim, first, ftmp, fk, fred);
-            if (threadIdx.x < dim) fv[threadIdx.x] = f.v_new[(long long)kvh * dim + threadIdx.x];
-            __syncthreads();
-            if (h % group == 0 && threadIdx.x < dim) {
-                const int t = first - start;
-                base[(long long)kvh * gs + (long long)t * dim + threadIdx.x] = fk[threadIdx.x];
-                base[(long long)(kv_heads + kvh) * gs + (long long)t * dim + threadIdx.x] =
-                    fv[threadIdx.x];
-            }
-        }
-    }
     float qv[MAX_DIM_PER_LANE], o[MAX_DIM_PER_LANE];
 #pragma unroll
     for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
         const int d = lane + WARP * j;
-        const bool in = j < per_lane && d < dim;
-        qv[j] = !in ? 0.f : (fused ? fq[d] : q[(long long)r * q_cols + h * dim + d]);
+        qv[j] = (j < per_lane && d < dim) ? q[(long long)r * q_cols + h * dim + d] : 0.f;
         o[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
@@ -143,9 +73,8 @@ attn_partial(const float* q, int q_cols, float* arena, int kv_heads, int dim, in
 #pragma unroll
         for (int g = 0; g < ATTN_AHEAD; ++g) {
             const int p = p0 + g * ATTN_WARPS;
-            const bool now = newest && p == first;
-            const float* kp = now ? fk : K + (long long)(p - start) * dim;
-            const float* vp = now ? fv : V + (long long)(p - start) * dim;
+            const float* kp = K + (long long)(p - start) * dim;
+            const float* vp = V + (long long)(p - start) * dim;
 #pragma unroll
             for (int j = 0; j < MAX_DIM_PER_LANE; ++j) {
                 const int d = lane + WARP * j;

@@ -10,9 +10,8 @@
 
 // The body of rms_norm and add_rms_norm over the n values at x: with ADD,
 // x += y first (written back); then out = w * (x / sqrt(mean(x^2) + eps)).
-// Thread t owns elements t, t + 256, ...; 256 threads. CG: y was written by
-// other blocks of this grid (read from L2, past this SM's L1).
-template <bool ADD, bool CG = false>
+// Thread t owns elements t, t + 256, ...; 256 threads.
+template <bool ADD>
 static __device__ __forceinline__ void norm_span(float* x, const float* y, const float* w, int n,
                                                  float eps, float* out) {
     __shared__ float red[8];
@@ -25,13 +24,13 @@ static __device__ __forceinline__ void norm_span(float* x, const float* y, const
         v[j] = 0.f;
         wv[j] = i < n ? w[i] : 0.f;
         if (i < n) {
-            v[j] = ADD ? x[i] + (CG ? __ldcg(y + i) : y[i]) : x[i];
+            v[j] = ADD ? x[i] + y[i] : x[i];
             if (ADD) x[i] = v[j];
             acc = fmaf(v[j], v[j], acc);
         }
     }
     for (int i = t + NORM_REGS * 256; i < n; i += 256) {
-        const float s = ADD ? x[i] + (CG ? __ldcg(y + i) : y[i]) : x[i];
+        const float s = ADD ? x[i] + y[i] : x[i];
         if (ADD) x[i] = s;
         acc = fmaf(s, s, acc);
     }
@@ -102,60 +101,6 @@ extern "C" __global__ void copy_heads(const float* src, int src_cols, int ss, in
             src[(long long)r * src_cols + h * ss + soff + i] * scale;
     }
 }
-
-// The residual add and RMSNorm that follow a layer half's last product,
-// done by the product's own grid: once every block wrote its part of y
-// (rows x cols), the last block to finish computes resid[r] += y[r] and
-// out[r] = w * rms_norm(resid[r]) for each row, with add_rms_norm's
-// arithmetic (so the bits of the product, then add_rms_norm). `counter` is
-// 0 between launches. 256-thread blocks.
-struct AddNorm {
-    float* resid;
-    const float* w;
-    float* out;
-    u32* counter;
-    int cols;
-    int rows;
-    float eps;
-    int pad;
-};
-
-static __device__ void add_norm_tail(const AddNorm& e, const float* y) {
-    if (!last_block_done(e.counter)) return;
-    for (int r = 0; r < e.rows; ++r) {
-        const long long at = (long long)r * e.cols;
-        norm_span<true, true>(e.resid + at, y + at, e.w, e.cols, e.eps, e.out + at);
-        __syncthreads();
-    }
-}
-
-// gemv1 (one input row), then the add and norm of its output.
-#define GEMV_NORM(NAME, DT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-    NAME(Mats mm, long long row_bytes, int br, int bc, int k, const float* x,                 \
-         long long x_stride, int rows, int vec, int wpr, AddNorm e) {                         \
-        gemv_multi<DT, 1>(mm, row_bytes, br, bc, k, x, x_stride, rows, vec, wpr);             \
-        add_norm_tail(e, mm.out[0]);                                                          \
-    }
-GEMV_NORM(gemv1_norm_bf16, 0)
-GEMV_NORM(gemv1_norm_f16, 1)
-GEMV_NORM(gemv1_norm_f32, 2)
-GEMV_NORM(gemv1_norm_fp8, 3)
-
-// The routed experts' down product and weighted sum, then the add and norm.
-#define MOE_DOWN_NORM(DT, SUFFIX)                                                              \
-    extern "C" __global__ void DOWN_BOUNDS moe_down_norm_##SUFFIX(                             \
-        const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
-        const float* act, int hidden, int inter, Expert e, int vec, float* out, Spans next,     \
-        AddNorm an) {                                                                           \
-        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out,   \
-                     next);                                                                     \
-        add_norm_tail(an, out);                                                                 \
-    }
-MOE_DOWN_NORM(0, bf16)
-MOE_DOWN_NORM(1, f16)
-MOE_DOWN_NORM(2, f32)
-MOE_DOWN_NORM(3, fp8)
 
 // Write the rotation of v (2 * half values, in shared memory) by position
 // `pos` to at: rotate-half pairs (i, half + i), or interleaved pairs

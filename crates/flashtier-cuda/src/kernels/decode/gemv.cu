@@ -67,18 +67,6 @@ struct Spans {
     long long len[4];
 };
 
-// This block's share of the lines of `s`, one per thread in turn over the
-// whole grid (a hint; empty spans ask for nothing).
-static __device__ __forceinline__ void grid_prefetch(const Spans& s) {
-    const long long blocks = (long long)gridDim.x * gridDim.y * gridDim.z;
-    const long long b = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const long long step = blocks * blockDim.x * 128;
-    const long long first = (b * blockDim.x + threadIdx.x) * 128;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-        for (long long o = first; o < s.len[q]; o += step) prefetch_l2(s.p[q] + o);
-}
-
 // After every thread of the block wrote its part of the grid's result:
 // whether this block is the last of the grid to get here (then every other
 // block's writes are visible to it; read them with __ldcg). The last block

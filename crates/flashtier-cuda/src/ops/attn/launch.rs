@@ -8,8 +8,8 @@ use super::ring::RingTile;
 use super::window::ChunkWindow;
 use super::{CHUNK_POSITIONS, DevKvCache, group_floats};
 use crate::error::CudaError;
-use crate::launch::{Args, KernelArg};
-use crate::ops::buffers::{DevAct, DevVector, RopeTable};
+use crate::launch::Args;
+use crate::ops::buffers::DevAct;
 use crate::ops::{DecodeKernels, addr, dim, linear_cfg};
 
 /// What one layer's attention over its positions is made of.
@@ -20,41 +20,6 @@ pub struct AttnSplits {
     /// The first resident split; splits below come from the store.
     pub first_resident: usize,
 }
-
-/// Widest head whose q/k norm, RoPE and KV append the attention's launch
-/// can take over ([`DecodeKernels::rope_attend`]): one value per thread.
-pub const FUSED_MAX_DIM: usize = 128;
-
-/// The RoPE (and Qwen3's per-head q/k norms) a one-row step applies to its
-/// queries and keys before attending, for [`DecodeKernels::rope_attend`].
-#[derive(Clone, Copy)]
-pub struct RopeStep<'a> {
-    /// The per-head RMSNorm weights `[q_w, k_w]` (each `dim` wide), if any.
-    pub norms: Option<[&'a DevVector; 2]>,
-    /// The norms' epsilon.
-    pub eps: f32,
-    /// The cos/sin table.
-    pub table: &'a RopeTable,
-    /// Interleaved pairs `(2i, 2i + 1)` instead of rotate-half.
-    pub interleaved: bool,
-}
-
-/// The C layout of `struct Fuse` (kernels/decode/attend.cu): `on == 0`
-/// leaves `attn_partial` as it was (the step's kernels did the rest).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct Fuse {
-    /// k_new, v_new, cos, sin, q norm, k norm.
-    ptrs: [u64; 6],
-    eps: f32,
-    has_norm: i32,
-    interleaved: i32,
-    on: i32,
-}
-
-// SAFETY: plain old data with the C layout of `struct Fuse`: six 8-byte
-// pointers, then four 4-byte values (64 bytes, no padding).
-unsafe impl KernelArg for Fuse {}
 
 impl DecodeKernels {
     /// Append each row's keys and values to `layer` (positions `held..held
@@ -87,100 +52,15 @@ impl DecodeKernels {
         self.attend_merge(kv, q_heads, q.rows(), s, out)
     }
 
-    /// One decode row's attention with its q/k per-head RMSNorm (`rope.norms`)
-    /// and RoPE at position `held` (the positions `layer` holds) and the
-    /// append of its key and value, all in the attention's launch: the bits
-    /// [`DecodeKernels::qk_norm_rope`] then [`Self::attend`] give, with two
-    /// launches fewer. `q` (`1 x q_heads * dim`) and `k`, `v` (`1 x
-    /// kv_heads * dim`) hold the raw projections and are left as they are.
-    /// Heads up to [`FUSED_MAX_DIM`] wide; every chunk the row attends
-    /// must be resident (no tile of this step comes from a store, since the
-    /// tiles would read the rotated queries from `q`).
-    #[allow(clippy::too_many_arguments, reason = "the attention step's operands")]
-    pub fn rope_attend(
-        &self,
-        kv: &mut DevKvCache,
-        layer: usize,
-        q_heads: usize,
-        q: &DevAct,
-        (k, v): (&DevAct, &DevAct),
-        rope: RopeStep<'_>,
-        scale: f32,
-        out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        let d = kv.dim;
-        let held = kv.layer_len(layer)?;
-        let (cos, sin) = rope.table.tables();
-        let bad = q.rows() != 1
-            || k.rows() != 1
-            || d > FUSED_MAX_DIM
-            || d % 2 != 0
-            || d / 2 > rope.table.half()
-            || held + 1 > rope.table.positions()
-            || !Self::attn_shape_ok(kv, q_heads, q, out)
-            || rope
-                .norms
-                .is_some_and(|[a, b]| a.len() != d || b.len() != d);
-        if bad {
-            return Err(CudaError::invalid(
-                "fused attention",
-                format!(
-                    "q {}x{} over {} kv heads of {d} at position {held} of a {}-position table",
-                    q.rows(),
-                    q.cols(),
-                    kv.kv_heads,
-                    rope.table.positions()
-                ),
-            ));
-        }
-        if kv.window.first_resident(held + 1) > 0 {
-            return Err(CudaError::invalid(
-                "fused attention",
-                format!("layer {layer}: older chunks are in the store"),
-            ));
-        }
-        self.kv_reserve(kv, layer, k, v)?;
-        let g = &self.gpu;
-        // Without norms their pointers are never read: pass the table's.
-        let (qw, kw) = match rope.norms {
-            Some([qn, kn]) => (qn.data(), kn.data()),
-            None => (cos, cos),
-        };
-        let fuse = Fuse {
-            ptrs: [
-                addr(g, k.buf(), 0),
-                addr(g, v.buf(), 0),
-                addr(g, cos, 0),
-                addr(g, sin, 0),
-                addr(g, qw, 0),
-                addr(g, kw, 0),
-            ],
-            eps: rope.eps,
-            has_norm: i32::from(rope.norms.is_some()),
-            interleaved: i32::from(rope.interleaved),
-            on: 1,
-        };
-        kv.layer_len[layer] = held + 1;
-        let s = match self.resident_partials(kv, layer, q_heads, q, scale, out, fuse) {
-            Ok(s) => s,
-            Err(e) => {
-                kv.layer_len[layer] = held;
-                return Err(e);
-            }
-        };
-        self.attend_merge(kv, q_heads, 1, s, out)
-    }
-
-    /// Check that `k` and `v` (rows of `kv_heads x dim`) fit `layer`'s next
-    /// positions and grow the arena to hold them; returns the positions
-    /// held before them. Nothing is written and the layer's length stays.
-    fn kv_reserve(
+    /// Append each row's keys and values to `layer` at its next positions
+    /// (no slot of a chunk not yet offloaded is overwritten).
+    pub fn kv_push(
         &self,
         kv: &mut DevKvCache,
         layer: usize,
         k: &DevAct,
         v: &DevAct,
-    ) -> Result<usize, CudaError> {
+    ) -> Result<(), CudaError> {
         let (rows, d, kvh) = (k.rows(), kv.dim, kv.kv_heads);
         let held = kv.layer_len(layer)?;
         if k.cols() != kvh * d || v.cols() != kvh * d || v.rows() != rows || rows == 0 {
@@ -209,20 +89,6 @@ impl DecodeKernels {
             .check_append(held, rows, kv.offloaded(layer)?)
             .map_err(|e| CudaError::invalid("kv append", format!("layer {layer}: {e}")))?;
         kv.grow(held + rows)?;
-        Ok(held)
-    }
-
-    /// Append each row's keys and values to `layer` at its next positions
-    /// (no slot of a chunk not yet offloaded is overwritten).
-    pub fn kv_push(
-        &self,
-        kv: &mut DevKvCache,
-        layer: usize,
-        k: &DevAct,
-        v: &DevAct,
-    ) -> Result<(), CudaError> {
-        let held = self.kv_reserve(kv, layer, k, v)?;
-        let (rows, d, kvh) = (k.rows(), kv.dim, kv.kv_heads);
         let n = (rows * kvh * d) as i64;
         let arena = addr(&self.gpu, &kv.arenas[layer], 0);
         let g = &self.gpu;
@@ -266,21 +132,6 @@ impl DecodeKernels {
         scale: f32,
         out: &mut DevAct,
     ) -> Result<AttnSplits, CudaError> {
-        self.resident_partials(kv, layer, q_heads, q, scale, out, Fuse::default())
-    }
-
-    /// [`Self::attend_resident`], the launch given `fuse`.
-    #[allow(clippy::too_many_arguments, reason = "the attention step's operands")]
-    fn resident_partials(
-        &self,
-        kv: &mut DevKvCache,
-        layer: usize,
-        q_heads: usize,
-        q: &DevAct,
-        scale: f32,
-        out: &mut DevAct,
-        fuse: Fuse,
-    ) -> Result<AttnSplits, CudaError> {
         let (rows, d) = (q.rows(), kv.dim);
         let len = kv.layer_len(layer)?;
         if !Self::attn_shape_ok(kv, q_heads, q, out) || rows > len {
@@ -320,7 +171,6 @@ impl DecodeKernels {
             scale,
             (arena, span),
             (part_addr, direct),
-            fuse,
         )?;
         Ok(AttnSplits {
             splits,
@@ -379,7 +229,6 @@ impl DecodeKernels {
             scale,
             (tile.address(), span),
             (part_addr, 0),
-            Fuse::default(),
         )
     }
 
@@ -395,7 +244,6 @@ impl DecodeKernels {
         scale: f32,
         (arena, (s_first, count, c_base, slots)): (u64, (usize, usize, usize, usize)),
         (part, direct): (u64, u64),
-        fuse: Fuse,
     ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
@@ -425,15 +273,12 @@ impl DecodeKernels {
             .push(s_first as i32)
             .push(c_base as i32)
             .push(slots as i32)
-            .push(total as i32)
-            .push(fuse);
+            .push(total as i32);
         // SAFETY: matches `attn_partial`; each block reads split s's chunk
         // at the arena slot its caller vouched for (positions below held +
-        // r + 1, all written; with `fuse` on, position held is written by
-        // this launch and read from shared memory, see `rope_attend`), q
-        // (rows x q_heads * dim), and writes its partial (rows x q_heads x
-        // total x (dim + 2), sized by attend_resident) or, with one split,
-        // out (rows x q_heads * dim).
+        // r + 1, all written), q (rows x q_heads * dim), and writes its
+        // partial (rows x q_heads x total x (dim + 2), sized by
+        // attend_resident) or, with one split, out (rows x q_heads * dim).
         unsafe { self.launch("attn_partial", cfg, a) }
     }
 

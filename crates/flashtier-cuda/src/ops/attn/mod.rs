@@ -35,7 +35,7 @@ mod launch;
 pub mod ring;
 pub mod window;
 
-pub use launch::{AttnSplits, FUSED_MAX_DIM, RopeStep};
+pub use launch::AttnSplits;
 
 use cudarc::driver::CudaSlice;
 

@@ -15,10 +15,15 @@
 //! FMA it is correct but slow.
 //!
 //! `FLASHTIER_CPU_ISA=scalar|avx2|avx512|neon` overrides the choice (for
-//! measurements and tests); a name this CPU cannot run falls back to the
-//! detected best, with a warning.
+//! measurements and tests; [`crate::settings::CPU_ISA`]). A name that is
+//! not one this CPU runs is an error where the choice is taken: opening a
+//! model on the CPU and making a CPU KV cache call [`Isa::configured`].
+//! The kernels themselves cannot return it: [`Isa::current`] then runs
+//! the detected best and logs a warning, once.
 
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
+
+use flashtier_io::settings::{Env, SettingError};
 
 /// A vector instruction set the kernels can run on.
 #[derive(Clone, Copy, Debug)]
@@ -56,26 +61,27 @@ impl Isa {
         all
     }
 
-    /// The process-wide choice: `FLASHTIER_CPU_ISA` if set and runnable,
-    /// else [`Isa::detect`]. Decided once.
+    /// The process-wide choice, decided once: `FLASHTIER_CPU_ISA` if set,
+    /// else [`Isa::detect`]; an error when the variable names no
+    /// instruction set this CPU runs.
+    pub fn configured() -> Result<Isa, SettingError> {
+        static CHOICE: OnceLock<Result<Isa, SettingError>> = OnceLock::new();
+        CHOICE
+            .get_or_init(|| {
+                crate::settings::cpu_isa(&Env::process()).map(|c| c.unwrap_or_else(Isa::detect))
+            })
+            .clone()
+    }
+
+    /// [`Isa::configured`] for the kernels, which cannot return an error:
+    /// with a bad setting, the detected best (and a warning, once; the
+    /// entry points have returned the error already).
     pub fn current() -> Isa {
-        static CHOICE: OnceLock<Isa> = OnceLock::new();
-        *CHOICE.get_or_init(|| {
-            let Ok(want) = std::env::var("FLASHTIER_CPU_ISA") else {
-                return Isa::detect();
-            };
-            Isa::available()
-                .into_iter()
-                .find(|isa| isa.name() == want)
-                .unwrap_or_else(|| {
-                    let best = Isa::detect();
-                    tracing::warn!(
-                        requested = %want,
-                        using = best.name(),
-                        "FLASHTIER_CPU_ISA names an instruction set this CPU does not run"
-                    );
-                    best
-                })
+        Isa::configured().unwrap_or_else(|e| {
+            static WARNED: Once = Once::new();
+            let best = Isa::detect();
+            WARNED.call_once(|| tracing::warn!(using = best.name(), "{e}"));
+            best
         })
     }
 

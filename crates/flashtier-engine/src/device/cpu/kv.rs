@@ -261,7 +261,7 @@ impl KvCache {
             dims,
             state,
             group,
-            isa: Isa::current(),
+            isa: Isa::configured()?,
             capacity,
             len: 0,
         })

@@ -33,15 +33,6 @@
 //! embeds the pick on the device and is issued before the host reads the
 //! id, so the GPU does not wait for the host between steps (a step issued
 //! on a stop token is undone: the KV cache takes its position back).
-//!
-//! Two fusions are opt-in ([`CudaDevice::set_fusion`],
-//! `FLASHTIER_FUSED_ATTENTION=1`, `FLASHTIER_FUSED_NORM=1`): a decode
-//! row's q/k norm, RoPE and KV append inside its attention's launch, and a
-//! layer half's residual add and next norm inside its last product's. Each
-//! gives the same bits; together they take a Qwen3-30B-A3B-shaped step
-//! from 179 kernels to 115, but on the H200 the step measured no faster
-//! (the work they move stays on the step's critical path;
-//! docs/benchmarks.md, session 14), so they are off by default.
 
 pub mod experts;
 pub mod kv;
@@ -52,11 +43,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use flashtier_cuda::ops::DecodeKernels;
-use flashtier_cuda::ops::MAX_GEMV_ROWS;
-use flashtier_cuda::ops::attn::{FUSED_MAX_DIM, RopeStep};
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
-use flashtier_cuda::ops::fold::AddNormInto;
-use flashtier_cuda::ops::hint::Spans;
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
 use flashtier_cuda::{Gpu, GraphStats};
@@ -64,7 +51,7 @@ use flashtier_format::Dtype;
 
 use crate::config::Routing;
 use crate::device::{
-    Activation, AddNormTo, Device, HeadCopy, KvSpec, KvState, PickTicket, RopeSpec, VectorLen,
+    Activation, Device, HeadCopy, KvSpec, KvState, PickTicket, RopeSpec, VectorLen,
 };
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
@@ -108,27 +95,10 @@ pub struct CudaDevice {
     fused_router: bool,
     /// Prefetch hints in recorded steps (`FLASHTIER_PREFETCH=0`: none).
     prefetch_on: bool,
-    /// Take [`Device::prefetch_after_experts`] hints
-    /// (`FLASHTIER_PREFETCH_NEXT=1`; off by default).
-    prefetch_next: Cell<bool>,
-    /// The hint the next expert step launches between its gate/up and
-    /// down products (spans of model weights, which outlive every step).
-    staged: Cell<Option<Spans>>,
-    /// A decode row's q/k norm, RoPE and KV append inside its attention's
-    /// launch (`FLASHTIER_FUSED_ATTENTION=1`; off by default: on the H200
-    /// it measured no faster, docs/benchmarks.md; the same bits either way).
-    fused_attention: Cell<bool>,
-    /// A layer half's residual add and next norm inside its last product's
-    /// launch, for one-row steps (`FLASHTIER_FUSED_NORM=1`; off by default
-    /// for the same reason; the same bits either way).
-    fused_norm: Cell<bool>,
     /// Greedy decodes leave their picks on the device and issue the next
     /// step before reading them (`FLASHTIER_CHAIN=0`: every step waits for
     /// its token first; the same tokens either way).
     chain: Cell<bool>,
-    /// Record steps of up to [`MAX_GEMV_ROWS`] rows too (a batch's decode
-    /// tokens; `FLASHTIER_BATCH_GRAPHS=1`, off by default while measured).
-    batch_graphs: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -143,6 +113,7 @@ impl CudaDevice {
     /// Open GPU `ordinal` and compile the kernels for it.
     pub fn open(ordinal: usize) -> Result<Self, EngineError> {
         let gpu = Gpu::open(ordinal)?;
+        let s = crate::settings::CudaSettings::read(&flashtier_io::settings::Env::process())?;
         let kernels = DecodeKernels::new(&gpu)?;
         Ok(Self {
             gpu,
@@ -151,18 +122,9 @@ impl CudaDevice {
             profiler: Profiler::default(),
             all_resident: Cell::new(false),
             kv_budget: RefCell::new(None),
-            fused_router: std::env::var("FLASHTIER_FUSED_ROUTER").map_or(true, |v| v != "0"),
-            prefetch_on: std::env::var("FLASHTIER_PREFETCH").map_or(true, |v| v != "0"),
-            prefetch_next: Cell::new(
-                std::env::var("FLASHTIER_PREFETCH_NEXT").is_ok_and(|v| v == "1"),
-            ),
-            staged: Cell::new(None),
-            fused_attention: Cell::new(
-                std::env::var("FLASHTIER_FUSED_ATTENTION").is_ok_and(|v| v == "1"),
-            ),
-            fused_norm: Cell::new(std::env::var("FLASHTIER_FUSED_NORM").is_ok_and(|v| v == "1")),
-            chain: Cell::new(std::env::var("FLASHTIER_CHAIN").map_or(true, |v| v != "0")),
-            batch_graphs: std::env::var("FLASHTIER_BATCH_GRAPHS").is_ok_and(|v| v == "1"),
+            fused_router: s.fused_router,
+            prefetch_on: s.prefetch,
+            chain: Cell::new(s.chain),
         })
     }
 
@@ -181,23 +143,6 @@ impl CudaDevice {
     /// same tokens either way.
     pub fn set_chain(&self, on: bool) {
         self.chain.set(on);
-    }
-
-    /// Fold a decode row's q/k norm, RoPE and KV append into its attention
-    /// launch (`attention`), and a layer half's residual add and next norm
-    /// into its last product (`norm`). The same bits either way; set before
-    /// the first step, as recorded steps keep the launches they were
-    /// recorded with.
-    pub fn set_fusion(&self, attention: bool, norm: bool) {
-        self.fused_attention.set(attention);
-        self.fused_norm.set(norm);
-    }
-
-    /// Have the routed experts' down product ask L2 for the next layer's
-    /// q/k/v weights (`FLASHTIER_PREFETCH_NEXT=1`; off by default). A hint:
-    /// the same bits either way.
-    pub fn set_prefetch_next(&self, on: bool) {
-        self.prefetch_next.set(on);
     }
 
     /// Record one-token steps as CUDA graphs (on by default; off, every
@@ -371,7 +316,7 @@ impl Device for CudaDevice {
                 vocab: table.rows(),
             });
         }
-        if ids.len() == 1 || (self.batch_graphs && ids.len() <= MAX_GEMV_ROWS) {
+        if ids.len() == 1 {
             self.begin_one_row_step()?;
         }
         self.timed(OpClass::Other, 0, || {
@@ -417,33 +362,6 @@ impl Device for CudaDevice {
         })
     }
 
-    fn linear_add_norm(
-        &self,
-        w: &DevMatrix,
-        x: &DevAct,
-        to: AddNormTo<'_, Self>,
-    ) -> Result<(), EngineError> {
-        let mut y = self.zeros(x.rows(), to.resid.cols())?;
-        if !self.fused_norm.get() || x.rows() != 1 {
-            self.linear(&mut y, w, x)?;
-            return self.add_norm(to.resid, &y, to.norm, to.eps, to.out);
-        }
-        let class = if w.rows() >= LM_HEAD_ROWS {
-            OpClass::LmHead
-        } else {
-            OpClass::DenseGemv
-        };
-        let into = AddNormInto {
-            resid: to.resid,
-            norm: to.norm,
-            eps: to.eps,
-            out: to.out,
-        };
-        self.timed(class, w.bytes() as u64, || {
-            Ok(self.kernels.gemv_add_norm(&mut y, w, x, into)?)
-        })
-    }
-
     fn linear_many(
         &self,
         outs: &mut [&mut DevAct],
@@ -471,13 +389,6 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.timed(OpClass::Other, 0, || Ok(self.kernels.prefetch(ws)?))
-    }
-
-    fn prefetch_after_experts(&self, ws: &[&DevMatrix]) -> Result<(), EngineError> {
-        if self.prefetch_on && self.prefetch_next.get() && self.gpu.recording() && !ws.is_empty() {
-            self.staged.set(Some(self.kernels.spans(ws)?));
-        }
-        Ok(())
     }
 
     fn hints_wanted(&self, experts: &CudaExperts) -> bool {
@@ -581,44 +492,6 @@ impl Device for CudaDevice {
         })
     }
 
-    fn rope_attend(
-        &self,
-        kv: &mut CudaKv,
-        layer: usize,
-        (q, k, v): (&mut DevAct, &mut DevAct, &DevAct),
-        norms: Option<[&DevVector; 2]>,
-        eps: f32,
-        table: &RopeTable,
-        head_dim: usize,
-        first: usize,
-        out: &mut DevAct,
-    ) -> Result<(), EngineError> {
-        let d = kv.dim();
-        let fuse = self.fused_attention.get()
-            && q.rows() == 1
-            && head_dim == d
-            && d <= FUSED_MAX_DIM
-            && first == kv.len()
-            && kv.fusable();
-        if !fuse {
-            self.qk_norm_rope(q, k, norms, eps, table, head_dim, first)?;
-            return self.attend(kv, layer, q, k, v, out);
-        }
-        fits_table(table, first, 1)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        let q_heads = q.cols() / d.max(1);
-        let bytes = 2 * (kv.len() as u64 + 1) * (k.cols() * 4) as u64;
-        let rope = RopeStep {
-            norms,
-            eps,
-            table,
-            interleaved: false,
-        };
-        self.timed(OpClass::Attention, bytes, || {
-            kv.rope_attend(&self.kernels, layer, q_heads, q, (k, v), rope, scale, out)
-        })
-    }
-
     fn router(
         &self,
         w: &DevMatrix,
@@ -656,19 +529,7 @@ impl Device for CudaDevice {
         routes: &DevRoutes,
         out: &mut DevAct,
     ) -> Result<(), EngineError> {
-        self.moe_step(experts, layer, x, routes, out, None)
-    }
-
-    fn moe_add_norm(
-        &self,
-        experts: &mut CudaExperts,
-        layer: usize,
-        x: &DevAct,
-        routes: &DevRoutes,
-        to: AddNormTo<'_, Self>,
-    ) -> Result<(), EngineError> {
-        let mut y = self.zeros(x.rows(), to.resid.cols())?;
-        self.moe_step(experts, layer, x, routes, &mut y, Some(to))
+        self.moe_step(experts, layer, x, routes, out)
     }
 
     fn hint(

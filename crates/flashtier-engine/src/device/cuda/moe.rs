@@ -12,15 +12,13 @@
 
 use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
-use flashtier_cuda::ops::fold::AddNormInto;
-use flashtier_cuda::ops::hint::Spans;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
 use super::experts::CudaExperts;
 use super::profile::OpClass;
 use crate::config::Routing;
-use crate::device::{AddNormTo, Device};
+use crate::device::Device;
 use crate::error::EngineError;
 use crate::family::route::RouteRule;
 
@@ -53,13 +51,10 @@ impl CudaDevice {
         Ok(r)
     }
 
-    /// The routed experts of every row into `out`, then, with `tail`, the
-    /// residual add and norm of `out`: the tiers made ready for the step's
-    /// experts, then the kernels. A step of several rows runs grouped by
-    /// expert (more than [`MAX_GEMV_ROWS`] rows), one whose rows need more
-    /// distinct experts than the tiers hold in groups of rows; a one-row
-    /// step's down product does the add and
-    /// norm in its own launch.
+    /// The routed experts of every row into `out`: the tiers made ready for
+    /// the step's experts, then the kernels. A step of several rows runs
+    /// grouped by expert (more than [`MAX_GEMV_ROWS`] rows), one whose rows
+    /// need more distinct experts than the tiers hold in groups of rows.
     pub(super) fn moe_step(
         &self,
         experts: &mut CudaExperts,
@@ -67,18 +62,14 @@ impl CudaDevice {
         x: &DevAct,
         routes: &DevRoutes,
         out: &mut DevAct,
-        tail: Option<AddNormTo<'_, Self>>,
     ) -> Result<(), EngineError> {
         self.all_resident.set(experts.resident_all());
-        // A staged hint goes with this step's one-row products or nowhere.
-        let between = self.staged.take();
         // Up to a GEMV pass of rows (a batch's decode tokens), each row's
         // pairs run as decode products: the router stays on the device and
         // no tile of 64 rows is launched for a handful. Longer steps (prompt
         // chunks) run grouped by expert.
         if x.rows() > MAX_GEMV_ROWS && self.kernels.grouped(experts.spec()) {
-            self.moe_grouped(experts, layer, x, routes, out)?;
-            return self.then_add_norm(out, tail);
+            return self.moe_grouped(experts, layer, x, routes, out);
         }
         if !experts.resident_all() {
             let (ids, _) = routes.to_host(&self.kernels)?;
@@ -87,40 +78,16 @@ impl CudaDevice {
             distinct.sort_unstable();
             distinct.dedup();
             if distinct.len() > cap {
-                self.moe_in_groups(experts, layer, x, routes, &ids, out)?;
-                return self.then_add_norm(out, tail);
+                return self.moe_in_groups(experts, layer, x, routes, &ids, out);
             }
             experts.ensure(layer, &ids)?;
         } else {
             experts.ensure(layer, &[])?;
         }
-        if self.fused_norm.get() && x.rows() == 1 {
-            return self.moe_rows(experts, layer, x, routes, out, tail, None);
-        }
-        self.moe_rows(experts, layer, x, routes, out, None, between)?;
-        self.then_add_norm(out, tail)
+        self.moe_rows(experts, layer, x, routes, out)
     }
 
-    /// `tail`'s residual add and norm of `y`, if any.
-    fn then_add_norm(
-        &self,
-        y: &DevAct,
-        tail: Option<AddNormTo<'_, Self>>,
-    ) -> Result<(), EngineError> {
-        match tail {
-            Some(t) => self.add_norm(t.resid, y, t.norm, t.eps, t.out),
-            None => Ok(()),
-        }
-    }
-
-    /// The routed experts of every row, all of whose records are readable
-    /// (with `tail`, the down product's launch also adds `out` into the
-    /// residual stream and norms it; `between`: an L2 prefetch launched
-    /// between the gate/up and down products).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the step's operands and its two optional riders"
-    )]
+    /// The routed experts of every row, all of whose records are readable.
     pub(super) fn moe_rows(
         &self,
         experts: &mut CudaExperts,
@@ -128,8 +95,6 @@ impl CudaDevice {
         x: &DevAct,
         routes: &DevRoutes,
         out: &mut DevAct,
-        tail: Option<AddNormTo<'_, Self>>,
-        between: Option<Spans>,
     ) -> Result<(), EngineError> {
         let spec = *experts.spec();
         let pairs = x.rows() * routes.top_k();
@@ -138,26 +103,16 @@ impl CudaDevice {
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
         self.timed(OpClass::Experts, bytes, || {
-            let slots = experts.slots();
-            match tail {
-                Some(t) => {
-                    let into = AddNormInto {
-                        resid: t.resid,
-                        norm: t.norm,
-                        eps: t.eps,
-                        out: t.out,
-                    };
-                    let ops = (&mut act, out);
-                    self.kernels
-                        .moe_add_norm(slots, base, per_layer, routes, &spec, x, ops, into)?;
-                }
-                None => {
-                    let ops = (&mut act, out);
-                    self.kernels
-                        .moe_between(slots, base, per_layer, routes, &spec, x, ops, between)?;
-                }
-            }
-            Ok(())
+            Ok(self.kernels.moe(
+                experts.slots(),
+                base,
+                per_layer,
+                routes,
+                &spec,
+                x,
+                &mut act,
+                out,
+            )?)
         })?;
         experts.consumed()
     }
@@ -268,7 +223,7 @@ impl CudaDevice {
                 .kernels
                 .routes_from_host(row_ids, &weights[r * k..(r + 1) * k], k)?;
             let mut yr = self.zeros(1, h)?;
-            self.moe_rows(experts, layer, &xr, &one, &mut yr, None, None)?;
+            self.moe_rows(experts, layer, &xr, &one, &mut yr)?;
             all.extend(yr.to_host(self.gpu.stream())?);
         }
         out.upload(self.gpu.stream(), &all)?;

@@ -79,7 +79,7 @@ impl Bench {
         if !blas::cublas_present() {
             return Err(blas::no_cublas()).context("flashtier bench gemm compares against cuBLAS");
         }
-        let gpu = Gpu::open(0).context("flashtier bench gemm needs a CUDA GPU")?;
+        let gpu = Gpu::open(0).context("flashtier bench gemm: open GPU 0")?;
         let kernels = DecodeKernels::new(&gpu)?;
         let blas = Blas::new(&gpu)?;
         let scrub_bytes = (2 * gpu.info().l2_bytes).max(64 << 20);

@@ -1,33 +1,48 @@
-//! Decode attention's achieved HBM bytes/s against a device-to-device copy
-//! and PyTorch SDPA, same shapes, same run.
+//! The decode engine's attention (`DecodeKernels::attend` over a
+//! `DevKvCache`: the KV append, the split partials and their merge, as a
+//! decode step runs them per layer and sequence) against the HBM read
+//! bandwidth and a device-to-device copy measured in the same run, and
+//! PyTorch SDPA on the same shapes (f32 keys and values, as the engine
+//! keeps them).
+
+use std::rc::Rc;
 
 use anyhow::Context;
 use flashtier_cuda::measure::{EventTimer, d2d_bytes_per_s};
-use flashtier_cuda::{AttnDims, DecodeAttention, Gpu, UtilKernels};
-use flashtier_format::kv::KvStrides;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
+use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::attn::{CHUNK_POSITIONS, DevKvCache, MAX_HEAD_DIM};
+use flashtier_cuda::ops::buffers::{ActPool, DevAct};
+use flashtier_cuda::{Gpu, UtilKernels};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::{Opts, gbps};
 
+/// Key/value rows uploaded once and appended again and again to fill a
+/// cache (the values repeat every this many positions).
+const FILL_ROWS: usize = 4096;
+
 /// One shape.
 #[derive(Debug, Serialize)]
 pub struct Shape {
-    /// KV layout.
-    pub layout: String,
-    /// Sequences.
+    /// Sequences, each with its own KV cache, attended one after another
+    /// (as a served batch's decode step runs them).
     pub batch: usize,
-    /// Tokens per sequence.
+    /// Positions each sequence attends (the new one included).
     pub context: usize,
-    /// KV + q + out bytes one step must move.
+    /// Bytes one step must move: every key and value attended (f32), the
+    /// queries read, the outputs and the new keys and values written.
     pub bytes: usize,
-    /// Input sets rotated through (to keep the L2 cache out).
+    /// Sets of caches rotated through (to keep the L2 cache out).
     pub rotation_sets: usize,
-    /// Median time of one decode step (begin + step_tile_final), µs.
+    /// Median time of one decode step over the whole batch, µs.
     pub time_us: f64,
     /// bytes / time.
     pub bytes_per_s: f64,
+    /// bytes_per_s / the HBM read bandwidth (the bound of a memory-bound
+    /// kernel).
+    pub ratio_vs_read: f64,
     /// bytes_per_s / the device-to-device copy's bytes/s.
     pub ratio_vs_copy: f64,
     /// Fastest torch SDPA backend on this shape, µs.
@@ -41,20 +56,20 @@ pub struct Shape {
 /// The attention result.
 #[derive(Debug, Serialize)]
 pub struct Attention {
+    /// HBM read bandwidth, bytes/s (every word of a 2 GiB buffer read once).
+    pub read_bps: f64,
     /// Device-to-device copy, bytes read + written per second.
     pub copy_bps: f64,
-    /// Query heads, KV heads, head dim, block size.
+    /// Query heads.
     pub q_heads: usize,
     /// KV heads.
     pub kv_heads: usize,
     /// Head dimension.
     pub head_dim: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Split CTAs resident per SM.
-    pub ctas_per_sm: u32,
-    /// cp.async stages per warp.
-    pub stages: usize,
+    /// The cache's element type.
+    pub kv_dtype: &'static str,
+    /// Positions per chunk (one split of the attention, one KV store block).
+    pub chunk_positions: usize,
     /// torch version and the script's raw output.
     pub torch: Option<serde_json::Value>,
     /// Every shape.
@@ -63,25 +78,31 @@ pub struct Attention {
 
 /// Run the attention comparison.
 pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
+    anyhow::ensure!(
+        args.kv_heads > 0 && args.q_heads % args.kv_heads == 0,
+        "--q-heads {} must be a multiple of --kv-heads {}",
+        args.q_heads,
+        args.kv_heads
+    );
+    anyhow::ensure!(
+        (1..=MAX_HEAD_DIM).contains(&args.head_dim),
+        "--head-dim {} (1 to {MAX_HEAD_DIM})",
+        args.head_dim
+    );
+    let kernels = DecodeKernels::new(gpu)?;
     let util = UtilKernels::new(gpu)?;
+    let read_bps = kernels.read_bandwidth(2 << 30, 5)?;
     let copy_bps = d2d_bytes_per_s(gpu, 2 << 30, 5)?;
     let mut shapes = Vec::new();
-    let mut ctas_per_sm = 0;
-    let mut stages = 0;
-    for layout in &args.layouts {
-        anyhow::ensure!(
-            layout == "paged" || layout == "slot",
-            "unknown layout `{layout}` (paged | slot)"
-        );
-        for &batch in &args.batches {
-            for &context in &args.contexts {
-                let (shape, occ) = bench_shape(gpu, &util, args, layout, batch, context, copy_bps)
-                    .with_context(|| {
-                        format!("attention {layout} batch {batch} context {context}")
-                    })?;
-                (ctas_per_sm, stages) = occ;
-                shapes.push(shape);
-            }
+    for &batch in &args.batches {
+        for &context in &args.contexts {
+            let shape = bench_shape(&kernels, &util, args, batch, context)
+                .with_context(|| format!("attention batch {batch} context {context}"))?;
+            shapes.push(Shape {
+                ratio_vs_read: shape.bytes_per_s / read_bps,
+                ratio_vs_copy: shape.bytes_per_s / copy_bps,
+                ..shape
+            });
         }
     }
     let torch = match &args.torch_script {
@@ -92,116 +113,150 @@ pub fn run(gpu: &Gpu, args: &Opts) -> anyhow::Result<Attention> {
         attach_torch(&mut shapes, t);
     }
     Ok(Attention {
+        read_bps,
         copy_bps,
         q_heads: args.q_heads,
         kv_heads: args.kv_heads,
         head_dim: args.head_dim,
-        block_size: args.block_size,
-        ctas_per_sm,
-        stages,
+        kv_dtype: "f32",
+        chunk_positions: CHUNK_POSITIONS,
         torch,
         shapes,
     })
 }
 
+/// `rows x cols` of values in [-1, 1).
+fn random_act(
+    k: &DecodeKernels,
+    pool: &Rc<ActPool>,
+    rng: &mut StdRng,
+    rows: usize,
+    cols: usize,
+) -> anyhow::Result<DevAct> {
+    let vals: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let mut a = pool.take(k.gpu(), rows, cols)?;
+    a.upload(k.gpu().stream(), &vals)?;
+    Ok(a)
+}
+
+/// A one-layer cache of `context` positions holding `context - 1` (the
+/// step appends the last), filled from `fill` (`FILL_ROWS` key rows and
+/// value rows) and `tail` (the last `(context - 1) % FILL_ROWS` rows).
+fn filled_cache(
+    k: &DecodeKernels,
+    context: usize,
+    (kvh, d): (usize, usize),
+    fill: &(DevAct, DevAct),
+    tail: Option<&(DevAct, DevAct)>,
+) -> anyhow::Result<DevKvCache> {
+    let mut kv = DevKvCache::new(k.gpu(), 1, kvh, d, context)?;
+    let held = context - 1;
+    for _ in 0..held / FILL_ROWS {
+        k.kv_push(&mut kv, 0, &fill.0, &fill.1)?;
+    }
+    if let Some((kt, vt)) = tail {
+        k.kv_push(&mut kv, 0, kt, vt)?;
+    }
+    kv.advance(held);
+    anyhow::ensure!(kv.len() == held, "filled {} of {held} positions", kv.len());
+    Ok(kv)
+}
+
 fn bench_shape(
-    gpu: &Gpu,
+    k: &DecodeKernels,
     util: &UtilKernels,
     args: &Opts,
-    layout_name: &str,
     batch: usize,
     context: usize,
-    copy_bps: f64,
-) -> anyhow::Result<(Shape, (u32, usize))> {
+) -> anyhow::Result<Shape> {
     anyhow::ensure!(
-        context % args.block_size == 0,
-        "context must be a multiple of the block size"
+        batch > 0 && context > 1,
+        "batch and context must be at least 1 and 2"
     );
-    let dims = AttnDims {
-        max_seqs: batch,
-        num_q_heads: args.q_heads,
-        num_kv_heads: args.kv_heads,
-        head_dim: args.head_dim,
-        block_size: args.block_size,
-        tile_capacity: context / args.block_size,
-    };
-    let mut attn = DecodeAttention::new(gpu, dims)?;
-    let layout = if layout_name == "slot" {
-        KvStrides::slot(&dims)
-    } else {
-        KvStrides::paged(&dims)
-    };
-    let kv_bytes = 2 * batch * context * args.kv_heads * args.head_dim * 2;
-    let io_bytes = 2 * batch * args.q_heads * args.head_dim * 2;
+    let gpu = k.gpu();
+    let (qh, kvh, d) = (args.q_heads, args.kv_heads, args.head_dim);
+    let f32_bytes = std::mem::size_of::<f32>();
+    let kv_bytes = batch * 2 * context * kvh * d * f32_bytes;
+    let io_bytes = batch * (2 * qh * d + 2 * kvh * d) * f32_bytes;
     let l2 = gpu.info().l2_bytes.max(1 << 20);
     let sets = (4 * l2).div_ceil(kv_bytes).clamp(1, 32);
-    let blocks_per_set = batch * dims.tile_capacity;
-    let pool_len = layout
-        .block_end(&dims, sets * blocks_per_set - 1)
-        .context("pool size overflows")?;
-    let s = gpu.stream();
-    let mut k = s.alloc_zeros::<u16>(pool_len)?;
-    let mut v = s.alloc_zeros::<u16>(pool_len)?;
-    let mut q = s.alloc_zeros::<u16>(batch * args.q_heads * args.head_dim)?;
-    let mut out = s.alloc_zeros::<u16>(batch * args.q_heads * args.head_dim)?;
-    util.fill_bf16(&mut k, 1, 1.0)?;
-    util.fill_bf16(&mut v, 2, 1.0)?;
-    util.fill_bf16(&mut q, 3, 1.0)?;
-    // Each set: its own blocks, shuffled (a paged pool is not in order).
-    let mut rng = rand::rngs::StdRng::seed_from_u64((batch * 1_000_003 + context) as u64);
-    let mut tables = Vec::with_capacity(sets);
-    for set in 0..sets {
-        let mut ids: Vec<u32> = (0..blocks_per_set)
-            .map(|b| (set * blocks_per_set + b) as u32)
-            .collect();
-        ids.shuffle(&mut rng);
-        let per_seq: Vec<&[u32]> = ids.chunks(dims.tile_capacity).collect();
-        tables.push(attn.tile_table(&per_seq, &vec![args.block_size; batch])?);
+    let pool = ActPool::new();
+    let mut rng = StdRng::seed_from_u64((batch * 1_000_003 + context) as u64);
+    let width = kvh * d;
+    let fill = (
+        random_act(k, &pool, &mut rng, FILL_ROWS, width)?,
+        random_act(k, &pool, &mut rng, FILL_ROWS, width)?,
+    );
+    let rest = (context - 1) % FILL_ROWS;
+    let tail = if rest > 0 {
+        Some((
+            random_act(k, &pool, &mut rng, rest, width)?,
+            random_act(k, &pool, &mut rng, rest, width)?,
+        ))
+    } else {
+        None
+    };
+    let mut caches = Vec::with_capacity(sets * batch);
+    for _ in 0..sets * batch {
+        caches.push(filled_cache(k, context, (kvh, d), &fill, tail.as_ref())?);
     }
-    let mut step = |i: usize, attn: &mut DecodeAttention| -> anyhow::Result<()> {
-        attn.begin_step(batch)?;
-        attn.step_tile_final(&q, &k, &v, layout, &tables[i % sets], &mut out)?;
+    let q = random_act(k, &pool, &mut rng, 1, qh * d)?;
+    let (k_new, v_new) = (
+        random_act(k, &pool, &mut rng, 1, width)?,
+        random_act(k, &pool, &mut rng, 1, width)?,
+    );
+    let mut out = pool.take(gpu, 1, qh * d)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    // One decode step of set `i % sets`: each sequence appends its new key
+    // and value and attends; the position is then taken back, so every
+    // step attends `context` positions.
+    let mut step = |i: usize| -> anyhow::Result<()> {
+        let set = i % sets;
+        for kv in &mut caches[set * batch..(set + 1) * batch] {
+            k.attend(kv, 0, qh, &q, &k_new, &v_new, scale, &mut out)?;
+            kv.advance(1);
+            kv.rewind(1)?;
+        }
         Ok(())
     };
     for i in 0..3 {
-        step(i, &mut attn)?;
+        step(i)?;
     }
     gpu.synchronize()?;
-    let mut times = Vec::with_capacity(args.runs);
+    let s = gpu.stream();
+    let iters = args.iters.max(1);
+    let mut times = Vec::with_capacity(args.runs.max(1));
     for _ in 0..args.runs.max(1) {
         util.spin(10_000_000)?; // queue the timed steps behind 10 ms of device work
         let timer = EventTimer::start(s)?;
-        for i in 0..args.iters.max(1) {
-            step(i, &mut attn)?;
+        for i in 0..iters {
+            step(i)?;
         }
-        times.push(timer.stop(s)? / args.iters.max(1) as f64);
+        times.push(timer.stop(s)? / iters as f64);
     }
-    let host_out = s.clone_dtoh(&out)?;
+    let host_out = out.to_host(s)?;
     anyhow::ensure!(
-        host_out
-            .iter()
-            .all(|&b| half::bf16::from_bits(b).is_finite()),
+        host_out.iter().all(|v| v.is_finite()),
         "attention output holds non-finite values"
     );
     let secs = crate::kit::median(&times);
     let bytes = kv_bytes + io_bytes;
     let bps = bytes as f64 / secs;
-    Ok((
-        Shape {
-            layout: layout_name.to_string(),
-            batch,
-            context,
-            bytes,
-            rotation_sets: sets,
-            time_us: secs * 1e6,
-            bytes_per_s: bps,
-            ratio_vs_copy: bps / copy_bps,
-            torch_us: None,
-            torch_backend: None,
-            speedup_vs_torch: None,
-        },
-        (attn.ctas_per_sm(), attn.stages()),
-    ))
+    Ok(Shape {
+        batch,
+        context,
+        bytes,
+        rotation_sets: sets,
+        time_us: secs * 1e6,
+        bytes_per_s: bps,
+        ratio_vs_read: 0.0,
+        ratio_vs_copy: 0.0,
+        torch_us: None,
+        torch_backend: None,
+        speedup_vs_torch: None,
+    })
 }
 
 fn run_torch(args: &Opts, script: &std::path::Path) -> anyhow::Result<serde_json::Value> {
@@ -232,6 +287,7 @@ fn run_torch(args: &Opts, script: &std::path::Path) -> anyhow::Result<serde_json
             &args.iters.to_string(),
         ])
         .args(["--reps", &args.runs.to_string()])
+        .args(["--dtype", "float32"])
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("run {} {}", args.python, script.display()))?;
@@ -261,18 +317,26 @@ fn attach_torch(shapes: &mut [Shape], torch: &serde_json::Value) {
 /// Print the attention table.
 pub fn print(a: &Attention) {
     println!(
-        "\n## decode attention ({} q heads / {} kv heads, head_dim {}, block {}, {} CTAs/SM, {} stages); d2d copy {}",
+        "\n## decode attention, the engine's ({} q heads / {} kv heads, head_dim {}, {} KV in chunks of {}); HBM read {}, d2d copy {}",
         a.q_heads,
         a.kv_heads,
         a.head_dim,
-        a.block_size,
-        a.ctas_per_sm,
-        a.stages,
+        a.kv_dtype,
+        a.chunk_positions,
+        gbps(a.read_bps),
         gbps(a.copy_bps)
     );
     println!(
-        "{:>6} {:>5} {:>8} {:>10} {:>12} {:>8} {:>10} {:>10} {:>8}",
-        "layout", "batch", "context", "time us", "HBM", "vs copy", "torch us", "backend", "speedup"
+        "{:>5} {:>8} {:>10} {:>12} {:>8} {:>8} {:>10} {:>10} {:>8}",
+        "batch",
+        "context",
+        "time us",
+        "HBM",
+        "vs read",
+        "vs copy",
+        "torch us",
+        "backend",
+        "speedup"
     );
     for s in &a.shapes {
         let t = s.torch_us.map_or_else(|| "-".into(), |t| format!("{t:.1}"));
@@ -281,12 +345,12 @@ pub fn print(a: &Attention) {
             .map_or_else(|| "-".into(), |x| format!("{x:.2}x"));
         let be = s.torch_backend.clone().unwrap_or_else(|| "-".into());
         println!(
-            "{:>6} {:>5} {:>8} {:>10.1} {:>12} {:>7.1}% {t:>10} {be:>10} {sp:>8}",
-            s.layout,
+            "{:>5} {:>8} {:>10.1} {:>12} {:>7.1}% {:>7.1}% {t:>10} {be:>10} {sp:>8}",
             s.batch,
             s.context,
             s.time_us,
             gbps(s.bytes_per_s),
+            100.0 * s.ratio_vs_read,
             100.0 * s.ratio_vs_copy
         );
     }

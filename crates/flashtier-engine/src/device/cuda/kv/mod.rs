@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::ring::KvRing;
-use flashtier_cuda::ops::attn::{CHUNK_POSITIONS, DevKvCache, RopeStep, group_floats};
+use flashtier_cuda::ops::attn::{CHUNK_POSITIONS, DevKvCache, group_floats};
 use flashtier_cuda::ops::buffers::DevAct;
 use flashtier_cuda::{Gpu, PinnedMemory};
 use flashtier_io::{LandingRegion, StorageBackend};
@@ -277,36 +277,6 @@ impl CudaKv {
     #[must_use]
     pub fn land_ns(&self) -> u64 {
         self.spill.as_ref().map_or(0, |s| s.land_ns)
-    }
-
-    /// Whether [`Self::rope_attend`] may run: every chunk is in HBM (no
-    /// KV tier, whose restored tiles would read the rotated queries).
-    pub fn fusable(&self) -> bool {
-        self.spill.is_none()
-    }
-
-    /// One decode row's q/k norm and RoPE, KV append and attention over
-    /// `layer`, in one launch ([`DecodeKernels::rope_attend`]); only where
-    /// [`Self::fusable`].
-    #[allow(clippy::too_many_arguments, reason = "the attention step's operands")]
-    pub fn rope_attend(
-        &mut self,
-        kernels: &DecodeKernels,
-        layer: usize,
-        q_heads: usize,
-        q: &DevAct,
-        (k, v): (&DevAct, &DevAct),
-        rope: RopeStep<'_>,
-        scale: f32,
-        out: &mut DevAct,
-    ) -> Result<(), EngineError> {
-        if !self.fusable() {
-            return Err(EngineError::Attention(format!(
-                "layer {layer}: a KV tier's attention cannot fuse its RoPE"
-            )));
-        }
-        kernels.rope_attend(&mut self.cache, layer, q_heads, q, (k, v), rope, scale, out)?;
-        Ok(())
     }
 
     /// Append the rows' keys and values to `layer` and attend (see

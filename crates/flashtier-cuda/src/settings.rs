@@ -1,0 +1,283 @@
+//! The CUDA path's settings from the environment: every `FLASHTIER_*`
+//! variable this crate reads, read here only, through the workspace's one
+//! reader ([`flashtier_io::settings`]). A bad value is a [`SettingError`]
+//! naming the variable, returned by [`crate::Gpu::open`] (the launch
+//! settings) or [`crate::ops::DecodeKernels::new`] (the kernel tuning).
+//!
+//! None of them changes a result bit: they exist for measuring, and their
+//! defaults are what measured fastest on the H200 (docs/benchmarks.md).
+//! Code that wants other values passes them instead of setting variables:
+//! [`crate::Gpu::set_graphs`], [`crate::Gpu::set_pdl`],
+//! [`crate::Gpu::set_segment_launches`],
+//! [`crate::ops::DecodeKernels::with_tuning`].
+
+use std::path::PathBuf;
+
+use flashtier_io::settings::{Env, Setting, SettingError};
+
+use crate::launch::{MAX_SEGMENT_LAUNCHES, SEGMENT_LAUNCHES};
+use crate::ops::gemm::TileShape;
+use crate::ops::{MAX_ATTN_AHEAD, MAX_DOWN_ROWS, MAX_GEMV_LOADS, Tuning};
+
+/// `FLASHTIER_CUDA_GRAPHS`: `0` launches every kernel of a decode step one
+/// by one instead of recording the step as CUDA graphs (default `1`).
+pub const CUDA_GRAPHS: &str = "FLASHTIER_CUDA_GRAPHS";
+/// `FLASHTIER_PDL`: `0` gives recorded graphs plain edges instead of
+/// programmatic dependent launch (default `1`).
+pub const PDL: &str = "FLASHTIER_PDL";
+/// `FLASHTIER_GRAPH_SEGMENT`: launches per recorded graph segment, 1 to
+/// [`MAX_SEGMENT_LAUNCHES`] (default [`SEGMENT_LAUNCHES`]).
+pub const GRAPH_SEGMENT: &str = "FLASHTIER_GRAPH_SEGMENT";
+/// `FLASHTIER_STREAM_WEIGHTS`: `0` compiles the one-pass weight loads
+/// without their evict-first hint (default `1`).
+pub const STREAM_WEIGHTS: &str = "FLASHTIER_STREAM_WEIGHTS";
+/// `FLASHTIER_GEMV_LOADS`: 8-weight chunks a lane of a one-row product
+/// keeps in flight, 1 to [`MAX_GEMV_LOADS`] (default
+/// [`crate::ops::GEMV_LOADS`]).
+pub const GEMV_LOADS: &str = "FLASHTIER_GEMV_LOADS";
+/// `FLASHTIER_ATTN_AHEAD`: positions a warp of the decode attention loads
+/// before it uses them, 1 to [`MAX_ATTN_AHEAD`] (default
+/// [`crate::ops::ATTN_AHEAD`]).
+pub const ATTN_AHEAD: &str = "FLASHTIER_ATTN_AHEAD";
+/// `FLASHTIER_DOWN_ROWS`: output rows of the experts' down product one
+/// block takes, 1 to [`MAX_DOWN_ROWS`] (default [`crate::ops::DOWN_ROWS`]).
+pub const DOWN_ROWS: &str = "FLASHTIER_DOWN_ROWS";
+/// `FLASHTIER_PROMPT_TILES`: `0` runs prompt chunks as GEMV passes and
+/// per-pair experts instead of tiles (default `1`).
+pub const PROMPT_TILES: &str = "FLASHTIER_PROMPT_TILES";
+/// `FLASHTIER_GEMM_TILE`: the tile shape `TMxTN` of a prompt's dense
+/// products (default `4x4`; see [`TileShape::parse`]).
+pub const GEMM_TILE: &str = "FLASHTIER_GEMM_TILE";
+/// `FLASHTIER_GROUP_TILE`: the tile shape `TMxTN` of a prompt's grouped
+/// experts (default `2x8`).
+pub const GROUP_TILE: &str = "FLASHTIER_GROUP_TILE";
+/// `FLASHTIER_DUMP_CUBIN`: a folder each compiled module's machine code is
+/// also written to, for `cuobjdump --dump-sass` (default: none).
+pub const DUMP_CUBIN: &str = "FLASHTIER_DUMP_CUBIN";
+
+/// This crate's variables.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: CUDA_GRAPHS,
+        default: "1",
+        doc: "0: every decode kernel launched one by one (no CUDA graphs)",
+    },
+    Setting {
+        name: PDL,
+        default: "1",
+        doc: "0: plain graph edges instead of programmatic dependent launch",
+    },
+    Setting {
+        name: GRAPH_SEGMENT,
+        default: "32",
+        doc: "launches per recorded graph segment (1 to 4096)",
+    },
+    Setting {
+        name: STREAM_WEIGHTS,
+        default: "1",
+        doc: "0: one-pass weight loads without the evict-first hint",
+    },
+    Setting {
+        name: GEMV_LOADS,
+        default: "4",
+        doc: "8-weight chunks a lane of a one-row product keeps in flight (1 to 16)",
+    },
+    Setting {
+        name: ATTN_AHEAD,
+        default: "4",
+        doc: "positions a warp of the decode attention loads ahead (1 to 8)",
+    },
+    Setting {
+        name: DOWN_ROWS,
+        default: "4",
+        doc: "output rows per block of the experts' down product (1 to 16)",
+    },
+    Setting {
+        name: PROMPT_TILES,
+        default: "1",
+        doc: "0: prompt chunks as GEMV passes and per-pair experts instead of tiles",
+    },
+    Setting {
+        name: GEMM_TILE,
+        default: "4x4",
+        doc: "tile shape TMxTN of a prompt's dense products (TM 2, 4 or 8; TN 4 or 8; not 8x8)",
+    },
+    Setting {
+        name: GROUP_TILE,
+        default: "2x8",
+        doc: "tile shape TMxTN of a prompt's grouped experts (as FLASHTIER_GEMM_TILE)",
+    },
+    Setting {
+        name: DUMP_CUBIN,
+        default: "unset",
+        doc: "a folder the compiled kernels' machine code is written to (cuobjdump --dump-sass)",
+    },
+];
+
+/// How the launch path issues a decode step's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchSettings {
+    /// Record one-token steps as CUDA graphs ([`CUDA_GRAPHS`]).
+    pub graphs: bool,
+    /// Programmatic dependent launch inside the graphs ([`PDL`]).
+    pub pdl: bool,
+    /// Launches per recorded segment ([`GRAPH_SEGMENT`]).
+    pub segment_launches: usize,
+}
+
+impl Default for LaunchSettings {
+    fn default() -> Self {
+        Self {
+            graphs: true,
+            pdl: true,
+            segment_launches: SEGMENT_LAUNCHES,
+        }
+    }
+}
+
+impl LaunchSettings {
+    /// The defaults, each overridden by its variable in `env`.
+    pub fn read(env: &Env<'_>) -> Result<Self, SettingError> {
+        let d = Self::default();
+        Ok(Self {
+            graphs: env.flag(CUDA_GRAPHS, d.graphs)?,
+            pdl: env.flag(PDL, d.pdl)?,
+            segment_launches: env.int(
+                GRAPH_SEGMENT,
+                1..=MAX_SEGMENT_LAUNCHES,
+                d.segment_launches,
+            )?,
+        })
+    }
+}
+
+/// The kernel tuning ([`Tuning`]): the defaults, each overridden by its
+/// variable in `env`.
+pub fn tuning(env: &Env<'_>) -> Result<Tuning, SettingError> {
+    let d = Tuning::default();
+    let shape = |var: &'static str, default: TileShape| {
+        env.parsed(
+            var,
+            "a tile shape TMxTN (TM 2, 4 or 8; TN 4 or 8; not 8x8)",
+            default,
+            TileShape::parse,
+        )
+    };
+    Ok(Tuning {
+        stream_weights: env.flag(STREAM_WEIGHTS, d.stream_weights)?,
+        gemv_loads: env.int(GEMV_LOADS, 1..=MAX_GEMV_LOADS, d.gemv_loads)?,
+        attn_ahead: env.int(ATTN_AHEAD, 1..=MAX_ATTN_AHEAD, d.attn_ahead)?,
+        down_rows: env.int(DOWN_ROWS, 1..=MAX_DOWN_ROWS, d.down_rows)?,
+        prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
+        tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
+    })
+}
+
+/// [`DUMP_CUBIN`], if set.
+#[must_use]
+pub fn dump_cubin(env: &Env<'_>) -> Option<PathBuf> {
+    env.path(DUMP_CUBIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_gives_the_defaults() {
+        let env = Env::from_pairs(&[]);
+        assert_eq!(LaunchSettings::read(&env), Ok(LaunchSettings::default()));
+        assert_eq!(tuning(&env), Ok(Tuning::default()));
+        assert_eq!(dump_cubin(&env), None);
+    }
+
+    #[test]
+    fn values_in_range_are_taken() {
+        let env = Env::from_pairs(&[
+            (CUDA_GRAPHS, "0"),
+            (PDL, "0"),
+            (GRAPH_SEGMENT, "4096"),
+            (STREAM_WEIGHTS, "0"),
+            (GEMV_LOADS, "16"),
+            (ATTN_AHEAD, "1"),
+            (DOWN_ROWS, "2"),
+            (PROMPT_TILES, "0"),
+            (GEMM_TILE, "8x4"),
+            (GROUP_TILE, "4x8"),
+            (DUMP_CUBIN, "/tmp/sass"),
+        ]);
+        let l = LaunchSettings::read(&env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            l,
+            LaunchSettings {
+                graphs: false,
+                pdl: false,
+                segment_launches: 4096
+            }
+        );
+        let t = tuning(&env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            t,
+            Tuning {
+                stream_weights: false,
+                gemv_loads: 16,
+                attn_ahead: 1,
+                down_rows: 2,
+                prompt_tiles: false,
+                tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
+            }
+        );
+        assert_eq!(dump_cubin(&env), Some(PathBuf::from("/tmp/sass")));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        for (var, bad) in [
+            (CUDA_GRAPHS, "off"),
+            (PDL, "2"),
+            (GRAPH_SEGMENT, "0"),
+            (GRAPH_SEGMENT, "4097"),
+            (GEMV_LOADS, "17"),
+            (ATTN_AHEAD, "9"),
+            (DOWN_ROWS, "0"),
+            (PROMPT_TILES, "yes"),
+            (GEMM_TILE, "8x8"),
+            (GROUP_TILE, "3x4"),
+        ] {
+            let pairs = [(var, bad)];
+            let env = Env::from_pairs(&pairs);
+            let e = LaunchSettings::read(&env)
+                .err()
+                .or_else(|| tuning(&env).err())
+                .unwrap_or_else(|| panic!("{var}={bad} was taken"));
+            assert_eq!(e.var, var);
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_table_matches_the_defaults() {
+        let d = Tuning::default();
+        let l = LaunchSettings::default();
+        let default_of = |name: &str| {
+            SETTINGS
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.default)
+                .unwrap_or_else(|| panic!("{name} is not in the table"))
+        };
+        let flag = |b: bool| if b { "1" } else { "0" };
+        assert_eq!(default_of(CUDA_GRAPHS), flag(l.graphs));
+        assert_eq!(default_of(PDL), flag(l.pdl));
+        assert_eq!(default_of(GRAPH_SEGMENT), l.segment_launches.to_string());
+        assert_eq!(default_of(STREAM_WEIGHTS), flag(d.stream_weights));
+        assert_eq!(default_of(GEMV_LOADS), d.gemv_loads.to_string());
+        assert_eq!(default_of(ATTN_AHEAD), d.attn_ahead.to_string());
+        assert_eq!(default_of(DOWN_ROWS), d.down_rows.to_string());
+        assert_eq!(default_of(PROMPT_TILES), flag(d.prompt_tiles));
+        let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
+        assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
+        assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));
+        assert!(SETTINGS.iter().all(|s| s.name.starts_with("FLASHTIER_")));
+    }
+}

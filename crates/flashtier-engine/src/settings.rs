@@ -1,0 +1,192 @@
+//! The engine's settings from the environment: every variable this crate
+//! reads, read here only, through the workspace's one reader
+//! ([`flashtier_io::settings`]). A bad value is an
+//! [`EngineError::Setting`](crate::error::EngineError::Setting) naming the
+//! variable, returned where the setting is taken: opening a CUDA device
+//! ([`CudaSettings`]), opening a model on the CPU or making a CPU KV cache
+//! (the instruction set, [`cpu_isa`]).
+//!
+//! None of them changes a result bit. The CUDA ones exist for measuring
+//! (their defaults measured fastest on the H200); code that wants another
+//! value calls [`crate::device::cuda::CudaDevice::set_chain`] and the like
+//! instead.
+
+use std::path::PathBuf;
+
+use flashtier_io::settings::{Env, Setting, SettingError};
+
+use crate::device::cpu::isa::Isa;
+
+/// `FLASHTIER_CHAIN`: `0` has a greedy decode on the GPU read each token
+/// back before it issues the next step (default `1`: the next step embeds
+/// the pick on the device and is issued first; a step issued on a stop
+/// token is undone).
+pub const CHAIN: &str = "FLASHTIER_CHAIN";
+/// `FLASHTIER_PREFETCH`: `0` leaves the L2 prefetch hints out of recorded
+/// GPU steps (default `1`).
+pub const PREFETCH: &str = "FLASHTIER_PREFETCH";
+/// `FLASHTIER_FUSED_ROUTER`: `0` runs a one-row softmax router's product
+/// and its top-k as two launches (default `1`: one).
+pub const FUSED_ROUTER: &str = "FLASHTIER_FUSED_ROUTER";
+/// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
+/// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
+/// runs). Every one gives the same bits.
+pub const CPU_ISA: &str = "FLASHTIER_CPU_ISA";
+/// `FLASHTIER_CACHE`: the folder of the stores packed from checkpoints for
+/// runs without `--store` (default `$XDG_CACHE_HOME/flashtier`, else
+/// `$HOME/.cache/flashtier`; see [`crate::store_cache`]).
+pub const CACHE: &str = "FLASHTIER_CACHE";
+
+/// This crate's variables.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: CHAIN,
+        default: "1",
+        doc: "0: a greedy GPU decode reads each token back before it issues the next step",
+    },
+    Setting {
+        name: PREFETCH,
+        default: "1",
+        doc: "0: no L2 prefetch hints in recorded GPU steps",
+    },
+    Setting {
+        name: FUSED_ROUTER,
+        default: "1",
+        doc: "0: a one-row softmax router's product and top-k as two launches",
+    },
+    Setting {
+        name: CPU_ISA,
+        default: "detected",
+        doc: "the CPU kernels' instruction set: scalar, avx2, avx512 or neon (one this CPU runs)",
+    },
+    Setting {
+        name: CACHE,
+        default: "$XDG_CACHE_HOME/flashtier",
+        doc: "the store cache folder for runs without --store (else $HOME/.cache/flashtier)",
+    },
+];
+
+/// How the CUDA device runs a step (see
+/// [`crate::device::cuda::CudaDevice`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaSettings {
+    /// Greedy steps chain on the device ([`CHAIN`]).
+    pub chain: bool,
+    /// L2 prefetch hints in recorded steps ([`PREFETCH`]).
+    pub prefetch: bool,
+    /// A one-row softmax router in one launch ([`FUSED_ROUTER`]).
+    pub fused_router: bool,
+}
+
+impl Default for CudaSettings {
+    fn default() -> Self {
+        Self {
+            chain: true,
+            prefetch: true,
+            fused_router: true,
+        }
+    }
+}
+
+impl CudaSettings {
+    /// The defaults, each overridden by its variable in `env`.
+    pub fn read(env: &Env<'_>) -> Result<Self, SettingError> {
+        let d = Self::default();
+        Ok(Self {
+            chain: env.flag(CHAIN, d.chain)?,
+            prefetch: env.flag(PREFETCH, d.prefetch)?,
+            fused_router: env.flag(FUSED_ROUTER, d.fused_router)?,
+        })
+    }
+}
+
+/// [`CPU_ISA`] from `env`: `None` when unset, an error for a name that is
+/// not an instruction set this CPU runs.
+pub fn cpu_isa(env: &Env<'_>) -> Result<Option<Isa>, SettingError> {
+    let runs = Isa::available();
+    let names: Vec<&str> = runs.iter().map(|i| i.name()).collect();
+    let expected = format!("an instruction set this CPU runs ({})", names.join(", "));
+    env.optional(CPU_ISA, &expected, |v| {
+        runs.iter().copied().find(|i| i.name() == v)
+    })
+}
+
+/// The store cache folder from `env`: [`CACHE`], else `XDG_CACHE_HOME`'s
+/// `flashtier`, else `HOME`'s `.cache/flashtier`; `None` when none is set.
+#[must_use]
+pub fn cache_dir(env: &Env<'_>) -> Option<PathBuf> {
+    env.path(CACHE)
+        .or_else(|| env.path("XDG_CACHE_HOME").map(|d| d.join("flashtier")))
+        .or_else(|| env.path("HOME").map(|d| d.join(".cache").join("flashtier")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_settings_default_and_read() {
+        assert_eq!(
+            CudaSettings::read(&Env::from_pairs(&[])),
+            Ok(CudaSettings::default())
+        );
+        let env = Env::from_pairs(&[(CHAIN, "0"), (PREFETCH, "0"), (FUSED_ROUTER, "0")]);
+        assert_eq!(
+            CudaSettings::read(&env),
+            Ok(CudaSettings {
+                chain: false,
+                prefetch: false,
+                fused_router: false
+            })
+        );
+        for var in [CHAIN, PREFETCH, FUSED_ROUTER] {
+            let pairs = [(var, "off")];
+            let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
+            assert_eq!(e.var, var);
+        }
+    }
+
+    #[test]
+    fn cpu_isa_names_what_this_cpu_runs() {
+        assert!(matches!(cpu_isa(&Env::from_pairs(&[])), Ok(None)));
+        let got = cpu_isa(&Env::from_pairs(&[(CPU_ISA, "scalar")]));
+        assert!(matches!(got, Ok(Some(Isa::Scalar))), "{got:?}");
+        let e = cpu_isa(&Env::from_pairs(&[(CPU_ISA, "sse9")])).unwrap_err();
+        assert_eq!(e.var, CPU_ISA);
+        assert!(e.to_string().contains("scalar"), "{e}");
+    }
+
+    #[test]
+    fn the_cache_falls_back_in_order() {
+        let dir = |pairs: &[(&str, &str)]| cache_dir(&Env::from_pairs(pairs));
+        assert_eq!(dir(&[]), None);
+        assert_eq!(
+            dir(&[("HOME", "/h")]),
+            Some(PathBuf::from("/h/.cache/flashtier"))
+        );
+        assert_eq!(
+            dir(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/x")]),
+            Some(PathBuf::from("/x/flashtier"))
+        );
+        assert_eq!(
+            dir(&[("HOME", "/h"), (CACHE, "/c"), ("XDG_CACHE_HOME", "")]),
+            Some(PathBuf::from("/c"))
+        );
+    }
+
+    #[test]
+    fn the_table_matches_the_defaults() {
+        let d = CudaSettings::default();
+        let flag = |b: bool| if b { "1" } else { "0" };
+        for (name, want) in [
+            (CHAIN, flag(d.chain)),
+            (PREFETCH, flag(d.prefetch)),
+            (FUSED_ROUTER, flag(d.fused_router)),
+        ] {
+            let s = SETTINGS.iter().find(|s| s.name == name);
+            assert_eq!(s.map(|s| s.default), Some(want), "{name}");
+        }
+        assert!(SETTINGS.iter().any(|s| s.name == CPU_ISA));
+        assert!(SETTINGS.iter().any(|s| s.name == CACHE));
+    }
+}
