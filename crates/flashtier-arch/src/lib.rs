@@ -9,7 +9,8 @@
 //!   not an edge either: a path through it resolves to the file that defines
 //!   the item. Nor is an edge between a module's file and its own
 //!   descendants' files (a `mod.rs` and the files of its folder): one
-//!   module split over a folder is one unit.
+//!   module split over a folder is one unit. Code under `#[cfg(test)]`
+//!   is not walked: a test may reach into any file.
 //! - **File length.** [`long_files`] lists source files over a line limit.
 //!
 //! The module tree is read as rustc reads it ([`tree::ModuleTree`]): from

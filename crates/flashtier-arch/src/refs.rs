@@ -68,7 +68,10 @@ impl Walker<'_> {
 impl<'ast> Visit<'ast> for Walker<'_> {
     fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
         // A `mod name;` is structure, not an edge; an inline module's items
-        // are walked as that module's.
+        // are walked as that module's. Test modules may reach anywhere.
+        if cfg_test(&item.attrs) {
+            return;
+        }
         if let Some((_, items)) = &item.content {
             self.module.push(item.ident.to_string());
             for inner in items {
@@ -78,7 +81,16 @@ impl<'ast> Visit<'ast> for Walker<'_> {
         }
     }
 
+    fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
+        if !cfg_test(&item.attrs) {
+            syn::visit::visit_item_fn(self, item);
+        }
+    }
+
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        if cfg_test(&item.attrs) {
+            return;
+        }
         // A re-export (`pub use`, `pub(crate) use`) shapes the module's
         // interface, as `mod` does; what it names is resolved through it.
         if !matches!(item.vis, syn::Visibility::Inherited) {
@@ -98,4 +110,14 @@ impl<'ast> Visit<'ast> for Walker<'_> {
         }
         syn::visit::visit_path(self, path);
     }
+}
+
+/// Whether `attrs` hold `#[cfg(test)]`.
+fn cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        attr.path().is_ident("cfg")
+            && attr
+                .parse_args::<syn::Ident>()
+                .is_ok_and(|ident| ident == "test")
+    })
 }

@@ -297,6 +297,12 @@ fn read_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, CudaE
     })
 }
 
+impl crate::launch::OnStream for Gpu {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

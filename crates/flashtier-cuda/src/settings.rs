@@ -15,10 +15,114 @@ use std::path::PathBuf;
 
 use flashtier_io::settings::{Env, Setting, SettingError};
 
-use crate::launch::{MAX_SEGMENT_LAUNCHES, SEGMENT_LAUNCHES};
-use crate::ops::gemm::TileShape;
-use crate::ops::{MAX_ATTN_AHEAD, MAX_DOWN_ROWS, MAX_GEMV_LOADS, Tuning};
+// The values the variables bound and default to, and the types they
+// parse into, live here so that this module depends on none of the code
+// it steers ([`crate::launch`], [`crate::ops`] re-export them).
 
+/// Launches queued before a segment is issued (default;
+/// [`crate::settings::GRAPH_SEGMENT`] sets another, 1 to
+/// [`MAX_SEGMENT_LAUNCHES`]).
+/// 32 measured faster than 64 and 256 on the H200 (docs/benchmarks.md,
+/// session 9): a shorter segment starts on the device sooner while the
+/// host records the next one.
+pub const SEGMENT_LAUNCHES: usize = 32;
+/// Most launches one segment may queue.
+pub const MAX_SEGMENT_LAUNCHES: usize = 4096;
+/// Chunks of 8 weights a lane of a one-row product keeps in flight
+/// (`FLASHTIER_GEMV_LOADS` sets 1 to [`MAX_GEMV_LOADS`]; the sums are the
+/// same bits whatever it is). 4 decoded 6% faster than 8 on the H200
+/// (8 takes 60 registers a thread, so fewer blocks fit an SM).
+pub const DEFAULT_GEMV_LOADS: u32 = 4;
+/// Positions a warp of the decode attention loads before it uses them
+/// (`FLASHTIER_ATTN_AHEAD` sets 1 to [`MAX_ATTN_AHEAD`]; the same bits
+/// whatever it is: the positions update the softmax in the same order).
+pub const DEFAULT_ATTN_AHEAD: u32 = 4;
+/// Most positions a warp may load ahead.
+pub const MAX_ATTN_AHEAD: u32 = 8;
+/// Output rows of the experts' down product one decode block takes
+/// (`FLASHTIER_DOWN_ROWS` sets 1 to [`MAX_DOWN_ROWS`]; the same bits
+/// whatever it is). With 1, Qwen3-30B-A3B's shape ran 2048 short blocks,
+/// about four waves of the H200; 4 decoded 0.3-2.7% faster there.
+pub const DEFAULT_DOWN_ROWS: u32 = 4;
+/// Most down-product rows a block may be given.
+pub const MAX_DOWN_ROWS: u32 = 16;
+/// Most chunks in flight a lane may be given.
+pub const MAX_GEMV_LOADS: u32 = 16;
+
+/// The compile-time knobs of the decode kernels, for measuring them: each
+/// changes how the work is spread or loaded, never a result bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Evict-first hints on one-pass weight loads.
+    pub stream_weights: bool,
+    /// Chunks in flight per lane of a one-row product ([`GEMV_LOADS`]).
+    pub gemv_loads: u32,
+    /// Positions a warp of the decode attention loads ahead ([`ATTN_AHEAD`]).
+    pub attn_ahead: u32,
+    /// Output rows per block of the experts' down product ([`DOWN_ROWS`]).
+    pub down_rows: u32,
+    /// Prompt chunks' products as tiles.
+    pub prompt_tiles: bool,
+    /// The dense and grouped tile shapes.
+    pub tiles: (TileShape, TileShape),
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            stream_weights: true,
+            gemv_loads: DEFAULT_GEMV_LOADS,
+            attn_ahead: DEFAULT_ATTN_AHEAD,
+            down_rows: DEFAULT_DOWN_ROWS,
+            prompt_tiles: true,
+            tiles: (TileShape::DENSE, TileShape::GROUPED),
+        }
+    }
+}
+
+/// A tile's shape: a thread's output rows (2, 4 or 8) and columns (4 or
+/// 8); the tile is 16 times each (`GEMM_TM`/`GEMM_TN` and
+/// `GROUP_TM`/`GROUP_TN` in the kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileShape {
+    /// Output rows per thread.
+    pub tm: usize,
+    /// Output columns per thread.
+    pub tn: usize,
+}
+
+impl TileShape {
+    /// Dense products: 64 x 64.
+    pub const DENSE: Self = Self { tm: 4, tn: 4 };
+    /// Grouped experts: 32 pairs x 128 columns (a 256-row prompt chunk of
+    /// top-8 over 128 experts gives an expert 16 pairs on average).
+    pub const GROUPED: Self = Self { tm: 2, tn: 8 };
+
+    /// Input rows (pairs) of a tile.
+    #[must_use]
+    pub fn rows(self) -> usize {
+        16 * self.tm
+    }
+
+    /// Output columns of a tile.
+    #[must_use]
+    pub fn cols(self) -> usize {
+        16 * self.tn
+    }
+
+    /// `TMxTN` (e.g. `4x4`) when both are sizes the kernels take (8x8
+    /// is not: two matrices' tiles would need more than 48 KiB of shared
+    /// memory).
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Self> {
+        let (m, n) = text.split_once('x')?;
+        let s = Self {
+            tm: m.trim().parse().ok()?,
+            tn: n.trim().parse().ok()?,
+        };
+        (matches!(s.tm, 2 | 4 | 8) && matches!(s.tn, 4 | 8) && s.tm * s.tn < 64).then_some(s)
+    }
+}
 /// `FLASHTIER_CUDA_GRAPHS`: `0` launches every kernel of a decode step one
 /// by one instead of recording the step as CUDA graphs (default `1`).
 pub const CUDA_GRAPHS: &str = "FLASHTIER_CUDA_GRAPHS";
@@ -33,14 +137,14 @@ pub const GRAPH_SEGMENT: &str = "FLASHTIER_GRAPH_SEGMENT";
 pub const STREAM_WEIGHTS: &str = "FLASHTIER_STREAM_WEIGHTS";
 /// `FLASHTIER_GEMV_LOADS`: 8-weight chunks a lane of a one-row product
 /// keeps in flight, 1 to [`MAX_GEMV_LOADS`] (default
-/// [`crate::ops::GEMV_LOADS`]).
+/// [`DEFAULT_GEMV_LOADS`]).
 pub const GEMV_LOADS: &str = "FLASHTIER_GEMV_LOADS";
 /// `FLASHTIER_ATTN_AHEAD`: positions a warp of the decode attention loads
 /// before it uses them, 1 to [`MAX_ATTN_AHEAD`] (default
-/// [`crate::ops::ATTN_AHEAD`]).
+/// [`DEFAULT_ATTN_AHEAD`]).
 pub const ATTN_AHEAD: &str = "FLASHTIER_ATTN_AHEAD";
 /// `FLASHTIER_DOWN_ROWS`: output rows of the experts' down product one
-/// block takes, 1 to [`MAX_DOWN_ROWS`] (default [`crate::ops::DOWN_ROWS`]).
+/// block takes, 1 to [`MAX_DOWN_ROWS`] (default [`DEFAULT_DOWN_ROWS`]).
 pub const DOWN_ROWS: &str = "FLASHTIER_DOWN_ROWS";
 /// `FLASHTIER_PROMPT_TILES`: `0` runs prompt chunks as GEMV passes and
 /// per-pair experts instead of tiles (default `1`).
@@ -151,26 +255,28 @@ impl LaunchSettings {
     }
 }
 
-/// The kernel tuning ([`Tuning`]): the defaults, each overridden by its
-/// variable in `env`.
-pub fn tuning(env: &Env<'_>) -> Result<Tuning, SettingError> {
-    let d = Tuning::default();
-    let shape = |var: &'static str, default: TileShape| {
-        env.parsed(
-            var,
-            "a tile shape TMxTN (TM 2, 4 or 8; TN 4 or 8; not 8x8)",
-            default,
-            TileShape::parse,
-        )
-    };
-    Ok(Tuning {
-        stream_weights: env.flag(STREAM_WEIGHTS, d.stream_weights)?,
-        gemv_loads: env.int(GEMV_LOADS, 1..=MAX_GEMV_LOADS, d.gemv_loads)?,
-        attn_ahead: env.int(ATTN_AHEAD, 1..=MAX_ATTN_AHEAD, d.attn_ahead)?,
-        down_rows: env.int(DOWN_ROWS, 1..=MAX_DOWN_ROWS, d.down_rows)?,
-        prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
-        tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
-    })
+impl Tuning {
+    /// The kernel tuning: the defaults, each overridden by its
+    /// variable in `env`.
+    pub fn read(env: &Env<'_>) -> Result<Tuning, SettingError> {
+        let d = Tuning::default();
+        let shape = |var: &'static str, default: TileShape| {
+            env.parsed(
+                var,
+                "a tile shape TMxTN (TM 2, 4 or 8; TN 4 or 8; not 8x8)",
+                default,
+                TileShape::parse,
+            )
+        };
+        Ok(Tuning {
+            stream_weights: env.flag(STREAM_WEIGHTS, d.stream_weights)?,
+            gemv_loads: env.int(GEMV_LOADS, 1..=MAX_GEMV_LOADS, d.gemv_loads)?,
+            attn_ahead: env.int(ATTN_AHEAD, 1..=MAX_ATTN_AHEAD, d.attn_ahead)?,
+            down_rows: env.int(DOWN_ROWS, 1..=MAX_DOWN_ROWS, d.down_rows)?,
+            prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
+            tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
+        })
+    }
 }
 
 /// [`DUMP_CUBIN`], if set.
@@ -187,7 +293,7 @@ mod tests {
     fn unset_gives_the_defaults() {
         let env = Env::from_pairs(&[]);
         assert_eq!(LaunchSettings::read(&env), Ok(LaunchSettings::default()));
-        assert_eq!(tuning(&env), Ok(Tuning::default()));
+        assert_eq!(Tuning::read(&env), Ok(Tuning::default()));
         assert_eq!(dump_cubin(&env), None);
     }
 
@@ -215,7 +321,7 @@ mod tests {
                 segment_launches: 4096
             }
         );
-        let t = tuning(&env).unwrap_or_else(|e| panic!("{e}"));
+        let t = Tuning::read(&env).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             t,
             Tuning {
@@ -248,7 +354,7 @@ mod tests {
             let env = Env::from_pairs(&pairs);
             let e = LaunchSettings::read(&env)
                 .err()
-                .or_else(|| tuning(&env).err())
+                .or_else(|| Tuning::read(&env).err())
                 .unwrap_or_else(|| panic!("{var}={bad} was taken"));
             assert_eq!(e.var, var);
             assert!(e.to_string().contains(bad), "{e}");

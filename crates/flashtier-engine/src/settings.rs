@@ -15,8 +15,6 @@ use std::path::PathBuf;
 
 use flashtier_io::settings::{Env, Setting, SettingError};
 
-use crate::device::cpu::isa::Isa;
-
 /// `FLASHTIER_CHAIN`: `0` has a greedy decode on the GPU read each token
 /// back before it issues the next step (default `1`: the next step embeds
 /// the pick on the device and is issued first; a step issued on a stop
@@ -100,17 +98,6 @@ impl CudaSettings {
     }
 }
 
-/// [`CPU_ISA`] from `env`: `None` when unset, an error for a name that is
-/// not an instruction set this CPU runs.
-pub fn cpu_isa(env: &Env<'_>) -> Result<Option<Isa>, SettingError> {
-    let runs = Isa::available();
-    let names: Vec<&str> = runs.iter().map(|i| i.name()).collect();
-    let expected = format!("an instruction set this CPU runs ({})", names.join(", "));
-    env.optional(CPU_ISA, &expected, |v| {
-        runs.iter().copied().find(|i| i.name() == v)
-    })
-}
-
 /// The store cache folder from `env`: [`CACHE`], else `XDG_CACHE_HOME`'s
 /// `flashtier`, else `HOME`'s `.cache/flashtier`; `None` when none is set.
 #[must_use]
@@ -144,16 +131,6 @@ mod tests {
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, var);
         }
-    }
-
-    #[test]
-    fn cpu_isa_names_what_this_cpu_runs() {
-        assert!(matches!(cpu_isa(&Env::from_pairs(&[])), Ok(None)));
-        let got = cpu_isa(&Env::from_pairs(&[(CPU_ISA, "scalar")]));
-        assert!(matches!(got, Ok(Some(Isa::Scalar))), "{got:?}");
-        let e = cpu_isa(&Env::from_pairs(&[(CPU_ISA, "sse9")])).unwrap_err();
-        assert_eq!(e.var, CPU_ISA);
-        assert!(e.to_string().contains("scalar"), "{e}");
     }
 
     #[test]

@@ -58,7 +58,7 @@ impl StoreCache {
     /// The default location (see the module docs), or `None` when neither
     /// `FLASHTIER_CACHE`, `XDG_CACHE_HOME` nor `HOME` is set.
     pub fn default_location() -> Option<Self> {
-        let dir = crate::settings::cache_dir(&flashtier_io::settings::Env::process())?;
+        let dir = flashtier_engine::settings::cache_dir(&flashtier_io::settings::Env::process())?;
         Some(Self { dir })
     }
 

@@ -4,7 +4,10 @@
 
 use flashtier_io::settings::{Env, Setting, SettingError};
 
-use crate::rows::pool::{DEFAULT_THREADS, MAX_THREADS};
+/// Most threads in a pool (workers plus the caller).
+pub const MAX_THREADS: usize = 256;
+/// Default pool size: 32 reads in flight, the queue depth NVMe needs.
+pub const DEFAULT_THREADS: usize = 32;
 
 /// `FLASHTIER_ROW_THREADS`: threads of the process-wide row pool
 /// ([`crate::rows::pool::RowPool::shared`]), the caller included; 1 to

@@ -3,8 +3,8 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::CudaSlice;
 use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, DevicePtr};
 
 /// Most arguments one kernel takes here.
 pub const MAX_ARGS: usize = 16;
@@ -76,9 +76,11 @@ impl Args {
         self
     }
 
-    /// Append the device address of `buf`'s first element.
-    pub fn buf<T>(&mut self, gpu: &crate::Gpu, buf: &CudaSlice<T>) -> &mut Self {
-        self.push(crate::ops::addr(gpu, buf, 0) as CUdeviceptr)
+    /// Append the device address of `buf`'s first element, as seen from
+    /// `on`'s stream.
+    pub fn buf<T>(&mut self, on: &impl OnStream, buf: &CudaSlice<T>) -> &mut Self {
+        let (ptr, _sync) = buf.device_ptr(on.stream());
+        self.push(ptr as CUdeviceptr)
     }
 
     /// Values pushed.
@@ -104,6 +106,14 @@ impl Args {
             .map(|&s| unsafe { base.add(s as usize) }.cast_mut().cast::<c_void>())
             .collect()
     }
+}
+
+/// What owns the stream a launch's buffers are addressed on (the
+/// [`crate::Gpu`]); kept as a trait so that the arguments need not know the
+/// context that launches them.
+pub trait OnStream {
+    /// The stream.
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream>;
 }
 
 #[cfg(test)]

@@ -43,20 +43,12 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::{CUfunction, CUstream};
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
-pub use args::{Args, KernelArg, MAX_ARGS};
+pub use args::{Args, KernelArg, MAX_ARGS, OnStream};
 
 use crate::error::CudaError;
 use crate::settings::LaunchSettings;
+pub use crate::settings::{MAX_SEGMENT_LAUNCHES, SEGMENT_LAUNCHES};
 
-/// Launches queued before a segment is issued (default;
-/// [`crate::settings::GRAPH_SEGMENT`] sets another, 1 to
-/// [`MAX_SEGMENT_LAUNCHES`]).
-/// 32 measured faster than 64 and 256 on the H200 (docs/benchmarks.md,
-/// session 9): a shorter segment starts on the device sooner while the
-/// host records the next one.
-pub const SEGMENT_LAUNCHES: usize = 32;
-/// Most launches one segment may queue.
-pub const MAX_SEGMENT_LAUNCHES: usize = 4096;
 /// Executable graphs kept.
 pub const MAX_GRAPHS: usize = 32;
 /// Segment shapes remembered (to build a graph the second time one comes).

@@ -26,49 +26,8 @@ use super::{DecodeKernels, MAX_GEMV_ROWS, dim, linear_cfg};
 use crate::error::CudaError;
 use crate::launch::Args;
 
-/// A tile's shape: a thread's output rows (2, 4 or 8) and columns (4 or
-/// 8); the tile is 16 times each (`GEMM_TM`/`GEMM_TN` and
-/// `GROUP_TM`/`GROUP_TN` in the kernels).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileShape {
-    /// Output rows per thread.
-    pub tm: usize,
-    /// Output columns per thread.
-    pub tn: usize,
-}
+pub use crate::settings::TileShape;
 
-impl TileShape {
-    /// Dense products: 64 x 64.
-    pub const DENSE: Self = Self { tm: 4, tn: 4 };
-    /// Grouped experts: 32 pairs x 128 columns (a 256-row prompt chunk of
-    /// top-8 over 128 experts gives an expert 16 pairs on average).
-    pub const GROUPED: Self = Self { tm: 2, tn: 8 };
-
-    /// Input rows (pairs) of a tile.
-    #[must_use]
-    pub fn rows(self) -> usize {
-        16 * self.tm
-    }
-
-    /// Output columns of a tile.
-    #[must_use]
-    pub fn cols(self) -> usize {
-        16 * self.tn
-    }
-
-    /// `TMxTN` (e.g. `4x4`) when both are sizes the kernels take (8x8
-    /// is not: two matrices' tiles would need more than 48 KiB of shared
-    /// memory).
-    #[must_use]
-    pub fn parse(text: &str) -> Option<Self> {
-        let (m, n) = text.split_once('x')?;
-        let s = Self {
-            tm: m.trim().parse().ok()?,
-            tn: n.trim().parse().ok()?,
-        };
-        (matches!(s.tm, 2 | 4 | 8) && matches!(s.tn, 4 | 8) && s.tm * s.tn < 64).then_some(s)
-    }
-}
 /// Threads of a tile's block (`GEMM_THREADS`).
 const TILE_THREADS: u32 = 256;
 

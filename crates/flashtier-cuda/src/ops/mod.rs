@@ -44,6 +44,11 @@ use crate::context::Gpu;
 use crate::error::CudaError;
 use crate::nvrtc::load_module;
 
+pub use crate::settings::{
+    DEFAULT_ATTN_AHEAD as ATTN_AHEAD, DEFAULT_DOWN_ROWS as DOWN_ROWS,
+    DEFAULT_GEMV_LOADS as GEMV_LOADS, MAX_ATTN_AHEAD, MAX_DOWN_ROWS, MAX_GEMV_LOADS, Tuning,
+};
+
 /// Source of the decode kernels: the shared definitions, then each part
 /// of `kernels/decode/` (later parts use earlier ones).
 pub const DECODE_SRC: &str = concat!(
@@ -64,27 +69,6 @@ pub const DECODE_SRC: &str = concat!(
 
 /// Rows one matrix-vector pass reads the weights for.
 pub const MAX_GEMV_ROWS: usize = 8;
-
-/// Chunks of 8 weights a lane of a one-row product keeps in flight
-/// (`FLASHTIER_GEMV_LOADS` sets 1 to [`MAX_GEMV_LOADS`]; the sums are the
-/// same bits whatever it is). 4 decoded 6% faster than 8 on the H200
-/// (8 takes 60 registers a thread, so fewer blocks fit an SM).
-pub const GEMV_LOADS: u32 = 4;
-/// Positions a warp of the decode attention loads before it uses them
-/// (`FLASHTIER_ATTN_AHEAD` sets 1 to [`MAX_ATTN_AHEAD`]; the same bits
-/// whatever it is: the positions update the softmax in the same order).
-pub const ATTN_AHEAD: u32 = 4;
-/// Most positions a warp may load ahead.
-pub const MAX_ATTN_AHEAD: u32 = 8;
-/// Output rows of the experts' down product one decode block takes
-/// (`FLASHTIER_DOWN_ROWS` sets 1 to [`MAX_DOWN_ROWS`]; the same bits
-/// whatever it is). With 1, Qwen3-30B-A3B's shape ran 2048 short blocks,
-/// about four waves of the H200; 4 decoded 0.3-2.7% faster there.
-pub const DOWN_ROWS: u32 = 4;
-/// Most down-product rows a block may be given.
-pub const MAX_DOWN_ROWS: u32 = 16;
-/// Most chunks in flight a lane may be given.
-pub const MAX_GEMV_LOADS: u32 = 16;
 
 /// The kernels, and whether each starts with `griddepcontrol.wait` and
 /// touches nothing an earlier kernel writes before it (`pdl_wait` in
@@ -148,44 +132,11 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("read_words", false),
 ];
 
-/// The compile-time knobs of the decode kernels, for measuring them: each
-/// changes how the work is spread or loaded, never a result bit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
-    /// Evict-first hints on one-pass weight loads.
-    pub stream_weights: bool,
-    /// Chunks in flight per lane of a one-row product ([`GEMV_LOADS`]).
-    pub gemv_loads: u32,
-    /// Positions a warp of the decode attention loads ahead ([`ATTN_AHEAD`]).
-    pub attn_ahead: u32,
-    /// Output rows per block of the experts' down product ([`DOWN_ROWS`]).
-    pub down_rows: u32,
-    /// Prompt chunks' products as tiles.
-    pub prompt_tiles: bool,
-    /// The dense and grouped tile shapes.
-    pub tiles: (gemm::TileShape, gemm::TileShape),
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Self {
-            stream_weights: true,
-            gemv_loads: GEMV_LOADS,
-            attn_ahead: ATTN_AHEAD,
-            down_rows: DOWN_ROWS,
-            prompt_tiles: true,
-            tiles: (gemm::TileShape::DENSE, gemm::TileShape::GROUPED),
-        }
-    }
-}
-
 impl Tuning {
     /// The defaults, each overridden by its environment variable
     /// ([`crate::settings`]; a value out of range is an error naming it).
     pub fn from_env() -> Result<Self, CudaError> {
-        Ok(crate::settings::tuning(
-            &flashtier_io::settings::Env::process(),
-        )?)
+        Ok(Tuning::read(&flashtier_io::settings::Env::process())?)
     }
 
     /// The knobs clamped into their ranges.

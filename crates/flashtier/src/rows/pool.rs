@@ -23,10 +23,7 @@ use flashtier_io::{IoError, ReadReq, StorageBackend, StoreFile, Ticket, read_blo
 
 use crate::rows::RowError;
 
-/// Most threads in a pool (workers plus the caller).
-pub const MAX_THREADS: usize = 256;
-/// Default pool size: 32 reads in flight, the queue depth NVMe needs.
-pub const DEFAULT_THREADS: usize = 32;
+pub use crate::settings::{DEFAULT_THREADS, MAX_THREADS};
 
 /// Work split into units that any thread may run.
 pub trait PoolTask: Send + Sync {

@@ -67,9 +67,7 @@ impl Isa {
     pub fn configured() -> Result<Isa, SettingError> {
         static CHOICE: OnceLock<Result<Isa, SettingError>> = OnceLock::new();
         CHOICE
-            .get_or_init(|| {
-                crate::settings::cpu_isa(&Env::process()).map(|c| c.unwrap_or_else(Isa::detect))
-            })
+            .get_or_init(|| from_setting(&Env::process()).map(|c| c.unwrap_or_else(Isa::detect)))
             .clone()
     }
 
@@ -116,6 +114,17 @@ impl Isa {
     }
 }
 
+/// [`crate::settings::CPU_ISA`] from `env`: `None` when unset, an error for a name that is
+/// not an instruction set this CPU runs.
+pub fn from_setting(env: &Env<'_>) -> Result<Option<Isa>, SettingError> {
+    let runs = Isa::available();
+    let names: Vec<&str> = runs.iter().map(|i| i.name()).collect();
+    let expected = format!("an instruction set this CPU runs ({})", names.join(", "));
+    env.optional(crate::settings::CPU_ISA, &expected, |v| {
+        runs.iter().copied().find(|i| i.name() == v)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +138,15 @@ mod tests {
         for isa in all {
             assert_eq!(isa.run(|| 6 * 7), 42, "{}", isa.name());
         }
+    }
+
+    #[test]
+    fn cpu_isa_names_what_this_cpu_runs() {
+        assert!(matches!(from_setting(&Env::from_pairs(&[])), Ok(None)));
+        let got = from_setting(&Env::from_pairs(&[(crate::settings::CPU_ISA, "scalar")]));
+        assert!(matches!(got, Ok(Some(Isa::Scalar))), "{got:?}");
+        let e = from_setting(&Env::from_pairs(&[(crate::settings::CPU_ISA, "sse9")])).unwrap_err();
+        assert_eq!(e.var, crate::settings::CPU_ISA);
+        assert!(e.to_string().contains("scalar"), "{e}");
     }
 }
