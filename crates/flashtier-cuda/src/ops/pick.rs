@@ -92,6 +92,20 @@ impl PickTicket {
     pub fn cols(&self) -> usize {
         self.cols
     }
+
+    /// Picks started on this device before this one.
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// A ticket rebuilt from its parts (as a device-neutral caller carried
+    /// it); [`DecodeKernels::picked`] refuses one this device did not start
+    /// or no longer keeps, and an id outside `cols`.
+    #[must_use]
+    pub fn from_parts(seq: u64, cols: usize) -> Self {
+        Self { seq, cols }
+    }
 }
 
 /// Page-locked copies of the last two picks and how many were started.

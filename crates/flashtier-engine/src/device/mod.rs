@@ -17,6 +17,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod tier_stats;
 
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
@@ -55,7 +56,7 @@ pub trait KvState {
     fn advance(&mut self, n: usize);
     /// What the KV tier did for this cache (`None`: every position stays
     /// in the device's memory).
-    fn tier_stats(&self) -> Option<cuda::kv::tier::KvTierStats> {
+    fn tier_stats(&self) -> Option<tier_stats::KvTierStats> {
         None
     }
     /// Whether [`KvState::rewind`] can take positions back.
@@ -451,7 +452,35 @@ pub trait Device {
     }
 }
 
-pub use flashtier_cuda::ops::pick::PickTicket;
+/// A greedy pick a device left where it ran ([`Device::pick_ahead`]):
+/// which of the device's picks it is and the width of the row it was
+/// picked from. Only the device that started it reads it; one it did not
+/// start, or no longer keeps, is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PickTicket {
+    seq: u64,
+    cols: usize,
+}
+
+impl PickTicket {
+    /// The ticket of a device's pick number `seq` over `cols` columns.
+    #[must_use]
+    pub fn new(seq: u64, cols: usize) -> Self {
+        Self { seq, cols }
+    }
+
+    /// Picks the device started before this one.
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Width of the row picked from (the id is below it).
+    #[must_use]
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
 
 fn no_picks_ahead(device: &str) -> EngineError {
     EngineError::Shape {

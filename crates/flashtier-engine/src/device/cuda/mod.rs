@@ -573,11 +573,12 @@ impl Device for CudaDevice {
     }
 
     fn pick_ahead(&self, x: &DevAct) -> Result<PickTicket, EngineError> {
-        Ok(self.kernels.argmax_ahead(x)?)
+        let t = self.kernels.argmax_ahead(x)?;
+        Ok(PickTicket::new(t.seq(), t.cols()))
     }
 
     fn picked(&self, t: PickTicket) -> Result<u32, EngineError> {
-        Ok(self.kernels.picked(t)?)
+        Ok(self.kernels.picked(cuda_ticket(t))?)
     }
 
     fn embed_picked(
@@ -588,7 +589,12 @@ impl Device for CudaDevice {
     ) -> Result<(), EngineError> {
         self.begin_one_row_step()?;
         self.timed(OpClass::Other, 0, || {
-            Ok(self.kernels.embed_picked(out, table, t)?)
+            Ok(self.kernels.embed_picked(out, table, cuda_ticket(t))?)
         })
     }
+}
+
+/// The kernels' own ticket for the engine's.
+fn cuda_ticket(t: PickTicket) -> flashtier_cuda::ops::pick::PickTicket {
+    flashtier_cuda::ops::pick::PickTicket::from_parts(t.seq(), t.cols())
 }
