@@ -12,7 +12,7 @@
 //! fault_matrix -- --nocapture` (the seed is printed when a run fails; the
 //! simulator takes the same seed from that variable).
 
-mod store_faults;
+use crate::store_faults;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -437,7 +437,7 @@ fn every_byte_served_is_exact_or_a_typed_error() {
                     .add(&t);
             }
             Err(e) => panic!(
-                "fault matrix run seed={seed} ({fault:?}, {backing:?}) failed: {e}; replay with {SEED_ENV}={seed} cargo test -p flashtier --test fault_matrix -- --nocapture"
+                "fault matrix run seed={seed} ({fault:?}, {backing:?}) failed: {e}; replay with {SEED_ENV}={seed} cargo test -p flashtier --test suite fault_matrix:: -- --nocapture"
             ),
         }
         let _ = std::fs::remove_file(path);

@@ -2,7 +2,7 @@
 //! batches with out-of-range, non-owned and repeated ids, in every serving
 //! configuration.
 
-mod rows_support;
+use crate::rows_support;
 
 use std::sync::Arc;
 

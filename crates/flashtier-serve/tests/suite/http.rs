@@ -3,7 +3,7 @@
 //! cancellation, 429, every 4xx, prompt reuse, logprobs, the small routes.
 #![allow(clippy::unwrap_used, reason = "test")]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

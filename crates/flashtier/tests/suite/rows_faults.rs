@@ -2,7 +2,7 @@
 //! lookup with an error naming file and offset; short reads and latency
 //! change nothing; and no fault ever turns into wrong bytes.
 
-mod rows_support;
+use crate::rows_support;
 
 use std::sync::Arc;
 

@@ -6,8 +6,8 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
-#[path = "../../flashtier-engine/tests/common/rewrite.rs"]
+use crate::common;
+#[path = "../../../flashtier-engine/tests/common/rewrite.rs"]
 mod rewrite;
 
 use std::collections::BTreeMap;

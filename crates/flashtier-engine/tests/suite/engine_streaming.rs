@@ -7,7 +7,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! asserts every request ended with the tokens and text it gets alone.
 #![allow(clippy::unwrap_used, reason = "test")]
 
-mod common;
+use crate::common;
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Checked-in store images: one valid file and one per kind of damage, each
 //! expecting its own error. `FLASHTIER_REGEN_FIXTURES=1 cargo test -p
-//! flashtier-format --test fixtures` rewrites them; otherwise the valid one
+//! flashtier-format --test suite fixtures::` rewrites them; otherwise the valid one
 //! must equal what today's writer produces (the format has not drifted).
 
 use std::collections::BTreeMap;

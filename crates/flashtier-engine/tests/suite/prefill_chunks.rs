@@ -10,7 +10,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use flashtier::experts::Backing;
 use flashtier_engine::load::{LoadOptions, load_cpu};

@@ -5,7 +5,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use flashtier::experts::ExpertsError;
 use flashtier_engine::checkpoint::Checkpoint;

@@ -1,7 +1,7 @@
 //! Every way a packed shard can fail to match: each is an error, and no row
 //! of such a shard is ever served. A missing shard falls back to the source.
 
-mod rows_support;
+use crate::rows_support;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use flashtier_engine::device::KvState;
 use flashtier_engine::load::{LoadOptions, load_cpu};

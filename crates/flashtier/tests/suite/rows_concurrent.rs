@@ -1,7 +1,7 @@
 //! Eight threads looking up at once through a small, constantly evicting
 //! cache: every row comes back whole and exact (no torn rows).
 
-mod rows_support;
+use crate::rows_support;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! gives typed errors (checksum, truncation), and one replaced by rename keeps
 //! serving the old, exact records.
 
-mod store_faults;
+use crate::store_faults;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileExt, MetadataExt};

@@ -5,7 +5,7 @@
     reason = "test helpers: a broken fixture must fail the test loudly"
 )]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,0 +1,15 @@
+//! Every CPU integration test of this crate in one binary: one link and
+//! one build of the generic code instead of one per file (the GPU tests,
+//! `gpu_*.rs`, stay binaries of their own for `scripts/gpu-test`).
+//! Run one file's tests with `cargo test -p flashtier-cli --test suite FILE::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bounds_cli;
+mod pack_cli_safety;
+mod qwen4_cli;
+mod replay_cli;
+mod run;
+mod store_cli;
+mod verify_cli;
