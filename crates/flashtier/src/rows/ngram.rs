@@ -15,6 +15,8 @@
 //! Per position the ids come out order-major, head-minor:
 //! `[(2,0), (2,1), ..., (3,0), (3,1), ...]`, `ids_per_token()` of them.
 
+use flashtier_format::splitmix::splitmix64_next;
+
 use crate::rows::RowError;
 
 /// Lowest supported n-gram order.
@@ -82,14 +84,6 @@ fn next_prime(mut n: u64) -> u64 {
     n
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn finalise(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
@@ -145,7 +139,7 @@ impl NgramHasher {
         }
         let mut state = config.seed;
         let multipliers = (0..tables)
-            .map(|_| std::array::from_fn(|_| splitmix(&mut state) | 1))
+            .map(|_| std::array::from_fn(|_| splitmix64_next(&mut state) | 1))
             .collect();
         Ok(Self {
             config,

@@ -19,18 +19,10 @@
 //! first), so feeding a prompt at once or token by token gives the same ids.
 //! Tokens must be below the vocabulary (the engine checks them first).
 
-/// splitmix64's increment.
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+use flashtier_format::splitmix::{SPLITMIX64_GAMMA, splitmix64};
+
 /// Spacing of the PLE layers' seeds.
 const LAYER_PRIME: u64 = 10007;
-
-/// One splitmix64 output for state `v`.
-pub fn splitmix64(v: u64) -> u64 {
-    let mut z = v.wrapping_add(GAMMA);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The odd multipliers of PLE layer `rank`, one per n-gram position.
 pub fn layer_multipliers(vocab: u64, ngram_size: usize, rank: u64, seed: u64) -> Vec<u64> {
@@ -39,7 +31,7 @@ pub fn layer_multipliers(vocab: u64, ngram_size: usize, rank: u64, seed: u64) ->
     let base = seed.wrapping_add(LAYER_PRIME.wrapping_mul(rank));
     (0..ngram_size as u64)
         .map(|i| {
-            let v = base.wrapping_add(GAMMA.wrapping_mul(i + 1));
+            let v = base.wrapping_add(SPLITMIX64_GAMMA.wrapping_mul(i + 1));
             2 * (splitmix64(v) % half) + 1
         })
         .collect()
