@@ -38,6 +38,7 @@ pub mod row_shard;
 pub mod splitmix;
 pub mod store;
 pub mod text;
+pub mod widen;
 
 pub use checksum::{ChecksumAlgo, Xxh3Stream, xxh3_64};
 pub use error::FormatError;

@@ -21,12 +21,13 @@
 //! bytes, so the same output bits.
 
 use flashtier_format::Dtype;
+use flashtier_format::widen::to_f32;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::kernels::{dot, silu};
 use crate::error::EngineError;
-use crate::matrix::{Matrix, to_f32};
+use crate::matrix::Matrix;
 
 use super::ngram::{NgramHasher, NgramSpec};
 use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
