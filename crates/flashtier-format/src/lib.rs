@@ -35,6 +35,7 @@ mod le;
 pub mod manifest;
 pub mod regular;
 pub mod row_shard;
+pub mod safetensors;
 pub mod splitmix;
 pub mod store;
 pub mod text;
