@@ -2,7 +2,7 @@
 //! n-grams that end at each position (orders 2 and 3).
 //!
 //! For every order `n` and head `k` there is one table of `M[n][k]` rows
-//! (moduli; distinct primes work best, see [`NgramHashConfig::with_primes`]).
+//! (moduli; distinct primes work best, see [`EngramHashConfig::with_primes`]).
 //! The tables are laid out back to back in one row store, in order-major
 //! order, so table `(n, k)` starts at the sum of the moduli before it. The
 //! n-gram `(t[i-n+1], ..., t[i])` maps into table `(n, k)` by a
@@ -28,7 +28,7 @@ pub const MAX_HEADS: usize = 64;
 
 /// The hashing scheme of one Engram layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NgramHashConfig {
+pub struct EngramHashConfig {
     /// The n-gram orders, each in 2..=3, strictly increasing.
     pub orders: Vec<usize>,
     /// Heads per order (1..=64).
@@ -41,7 +41,7 @@ pub struct NgramHashConfig {
     pub pad_token: u64,
 }
 
-impl NgramHashConfig {
+impl EngramHashConfig {
     /// Orders 2 and 3, `heads` heads each, table sizes the distinct primes
     /// at or above `base_rows` (the Engram paper uses prime-sized tables).
     #[must_use]
@@ -92,10 +92,11 @@ fn finalise(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-/// Maps token histories to row ids.
+/// Engram's addressing: token histories to the row ids of its hashed
+/// tables (not Qwen4-Exp's PLE ids, `flashtier_engine`'s `PleNgramHasher`).
 #[derive(Clone, Debug)]
-pub struct NgramHasher {
-    config: NgramHashConfig,
+pub struct EngramHasher {
+    config: EngramHashConfig,
     /// First row of each table.
     bases: Vec<u64>,
     /// `MAX_ORDER` multipliers per table.
@@ -103,9 +104,9 @@ pub struct NgramHasher {
     total_rows: u64,
 }
 
-impl NgramHasher {
+impl EngramHasher {
     /// Validate `config` and derive the multipliers.
-    pub fn new(config: NgramHashConfig) -> Result<Self, RowError> {
+    pub fn new(config: EngramHashConfig) -> Result<Self, RowError> {
         let bad = |m: String| Err(RowError::Config(m));
         if config.orders.is_empty()
             || config
@@ -163,7 +164,7 @@ impl NgramHasher {
 
     /// The configuration.
     #[must_use]
-    pub fn config(&self) -> &NgramHashConfig {
+    pub fn config(&self) -> &EngramHashConfig {
         &self.config
     }
 
@@ -213,39 +214,39 @@ mod tests {
 
     #[test]
     fn layout_and_determinism() {
-        let cfg = NgramHashConfig::with_primes(4, 1000, 11);
+        let cfg = EngramHashConfig::with_primes(4, 1000, 11);
         assert_eq!(cfg.moduli.len(), 8);
         assert!(cfg.moduli.iter().all(|&m| is_prime(m) && m >= 1000));
-        let h = NgramHasher::new(cfg.clone()).expect("valid");
+        let h = EngramHasher::new(cfg.clone()).expect("valid");
         let toks = [5u64, 9, 12, 5, 9, 12];
         let ids = h.ids(&toks);
         assert_eq!(ids.len(), 6 * 8);
-        assert_eq!(ids, NgramHasher::new(cfg).expect("valid").ids(&toks));
+        assert_eq!(ids, EngramHasher::new(cfg).expect("valid").ids(&toks));
         // The same trigram at positions 2 and 5 gives the same ids.
         assert_eq!(&ids[2 * 8..3 * 8], &ids[5 * 8..6 * 8]);
         // Another seed hashes differently.
-        let other = NgramHasher::new(NgramHashConfig::with_primes(4, 1000, 12)).expect("valid");
+        let other = EngramHasher::new(EngramHashConfig::with_primes(4, 1000, 12)).expect("valid");
         assert_ne!(ids, other.ids(&toks));
     }
 
     #[test]
     fn bad_configs_rejected() {
-        let mut c = NgramHashConfig::with_primes(2, 10, 0);
+        let mut c = EngramHashConfig::with_primes(2, 10, 0);
         c.orders = vec![1, 2];
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.orders = vec![3, 2];
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.orders = vec![2, 3];
         c.moduli.pop();
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.moduli.push(0);
-        assert!(NgramHasher::new(c).is_err());
+        assert!(EngramHasher::new(c).is_err());
     }
 
     proptest! {
         #[test]
         fn ids_land_in_their_own_table(toks in proptest::collection::vec(any::<u64>(), 1..40), heads in 1usize..5, base in 1u64..500, seed in any::<u64>()) {
-            let h = NgramHasher::new(NgramHashConfig::with_primes(heads, base, seed)).expect("valid");
+            let h = EngramHasher::new(EngramHashConfig::with_primes(heads, base, seed)).expect("valid");
             let ids = h.ids(&toks);
             prop_assert_eq!(ids.len(), toks.len() * h.ids_per_token());
             for (i, id) in ids.iter().enumerate() {

@@ -68,9 +68,10 @@ pub fn primes_from(base: u64, count: usize) -> Vec<u64> {
     out
 }
 
-/// The n-gram hashing of one PLE layer, with its context.
+/// The n-gram hashing of one PLE layer of Qwen4-Exp, with its context (not
+/// the Engram hash of `flashtier::rows::EngramHasher`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NgramHasher {
+pub struct PleNgramHasher {
     mults: Vec<u64>,
     sizes: Vec<u64>,
     offsets: Vec<u64>,
@@ -83,7 +84,11 @@ pub struct NgramHasher {
     pub(crate) eos_segments: bool,
 }
 
-/// What a [`NgramHasher`] is built from.
+/// The old name, for `crate::synth::qwen4` alone until it moves to its new
+/// crate and names [`PleNgramHasher`]; remove it then.
+pub(crate) use PleNgramHasher as NgramHasher;
+
+/// What a [`PleNgramHasher`] is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct NgramSpec {
     /// Token vocabulary.
@@ -102,7 +107,7 @@ pub struct NgramSpec {
     pub eos: u64,
 }
 
-impl NgramHasher {
+impl PleNgramHasher {
     /// The hasher of the PLE layer of rank `rank`.
     pub fn new(spec: NgramSpec, rank: usize) -> Self {
         let heads = (spec.ngram_size - 1) * spec.heads_per_ngram;

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{NgramHasher, NgramSpec, is_prime, primes_from};
+use super::{NgramSpec, PleNgramHasher, is_prime, primes_from};
 use crate::config::qwen4::Qwen4Config;
 
 fn fixture(file: &str) -> Value {
@@ -46,7 +46,7 @@ fn reference() -> (Vec<u32>, LayerIds) {
     (tokens, layers)
 }
 
-fn hashers() -> Vec<(usize, NgramHasher)> {
+fn hashers() -> Vec<(usize, PleNgramHasher)> {
     let c = Qwen4Config::from_json(&fixture("config.json")).unwrap();
     let p = c.ple.unwrap();
     let spec = NgramSpec {
@@ -61,7 +61,7 @@ fn hashers() -> Vec<(usize, NgramHasher)> {
     p.layers
         .iter()
         .enumerate()
-        .map(|(rank, &l)| (l, NgramHasher::new(spec, rank)))
+        .map(|(rank, &l)| (l, PleNgramHasher::new(spec, rank)))
         .collect()
 }
 
@@ -123,9 +123,9 @@ proptest::proptest! {
             seed: 7,
             eos: 2,
         };
-        let mut whole = NgramHasher::new(spec, 1);
+        let mut whole = PleNgramHasher::new(spec, 1);
         let want = whole.step(&tokens);
-        let mut h = NgramHasher::new(spec, 1);
+        let mut h = PleNgramHasher::new(spec, 1);
         let (mut got, mut at) = (Vec::new(), 0);
         for c in cuts.iter().cycle() {
             if at >= tokens.len() {

@@ -29,7 +29,7 @@ use crate::device::cpu::kernels::{dot, silu};
 use crate::error::EngineError;
 use crate::matrix::Matrix;
 
-use super::ngram::{NgramHasher, NgramSpec};
+use super::ngram::{NgramSpec, PleNgramHasher};
 use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
 use super::rows::{LayerRows, PleRowOptions, PleRowStats, table_names, table_stem};
 
@@ -43,7 +43,7 @@ struct Shard {
 
 /// One PLE layer with its n-gram context and conv state.
 pub struct PleLayer {
-    hasher: NgramHasher,
+    hasher: PleNgramHasher,
     shards: Vec<Shard>,
     row_dim: usize,
     streams: usize,
@@ -89,7 +89,7 @@ impl PleLayer {
             seed: p.seed,
             eos: p.eos,
         };
-        let hasher = NgramHasher::new(spec, rank);
+        let hasher = PleNgramHasher::new(spec, rank);
         check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
         let l = host_loader(ckpt);
         let (h, hc) = (cfg.hidden_size, cfg.hc_count);
@@ -381,7 +381,11 @@ fn table_shards(
 /// Where the checkpoint keeps transformers' hash buffers, they must equal
 /// the ones the config gives (a different `seed`, vocabulary base or
 /// n-gram shape would otherwise pick other rows silently).
-fn check_hash_buffers(ckpt: &Checkpoint, stem: &str, h: &NgramHasher) -> Result<(), EngineError> {
+fn check_hash_buffers(
+    ckpt: &Checkpoint,
+    stem: &str,
+    h: &PleNgramHasher,
+) -> Result<(), EngineError> {
     let buffers = [
         ("layer_multipliers", h.multipliers(), "seed"),
         (
