@@ -46,42 +46,49 @@ impl EngramHashConfig {
     /// at or above `base_rows` (the Engram paper uses prime-sized tables).
     #[must_use]
     pub fn with_primes(heads: usize, base_rows: u64, seed: u64) -> Self {
-        let mut moduli = Vec::with_capacity(2 * heads);
-        let mut next = base_rows.max(2);
-        for _ in 0..2 * heads {
-            let p = next_prime(next);
-            moduli.push(p);
-            next = p + 1;
-        }
         Self {
             orders: vec![2, 3],
             heads,
-            moduli,
+            moduli: primes_from(base_rows, 2 * heads),
             seed,
             pad_token: 0,
         }
     }
 }
 
-fn is_prime(n: u64) -> bool {
+/// Whether `n` is prime (trial division by odd numbers up to its root).
+/// The hashed n-gram tables are prime-sized: Engram's here, Qwen4-Exp's PLE
+/// heads in `flashtier_engine::family::qwen4::ngram`.
+#[must_use]
+pub fn is_prime(n: u64) -> bool {
     if n < 2 {
         return false;
     }
-    let mut d = 2u64;
+    if n % 2 == 0 {
+        return n == 2;
+    }
+    let mut d = 3u64;
     while d.saturating_mul(d) <= n {
         if n % d == 0 {
             return false;
         }
-        d += 1;
+        d += 2;
     }
     true
 }
 
-fn next_prime(mut n: u64) -> u64 {
-    while !is_prime(n) {
-        n += 1;
+/// The first `count` primes at or above `base`, ascending.
+#[must_use]
+pub fn primes_from(base: u64, count: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(count);
+    let mut p = base;
+    while out.len() < count {
+        if is_prime(p) {
+            out.push(p);
+        }
+        p += 1;
     }
-    n
+    out
 }
 
 fn finalise(mut h: u64) -> u64 {
@@ -230,6 +237,15 @@ mod tests {
     }
 
     #[test]
+    fn primes_match_their_definition() {
+        assert!(is_prime(2) && is_prime(101) && is_prime(1_000_000_007));
+        assert!(!is_prime(0) && !is_prime(1) && !is_prime(100) && !is_prime(1_000_000_007 * 3));
+        assert_eq!(primes_from(100, 4), [101, 103, 107, 109]);
+        assert_eq!(primes_from(0, 3), [2, 3, 5]);
+        assert_eq!(EngramHashConfig::with_primes(2, 0, 0).moduli, [2, 3, 5, 7]);
+    }
+
+    #[test]
     fn bad_configs_rejected() {
         let mut c = EngramHashConfig::with_primes(2, 10, 0);
         c.orders = vec![1, 2];
@@ -244,6 +260,13 @@ mod tests {
     }
 
     proptest! {
+        /// Trial division agrees with a sieve below 5000.
+        #[test]
+        fn is_prime_agrees_with_a_sieve(n in 0u64..5000) {
+            let composite = (2..n).any(|d| n % d == 0);
+            prop_assert_eq!(is_prime(n), n >= 2 && !composite);
+        }
+
         #[test]
         fn ids_land_in_their_own_table(toks in proptest::collection::vec(any::<u64>(), 1..40), heads in 1usize..5, base in 1u64..500, seed in any::<u64>()) {
             let h = EngramHasher::new(EngramHashConfig::with_primes(heads, base, seed)).expect("valid");

@@ -19,6 +19,7 @@
 //! first), so feeding a prompt at once or token by token gives the same ids.
 //! Tokens must be below the vocabulary (the engine checks them first).
 
+use flashtier::rows::ngram::primes_from;
 use flashtier_format::splitmix::{SPLITMIX64_GAMMA, splitmix64};
 
 /// Spacing of the PLE layers' seeds.
@@ -35,37 +36,6 @@ pub fn layer_multipliers(vocab: u64, ngram_size: usize, rank: u64, seed: u64) ->
             2 * (splitmix64(v) % half) + 1
         })
         .collect()
-}
-
-/// Whether `n` is prime (trial division by odd numbers up to its root).
-pub fn is_prime(n: u64) -> bool {
-    if n < 2 {
-        return false;
-    }
-    if n % 2 == 0 {
-        return n == 2;
-    }
-    let mut d = 3u64;
-    while d.saturating_mul(d) <= n {
-        if n % d == 0 {
-            return false;
-        }
-        d += 2;
-    }
-    true
-}
-
-/// The first `count` primes at or above `base`, ascending.
-pub fn primes_from(base: u64, count: usize) -> Vec<u64> {
-    let mut out = Vec::with_capacity(count);
-    let mut p = base;
-    while out.len() < count {
-        if is_prime(p) {
-            out.push(p);
-        }
-        p += 1;
-    }
-    out
 }
 
 /// The n-gram hashing of one PLE layer of Qwen4-Exp, with its context (not

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{NgramSpec, PleNgramHasher, is_prime, primes_from};
+use super::{NgramSpec, PleNgramHasher};
 use crate::config::qwen4::Qwen4Config;
 
 fn fixture(file: &str) -> Value {
@@ -63,13 +63,6 @@ fn hashers() -> Vec<(usize, PleNgramHasher)> {
         .enumerate()
         .map(|(rank, &l)| (l, PleNgramHasher::new(spec, rank)))
         .collect()
-}
-
-#[test]
-fn primes_match_their_definition() {
-    assert!(is_prime(2) && is_prime(101) && is_prime(1_000_000_007));
-    assert!(!is_prime(1) && !is_prime(100) && !is_prime(1_000_000_007 * 3));
-    assert_eq!(primes_from(100, 4), [101, 103, 107, 109]);
 }
 
 #[test]
@@ -136,12 +129,5 @@ proptest::proptest! {
             at = end;
         }
         proptest::prop_assert_eq!(got, want);
-    }
-
-    /// Trial division agrees with a sieve below 5000.
-    #[test]
-    fn is_prime_agrees_with_a_sieve(n in 0u64..5000) {
-        let composite = (2..n).any(|d| n % d == 0);
-        proptest::prop_assert_eq!(is_prime(n), n >= 2 && !composite);
     }
 }
