@@ -22,6 +22,8 @@
 use flashtier::rows::ngram::primes_from;
 use flashtier_format::splitmix::{SPLITMIX64_GAMMA, splitmix64};
 
+use crate::config::qwen4::Ple;
+
 /// Spacing of the PLE layers' seeds.
 const LAYER_PRIME: u64 = 10007;
 
@@ -75,6 +77,22 @@ pub struct NgramSpec {
     pub seed: u64,
     /// Segment separator.
     pub eos: u64,
+}
+
+impl NgramSpec {
+    /// The spec a config's PLE fields give, over a `vocab`-token vocabulary.
+    #[must_use]
+    pub fn of_config(vocab: usize, p: &Ple) -> Self {
+        Self {
+            vocab: vocab as u64,
+            ngram_size: p.ngram_size,
+            heads_per_ngram: p.heads_per_ngram,
+            vocab_base: p.vocab_base,
+            divisor: p.vocab_divisor,
+            seed: p.seed,
+            eos: p.eos,
+        }
+    }
 }
 
 impl PleNgramHasher {

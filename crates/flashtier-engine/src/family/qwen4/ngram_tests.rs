@@ -49,15 +49,7 @@ fn reference() -> (Vec<u32>, LayerIds) {
 fn hashers() -> Vec<(usize, PleNgramHasher)> {
     let c = Qwen4Config::from_json(&fixture("config.json")).unwrap();
     let p = c.ple.unwrap();
-    let spec = NgramSpec {
-        vocab: c.vocab_size as u64,
-        ngram_size: p.ngram_size,
-        heads_per_ngram: p.heads_per_ngram,
-        vocab_base: p.vocab_base,
-        divisor: p.vocab_divisor,
-        seed: p.seed,
-        eos: p.eos,
-    };
+    let spec = NgramSpec::of_config(c.vocab_size, &p);
     p.layers
         .iter()
         .enumerate()

@@ -80,16 +80,7 @@ impl PleLayer {
             .ple
             .as_ref()
             .ok_or_else(|| EngineError::config("ple_layer_ids", "missing"))?;
-        let spec = NgramSpec {
-            vocab: cfg.vocab_size as u64,
-            ngram_size: p.ngram_size,
-            heads_per_ngram: p.heads_per_ngram,
-            vocab_base: p.vocab_base,
-            divisor: p.vocab_divisor,
-            seed: p.seed,
-            eos: p.eos,
-        };
-        let hasher = PleNgramHasher::new(spec, rank);
+        let hasher = PleNgramHasher::new(NgramSpec::of_config(cfg.vocab_size, p), rank);
         check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
         let l = host_loader(ckpt);
         let (h, hc) = (cfg.hidden_size, cfg.hc_count);
