@@ -349,23 +349,31 @@ pub fn write_safetensors(
 mod tests {
     use super::*;
 
+    /// An Engram table of 10 rows (`e.w`, `e.s`) and `more` tensors.
+    fn write_table(p: &Path, more: &[(&str, &str, Vec<u64>, &[u8])]) {
+        let w = vec![1u8; 10 * 256];
+        let s32 = [2u8; 10 * 8];
+        let mut tensors = vec![
+            ("e.w", "F8_E4M3", vec![10, 256], &w[..]),
+            ("e.s", "F32", vec![10, 2], &s32[..]),
+        ];
+        tensors.extend(more.iter().cloned());
+        write_safetensors(p, &tensors).expect("write");
+    }
+
     #[test]
     fn safetensors_shapes_and_dtypes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("m.safetensors");
-        let w = vec![1u8; 10 * 256];
         let s32 = vec![2u8; 10 * 8];
-        write_safetensors(
+        write_table(
             &p,
             &[
-                ("e.w", "F8_E4M3", vec![10, 256], &w),
-                ("e.s", "F32", vec![10, 2], &s32),
                 ("e.d", "F64", vec![10], &s32),
                 ("e.u", "U8", vec![10, 8], &s32),
                 ("e.bad", "F32", vec![9, 2], &s32[..72]),
             ],
-        )
-        .expect("write");
+        );
         let t = TableSource::safetensors(&p, "e.w", "e.s").expect("f32 scales");
         assert_eq!(
             (t.rows, t.geometry, t.scale_format),
@@ -399,17 +407,7 @@ mod tests {
         assert!(TableSource::safetensors(&p, "a", "b").is_err());
         // Bytes that disagree with the shape, in a tensor other than the
         // ones asked for: the whole header is checked, the culprit named.
-        let w = vec![1u8; 10 * 256];
-        let s32 = vec![2u8; 10 * 8];
-        write_safetensors(
-            &p,
-            &[
-                ("e.w", "F8_E4M3", vec![10, 256], &w),
-                ("e.s", "F32", vec![10, 2], &s32),
-                ("other", "F32", vec![3], &s32[..8]),
-            ],
-        )
-        .expect("write");
+        write_table(&p, &[("other", "F32", vec![3], &[0u8; 8])]);
         let e = TableSource::safetensors(&p, "e.w", "e.s").expect_err("bad entry");
         assert!(
             e.to_string()
