@@ -8,6 +8,7 @@
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use flashtier_io::RegionMemory;
+use flashtier_io::measure::median;
 
 use crate::context::Gpu;
 use crate::error::CudaError;
@@ -116,12 +117,5 @@ pub fn d2d_bytes_per_s(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, Cuda
         let secs = timer.stop(stream)?;
         rates.push(2.0 * bytes as f64 / secs);
     }
-    Ok(median(&mut rates))
-}
-
-/// Median of `v` (sorted in place); 0 for an empty slice.
-#[must_use]
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    Ok(median(&rates))
 }

@@ -13,10 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flashtier_format::Dtype;
+use flashtier_format::widen::to_f32;
 use flashtier_io::{AlignedBuf, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile};
 
 use crate::error::EngineError;
-use crate::matrix::to_f32;
 use crate::source::{CheckpointFiles, TensorInfo};
 
 /// Reader threads of the default backend for weight loads.

@@ -1,5 +1,5 @@
 //! The engine's side of the expert tier, shared by every device: where an
-//! expert's three matrices sit inside a packed record ([`RecordLayout`],
+//! expert's three matrices sit inside a packed record ([`ExpertRecordLayout`],
 //! checked against the config), the counters a tier reports
 //! ([`ExpertStats`]), and how a store is opened as a pool
 //! ([`StreamOptions`], [`open_pool`]), and how a device's tier takes the
@@ -118,9 +118,10 @@ pub struct ExpertView<'a> {
 }
 
 /// Where gate, up and down (and FP8 block scales) sit in a store's record,
-/// checked against the model's config.
+/// checked against the model's config: read from the store's
+/// [`flashtier_format::RecordLayout`], the list of every tensor of a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordLayout {
+pub struct ExpertRecordLayout {
     /// Gate, up, down.
     pub matrices: [Span; 3],
     /// Element type of the three matrices (BF16, F16, F32 or F8 E4M3).
@@ -133,7 +134,7 @@ pub struct RecordLayout {
     pub intermediate: usize,
 }
 
-impl RecordLayout {
+impl ExpertRecordLayout {
     /// Read the layout from a store's manifest tensors: gate/up `[I, H]`,
     /// down `[H, I]`, one dtype among BF16/F16/F32 without scales, or FP8
     /// E4M3 with each matrix's F32 block scales in `cfg.fp8_block` blocks.
@@ -296,7 +297,7 @@ pub fn open_pool(
     cfg: &ModelConfig,
     opts: StreamOptions,
     backend: Arc<dyn StorageBackend>,
-) -> Result<(ExpertPool, RecordLayout), EngineError> {
+) -> Result<(ExpertPool, ExpertRecordLayout), EngineError> {
     let stores = StoreSet::open(store, opts.backing == Backing::Mapped)?;
     let config = PoolConfig {
         backing: opts.backing,
@@ -304,7 +305,7 @@ pub fn open_pool(
         ..PoolConfig::default()
     };
     let pool = ExpertPool::new(stores, backend, config)?;
-    let layout = RecordLayout::of_store(store, &pool, cfg)?;
+    let layout = ExpertRecordLayout::of_store(store, &pool, cfg)?;
     Ok((pool, layout))
 }
 

@@ -11,6 +11,7 @@
 
 use flashtier_format::Dtype;
 use flashtier_format::fp8::e4m3_to_f32;
+use flashtier_format::widen::to_f32;
 use flashtier_io::AlignedBuf;
 
 use crate::error::EngineError;
@@ -37,29 +38,6 @@ pub fn block_scale(scales: &[u8], row_block: usize, col_block: usize, per_row: u
     scales
         .get(at..at + 4)
         .map_or(f32::NAN, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// Decode little-endian `dtype` elements to f32 (exact for BF16, F16 and
-/// FP8 codes, unscaled; U8 as its value).
-pub fn to_f32(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    match dtype {
-        Dtype::F8E4M3 => bytes.iter().map(|&c| e4m3_to_f32(c)).collect(),
-        Dtype::U8 => bytes.iter().map(|&c| f32::from(c)).collect(),
-        Dtype::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect(),
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        // A dtype this engine does not know: NaN, never a plausible value.
-        _ => vec![f32::NAN; bytes.len()],
-    }
 }
 
 /// A row-major weight matrix, borrowed, in its stored element type.

@@ -2,10 +2,12 @@
 //! or shards listed by `model.safetensors.index.json`.
 //!
 //! Each safetensors header (an 8-byte little-endian length, then that many
-//! bytes of JSON) is parsed here ([`header`]), without mapping the file:
-//! header length at most [`MAX_HEADER_BYTES`], every tensor's `data_offsets`
-//! inside the file, its length equal to shape times element size for the
-//! dtypes whose size is known, and the tensors tiling the data section
+//! bytes of JSON) is read here, without mapping the file, and parsed by
+//! [`flashtier_format::safetensors`] (the parser the row store's table
+//! sources share): header length at most its `MAX_HEADER_BYTES` (the
+//! reference reader's bound), every tensor's `data_offsets` inside the file,
+//! its length equal to shape times element size for the dtypes whose size is
+//! known. Here ([`header`]) the tensors must also tile the data section
 //! exactly (below). Tensor bytes are then read with positional reads into
 //! the caller's buffer, so the reader holds no more than the headers in
 //! memory: buffered ([`CheckpointFiles::read_tensor`]) or direct, bypassing the
@@ -63,10 +65,6 @@ pub use text_part::{WRAPPER_TEXT_PREFIX, WRAPPER_TEXT_SCOPE};
 
 pub use error::CheckpointError;
 use header::open_weight_file;
-
-/// Largest safetensors header accepted (the JSON of a big checkpoint shard is
-/// a few MB).
-pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 
 /// One tensor of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,19 +136,6 @@ pub struct CheckpointFiles {
     files: Arc<Vec<WeightFile>>,
     tensors: BTreeMap<String, TensorInfo>,
 }
-
-/// Bytes per element of a safetensors dtype, when fixed-size.
-#[must_use]
-pub fn dtype_size_bytes(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => 1,
-        "BF16" | "F16" | "I16" | "U16" => 2,
-        "F32" | "I32" | "U32" => 4,
-        "F64" | "I64" | "U64" => 8,
-        _ => return None,
-    })
-}
-
 fn io_err(path: &Path, offset: u64, len: u64) -> impl FnOnce(std::io::Error) -> CheckpointError {
     let path = path.to_path_buf();
     move |source| CheckpointError::Io {

@@ -35,8 +35,11 @@ mod le;
 pub mod manifest;
 pub mod regular;
 pub mod row_shard;
+pub mod safetensors;
+pub mod splitmix;
 pub mod store;
 pub mod text;
+pub mod widen;
 
 pub use checksum::{ChecksumAlgo, Xxh3Stream, xxh3_64};
 pub use error::FormatError;

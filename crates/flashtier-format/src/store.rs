@@ -140,7 +140,7 @@ impl Store {
         let manifest = Manifest::from_bytes(path, &manifest_bytes)?;
         manifest.check_against(path, &header)?;
         // The header fixed the table length at 8 * record_count.
-        let checksums = decode_table(&table).unwrap_or_default();
+        let checksums = decode_table(&table);
         let index = manifest
             .keys
             .iter()

@@ -41,6 +41,7 @@ pub mod file;
 pub mod loadgen;
 pub mod locked;
 pub mod mapped;
+pub mod measure;
 pub mod open;
 pub mod posix;
 pub mod probe;

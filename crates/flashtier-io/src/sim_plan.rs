@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use flashtier_format::splitmix::splitmix64;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -206,17 +207,10 @@ pub(crate) struct Planner {
     pub(crate) any_matched: AtomicU64,
 }
 
-pub(crate) fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 impl Planner {
     pub(crate) fn decide(&self, is_write: bool, offset: u64, len: usize) -> Decision {
         let op = self.ops.fetch_add(1, Ordering::Relaxed);
-        let rng_seed = splitmix(self.seed ^ splitmix(op));
+        let rng_seed = splitmix64(self.seed ^ splitmix64(op));
         let mut rng = SmallRng::seed_from_u64(rng_seed);
         let p = &self.plan;
         let mut d = Decision {

@@ -302,7 +302,7 @@ impl DecodeKernels {
                 rates.push((words * 16) as f64 / secs);
             }
         }
-        Ok(crate::measure::median(&mut rates))
+        Ok(flashtier_io::measure::median(&rates))
     }
 }
 

@@ -132,8 +132,9 @@ fn arch_of(c: &Fields<'_>) -> Result<Arch, EngineError> {
     }
 }
 
-/// `num_hidden_layers`: positive and at most [`bounds::MAX_LAYERS`].
-fn layer_count(c: &Fields<'_>) -> Result<usize, EngineError> {
+/// `num_hidden_layers`: positive and at most [`bounds::MAX_LAYERS`] (every
+/// family's config, Qwen4-Exp's included).
+pub(super) fn layer_count(c: &Fields<'_>) -> Result<usize, EngineError> {
     let num_layers = c.positive("num_hidden_layers")?;
     if num_layers > bounds::MAX_LAYERS {
         return Err(EngineError::config(

@@ -136,3 +136,23 @@ pub enum CheckpointError {
         len_bytes: u64,
     },
 }
+
+/// A header the shared parser refuses: malformed JSON as [`CheckpointError::Json`],
+/// anything else as [`CheckpointError::BadTensor`] (`<header>` for the
+/// length word or the JSON as a whole).
+impl From<flashtier_format::safetensors::SafetensorsError> for CheckpointError {
+    fn from(e: flashtier_format::safetensors::SafetensorsError) -> Self {
+        use flashtier_format::safetensors::HeaderFault;
+        match e.fault {
+            HeaderFault::Json(_) => Self::Json {
+                path: e.path,
+                what: e.fault.to_string(),
+            },
+            _ => Self::BadTensor {
+                path: e.path,
+                tensor: e.tensor.unwrap_or_else(|| "<header>".into()),
+                why: e.fault.to_string(),
+            },
+        }
+    }
+}

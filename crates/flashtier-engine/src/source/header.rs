@@ -1,14 +1,14 @@
-//! Parsing one safetensors header without mapping the file, and the rules
-//! its tensors must obey (see the [`crate::source`] docs for the evidence
-//! behind the tiling rule).
+//! Reading one safetensors header without mapping the file (parsed by
+//! [`flashtier_format::safetensors`]), and the tiling rule its tensors must
+//! obey here (see the [`crate::source`] docs for the evidence behind it).
 
 use std::path::Path;
 use std::sync::Mutex;
 
-use flashtier_format::text::{or_overflow, shape as shape_text};
+use flashtier_format::safetensors::{LEN_WORD_BYTES, header_len, parse_header};
 use flashtier_io::{DirectMode, StoreFile};
 
-use super::{CheckpointError, MAX_HEADER_BYTES, TensorInfo, WeightFile, dtype_size_bytes};
+use super::{CheckpointError, TensorInfo, WeightFile};
 
 /// The tensors of one file, in header order.
 pub(super) type Entries = Vec<(String, TensorInfo)>;
@@ -25,37 +25,24 @@ pub(super) fn open_weight_file(
     let len_bytes = file.len_bytes()?;
     let mut len_word = [0u8; 8];
     file.read_exact_at(&mut len_word, 0)?;
-    let header_len = u64::from_le_bytes(len_word);
-    let bad = |why: String| CheckpointError::BadTensor {
-        path: path.clone(),
-        tensor: "<header>".into(),
-        why,
-    };
-    if header_len > MAX_HEADER_BYTES || header_len.saturating_add(8) > len_bytes {
-        return Err(bad(format!(
-            "header length {header_len} exceeds the file ({len_bytes} bytes) or {MAX_HEADER_BYTES}"
-        )));
-    }
-    // Bounded by MAX_HEADER_BYTES just above.
-    let mut header = vec![0u8; 8 + header_len as usize];
+    let json_len = header_len(&path, len_word, len_bytes)?;
+    // Bounded by MAX_HEADER_BYTES in `header_len`.
+    let mut header = vec![0u8; (LEN_WORD_BYTES + json_len) as usize];
     file.read_exact_at(&mut header, 0)?;
-    let json: serde_json::Value =
-        serde_json::from_slice(&header[8..]).map_err(|e| CheckpointError::Json {
-            path: path.clone(),
-            what: format!("safetensors header: {e}"),
-        })?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| bad("header is not a JSON object".into()))?;
-    let data_start = 8 + header_len;
-    let mut entries = Vec::with_capacity(obj.len());
-    for (tname, v) in obj {
-        if tname == "__metadata__" {
-            continue;
-        }
-        let info = parse_entry(&path, tname, v, index, data_start, len_bytes)?;
-        entries.push((tname.clone(), info));
-    }
+    let entries: Entries = parse_header(&path, &header[LEN_WORD_BYTES as usize..], len_bytes)?
+        .into_iter()
+        .map(|t| {
+            let info = TensorInfo {
+                file: index,
+                dtype: t.dtype,
+                shape: t.shape,
+                offset: t.offset,
+                len_bytes: t.len_bytes,
+            };
+            (t.name, info)
+        })
+        .collect();
+    let data_start = LEN_WORD_BYTES + json_len;
     check_tiling(&path, &entries, data_start, len_bytes - data_start)?;
     Ok((
         WeightFile {
@@ -68,67 +55,6 @@ pub(super) fn open_weight_file(
         },
         entries,
     ))
-}
-
-fn parse_entry(
-    path: &Path,
-    tname: &str,
-    v: &serde_json::Value,
-    file: usize,
-    data_start: u64,
-    file_len: u64,
-) -> Result<TensorInfo, CheckpointError> {
-    let bad = |why: String| CheckpointError::BadTensor {
-        path: path.to_path_buf(),
-        tensor: tname.to_string(),
-        why,
-    };
-    let dtype = v
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .ok_or_else(|| bad("no dtype".into()))?;
-    let shape: Vec<u64> = v
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
-        .ok_or_else(|| bad("shape is not a list of integers".into()))?;
-    let offs: Vec<u64> = v
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect())
-        .ok_or_else(|| bad("data_offsets is not a list of integers".into()))?;
-    let [begin, end] = offs[..] else {
-        return Err(bad(format!(
-            "data_offsets has {} entries, not 2",
-            offs.len()
-        )));
-    };
-    let abs_end = data_start
-        .checked_add(end)
-        .filter(|&e| e <= file_len && begin <= end);
-    if abs_end.is_none() {
-        return Err(bad(format!(
-            "data_offsets [{begin}, {end}] outside the file ({file_len} bytes, data from {data_start})"
-        )));
-    }
-    let len_bytes = end - begin;
-    if let Some(size) = dtype_size_bytes(dtype) {
-        let want = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
-        if want != Some(len_bytes) {
-            let need = or_overflow(want);
-            return Err(bad(format!(
-                "{len_bytes} bytes, but shape {} of {dtype} needs {need}",
-                shape_text(&shape)
-            )));
-        }
-    }
-    Ok(TensorInfo {
-        file,
-        dtype: dtype.to_string(),
-        shape,
-        offset: data_start + begin,
-        len_bytes,
-    })
 }
 
 /// The tensors of one file tile its data section (`data_len` bytes from

@@ -1,12 +1,13 @@
 //! The seal of a shard's row blocks: one xxh3-64 per 4096-byte block in a
 //! table after the blocks, the table itself checked by the header's
 //! `checksums_xxh3`. A block is verified before any byte of it is served.
+//! The table is the store's checksum table ([`crate::checksum::encode_table`]),
+//! zero-padded to a whole block.
 
 use std::path::Path;
 
 use super::{ROW_SHARD_BLOCK_BYTES, RowShardError, RowShardHeader};
-use crate::checksum::xxh3_64;
-use crate::le::get_u64;
+use crate::checksum::{decode_table, encode_table, xxh3_64};
 
 /// xxh3-64 of one row block, as stored in the checksum table.
 #[must_use]
@@ -34,7 +35,7 @@ impl RowShardHeader {
                 computed,
             });
         }
-        Ok(table.chunks_exact(8).map(|c| get_u64(c, 0)).collect())
+        Ok(decode_table(table))
     }
 
     /// Check one block read from the file against its stored checksum.
@@ -60,20 +61,18 @@ impl RowShardHeader {
     }
 }
 
-/// Encode a checksum table (one u64 LE per block), padded to 4096 bytes.
+/// Encode a checksum table (one u64 LE per block), zero-padded to a whole
+/// number of blocks.
 #[must_use]
 pub fn encode_checksums(sums: &[u64]) -> Vec<u8> {
-    let mut b = Vec::with_capacity((sums.len() * 8).div_ceil(4096) * 4096);
-    for s in sums {
-        b.extend_from_slice(&s.to_le_bytes());
-    }
-    b.resize(b.len().div_ceil(4096) * 4096, 0);
+    let mut b = encode_table(sums);
+    let block = ROW_SHARD_BLOCK_BYTES as usize;
+    b.resize(b.len().div_ceil(block) * block, 0);
     b
 }
 
 /// xxh3-64 of the unpadded checksum table, for `checksums_xxh3`.
 #[must_use]
 pub fn checksums_digest(sums: &[u64]) -> u64 {
-    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
-    xxh3_64(&bytes)
+    xxh3_64(&encode_table(sums))
 }

@@ -16,13 +16,12 @@
 
 use std::path::{Path, PathBuf};
 
-use flashtier_format::fp8::e4m3_to_f32;
+use flashtier_format::widen::to_f32;
 use flashtier_format::{
     Dtype, MAGIC, Manifest, RecordLayout, Store, StoreKind, StoreWriterPlan, TensorLayout,
 };
 use flashtier_io::persist::{Existing, FileKind, Output, PersistError, Wait, refuse_inputs};
 use flashtier_io::{DirectMode, StoreFile};
-use half::{bf16, f16};
 
 use super::lowbit::{
     LowbitError, LowbitSpec, QuantError, TENSOR_ALIGN_BYTES, dequantize, quantize,
@@ -184,25 +183,6 @@ pub fn companion_layout(source: &RecordLayout, spec: LowbitSpec) -> RecordLayout
     }
 }
 
-fn decode(t: &TensorLayout, bytes: &[u8]) -> Vec<f32> {
-    match t.dtype {
-        Dtype::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F8E4M3 => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
-        _ => Vec::new(),
-    }
-}
-
 fn slice<'a>(buf: &'a [u8], t: &TensorLayout) -> Result<&'a [u8], LowbitError> {
     let (o, l) = (t.offset as usize, t.len_bytes as usize);
     buf.get(o..o + l)
@@ -234,7 +214,7 @@ pub fn quantize_record(
             slice_mut(out, d)?.copy_from_slice(bytes);
             continue;
         }
-        let values = decode(t, bytes);
+        let values = to_f32(bytes, t.dtype);
         let q = quantize(&t.name, &values, spec)?;
         error.add(&values, &dequantize(&q, values.len(), spec));
         let mins: Vec<u8> = q.mins.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -34,6 +34,8 @@
 
 use std::cell::Cell;
 
+use flashtier_format::widen::bf16_to_f32;
+
 use super::{AttentionDims, AttentionError, KvTile};
 
 /// Runs the fold of each task (a group of sequences x one kv head) of
@@ -157,11 +159,11 @@ where
     (bytemuck::cast_slice_mut(body), rest)
 }
 
-/// One BF16 (little-endian bytes) as f32 (exact).
+/// One BF16 (little-endian bytes) as f32 (exact; the shift that
+/// vectorises, see [`bf16_to_f32`]).
 #[inline(always)]
 fn widen(b: &[u8]) -> f32 {
-    let bits = u16::from_le_bytes([b[0], b[1]]);
-    f32::from_bits(u32::from(bits) << 16)
+    bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
 /// A row of BF16 bytes to f32.

@@ -22,11 +22,10 @@ use flashtier_io::blocks::{
     BatchId, BlockPath, BlockSpan, SlotPool, write_block, write_blocks_run, write_span,
 };
 use flashtier_io::persist::{Output, Wait};
-use flashtier_io::{
-    AlignedBuf, DirectMode, IoError, Landing, LandingRegion, ReadReq, StorageBackend, StoreFile,
-};
+use flashtier_io::{AlignedBuf, DirectMode, IoError, LandingRegion, StorageBackend, StoreFile};
 
 use super::existing::check_replaceable;
+use crate::verify::read_extent;
 
 pub use super::error::KvError;
 
@@ -201,7 +200,7 @@ impl KvSwap {
     ) -> Result<Self, KvError> {
         let file = StoreFile::open_rw(path, opts.direct, false)?;
         file.lock_exclusive()?;
-        let page = read_host(backend.as_ref(), &file, 0, KV_HEADER_BYTES)?;
+        let page = read_extent(backend.as_ref(), &file, 0, KV_HEADER_BYTES)?;
         let fmt_err = |source| KvError::Format {
             path: path.display().to_string(),
             source,
@@ -225,7 +224,7 @@ impl KvSwap {
             }));
         }
         let ext = layout.table_extent();
-        let raw = read_host(
+        let raw = read_extent(
             backend.as_ref(),
             &file,
             ext.offset,
@@ -487,24 +486,4 @@ pub(super) fn to_usize(x: u64) -> Result<usize, KvError> {
 
 fn table_len(layout: &GroupLayout) -> Result<usize, KvError> {
     to_usize(layout.blocks_total())
-}
-
-fn read_host(
-    backend: &dyn StorageBackend,
-    file: &Arc<StoreFile>,
-    offset: u64,
-    len: usize,
-) -> Result<AlignedBuf, KvError> {
-    let req = ReadReq {
-        file: file.clone(),
-        offset,
-        len,
-        landing: Landing::Host(AlignedBuf::zeroed(len)),
-        tag: 0,
-    };
-    let mut landed = backend.read(vec![req])?;
-    landed
-        .pop()
-        .and_then(|l| l.buf)
-        .ok_or_else(|| KvError::Invalid("backend returned no buffer".into()))
 }

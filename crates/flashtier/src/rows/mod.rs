@@ -60,7 +60,7 @@ pub use cache::RowCache;
 pub use config::RowStoreConfig;
 pub use error::RowError;
 pub use fp8::ScaleFormat;
-pub use ngram::{NgramHashConfig, NgramHasher};
+pub use ngram::{EngramHashConfig, EngramHasher};
 pub use pool::{InlineBackend, RowPool};
 pub use source::TableSource;
 pub use store::{RowPrefetch, RowStats, RowStore};

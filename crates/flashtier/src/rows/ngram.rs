@@ -2,7 +2,7 @@
 //! n-grams that end at each position (orders 2 and 3).
 //!
 //! For every order `n` and head `k` there is one table of `M[n][k]` rows
-//! (moduli; distinct primes work best, see [`NgramHashConfig::with_primes`]).
+//! (moduli; distinct primes work best, see [`EngramHashConfig::with_primes`]).
 //! The tables are laid out back to back in one row store, in order-major
 //! order, so table `(n, k)` starts at the sum of the moduli before it. The
 //! n-gram `(t[i-n+1], ..., t[i])` maps into table `(n, k)` by a
@@ -15,6 +15,8 @@
 //! Per position the ids come out order-major, head-minor:
 //! `[(2,0), (2,1), ..., (3,0), (3,1), ...]`, `ids_per_token()` of them.
 
+use flashtier_format::splitmix::splitmix64_next;
+
 use crate::rows::RowError;
 
 /// Lowest supported n-gram order.
@@ -26,7 +28,7 @@ pub const MAX_HEADS: usize = 64;
 
 /// The hashing scheme of one Engram layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NgramHashConfig {
+pub struct EngramHashConfig {
     /// The n-gram orders, each in 2..=3, strictly increasing.
     pub orders: Vec<usize>,
     /// Heads per order (1..=64).
@@ -39,55 +41,54 @@ pub struct NgramHashConfig {
     pub pad_token: u64,
 }
 
-impl NgramHashConfig {
+impl EngramHashConfig {
     /// Orders 2 and 3, `heads` heads each, table sizes the distinct primes
     /// at or above `base_rows` (the Engram paper uses prime-sized tables).
     #[must_use]
     pub fn with_primes(heads: usize, base_rows: u64, seed: u64) -> Self {
-        let mut moduli = Vec::with_capacity(2 * heads);
-        let mut next = base_rows.max(2);
-        for _ in 0..2 * heads {
-            let p = next_prime(next);
-            moduli.push(p);
-            next = p + 1;
-        }
         Self {
             orders: vec![2, 3],
             heads,
-            moduli,
+            moduli: primes_from(base_rows, 2 * heads),
             seed,
             pad_token: 0,
         }
     }
 }
 
-fn is_prime(n: u64) -> bool {
+/// Whether `n` is prime (trial division by odd numbers up to its root).
+/// The hashed n-gram tables are prime-sized: Engram's here, Qwen4-Exp's PLE
+/// heads in `flashtier_engine::family::qwen4::ngram`.
+#[must_use]
+pub fn is_prime(n: u64) -> bool {
     if n < 2 {
         return false;
     }
-    let mut d = 2u64;
+    if n % 2 == 0 {
+        return n == 2;
+    }
+    let mut d = 3u64;
     while d.saturating_mul(d) <= n {
         if n % d == 0 {
             return false;
         }
-        d += 1;
+        d += 2;
     }
     true
 }
 
-fn next_prime(mut n: u64) -> u64 {
-    while !is_prime(n) {
-        n += 1;
+/// The first `count` primes at or above `base`, ascending.
+#[must_use]
+pub fn primes_from(base: u64, count: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(count);
+    let mut p = base;
+    while out.len() < count {
+        if is_prime(p) {
+            out.push(p);
+        }
+        p += 1;
     }
-    n
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    out
 }
 
 fn finalise(mut h: u64) -> u64 {
@@ -98,10 +99,11 @@ fn finalise(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-/// Maps token histories to row ids.
+/// Engram's addressing: token histories to the row ids of its hashed
+/// tables (not Qwen4-Exp's PLE ids, `flashtier_engine`'s `PleNgramHasher`).
 #[derive(Clone, Debug)]
-pub struct NgramHasher {
-    config: NgramHashConfig,
+pub struct EngramHasher {
+    config: EngramHashConfig,
     /// First row of each table.
     bases: Vec<u64>,
     /// `MAX_ORDER` multipliers per table.
@@ -109,9 +111,9 @@ pub struct NgramHasher {
     total_rows: u64,
 }
 
-impl NgramHasher {
+impl EngramHasher {
     /// Validate `config` and derive the multipliers.
-    pub fn new(config: NgramHashConfig) -> Result<Self, RowError> {
+    pub fn new(config: EngramHashConfig) -> Result<Self, RowError> {
         let bad = |m: String| Err(RowError::Config(m));
         if config.orders.is_empty()
             || config
@@ -145,7 +147,7 @@ impl NgramHasher {
         }
         let mut state = config.seed;
         let multipliers = (0..tables)
-            .map(|_| std::array::from_fn(|_| splitmix(&mut state) | 1))
+            .map(|_| std::array::from_fn(|_| splitmix64_next(&mut state) | 1))
             .collect();
         Ok(Self {
             config,
@@ -169,7 +171,7 @@ impl NgramHasher {
 
     /// The configuration.
     #[must_use]
-    pub fn config(&self) -> &NgramHashConfig {
+    pub fn config(&self) -> &EngramHashConfig {
         &self.config
     }
 
@@ -219,39 +221,55 @@ mod tests {
 
     #[test]
     fn layout_and_determinism() {
-        let cfg = NgramHashConfig::with_primes(4, 1000, 11);
+        let cfg = EngramHashConfig::with_primes(4, 1000, 11);
         assert_eq!(cfg.moduli.len(), 8);
         assert!(cfg.moduli.iter().all(|&m| is_prime(m) && m >= 1000));
-        let h = NgramHasher::new(cfg.clone()).expect("valid");
+        let h = EngramHasher::new(cfg.clone()).expect("valid");
         let toks = [5u64, 9, 12, 5, 9, 12];
         let ids = h.ids(&toks);
         assert_eq!(ids.len(), 6 * 8);
-        assert_eq!(ids, NgramHasher::new(cfg).expect("valid").ids(&toks));
+        assert_eq!(ids, EngramHasher::new(cfg).expect("valid").ids(&toks));
         // The same trigram at positions 2 and 5 gives the same ids.
         assert_eq!(&ids[2 * 8..3 * 8], &ids[5 * 8..6 * 8]);
         // Another seed hashes differently.
-        let other = NgramHasher::new(NgramHashConfig::with_primes(4, 1000, 12)).expect("valid");
+        let other = EngramHasher::new(EngramHashConfig::with_primes(4, 1000, 12)).expect("valid");
         assert_ne!(ids, other.ids(&toks));
     }
 
     #[test]
+    fn primes_match_their_definition() {
+        assert!(is_prime(2) && is_prime(101) && is_prime(1_000_000_007));
+        assert!(!is_prime(0) && !is_prime(1) && !is_prime(100) && !is_prime(1_000_000_007 * 3));
+        assert_eq!(primes_from(100, 4), [101, 103, 107, 109]);
+        assert_eq!(primes_from(0, 3), [2, 3, 5]);
+        assert_eq!(EngramHashConfig::with_primes(2, 0, 0).moduli, [2, 3, 5, 7]);
+    }
+
+    #[test]
     fn bad_configs_rejected() {
-        let mut c = NgramHashConfig::with_primes(2, 10, 0);
+        let mut c = EngramHashConfig::with_primes(2, 10, 0);
         c.orders = vec![1, 2];
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.orders = vec![3, 2];
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.orders = vec![2, 3];
         c.moduli.pop();
-        assert!(NgramHasher::new(c.clone()).is_err());
+        assert!(EngramHasher::new(c.clone()).is_err());
         c.moduli.push(0);
-        assert!(NgramHasher::new(c).is_err());
+        assert!(EngramHasher::new(c).is_err());
     }
 
     proptest! {
+        /// Trial division agrees with a sieve below 5000.
+        #[test]
+        fn is_prime_agrees_with_a_sieve(n in 0u64..5000) {
+            let composite = (2..n).any(|d| n % d == 0);
+            prop_assert_eq!(is_prime(n), n >= 2 && !composite);
+        }
+
         #[test]
         fn ids_land_in_their_own_table(toks in proptest::collection::vec(any::<u64>(), 1..40), heads in 1usize..5, base in 1u64..500, seed in any::<u64>()) {
-            let h = NgramHasher::new(NgramHashConfig::with_primes(heads, base, seed)).expect("valid");
+            let h = EngramHasher::new(EngramHashConfig::with_primes(heads, base, seed)).expect("valid");
             let ids = h.ids(&toks);
             prop_assert_eq!(ids.len(), toks.len() * h.ids_per_token());
             for (i, id) in ids.iter().enumerate() {

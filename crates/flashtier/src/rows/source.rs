@@ -22,19 +22,18 @@
 //!   values as stored and no scale bytes. In a
 //!   directory, `model.safetensors.index.json` names the file of each tensor
 //!   when present; otherwise every `*.safetensors` header is searched. The
-//!   8-byte length and JSON header are parsed here (headers over 100 MiB are
-//!   refused), and the tensor's bytes must lie inside the file.
+//!   8-byte length and JSON header are parsed by
+//!   [`flashtier_format::safetensors`] (the checkpoint reader's parser too:
+//!   headers over its `MAX_HEADER_BYTES` are refused, every entry's bytes
+//!   must lie inside the file and match its shape and dtype).
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use flashtier_format::safetensors::{self, SafetensorsError};
 use flashtier_format::text::{or_overflow, shape};
 
 use crate::rows::{RowError, RowGeometry, ScaleFormat};
-
-/// Largest safetensors JSON header accepted.
-pub const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 /// One extent of a source: a file and the offset of row 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,9 +161,9 @@ impl TableSource {
             scale_bytes: u32::try_from(scale_bytes)
                 .map_err(|_| source_err(&s.path, "scale too wide"))?,
         };
+        // Each tensor's length matches its shape and dtype (checked with the
+        // header), so the extents hold `rows` rows of this geometry.
         geometry.validate()?;
-        check_len(&w, rows.checked_mul(weight_bytes))?;
-        check_len(&s, rows.checked_mul(scale_bytes))?;
         let src = Self {
             rows,
             geometry,
@@ -211,7 +210,6 @@ impl TableSource {
             scale_bytes: 0,
         };
         geometry.validate()?;
-        check_len(&w, rows.checked_mul(u64::from(geometry.weight_bytes)))?;
         let extent = SourceExtent {
             path: w.path.clone(),
             offset: w.begin,
@@ -228,32 +226,14 @@ impl TableSource {
     }
 }
 
-/// `t` holds exactly `want` bytes.
-fn check_len(t: &TensorInfo, want: Option<u64>) -> Result<(), RowError> {
-    if Some(t.end - t.begin) == want {
-        return Ok(());
-    }
-    Err(source_err(
-        &t.path,
-        format!(
-            "tensor {} holds {} bytes, its shape needs {}",
-            t.name,
-            t.end - t.begin,
-            or_overflow(want)
-        ),
-    ))
-}
-
 /// A tensor located in a safetensors file.
 #[derive(Clone, Debug)]
 struct TensorInfo {
-    name: String,
     path: PathBuf,
     dtype: String,
     shape: Vec<u64>,
-    /// Absolute file offsets of the tensor's bytes.
+    /// Absolute file offset of the tensor's bytes.
     begin: u64,
-    end: u64,
 }
 
 fn find_tensor(model: &Path, name: &str) -> Result<TensorInfo, RowError> {
@@ -301,66 +281,40 @@ fn find_tensor(model: &Path, name: &str) -> Result<TensorInfo, RowError> {
     ))
 }
 
-/// Parse the header of `path` and return `name`'s entry, if present.
+/// Parse the header of `path` ([`flashtier_format::safetensors`]: every
+/// entry checked) and return `name`'s entry, if present.
 fn read_tensor(path: &Path, name: &str) -> Result<Option<TensorInfo>, RowError> {
     let err = |w: String| source_err(path, w);
     // A FIFO or device is refused before it is opened (never blocks).
     let mut f = flashtier_format::open_regular_read(path).map_err(|e| err(e.reason()))?;
     let file_bytes = f.metadata().map_err(|e| err(e.to_string()))?.len();
-    let mut len8 = [0u8; 8];
-    f.read_exact(&mut len8)
+    let mut len_word = [0u8; 8];
+    f.read_exact(&mut len_word)
         .map_err(|e| err(format!("no safetensors header: {e}")))?;
-    let n = u64::from_le_bytes(len8);
-    if n > MAX_HEADER_BYTES || n.saturating_add(8) > file_bytes {
-        return Err(err(format!(
-            "safetensors header length {n} is invalid for a {file_bytes}-byte file"
-        )));
-    }
+    let n = safetensors::header_len(path, len_word, file_bytes).map_err(header_err)?;
+    // Bounded by MAX_HEADER_BYTES in `header_len`.
     let mut json = vec![0u8; n as usize];
     f.read_exact(&mut json)
         .map_err(|e| err(format!("read header: {e}")))?;
-    let map: HashMap<String, serde_json::Value> =
-        serde_json::from_slice(&json).map_err(|e| err(format!("bad header JSON: {e}")))?;
-    let Some(entry) = map.get(name) else {
-        return Ok(None);
+    let tensors = safetensors::parse_header(path, &json, file_bytes).map_err(header_err)?;
+    Ok(tensors
+        .into_iter()
+        .find(|t| t.name == name)
+        .map(|t| TensorInfo {
+            path: path.to_path_buf(),
+            dtype: t.dtype,
+            shape: t.shape,
+            begin: t.offset,
+        }))
+}
+
+/// A header the shared parser refused, as this tier's error.
+fn header_err(e: SafetensorsError) -> RowError {
+    let what = match &e.tensor {
+        Some(t) => format!("tensor {t}: {}", e.fault),
+        None => e.fault.to_string(),
     };
-    let dtype = entry
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .unwrap_or_default()
-        .to_string();
-    let shape: Option<Vec<u64>> = entry
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
-    let offs: Option<Vec<u64>> = entry
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
-    let (Some(shape), Some(offs)) = (shape, offs) else {
-        return Err(err(format!("tensor {name} lacks shape or data_offsets")));
-    };
-    let data = 8 + n;
-    let [b, e] = offs.as_slice() else {
-        return Err(err(format!(
-            "tensor {name}: data_offsets has {} entries, not 2",
-            offs.len()
-        )));
-    };
-    let (begin, end) = (data.saturating_add(*b), data.saturating_add(*e));
-    if b > e || end > file_bytes {
-        return Err(err(format!(
-            "tensor {name}: bytes [{begin}, {end}) outside the {file_bytes}-byte file"
-        )));
-    }
-    Ok(Some(TensorInfo {
-        name: name.to_string(),
-        path: path.to_path_buf(),
-        dtype,
-        shape,
-        begin,
-        end,
-    }))
+    RowError::Source { path: e.path, what }
 }
 
 /// Write a safetensors file of the given tensors (`name`, dtype, shape,
@@ -395,23 +349,31 @@ pub fn write_safetensors(
 mod tests {
     use super::*;
 
+    /// An Engram table of 10 rows (`e.w`, `e.s`) and `more` tensors.
+    fn write_table(p: &Path, more: &[(&str, &str, Vec<u64>, &[u8])]) {
+        let w = vec![1u8; 10 * 256];
+        let s32 = [2u8; 10 * 8];
+        let mut tensors = vec![
+            ("e.w", "F8_E4M3", vec![10, 256], &w[..]),
+            ("e.s", "F32", vec![10, 2], &s32[..]),
+        ];
+        tensors.extend(more.iter().cloned());
+        write_safetensors(p, &tensors).expect("write");
+    }
+
     #[test]
     fn safetensors_shapes_and_dtypes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("m.safetensors");
-        let w = vec![1u8; 10 * 256];
         let s32 = vec![2u8; 10 * 8];
-        write_safetensors(
+        write_table(
             &p,
             &[
-                ("e.w", "F8_E4M3", vec![10, 256], &w),
-                ("e.s", "F32", vec![10, 2], &s32),
                 ("e.d", "F64", vec![10], &s32),
                 ("e.u", "U8", vec![10, 8], &s32),
                 ("e.bad", "F32", vec![9, 2], &s32[..72]),
             ],
-        )
-        .expect("write");
+        );
         let t = TableSource::safetensors(&p, "e.w", "e.s").expect("f32 scales");
         assert_eq!(
             (t.rows, t.geometry, t.scale_format),
@@ -443,6 +405,15 @@ mod tests {
         assert!(TableSource::safetensors(&p, "a", "b").is_err());
         std::fs::write(&p, [4u8, 0, 0, 0, 0, 0, 0, 0, b'{', b'x', b'}', b' ']).expect("write");
         assert!(TableSource::safetensors(&p, "a", "b").is_err());
+        // Bytes that disagree with the shape, in a tensor other than the
+        // ones asked for: the whole header is checked, the culprit named.
+        write_table(&p, &[("other", "F32", vec![3], &[0u8; 8])]);
+        let e = TableSource::safetensors(&p, "e.w", "e.s").expect_err("bad entry");
+        assert!(
+            e.to_string()
+                .contains("tensor other: 8 bytes, but shape 3 of F32 needs 12"),
+            "{e}"
+        );
     }
 
     /// A FIFO among a directory's safetensors files is refused at once

@@ -8,7 +8,7 @@ use flashtier::experts::trace::RoutingTrace;
 use flashtier::experts::tracegen::TraceFamily;
 use flashtier::experts::{ExpertsError, Precision};
 use flashtier::rows::fp8::dequant_row_f32;
-use flashtier::rows::{NgramHashConfig, NgramHasher, ScaleFormat};
+use flashtier::rows::{EngramHashConfig, EngramHasher, ScaleFormat};
 
 #[test]
 fn parse_errors_show_the_input_as_typed() {
@@ -37,8 +37,8 @@ fn enums_and_lists_are_named_in_words() {
         .expect_err("bad scales")
         .to_string();
     assert!(e.contains("(f32 block scales)"), "{e}");
-    let mut config = NgramHashConfig::with_primes(1, 100, 7);
+    let mut config = EngramHashConfig::with_primes(1, 100, 7);
     config.orders = vec![3, 2];
-    let e = NgramHasher::new(config).expect_err("orders").to_string();
+    let e = EngramHasher::new(config).expect_err("orders").to_string();
     assert!(e.contains("n-gram orders 3, 2: need"), "{e}");
 }

@@ -170,9 +170,10 @@ fn prefetch_warms_what_the_next_lookup_needs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = RowStore::open(table(dir.path(), ROWS), RowStoreConfig::default()).expect("open");
     store.set_range(0, 2000).expect("range");
-    let hasher =
-        flashtier::rows::NgramHasher::new(flashtier::rows::NgramHashConfig::with_primes(4, 300, 9))
-            .expect("hasher");
+    let hasher = flashtier::rows::EngramHasher::new(
+        flashtier::rows::EngramHashConfig::with_primes(4, 300, 9),
+    )
+    .expect("hasher");
     assert!(hasher.total_rows() <= ROWS);
     let ids = hasher.ids(&[17, 4, 99, 17, 4]);
     store.prefetch(&ids).expect("prefetch");

@@ -135,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!(e))?;
     let (chosen_dev, mut run_tps) = rx.recv().context("the engine did not start")?;
     run_tps.sort_by(f64::total_cmp);
-    let run_median = run_tps[run_tps.len() / 2];
+    let run_median = kit::median(&run_tps);
     eprintln!(
         "bench serve on {}: run decodes {run_median:.1} tok/s (median of {:?})",
         chosen_dev.gpu_name.as_deref().unwrap_or(chosen_dev.device),

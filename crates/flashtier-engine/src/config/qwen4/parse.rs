@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::super::bounds;
 use super::super::fields::Fields;
-use super::super::parse::eos_ids;
+use super::super::parse::{eos_ids, layer_count};
 use super::{
     LayerKind, LinearAttn, MAX_HC_COUNT, MAX_NGRAM_HEADS, MAX_NGRAM_SIZE, MAX_NGRAM_VOCAB_BASE,
     Ple, Qsa, Qwen4Config, in_scope,
@@ -25,16 +25,7 @@ pub(super) fn parse_text(
 
 fn text_fields(c: &Fields<'_>, prefix: &str) -> Result<Qwen4Config, EngineError> {
     let hidden_size = c.positive("hidden_size")?;
-    let num_layers = c.positive("num_hidden_layers")?;
-    if num_layers > bounds::MAX_LAYERS {
-        return Err(EngineError::config(
-            "num_hidden_layers",
-            format!(
-                "{num_layers} is over the limit of {} layers",
-                bounds::MAX_LAYERS
-            ),
-        ));
-    }
+    let num_layers = layer_count(c)?;
     let layers = layer_kinds(c, num_layers)?;
     check_supported(c)?;
     let (q_heads, kv_heads, head_dim, rope_dim, rope_theta) = attention(c)?;

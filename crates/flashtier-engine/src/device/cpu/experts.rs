@@ -17,7 +17,7 @@ use flashtier::experts::{Backing, ExpertPool, ExpertsError, Precision};
 
 use crate::device::ExpertTier;
 use crate::error::EngineError;
-use crate::experts::{ExpertStats, ExpertView, PoolTier, RecordLayout, serve_landed};
+use crate::experts::{ExpertRecordLayout, ExpertStats, ExpertView, PoolTier, serve_landed};
 use crate::hint::HintTracker;
 
 /// Records acquired per step of [`PoolExperts::load_all`] (the reads of a
@@ -41,7 +41,7 @@ pub type UseExperts<'f> = dyn FnMut(&[(usize, ExpertView<'_>)]) -> Result<(), En
 /// Experts served from host memory by an [`ExpertPool`].
 pub struct PoolExperts {
     pool: ExpertPool,
-    layout: RecordLayout,
+    layout: ExpertRecordLayout,
     stall_ns: u64,
     /// The engine's guesses for the coming sparse layers (at most
     /// [`MAX_AHEAD`], nearest first once sorted), read behind the next
@@ -64,7 +64,7 @@ impl std::fmt::Debug for PoolExperts {
 
 impl PoolExperts {
     /// Serve `pool`'s records, laid out as `layout` says.
-    pub fn new(pool: ExpertPool, layout: RecordLayout) -> Self {
+    pub fn new(pool: ExpertPool, layout: ExpertRecordLayout) -> Self {
         Self {
             pool,
             layout,
@@ -369,7 +369,7 @@ mod tests {
         };
         let backend = Arc::new(PosixBackend::new(2).expect("posix"));
         let pool = ExpertPool::new(stores, backend, config).expect("pool");
-        let layout = RecordLayout {
+        let layout = ExpertRecordLayout {
             matrices: [0, 16, 32].map(|offset| Span { offset, len: 16 }),
             dtype: Dtype::Bf16,
             fp8: None,

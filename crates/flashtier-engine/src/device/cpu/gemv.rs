@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use flashtier_format::Dtype;
 use flashtier_format::fp8::E4M3_TO_F32;
+use flashtier_format::widen::bf16_to_f32;
 
 use super::isa::Isa;
 use crate::matrix::{MatRef, block_scale};
@@ -91,7 +92,7 @@ impl Widen for Bf16 {
     chunked!(2);
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
-        f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
     }
 }
 

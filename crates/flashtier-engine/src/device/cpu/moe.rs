@@ -200,7 +200,7 @@ mod tests {
     use flashtier_format::Dtype;
 
     use super::*;
-    use crate::experts::{RecordLayout, Span};
+    use crate::experts::{ExpertRecordLayout, Span};
 
     /// Gate and up taken as one matrix give the bits of two products, for
     /// one token and for chunks with every token remainder.
@@ -218,7 +218,7 @@ mod tests {
         let record: Vec<u8> = (0..3 * i * h)
             .flat_map(|_| half::bf16::from_f32(next()).to_le_bytes())
             .collect();
-        let layout = RecordLayout {
+        let layout = ExpertRecordLayout {
             matrices: [0, n, 2 * n].map(|offset| Span { offset, len: n }),
             dtype: Dtype::Bf16,
             fp8: None,

@@ -19,18 +19,13 @@
 //! first), so feeding a prompt at once or token by token gives the same ids.
 //! Tokens must be below the vocabulary (the engine checks them first).
 
-/// splitmix64's increment.
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+use flashtier::rows::ngram::primes_from;
+use flashtier_format::splitmix::{SPLITMIX64_GAMMA, splitmix64};
+
+use crate::config::qwen4::Ple;
+
 /// Spacing of the PLE layers' seeds.
 const LAYER_PRIME: u64 = 10007;
-
-/// One splitmix64 output for state `v`.
-pub fn splitmix64(v: u64) -> u64 {
-    let mut z = v.wrapping_add(GAMMA);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The odd multipliers of PLE layer `rank`, one per n-gram position.
 pub fn layer_multipliers(vocab: u64, ngram_size: usize, rank: u64, seed: u64) -> Vec<u64> {
@@ -39,46 +34,16 @@ pub fn layer_multipliers(vocab: u64, ngram_size: usize, rank: u64, seed: u64) ->
     let base = seed.wrapping_add(LAYER_PRIME.wrapping_mul(rank));
     (0..ngram_size as u64)
         .map(|i| {
-            let v = base.wrapping_add(GAMMA.wrapping_mul(i + 1));
+            let v = base.wrapping_add(SPLITMIX64_GAMMA.wrapping_mul(i + 1));
             2 * (splitmix64(v) % half) + 1
         })
         .collect()
 }
 
-/// Whether `n` is prime (trial division by odd numbers up to its root).
-pub fn is_prime(n: u64) -> bool {
-    if n < 2 {
-        return false;
-    }
-    if n % 2 == 0 {
-        return n == 2;
-    }
-    let mut d = 3u64;
-    while d.saturating_mul(d) <= n {
-        if n % d == 0 {
-            return false;
-        }
-        d += 2;
-    }
-    true
-}
-
-/// The first `count` primes at or above `base`, ascending.
-pub fn primes_from(base: u64, count: usize) -> Vec<u64> {
-    let mut out = Vec::with_capacity(count);
-    let mut p = base;
-    while out.len() < count {
-        if is_prime(p) {
-            out.push(p);
-        }
-        p += 1;
-    }
-    out
-}
-
-/// The n-gram hashing of one PLE layer, with its context.
+/// The n-gram hashing of one PLE layer of Qwen4-Exp, with its context (not
+/// the Engram hash of `flashtier::rows::EngramHasher`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NgramHasher {
+pub struct PleNgramHasher {
     mults: Vec<u64>,
     sizes: Vec<u64>,
     offsets: Vec<u64>,
@@ -91,7 +56,11 @@ pub struct NgramHasher {
     pub(crate) eos_segments: bool,
 }
 
-/// What a [`NgramHasher`] is built from.
+/// The old name, for `crate::synth::qwen4` alone until it moves to its new
+/// crate and names [`PleNgramHasher`]; remove it then.
+pub(crate) use PleNgramHasher as NgramHasher;
+
+/// What a [`PleNgramHasher`] is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct NgramSpec {
     /// Token vocabulary.
@@ -110,7 +79,23 @@ pub struct NgramSpec {
     pub eos: u64,
 }
 
-impl NgramHasher {
+impl NgramSpec {
+    /// The spec a config's PLE fields give, over a `vocab`-token vocabulary.
+    #[must_use]
+    pub fn of_config(vocab: usize, p: &Ple) -> Self {
+        Self {
+            vocab: vocab as u64,
+            ngram_size: p.ngram_size,
+            heads_per_ngram: p.heads_per_ngram,
+            vocab_base: p.vocab_base,
+            divisor: p.vocab_divisor,
+            seed: p.seed,
+            eos: p.eos,
+        }
+    }
+}
+
+impl PleNgramHasher {
     /// The hasher of the PLE layer of rank `rank`.
     pub fn new(spec: NgramSpec, rank: usize) -> Self {
         let heads = (spec.ngram_size - 1) * spec.heads_per_ngram;

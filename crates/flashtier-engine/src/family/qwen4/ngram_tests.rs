@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{NgramHasher, NgramSpec, is_prime, primes_from, splitmix64};
+use super::{NgramSpec, PleNgramHasher};
 use crate::config::qwen4::Qwen4Config;
 
 fn fixture(file: &str) -> Value {
@@ -46,32 +46,15 @@ fn reference() -> (Vec<u32>, LayerIds) {
     (tokens, layers)
 }
 
-fn hashers() -> Vec<(usize, NgramHasher)> {
+fn hashers() -> Vec<(usize, PleNgramHasher)> {
     let c = Qwen4Config::from_json(&fixture("config.json")).unwrap();
     let p = c.ple.unwrap();
-    let spec = NgramSpec {
-        vocab: c.vocab_size as u64,
-        ngram_size: p.ngram_size,
-        heads_per_ngram: p.heads_per_ngram,
-        vocab_base: p.vocab_base,
-        divisor: p.vocab_divisor,
-        seed: p.seed,
-        eos: p.eos,
-    };
+    let spec = NgramSpec::of_config(c.vocab_size, &p);
     p.layers
         .iter()
         .enumerate()
-        .map(|(rank, &l)| (l, NgramHasher::new(spec, rank)))
+        .map(|(rank, &l)| (l, PleNgramHasher::new(spec, rank)))
         .collect()
-}
-
-#[test]
-fn splitmix_and_primes_match_their_definitions() {
-    // The first output of splitmix64 from state 0.
-    assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
-    assert!(is_prime(2) && is_prime(101) && is_prime(1_000_000_007));
-    assert!(!is_prime(1) && !is_prime(100) && !is_prime(1_000_000_007 * 3));
-    assert_eq!(primes_from(100, 4), [101, 103, 107, 109]);
 }
 
 #[test]
@@ -125,9 +108,9 @@ proptest::proptest! {
             seed: 7,
             eos: 2,
         };
-        let mut whole = NgramHasher::new(spec, 1);
+        let mut whole = PleNgramHasher::new(spec, 1);
         let want = whole.step(&tokens);
-        let mut h = NgramHasher::new(spec, 1);
+        let mut h = PleNgramHasher::new(spec, 1);
         let (mut got, mut at) = (Vec::new(), 0);
         for c in cuts.iter().cycle() {
             if at >= tokens.len() {
@@ -138,12 +121,5 @@ proptest::proptest! {
             at = end;
         }
         proptest::prop_assert_eq!(got, want);
-    }
-
-    /// Trial division agrees with a sieve below 5000.
-    #[test]
-    fn is_prime_agrees_with_a_sieve(n in 0u64..5000) {
-        let composite = (2..n).any(|d| n % d == 0);
-        proptest::prop_assert_eq!(is_prime(n), n >= 2 && !composite);
     }
 }

@@ -21,14 +21,15 @@
 //! bytes, so the same output bits.
 
 use flashtier_format::Dtype;
+use flashtier_format::widen::to_f32;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::kernels::{dot, silu};
 use crate::error::EngineError;
-use crate::matrix::{Matrix, to_f32};
+use crate::matrix::Matrix;
 
-use super::ngram::{NgramHasher, NgramSpec};
+use super::ngram::{NgramSpec, PleNgramHasher};
 use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
 use super::rows::{LayerRows, PleRowOptions, PleRowStats, table_names, table_stem};
 
@@ -42,7 +43,7 @@ struct Shard {
 
 /// One PLE layer with its n-gram context and conv state.
 pub struct PleLayer {
-    hasher: NgramHasher,
+    hasher: PleNgramHasher,
     shards: Vec<Shard>,
     row_dim: usize,
     streams: usize,
@@ -79,16 +80,7 @@ impl PleLayer {
             .ple
             .as_ref()
             .ok_or_else(|| EngineError::config("ple_layer_ids", "missing"))?;
-        let spec = NgramSpec {
-            vocab: cfg.vocab_size as u64,
-            ngram_size: p.ngram_size,
-            heads_per_ngram: p.heads_per_ngram,
-            vocab_base: p.vocab_base,
-            divisor: p.vocab_divisor,
-            seed: p.seed,
-            eos: p.eos,
-        };
-        let hasher = NgramHasher::new(spec, rank);
+        let hasher = PleNgramHasher::new(NgramSpec::of_config(cfg.vocab_size, p), rank);
         check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
         let l = host_loader(ckpt);
         let (h, hc) = (cfg.hidden_size, cfg.hc_count);
@@ -380,7 +372,11 @@ fn table_shards(
 /// Where the checkpoint keeps transformers' hash buffers, they must equal
 /// the ones the config gives (a different `seed`, vocabulary base or
 /// n-gram shape would otherwise pick other rows silently).
-fn check_hash_buffers(ckpt: &Checkpoint, stem: &str, h: &NgramHasher) -> Result<(), EngineError> {
+fn check_hash_buffers(
+    ckpt: &Checkpoint,
+    stem: &str,
+    h: &PleNgramHasher,
+) -> Result<(), EngineError> {
     let buffers = [
         ("layer_multipliers", h.multipliers(), "seed"),
         (

@@ -104,7 +104,10 @@ impl Operands {
     /// The weights widened to f32 (exact).
     #[must_use]
     pub fn w_f32(&self) -> Vec<f32> {
-        self.w_bf16.iter().map(|&b| bf16_to_f32(b)).collect()
+        self.w_bf16
+            .iter()
+            .map(|&b| half::bf16::from_bits(b).to_f32())
+            .collect()
     }
 
     /// The activations rounded to BF16 (nearest even), as raw bits.
@@ -115,10 +118,6 @@ impl Operands {
             .map(|&v| half::bf16::from_f32(v).to_bits())
             .collect()
     }
-}
-
-fn bf16_to_f32(bits: u16) -> f32 {
-    half::bf16::from_bits(bits).to_f32()
 }
 
 /// `count` seeded output positions `(row, col)` of `shape`, drawn with
@@ -143,7 +142,7 @@ pub fn reference(shape: GemmShape, ops: &Operands, picks: &[(usize, usize)]) -> 
             let w = &ops.w_bf16[c * k..(c + 1) * k];
             x.iter()
                 .zip(w)
-                .map(|(&a, &b)| f64::from(a) * f64::from(bf16_to_f32(b)))
+                .map(|(&a, &b)| f64::from(a) * f64::from(half::bf16::from_bits(b).to_f32()))
                 .sum()
         })
         .collect()
@@ -248,7 +247,7 @@ mod tests {
         assert_eq!((&a.w_bf16, &a.x), (&b.w_bf16, &b.x));
         assert!(a.w_f32().iter().all(|v| (-1.0..=1.0).contains(v)));
         assert_eq!(
-            bf16_to_f32(a.x_bf16()[0]),
+            half::bf16::from_bits(a.x_bf16()[0]).to_f32(),
             half::bf16::from_f32(a.x[0]).to_f32()
         );
         let picks = sample_outputs(s, 100, 1);

@@ -44,7 +44,7 @@ use flashtier_cuda::ops::experts::{ExpertSlots, ExpertSpec};
 
 use crate::device::ExpertTier;
 use crate::error::EngineError;
-use crate::experts::{ExpertStats, PoolTier, RecordLayout};
+use crate::experts::{ExpertRecordLayout, ExpertStats, PoolTier};
 use crate::hint::HintTracker;
 use hbm::HbmSlots;
 
@@ -87,7 +87,7 @@ pub struct CudaExperts {
     path: ExpertPath,
     ram: ExpertPool,
     pinned: Arc<PinnedMemory>,
-    layout: RecordLayout,
+    layout: ExpertRecordLayout,
     spec: ExpertSpec,
     slots: ExpertSlots,
     hbm: Option<HbmSlots>,
@@ -134,7 +134,7 @@ impl CudaExperts {
     }
 
     /// The engine's record layout.
-    pub fn layout(&self) -> &RecordLayout {
+    pub fn layout(&self) -> &ExpertRecordLayout {
         &self.layout
     }
 

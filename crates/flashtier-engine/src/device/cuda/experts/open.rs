@@ -20,7 +20,7 @@ use flashtier_io::{RegionMemory, StorageBackend};
 use super::hbm::HbmSlots;
 use super::{CudaExperts, ExpertPath, TierBudgets, TierStats};
 use crate::error::EngineError;
-use crate::experts::RecordLayout;
+use crate::experts::ExpertRecordLayout;
 use crate::hint::HintTracker;
 
 /// Pinned memory for the RAM pool's arena, shared with the copies and
@@ -40,7 +40,7 @@ impl ArenaMemory for PinnedArena {
 }
 
 /// The kernels' view of a record layout.
-fn expert_spec(layout: &RecordLayout) -> Result<ExpertSpec, EngineError> {
+fn expert_spec(layout: &ExpertRecordLayout) -> Result<ExpertSpec, EngineError> {
     let ty = match (layout.dtype, layout.fp8) {
         (Dtype::Bf16, None) => WeightType::Bf16,
         (Dtype::F16, None) => WeightType::F16,
@@ -130,7 +130,7 @@ impl CudaExperts {
         gpu: &Gpu,
         stores: StoreSet,
         backend: Arc<dyn StorageBackend>,
-        layout: RecordLayout,
+        layout: ExpertRecordLayout,
         layers: usize,
         experts: usize,
         top_k: usize,
