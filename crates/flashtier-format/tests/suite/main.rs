@@ -7,4 +7,5 @@ mod fixtures;
 mod header;
 mod manifest;
 mod row_shard;
+mod safetensors;
 mod store;

@@ -58,6 +58,7 @@ use flashtier::experts::Backing;
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{GpuOptions, LoadOptions};
 use flashtier_engine::model::Generation;
+use flashtier_io::measure::median;
 
 pub mod rows;
 pub use rows::{RowsPacked, RowsReport};
@@ -453,12 +454,6 @@ fn io_bound(run: &DecodeRun, expert_bps: f64, row_bps: Option<f64>) -> f64 {
     };
     let t = secs(run.miss_bytes_per_token, expert_bps) + rows;
     if t > 0.0 { 1.0 / t } else { f64::INFINITY }
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Write the checkpoint and pack it, unless `work_dir` already holds both;

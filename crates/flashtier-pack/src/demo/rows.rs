@@ -66,7 +66,7 @@ impl RowsReport {
             shard_files: p.files.len(),
             shard_bytes: p.file_bytes,
             queue_depth: ROW_QUEUE_DEPTH,
-            drive_bytes_per_sec: super::median(&probes),
+            drive_bytes_per_sec: flashtier_io::measure::median(&probes),
             drive_probes_bytes_per_sec: probes,
         }
     }

@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::shape::largest_fit;
 use super::{Init, SynthError, SynthFiles, SynthReport, SynthTensor};
-use flashtier_engine::family::qwen4::ngram::{NgramHasher, NgramSpec};
+use flashtier_engine::family::qwen4::ngram::{NgramSpec, PleNgramHasher};
 
 /// Scale of matrices that write into the residual streams (relative to
 /// 1/sqrt(fan-in)), as for the other families.
@@ -229,7 +229,7 @@ impl Qwen4Spec {
             seed: 1234,
             eos: EOS,
         };
-        NgramHasher::new(spec, rank).rows()
+        PleNgramHasher::new(spec, rank).rows()
     }
 
     /// Bytes of every PLE table.

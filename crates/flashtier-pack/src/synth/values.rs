@@ -7,16 +7,10 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use flashtier_format::splitmix::splitmix64;
 use flashtier_format::{Dtype, xxh3_64};
 
 use super::{CHUNK_BYTES, Init, SynthTensor};
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 fn value(init: Init, r: u64) -> f32 {
     let u = (r >> 40) as f32 / (1u64 << 24) as f32;

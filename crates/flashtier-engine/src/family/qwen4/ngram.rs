@@ -56,10 +56,6 @@ pub struct PleNgramHasher {
     pub(crate) eos_segments: bool,
 }
 
-/// The old name, for `crate::synth::qwen4` alone until it moves to its new
-/// crate and names [`PleNgramHasher`]; remove it then.
-pub(crate) use PleNgramHasher as NgramHasher;
-
 /// What a [`PleNgramHasher`] is built from.
 #[derive(Clone, Copy, Debug)]
 pub struct NgramSpec {
