@@ -99,7 +99,7 @@ pub enum EngineError {
     },
     /// The checkpoint (config.json, index, safetensors headers) could not be read.
     #[error(transparent)]
-    Checkpoint(#[from] crate::source::CheckpointError),
+    Checkpoint(#[from] crate::checkpoint::files::CheckpointError),
     /// A read outside a tensor, or a tensor too large for this machine.
     #[error("tensor `{name}`: bytes {start}+{len} are outside its {tensor_bytes} bytes")]
     TensorRange {

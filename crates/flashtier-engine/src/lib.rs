@@ -15,7 +15,7 @@
 //!   the field.
 //! - [`checkpoint::Checkpoint`]: single or sharded safetensors, tensors
 //!   checked against the config and read on demand through the I/O seam,
-//!   over the validated files and headers of [`source::CheckpointFiles`].
+//!   over the validated files and headers of [`checkpoint::files::CheckpointFiles`].
 //! - [`matrix::Matrix`]: weights kept in their stored form (BF16/F16/F32,
 //!   or FP8 codes with block scales).
 //! - [`store`]: the packed expert store as the engine reads it (which
@@ -58,12 +58,10 @@ pub mod experts;
 pub mod family;
 pub mod hint;
 pub mod load;
-mod loader;
 pub mod matrix;
 pub mod model;
 pub mod sample;
 pub mod settings;
-pub mod source;
 pub mod store;
 
 pub use config::{Arch, ModelConfig};

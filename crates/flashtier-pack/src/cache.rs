@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use flashtier_format::{Store, xxh3_64};
 
 use crate::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 use flashtier_engine::config::qwen4::Qwen4Config;
 use flashtier_engine::config::{ModelConfig, bounds};
 use flashtier_engine::error::EngineError;
-use flashtier_engine::source::CheckpointFiles;
 use flashtier_engine::store::check_pairing;
 
 /// What [`StoreCache::ensure`] found or did.

@@ -47,7 +47,7 @@ fn verify_any(args: &Args) -> anyhow::Result<VerifyReport> {
     if kind == FileKind::Store {
         let (store, report) = kit::verify_with_bar(&args.file, args.direct, !args.json)?;
         if let Some(model) = &args.model {
-            let ckpt = flashtier_engine::source::CheckpointFiles::open(model)?;
+            let ckpt = flashtier_engine::checkpoint::files::CheckpointFiles::open(model)?;
             flashtier_engine::store::check_pairing(&store, &ckpt)?;
         }
         return Ok(report);

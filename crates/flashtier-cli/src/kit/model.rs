@@ -179,7 +179,7 @@ fn checked_weight_bytes(m: &ModelArgs, ckpt: &Checkpoint) -> anyhow::Result<u64>
 
 /// Pack `model`'s experts into `out` with a progress bar.
 fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::source::CheckpointFiles::open(model)
+    let ckpt = flashtier_engine::checkpoint::files::CheckpointFiles::open(model)
         .with_context(|| format!("opening {}", model.display()))?;
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);

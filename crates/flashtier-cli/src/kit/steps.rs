@@ -26,7 +26,7 @@ pub fn synth_with_bar(spec: &SynthSpec, dir: &Path, show: bool) -> anyhow::Resul
 
 /// Pack the experts `opts` names with a byte bar of the planned bytes.
 pub fn pack_with_bar(opts: &PackOptions, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::source::CheckpointFiles::open(&opts.model_dir)
+    let ckpt = flashtier_engine::checkpoint::files::CheckpointFiles::open(&opts.model_dir)
         .with_context(|| format!("opening {}", opts.model_dir.display()))?;
     let (_, manifest) = plan_experts(&ckpt)?;
     drop(ckpt);

@@ -23,7 +23,7 @@ impl ModelConfig {
     /// not waited on).
     pub fn from_file(path: &Path) -> Result<Self, EngineError> {
         let mut file = flashtier_format::open_regular_read(path)
-            .map_err(crate::source::CheckpointError::from)?;
+            .map_err(crate::checkpoint::files::CheckpointError::from)?;
         let mut text = String::new();
         std::io::Read::read_to_string(&mut file, &mut text).map_err(|source| EngineError::Io {
             path: path.to_path_buf(),

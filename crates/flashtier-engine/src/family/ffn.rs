@@ -13,7 +13,7 @@ use crate::config::{ModelConfig, Routing};
 use crate::device::{Activation, AddNormTo, Device};
 use crate::error::EngineError;
 use crate::family::Step;
-use crate::loader::Loader;
+use crate::load::weights::Loader;
 
 /// A dense SwiGLU: `down(silu(gate x) * up x)`.
 pub struct DenseMlp<D: Device> {

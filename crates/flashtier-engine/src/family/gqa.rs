@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::device::{AddNormTo, Device};
 use crate::error::EngineError;
 use crate::family::{RowUse, Step, per_sequence_arity};
-use crate::loader::Loader;
+use crate::load::weights::Loader;
 
 /// One layer's attention weights.
 pub struct GqaWeights<D: Device> {

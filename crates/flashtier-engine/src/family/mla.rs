@@ -10,7 +10,7 @@ use crate::config::{Mla, ModelConfig};
 use crate::device::{AddNormTo, Device, HeadCopy, RopeSpec, VectorLen};
 use crate::error::EngineError;
 use crate::family::{RowUse, Step, per_sequence_arity};
-use crate::loader::Loader;
+use crate::load::weights::Loader;
 
 /// The query projection of latent attention.
 pub enum QueryProj<D: Device> {

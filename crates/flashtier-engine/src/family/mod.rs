@@ -24,7 +24,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::device::{Activation, AddNormTo, Device};
 use crate::error::EngineError;
-use crate::loader::Loader;
+use crate::load::weights::Loader;
 use ffn::{Ffn, SparseMlp};
 use gqa::GqaWeights;
 use mla::MlaWeights;

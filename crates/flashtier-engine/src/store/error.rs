@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::source::CheckpointError;
+use crate::checkpoint::files::CheckpointError;
 
 /// Why packing (or pairing a store with its checkpoint) failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +27,7 @@ pub enum PackError {
         /// The config file.
         path: PathBuf,
         /// Where the field sits: `""`, or `text_config.` in a multimodal
-        /// wrapper ([`crate::source::CheckpointFiles::config_scope`]).
+        /// wrapper ([`crate::checkpoint::files::CheckpointFiles::config_scope`]).
         scope: &'static str,
         /// Field name.
         field: &'static str,

@@ -25,7 +25,7 @@ use flashtier_format::{RecordKey, RecordLayout, Store, TensorLayout, xxh3_64};
 
 use super::error::{PackError, RecordMismatch};
 use super::layout::{ExpertLayout, expert_layout};
-use crate::source::CheckpointFiles;
+use crate::checkpoint::files::CheckpointFiles;
 
 /// Check that `store` was packed from `ckpt`: same config.json, same
 /// safetensors files (names, lengths, header checksums), and every record's

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use flashtier_engine::source::{CheckpointError, CheckpointFiles};
+use flashtier_engine::checkpoint::files::{CheckpointError, CheckpointFiles};
 use flashtier_format::OpenError;
 use flashtier_io::IoError;
 

@@ -196,7 +196,7 @@ fn loading_refuses_before_packing_or_allocating() {
 fn the_packer_refuses_a_layer_count_the_tensors_contradict() {
     for layers in [json!(4), json!(2), json!(1_000_000_000_000u64)] {
         let dir = edited("mixtral", &[("num_hidden_layers", layers.clone())]);
-        let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
+        let src = flashtier_engine::checkpoint::files::CheckpointFiles::open(dir.path()).unwrap();
         match plan_experts(&src).unwrap_err() {
             PackError::Config { field, why, .. } => {
                 assert_eq!(field, "num_hidden_layers");
@@ -211,7 +211,7 @@ fn the_packer_refuses_a_layer_count_the_tensors_contradict() {
 #[test]
 fn a_wrong_type_is_not_called_missing() {
     let dir = edited("qwen3_moe", &[("hidden_size", json!("64"))]);
-    let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
+    let src = flashtier_engine::checkpoint::files::CheckpointFiles::open(dir.path()).unwrap();
     let text = plan_experts(&src).unwrap_err().to_string();
     assert!(
         text.contains("hidden_size") && text.contains("\"64\" is not a count"),
@@ -221,7 +221,7 @@ fn a_wrong_type_is_not_called_missing() {
     let err = ModelConfig::from_file(&dir.path().join("config.json")).unwrap_err();
     assert!(!err.to_string().contains("missing"), "{err}");
     let dir = edited("qwen3_moe", &[("hidden_size", Value::Null)]);
-    let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
+    let src = flashtier_engine::checkpoint::files::CheckpointFiles::open(dir.path()).unwrap();
     let text = plan_experts(&src).unwrap_err().to_string();
     assert!(text.contains("hidden_size: missing"), "{text}");
 }
@@ -237,7 +237,7 @@ fn header_errors_carry_no_debug_text() {
     bytes.extend_from_slice(header.as_bytes());
     bytes.resize(bytes.len() + 8, 0);
     std::fs::write(d.path().join("model.safetensors"), bytes).unwrap();
-    let text = flashtier_engine::source::CheckpointFiles::open(d.path())
+    let text = flashtier_engine::checkpoint::files::CheckpointFiles::open(d.path())
         .unwrap_err()
         .to_string();
     assert!(

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use flashtier::experts::lowbit::LowbitSpec;
 use flashtier::experts::lowbit_pack::write_companion;
-use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 use flashtier_engine::store::{PackError, check_pairing};
 use flashtier_format::{Dtype, Manifest, Store, StoreWriterPlan};
 use flashtier_pack::pack::{PackOptions, pack_experts};

@@ -338,7 +338,7 @@ fn a_wrappers_config_errors_name_the_text_config_field() {
         c["num_hidden_layers"] = 3.into();
         wrap(t, c);
     });
-    let src = flashtier_engine::source::CheckpointFiles::open(dir.path()).unwrap();
+    let src = flashtier_engine::checkpoint::files::CheckpointFiles::open(dir.path()).unwrap();
     let err = flashtier_pack::pack::plan_experts(&src).unwrap_err();
     let text = err.to_string();
     assert!(

@@ -44,7 +44,6 @@ use std::time::{Duration, Instant};
 use flashtier_format::{Dtype, Store};
 use flashtier_io::{
     DriveActivity, LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents,
-    record_extents,
 };
 
 use flashtier_engine::device::cuda::experts::TierBudgets;
@@ -52,15 +51,19 @@ use flashtier_engine::engine::{Chosen, Placement, open_with_rows};
 use flashtier_engine::error::EngineError;
 
 use crate::error::DemoError;
-use crate::pack::{PackOptions, pack_experts};
-use crate::synth::{Qwen4Spec, SynthArch, SynthSpec, write_checkpoint, write_qwen4_checkpoint};
+use crate::synth::{Qwen4Spec, SynthArch, SynthSpec};
 use flashtier::experts::Backing;
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{GpuOptions, LoadOptions};
 use flashtier_engine::model::Generation;
 use flashtier_io::measure::median;
 
+mod prepare;
+mod report;
 pub mod rows;
+
+use prepare::{prepare, probe_drive};
+pub use report::{Bound, DecodeRun, DemoReport};
 pub use rows::{RowsPacked, RowsReport};
 
 /// The synthetic model a demo runs.
@@ -185,136 +188,6 @@ pub struct DemoProgress {
     pub done: u64,
     /// Units in this phase.
     pub total: u64,
-}
-
-/// One decode of the demo.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct DecodeRun {
-    /// `cpu` or `cuda`.
-    pub device: String,
-    /// The GPU's name, on a GPU.
-    pub gpu_name: Option<String>,
-    /// Why `auto` stayed on the CPU, when it did.
-    pub fallback: Option<String>,
-    /// Backing of the expert pool (`slots`, `mapped`; `hbm` on a GPU).
-    pub backing: String,
-    /// Generated token ids.
-    pub generated_ids: Vec<u32>,
-    /// Decode steps timed.
-    pub steps: u64,
-    /// Tokens per second over the decode steps.
-    pub tokens_per_sec: f64,
-    /// Expert uses served resident.
-    pub expert_hit_rate: f64,
-    /// Bytes read from the drive per decode step (misses and prefetches).
-    pub miss_bytes_per_token: f64,
-    /// Of those, bytes read ahead on the engine's pre-gating hint.
-    pub prefetch_bytes_per_token: f64,
-    /// Of the read-ahead bytes, those of records then used.
-    pub prefetch_used_bytes_per_token: f64,
-    /// Share of decode time spent waiting for expert reads.
-    pub stall_fraction: f64,
-    /// Bytes copied host -> device per decode step (GPU tiers; 0 on the CPU).
-    pub h2d_bytes_per_token: f64,
-    /// PLE row lookups served by the row cache (rows from the row store).
-    pub row_hit_rate: Option<f64>,
-    /// Bytes of row-shard blocks read per decode step.
-    pub row_bytes_read_per_token: Option<f64>,
-    /// Share of decode time the forward pass spent on rows (starting their
-    /// prefetch, waiting for it, looking up).
-    pub row_stall_fraction: Option<f64>,
-    /// Share of the decode with at least one expert read in flight (where
-    /// the backend meters its reads: posix, sim; see
-    /// [`flashtier_io::activity`]). The drive has nothing to do for the
-    /// rest: for Qwen4-Exp, chiefly while the LM head runs.
-    pub drive_busy_share: Option<f64>,
-    /// Expert reads in flight on average while any was (at most the queue
-    /// depth the drive probes use).
-    pub reads_in_flight_while_busy: Option<f64>,
-}
-
-/// How the streamed decode compares with the drive.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Bound {
-    /// The decode reached `fraction` of the I/O bound (at most about 1).
-    Measured {
-        /// Streamed tokens/s over the bound from the median probe.
-        fraction: f64,
-    },
-    /// The decode read faster than the drive did on records of the same
-    /// size at the same queue depth: the machine (a virtual disk's host
-    /// cache, most likely) served reads from memory, so no drive bound can
-    /// be measured here.
-    Unmeasurable {
-        /// Streamed tokens/s over the probe's bound (above 1).
-        ratio: f64,
-    },
-    /// Every expert use hit memory: no reads, no bound.
-    NoReads,
-}
-
-/// Above this ratio to the probe's bound the decode cannot have been served
-/// by the drive alone (probe noise stays well inside 10%).
-const CACHED_ABOVE: f64 = 1.1;
-
-impl Bound {
-    fn of(tokens_per_sec: f64, bound: f64) -> Self {
-        if !bound.is_finite() {
-            return Self::NoReads;
-        }
-        let f = tokens_per_sec / bound;
-        if f > CACHED_ABOVE {
-            Self::Unmeasurable { ratio: f }
-        } else {
-            Self::Measured { fraction: f }
-        }
-    }
-}
-
-/// What the demo measured.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct DemoReport {
-    /// The probes' first round: repetition `r` probes round `probe_seed +
-    /// r` (records by `flashtier_io::record_extents`, row blocks by
-    /// `rows::probe_rows`), a new seed each run.
-    pub probe_seed: u64,
-    /// Bytes of all expert records (payload).
-    pub expert_bytes: u64,
-    /// Expert budget in bytes.
-    pub budget_bytes: u64,
-    /// Expert reads in flight at most, in the decode and in the probes.
-    pub queue_depth: usize,
-    /// Drive read bandwidth, each probe (bytes/s).
-    pub drive_probes_bytes_per_sec: Vec<f64>,
-    /// Median of the probes (bytes/s).
-    pub drive_bytes_per_sec: f64,
-    /// The drive replaying the median repetition's own reads (bytes/s).
-    pub replay_bytes_per_sec: f64,
-    /// Streamed decode (slots backing, direct reads): the median repetition.
-    pub streamed: DecodeRun,
-    /// The CPU reference: the median repetition's decode on the mapped
-    /// (page-cache) backing.
-    pub mapped: DecodeRun,
-    /// Tokens/s the drive allows for the streamed decode's reads: experts
-    /// at `drive_bytes_per_sec` plus, for Qwen4-Exp, rows at
-    /// `rows.drive_bytes_per_sec`.
-    pub io_bound_tokens_per_sec: f64,
-    /// `streamed.tokens_per_sec / io_bound_tokens_per_sec` of every
-    /// repetition against its own probe, in run order.
-    pub fractions_of_io_bound: Vec<f64>,
-    /// The median repetition against the median probe.
-    pub bound: Bound,
-    /// `streamed.tokens_per_sec` over the bound from replaying its own reads
-    /// (which the host's cache may serve).
-    pub fraction_of_replay_bound: f64,
-    /// Every repetition's streamed decode produced the tokens of the CPU
-    /// reference on its prompt.
-    pub same_tokens: bool,
-    /// Qwen4-Exp's PLE rows: the tables, the budget and the row probes.
-    pub rows: Option<RowsReport>,
-    /// Wall time of the whole demo, seconds.
-    pub elapsed_secs: f64,
 }
 
 /// Run the demo; `progress` sees every phase's advance.
@@ -454,112 +327,6 @@ fn io_bound(run: &DecodeRun, expert_bps: f64, row_bps: Option<f64>) -> f64 {
     };
     let t = secs(run.miss_bytes_per_token, expert_bps) + rows;
     if t > 0.0 { 1.0 / t } else { f64::INFINITY }
-}
-
-/// Write the checkpoint and pack it, unless `work_dir` already holds both;
-/// for Qwen4-Exp also pack its PLE row shards (those missing).
-fn prepare(
-    opts: &DemoOptions,
-    model_dir: &Path,
-    store_path: &Path,
-    progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<Option<RowsPacked>, DemoError> {
-    let total = opts.model.total_bytes();
-    let rows_dir = opts.work_dir.join("rows");
-    if !model_dir.join("config.json").exists() {
-        // Shards of an earlier checkpoint would only be refused later.
-        remove_row_shards(&rows_dir)?;
-        let mut done = 0u64;
-        let mut report = |n| {
-            done += n;
-            progress(DemoProgress {
-                phase: DemoPhase::Generate,
-                done,
-                total,
-            });
-        };
-        match &opts.model {
-            DemoModel::Moe(spec) => write_checkpoint(spec, model_dir, &mut report)?,
-            DemoModel::Qwen4 { spec, .. } => write_qwen4_checkpoint(spec, model_dir, &mut report)?,
-        };
-    }
-    if !store_path.exists() {
-        let expert_total = opts.model.expert_bytes();
-        let done = std::sync::atomic::AtomicU64::new(0);
-        pack_experts(&PackOptions::new(model_dir, store_path), &|n| {
-            let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-            progress(DemoProgress {
-                phase: DemoPhase::Pack,
-                done: d,
-                total: expert_total,
-            });
-        })?;
-    }
-    match &opts.model {
-        DemoModel::Moe(_) => Ok(None),
-        DemoModel::Qwen4 {
-            spec,
-            rows_fraction,
-        } => {
-            progress(DemoProgress {
-                phase: DemoPhase::PackRows,
-                done: 0,
-                total: 1,
-            });
-            let table = spec.table_bytes();
-            let budget = (table as f64 * rows_fraction) as u64;
-            Ok(rows::pack_rows(model_dir, store_path, &rows_dir, table, budget).map(Some)?)
-        }
-    }
-}
-
-/// Remove the `.ftrows` files in `dir` (nothing else; a missing folder is
-/// fine).
-fn remove_row_shards(dir: &Path) -> Result<(), EngineError> {
-    let io = |source| EngineError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io(e)),
-    };
-    for entry in entries {
-        let path = entry.map_err(io)?.path();
-        if path.extension().is_some_and(|e| e == "ftrows") {
-            std::fs::remove_file(&path).map_err(io)?;
-        }
-    }
-    Ok(())
-}
-
-/// Read `probe_records` whole records (pseudo-random, `round` picks the
-/// set) with direct I/O, `queue_depth` at a time, as the pool reads misses.
-fn probe_drive(
-    store: &Store,
-    path: &Path,
-    opts: &DemoOptions,
-    round: u64,
-    progress: &(dyn Fn(DemoProgress) + Sync),
-) -> Result<f64, EngineError> {
-    let extents = record_extents(store, opts.probe_records, round)?;
-    let total = extents.iter().map(|e| e.len as u64).sum();
-    let mut report = |done| {
-        progress(DemoProgress {
-            phase: DemoPhase::Drive,
-            done,
-            total,
-        })
-    };
-    let read = read_extents(
-        path,
-        &extents,
-        opts.queue_depth,
-        Refill::Batches,
-        &mut report,
-    )?;
-    Ok(read.bytes_per_sec())
 }
 
 /// What both decodes share.

@@ -1,6 +1,6 @@
 //! Packing the MoE experts of a Hugging Face checkpoint into an expert store.
 //!
-//! `pack_experts` opens the checkpoint ([`flashtier_engine::source`]), recognises
+//! `pack_experts` opens the checkpoint ([`flashtier_engine::checkpoint::files`]), recognises
 //! its expert tensors ([`layout`]), plans a store with one record per
 //! (layer, expert), and streams the records through a bounded pipeline
 //! ([`write`]): memory stays at `depth` records whatever the checkpoint's
@@ -76,7 +76,7 @@ use flashtier_engine::store::{
 };
 
 use flashtier::experts::lowbit_pack::existing_store;
-use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 
 /// Options of [`pack_experts`].
 #[derive(Clone, Debug)]

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use flashtier_format::{StoreWriterPlan, xxh3_64};
 use flashtier_io::{ALIGN, AlignedBuf, DirectMode, StoreFile};
 
-use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 use flashtier_engine::store::ExpertLayout;
 use flashtier_engine::store::PackError;
 

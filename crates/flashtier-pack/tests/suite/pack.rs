@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 use flashtier_engine::store::{PackError, check_pairing, source_name};
 use flashtier_format::{Dtype, RecordKey, Store};
 use flashtier_pack::pack::{PackOptions, pack_experts};

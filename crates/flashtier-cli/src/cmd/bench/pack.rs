@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use flashtier_engine::source::CheckpointFiles;
+use flashtier_engine::checkpoint::files::CheckpointFiles;
 use flashtier_format::{Dtype, StoreWriterPlan};
 use flashtier_pack::pack::{PackOptions, plan_experts};
 use flashtier_pack::synth::{SynthArch, SynthSpec};

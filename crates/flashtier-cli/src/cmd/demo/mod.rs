@@ -228,7 +228,7 @@ pub fn verify(ws: &Workspace, show: bool) -> anyhow::Result<VerifyReport> {
             first.error
         );
     }
-    let ckpt = flashtier_engine::source::CheckpointFiles::open(&ws.model)?;
+    let ckpt = flashtier_engine::checkpoint::files::CheckpointFiles::open(&ws.model)?;
     flashtier_engine::store::check_pairing(&store, &ckpt)?;
     Ok(report)
 }

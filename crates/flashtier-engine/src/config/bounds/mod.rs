@@ -37,9 +37,9 @@ mod ffn;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::checkpoint::Checkpoint;
+use crate::checkpoint::files::{CheckpointFiles as Source, TensorInfo};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, dims};
-use crate::source::{CheckpointFiles as Source, TensorInfo};
 
 /// Most prompt tokens in one forward step (the activation bound below
 /// is computed for this many rows).

@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use super::fields::Fields;
 use super::{Arch, ModelConfig, Routing};
+use crate::checkpoint::files::WRAPPER_TEXT_SCOPE;
 use crate::error::EngineError;
-use crate::source::WRAPPER_TEXT_SCOPE;
 use parse::parse_text;
 
 /// Most hyper-connection streams.

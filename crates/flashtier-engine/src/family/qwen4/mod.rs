@@ -12,7 +12,7 @@
 //! The multimodal `qwen4_exp` config loads its `text_config` (resident
 //! tensors under `model.language_model.`; the vision tower is not run, and
 //! loading says so); the expert packer packs its experts from the text
-//! part ([`crate::source::CheckpointFiles::text_part`]). The checkpoint
+//! part ([`crate::checkpoint::files::CheckpointFiles::text_part`]). The checkpoint
 //! is checked against the config where it can be: tensor shapes, the PLE
 //! tables' row counts, and transformers' saved hash buffers.
 //!

@@ -8,7 +8,7 @@ use crate::checkpoint::Checkpoint;
 use crate::device::cpu::CpuDevice;
 use crate::device::cpu::kernels::{apply_rope, matmul, rms_norm};
 use crate::error::EngineError;
-use crate::loader::Loader;
+use crate::load::weights::Loader;
 use crate::matrix::Matrix;
 
 /// A loader of `ckpt`'s tensors as host matrices and f32 vectors (no FP8:

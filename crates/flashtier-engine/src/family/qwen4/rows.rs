@@ -41,9 +41,9 @@ use flashtier_io::persist::{Wait, refuse_inputs};
 use flashtier_io::{PosixBackend, StorageBackend, UringBackend};
 
 use crate::checkpoint::Checkpoint;
+use crate::checkpoint::files::CheckpointFiles;
 use crate::config::qwen4::{Qwen4Config, in_scope};
 use crate::error::EngineError;
-use crate::source::CheckpointFiles;
 
 /// Where a Qwen4-Exp model's PLE rows come from, when not from the
 /// checkpoint directly.

@@ -8,8 +8,8 @@
 //! takes from the config ([`COUNT_FIELDS`]) is a count when present (a field
 //! of the wrong type is named as such, not as missing).
 
+use crate::checkpoint::files::CheckpointFiles as Checkpoint;
 use crate::config::bounds::{checkpoint_layers, layer_mismatch};
-use crate::source::CheckpointFiles as Checkpoint;
 use crate::store::PackError;
 
 /// The config fields the manifest takes counts from.

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::{ExpertFamily, ExpertLayout, ExpertTensors, check_dtype, split::parse_expert_name};
+use crate::checkpoint::files::CheckpointFiles as Checkpoint;
 use crate::error::dims;
-use crate::source::CheckpointFiles as Checkpoint;
 use crate::store::PackError;
 
 /// The two fused-tensor prefixes transformers 5 writes.

@@ -32,7 +32,7 @@ use flashtier_format::{Dtype, RecordKey, TensorLayout};
 pub use counts::check_config_counts;
 
 use super::error::PackError;
-use crate::source::{CheckpointFiles as Checkpoint, TensorInfo};
+use crate::checkpoint::files::{CheckpointFiles as Checkpoint, TensorInfo};
 
 /// Alignment of each tensor inside a record.
 pub const TENSOR_ALIGN_BYTES: u64 = 4096;

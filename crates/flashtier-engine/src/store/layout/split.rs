@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use flashtier_format::{Dtype, RecordKey, TensorLayout};
 
 use super::{ExpertFamily, ExpertLayout, ExpertTensors, check_dtype, source_name, suffix_rank};
+use crate::checkpoint::files::CheckpointFiles as Checkpoint;
 use crate::error::dims;
-use crate::source::CheckpointFiles as Checkpoint;
 use crate::store::PackError;
 
 /// Split an expert tensor name into (is_mixtral, layer, expert, suffix).

@@ -1,4 +1,4 @@
-//! The engine's view of a checkpoint: [`crate::source`] parses and
+//! The engine's view of a checkpoint: [`crate::checkpoint::files`] parses and
 //! validates `config.json`, the index and every safetensors header (offsets
 //! inside the file, byte length = element count x dtype width); this layer
 //! adds what the forward pass needs: dtype and shape checks against the
@@ -9,6 +9,8 @@
 //! Only headers are held; tensor bytes are read on demand into page-aligned
 //! buffers, so nothing but the resident weights is ever in memory.
 
+pub mod files;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,8 +18,8 @@ use flashtier_format::Dtype;
 use flashtier_format::widen::to_f32;
 use flashtier_io::{AlignedBuf, Landing, PosixBackend, ReadReq, StorageBackend, StoreFile};
 
+use crate::checkpoint::files::{CheckpointFiles, TensorInfo};
 use crate::error::EngineError;
-use crate::source::{CheckpointFiles, TensorInfo};
 
 /// Reader threads of the default backend for weight loads.
 const LOAD_READERS: usize = 4;

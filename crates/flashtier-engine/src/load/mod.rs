@@ -3,6 +3,8 @@
 //! (Packing a store, or finding the one packed before in a store cache, is
 //! `flashtier-pack`'s: this crate opens stores, it does not write them.)
 
+pub(crate) mod weights;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use flashtier_format::Store;
 use flashtier_io::{PosixBackend, StorageBackend};
 
 use crate::checkpoint::Checkpoint;
+use crate::checkpoint::files::CheckpointFiles;
 use crate::config::ModelConfig;
 use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::CpuDevice;
@@ -21,7 +24,6 @@ use crate::device::cuda::kv::KvBudget;
 use crate::error::EngineError;
 use crate::experts::{StreamOptions, open_pool};
 use crate::model::Model;
-use crate::source::CheckpointFiles;
 use crate::store::check_pairing;
 
 /// How [`load_cpu`] builds a model.

@@ -1,6 +1,6 @@
 //! Reading one safetensors header without mapping the file (parsed by
 //! [`flashtier_format::safetensors`]), and the tiling rule its tensors must
-//! obey here (see the [`crate::source`] docs for the evidence behind it).
+//! obey here (see the [`crate::checkpoint::files`] docs for the evidence behind it).
 
 use std::path::Path;
 use std::sync::Mutex;
