@@ -17,7 +17,10 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod pick;
 pub mod tier_stats;
+
+pub use pick::PickTicket;
 
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
@@ -449,36 +452,6 @@ pub trait Device {
     ) -> Result<(), EngineError> {
         let _ = (out, table, t);
         Err(no_picks_ahead(self.name()))
-    }
-}
-
-/// A greedy pick a device left where it ran ([`Device::pick_ahead`]):
-/// which of the device's picks it is and the width of the row it was
-/// picked from. Only the device that started it reads it; one it did not
-/// start, or no longer keeps, is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PickTicket {
-    seq: u64,
-    cols: usize,
-}
-
-impl PickTicket {
-    /// The ticket of a device's pick number `seq` over `cols` columns.
-    #[must_use]
-    pub fn new(seq: u64, cols: usize) -> Self {
-        Self { seq, cols }
-    }
-
-    /// Picks the device started before this one.
-    #[must_use]
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    /// Width of the row picked from (the id is below it).
-    #[must_use]
-    pub fn cols(&self) -> usize {
-        self.cols
     }
 }
 
