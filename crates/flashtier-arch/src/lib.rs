@@ -1,17 +1,13 @@
 //! Source checks that `cargo test` runs over the workspace.
 //!
-//! - **Import cycles between files.** A crate's files are the nodes; file A
-//!   has an edge to file B when A names an item through a path (`use`, or a
-//!   path in code) whose longest module prefix lives in B. `mod` declarations
-//!   are not edges: a folder's `mod.rs` declaring its children is structure,
-//!   not a dependency. A strongly connected set of two or more files is a
-//!   cycle ([`cycles`]); the house rule is none. A re-export (`pub use`) is
-//!   not an edge either: a path through it resolves to the file that defines
-//!   the item. Nor is an edge between a module's file and its own
-//!   descendants' files (a `mod.rs` and the files of its folder): one
-//!   module split over a folder is one unit. Code under `#[cfg(test)]`
-//!   is not walked: a test may reach into any file.
-//! - **File length.** [`long_files`] lists source files over a line limit.
+//! **Import cycles between files.** A crate's files are the nodes; file A
+//! has an edge to file B when a path in A (a `use`, or a path in code)
+//! resolves, through any re-exports, to an item B defines. Not edges: `mod`
+//! declarations and re-exports (`pub use`), which shape a module's
+//! interface; a module's file and its own descendants' files (a `mod.rs`
+//! and the files of its folder are one unit); code under `#[cfg(test)]`,
+//! which may reach into any file. A strongly connected set of two or more
+//! files is a cycle ([`cycles`]); the house rule is none.
 //!
 //! The module tree is read as rustc reads it ([`tree::ModuleTree`]): from
 //! `src/lib.rs` and `src/main.rs`, through `mod name;` to `name.rs` or
@@ -77,7 +73,7 @@ pub struct Cycle {
 /// The file-level import cycles of the crate at `crate_dir`, sorted.
 pub fn cycles(crate_dir: &Path) -> Result<Vec<Cycle>, ArchError> {
     let tree = ModuleTree::read(crate_dir)?;
-    let edges = refs::file_edges(&tree)?;
+    let edges = refs::file_edges(&tree);
     let name = |i: usize| relative(crate_dir, &tree.files()[i]);
     let mut found: Vec<Cycle> = strongly_connected(tree.files().len(), &edges)
         .into_iter()
@@ -99,21 +95,6 @@ pub fn cycles(crate_dir: &Path) -> Result<Vec<Cycle>, ArchError> {
         .collect();
     found.sort();
     Ok(found)
-}
-
-/// The crate's module files longer than `max_lines` lines, with their
-/// lengths (relative paths, sorted).
-pub fn long_files(crate_dir: &Path, max_lines: usize) -> Result<Vec<(PathBuf, usize)>, ArchError> {
-    let tree = ModuleTree::read(crate_dir)?;
-    let mut long = Vec::new();
-    for path in tree.files() {
-        let lines = read(path)?.lines().count();
-        if lines > max_lines {
-            long.push((relative(crate_dir, path), lines));
-        }
-    }
-    long.sort();
-    Ok(long)
 }
 
 fn read(path: &Path) -> Result<String, ArchError> {

@@ -5,12 +5,11 @@ use std::collections::BTreeSet;
 
 use syn::visit::Visit;
 
-use crate::ArchError;
 use crate::scope::{Scopes, use_leaves};
 use crate::tree::ModuleTree;
 
 /// The edges (from file, to file) of `tree`, each once.
-pub(crate) fn file_edges(tree: &ModuleTree) -> Result<Vec<(usize, usize)>, ArchError> {
+pub(crate) fn file_edges(tree: &ModuleTree) -> Vec<(usize, usize)> {
     let scopes = Scopes::read(tree);
     let mut edges = BTreeSet::new();
     for file in 0..tree.files().len() {
@@ -25,7 +24,7 @@ pub(crate) fn file_edges(tree: &ModuleTree) -> Result<Vec<(usize, usize)>, ArchE
         };
         walker.visit_file(tree.parsed(file));
     }
-    Ok(edges.into_iter().collect())
+    edges.into_iter().collect()
 }
 
 struct Walker<'a> {

@@ -5,24 +5,15 @@ use std::path::{Path, PathBuf};
 
 use crate::{ArchError, read};
 
-/// A module: where its items are written and where its children's files go.
-#[derive(Clone, Debug)]
-pub struct Module {
-    /// Index into [`ModuleTree::files`] of the file holding the module's
-    /// items (an inline module shares its parent's file).
-    pub file: usize,
-    /// The folder a `mod child;` of this module is looked for in.
-    pub child_dir: PathBuf,
-}
-
 /// One crate root (`lib.rs`, `main.rs`) and everything it declares.
 pub struct ModuleTree {
     files: Vec<PathBuf>,
     parsed: Vec<syn::File>,
     /// For each file, the crate root it belongs to and its module path.
     file_module: Vec<(usize, Vec<String>)>,
-    /// (root, module path) -> module.
-    modules: BTreeMap<(usize, Vec<String>), Module>,
+    /// (root, module path) -> the file holding the module's items (an
+    /// inline module shares its parent's file).
+    modules: BTreeMap<(usize, Vec<String>), usize>,
 }
 
 impl ModuleTree {
@@ -69,7 +60,7 @@ impl ModuleTree {
         (0..=path.len())
             .rev()
             .find_map(|len| self.modules.get(&(root, path[..len].to_vec())))
-            .map(|module| module.file)
+            .copied()
     }
 
     /// Whether `path` (absolute, within `root`) is a module.
@@ -105,13 +96,7 @@ impl ModuleTree {
         child_dir: PathBuf,
         items: &[syn::Item],
     ) -> Result<(), ArchError> {
-        self.modules.insert(
-            (root, module.clone()),
-            Module {
-                file,
-                child_dir: child_dir.clone(),
-            },
-        );
+        self.modules.insert((root, module.clone()), file);
         for item in items {
             let syn::Item::Mod(decl) = item else { continue };
             let name = decl.ident.to_string();

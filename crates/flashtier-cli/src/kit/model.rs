@@ -15,7 +15,7 @@ use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{GpuOptions, LoadOptions};
 use flashtier_engine::{EngineError, ModelConfig};
 use flashtier_pack::cache::StoreCache;
-use flashtier_pack::pack::{PackOptions, PackReport, pack_experts, plan_experts, planned_bytes};
+use flashtier_pack::pack::{PackOptions, PackReport};
 
 use super::{bytes_bar, parse_bytes};
 
@@ -179,19 +179,11 @@ fn checked_weight_bytes(m: &ModelArgs, ckpt: &Checkpoint) -> anyhow::Result<u64>
 
 /// Pack `model`'s experts into `out` with a progress bar.
 fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport> {
-    let ckpt = flashtier_engine::checkpoint::files::CheckpointFiles::open(model)
-        .with_context(|| format!("opening {}", model.display()))?;
-    let (_, manifest) = plan_experts(&ckpt)?;
-    drop(ckpt);
-    let bar = bytes_bar(planned_bytes(&manifest), "packing", show);
     // Another `run` may be packing the same store: wait for it, then use
     // its store instead of packing again.
     let mut opts = PackOptions::new(model, out);
     opts.reuse_existing = true;
-    let report = pack_experts(&opts, &|n| bar.inc(n))
-        .with_context(|| format!("packing {} into {}", model.display(), out.display()))?;
-    bar.finish_and_clear();
-    Ok(report)
+    super::pack_with_bar(&opts, show)
 }
 
 /// A pool that cannot hold one step's experts says how big the budget must

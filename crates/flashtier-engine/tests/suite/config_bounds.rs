@@ -13,7 +13,6 @@ use std::path::Path;
 
 use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::config::bounds;
-use flashtier_engine::load::{LoadOptions, load_cpu};
 use flashtier_engine::store::PackError;
 use flashtier_engine::{EngineError, ModelConfig};
 use flashtier_pack::pack::plan_experts;
@@ -170,7 +169,9 @@ fn counts_are_held_against_the_tensors_that_carry_them() {
 fn loading_refuses_before_packing_or_allocating() {
     let cache = tempfile::tempdir().unwrap();
     let dir = edited("mixtral", &[("num_hidden_layers", json!(4))]);
-    let err = cached_load(dir.path(), cache.path()).unwrap_err();
+    let err = common::load(dir.path(), cache.path())
+        .map(drop)
+        .unwrap_err();
     assert!(matches!(err, EngineError::ConfigMismatch { .. }), "{err}");
     assert!(
         !cache.path().join("stores").exists(),
@@ -180,7 +181,9 @@ fn loading_refuses_before_packing_or_allocating() {
         "mixtral",
         &[("max_position_embeddings", json!(1_000_000_000u64))],
     );
-    let err = cached_load(dir.path(), cache.path()).unwrap_err();
+    let err = common::load(dir.path(), cache.path())
+        .map(drop)
+        .unwrap_err();
     match err {
         EngineError::TooLarge { unit, what, .. } => {
             assert_eq!(unit, "positions");
@@ -244,11 +247,4 @@ fn header_errors_carry_no_debug_text() {
         text.ends_with("tensor a: 8 bytes, but shape 2x2 of F32 needs 16"),
         "{text}"
     );
-}
-
-/// The whole load path of a plain checkpoint: its store from the cache
-/// (packed first when missing), then the model over it.
-fn cached_load(model: &Path, cache: &Path) -> Result<(), EngineError> {
-    let store = flashtier_pack::cache::StoreCache::at(cache).ensure(model, &|_, _| {})?;
-    load_cpu(model, &LoadOptions::store(store.path())).map(drop)
 }
