@@ -63,6 +63,11 @@ pub struct Tuning {
     pub down_rows: u32,
     /// Prompt chunks' products as tiles.
     pub prompt_tiles: bool,
+    /// BF16 prompt tiles on the tensor cores, the input split into two
+    /// BF16 parts ([`PROMPT_MMA`]; unlike the other knobs this one changes
+    /// the rounding: each product term carries an extra relative error of
+    /// at most 2^-17).
+    pub prompt_mma: bool,
     /// The dense and grouped tile shapes.
     pub tiles: (TileShape, TileShape),
 }
@@ -75,6 +80,7 @@ impl Default for Tuning {
             attn_ahead: DEFAULT_ATTN_AHEAD,
             down_rows: DEFAULT_DOWN_ROWS,
             prompt_tiles: true,
+            prompt_mma: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
         }
     }
@@ -149,6 +155,11 @@ pub const DOWN_ROWS: &str = "FLASHTIER_DOWN_ROWS";
 /// `FLASHTIER_PROMPT_TILES`: `0` runs prompt chunks as GEMV passes and
 /// per-pair experts instead of tiles (default `1`).
 pub const PROMPT_TILES: &str = "FLASHTIER_PROMPT_TILES";
+/// `FLASHTIER_PROMPT_MMA`: `0` keeps a BF16 prompt's tiles on the CUDA
+/// cores (f32 chains) instead of the tensor cores with split inputs
+/// (default `1`; the tensor cores need compute capability 8.0 or later and
+/// are used only there).
+pub const PROMPT_MMA: &str = "FLASHTIER_PROMPT_MMA";
 /// `FLASHTIER_GEMM_TILE`: the tile shape `TMxTN` of a prompt's dense
 /// products (default `4x4`; see [`TileShape::parse`]).
 pub const GEMM_TILE: &str = "FLASHTIER_GEMM_TILE";
@@ -200,6 +211,11 @@ pub const SETTINGS: &[Setting] = &[
         name: PROMPT_TILES,
         default: "1",
         doc: "0: prompt chunks as GEMV passes and per-pair experts instead of tiles",
+    },
+    Setting {
+        name: PROMPT_MMA,
+        default: "1",
+        doc: "0: a BF16 prompt's tiles on the CUDA cores (f32) instead of the tensor cores (split BF16 inputs)",
     },
     Setting {
         name: GEMM_TILE,
@@ -274,6 +290,7 @@ impl Tuning {
             attn_ahead: env.int(ATTN_AHEAD, 1..=MAX_ATTN_AHEAD, d.attn_ahead)?,
             down_rows: env.int(DOWN_ROWS, 1..=MAX_DOWN_ROWS, d.down_rows)?,
             prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
+            prompt_mma: env.flag(PROMPT_MMA, d.prompt_mma)?,
             tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
         })
     }
@@ -308,6 +325,7 @@ mod tests {
             (ATTN_AHEAD, "1"),
             (DOWN_ROWS, "2"),
             (PROMPT_TILES, "0"),
+            (PROMPT_MMA, "0"),
             (GEMM_TILE, "8x4"),
             (GROUP_TILE, "4x8"),
             (DUMP_CUBIN, "/tmp/sass"),
@@ -330,6 +348,7 @@ mod tests {
                 attn_ahead: 1,
                 down_rows: 2,
                 prompt_tiles: false,
+                prompt_mma: false,
                 tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
             }
         );
@@ -347,6 +366,7 @@ mod tests {
             (ATTN_AHEAD, "9"),
             (DOWN_ROWS, "0"),
             (PROMPT_TILES, "yes"),
+            (PROMPT_MMA, "2"),
             (GEMM_TILE, "8x8"),
             (GROUP_TILE, "3x4"),
         ] {
@@ -381,6 +401,7 @@ mod tests {
         assert_eq!(default_of(ATTN_AHEAD), d.attn_ahead.to_string());
         assert_eq!(default_of(DOWN_ROWS), d.down_rows.to_string());
         assert_eq!(default_of(PROMPT_TILES), flag(d.prompt_tiles));
+        assert_eq!(default_of(PROMPT_MMA), flag(d.prompt_mma));
         let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
         assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
         assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));

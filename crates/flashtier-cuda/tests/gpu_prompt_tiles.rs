@@ -3,8 +3,9 @@
 //! (every weight dtype, partial tiles in rows, columns and width), and the
 //! property the engine relies on: an output row's bits do not depend on
 //! which rows run with it (one row alone, the whole chunk, any grouping of
-//! rows, three matrices in one launch or one each). Skips with a printed
-//! reason where there is no GPU.
+//! rows, three matrices in one launch or one each). BF16 runs both on the
+//! tensor cores (split inputs, `ops::mma`) and as f32 tiles. Skips with a
+//! printed reason where there is no GPU.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a broken kernel must fail the test loudly"
@@ -15,9 +16,9 @@ mod common;
 use std::sync::Arc;
 
 use flashtier_cuda::PinnedMemory;
-use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, WeightType};
 use flashtier_cuda::ops::experts::ExpertSlots;
+use flashtier_cuda::ops::{DecodeKernels, Tuning};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -28,6 +29,26 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// The kernels with BF16 tiles on the tensor cores, and without.
+fn both_kernels(gpu: &flashtier_cuda::Gpu) -> [DecodeKernels; 2] {
+    let with = |prompt_mma| {
+        DecodeKernels::with_tuning(
+            gpu,
+            Tuning {
+                prompt_mma,
+                ..Tuning::default()
+            },
+        )
+        .unwrap()
+    };
+    let k = [with(true), with(false)];
+    let tensor_cores = gpu.info().compute_capability.0 >= 8;
+    assert_eq!(k[0].mma(WeightType::Bf16), tensor_cores);
+    assert!(!k[1].mma(WeightType::Bf16));
+    assert!(!k[0].mma(WeightType::F16) && !k[0].mma(WeightType::F32));
+    k
+}
+
 #[test]
 fn tiled_products_match_f64_and_rows_do_not_depend_on_their_neighbours() {
     let Some(gpu) =
@@ -35,7 +56,13 @@ fn tiled_products_match_f64_and_rows_do_not_depend_on_their_neighbours() {
     else {
         return;
     };
-    let k = DecodeKernels::new(&gpu).unwrap();
+    for k in &both_kernels(&gpu) {
+        tiled_products_on(&gpu, k);
+    }
+}
+
+fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
+    let gpu = gpu.clone();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(0x7117);
     let types = [
@@ -129,7 +156,13 @@ fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
     else {
         return;
     };
-    let k = DecodeKernels::new(&gpu).unwrap();
+    for k in &both_kernels(&gpu) {
+        grouped_experts_on(&gpu, k);
+    }
+}
+
+fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
+    let gpu = gpu.clone();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(0x96);
     for ty in [

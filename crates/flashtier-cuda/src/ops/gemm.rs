@@ -21,6 +21,7 @@ use cudarc::driver::LaunchConfig;
 use super::buffers::{DevAct, DevMatrix};
 use super::dense::{check_many, mats, scale_args};
 use super::experts::{ExpertSlots, ExpertSpec};
+use super::mma::{MMA_COLS, MMA_GROUP_ROWS, MMA_THREADS};
 use super::route::DevRoutes;
 use super::{DecodeKernels, MAX_GEMV_ROWS, dim, linear_cfg};
 use crate::error::CudaError;
@@ -135,9 +136,9 @@ impl DecodeKernels {
         }
     }
 
-    /// `outs[q][r] = ws[q] x[r]` as tiles of the dense [`TileShape`],
-    /// up to four matrices of one dtype and width in one launch; the width
-    /// must be a multiple of 8.
+    /// `outs[q][r] = ws[q] x[r]` as tiles of the dense [`TileShape`] (BF16
+    /// on the tensor cores where [`Self::mma`]), up to four matrices of one
+    /// dtype and width in one launch; the width must be a multiple of 8.
     pub fn gemm_many(
         &self,
         outs: &mut [&mut DevAct],
@@ -154,6 +155,9 @@ impl DecodeKernels {
                 "gemm",
                 format!("width {k} is not a multiple of 8"),
             ));
+        }
+        if self.mma(ty) {
+            return self.gemm_mma(outs, ws, x, k);
         }
         let (_, br, bc) = scale_args(first);
         let tile = self.tiles.0;
@@ -246,8 +250,15 @@ impl DecodeKernels {
         if rows.is_empty() {
             return Ok(());
         }
-        let tile = self.tiles.1;
-        let groups = group_pairs(ids, k, rows.clone(), experts, tile.rows())?;
+        // The tensor cores' tiles for BF16 (`mma`), else the f32 tiles.
+        let mma = self.mma(spec.ty);
+        let (tile_rows, tile_cols, threads, kind) = if mma {
+            (MMA_GROUP_ROWS, MMA_COLS, MMA_THREADS, "mma_")
+        } else {
+            let t = self.tiles.1;
+            (t.rows(), t.cols(), TILE_THREADS, "")
+        };
+        let groups = group_pairs(ids, k, rows.clone(), experts, tile_rows)?;
         let stream = self.gpu.stream();
         let perm = stream
             .clone_htod(&groups.perm)
@@ -263,11 +274,11 @@ impl DecodeKernels {
         let cfg = |cols: usize| -> Result<LaunchConfig, CudaError> {
             Ok(LaunchConfig {
                 grid_dim: (
-                    dim(cols.div_ceil(tile.cols()), "expert columns")?,
+                    dim(cols.div_ceil(tile_cols), "expert columns")?,
                     dim(groups.tiles.len(), "expert tiles")?,
                     1,
                 ),
-                block_dim: (TILE_THREADS, 1, 1),
+                block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             })
         };
@@ -282,13 +293,15 @@ impl DecodeKernels {
             .push(i as i32)
             .push(geo)
             .buf(g, act.buf());
-        // SAFETY: matches `moe_group_gate_up_*`. Every tile names an expert
+        // SAFETY: matches `moe_group_gate_up_*` (and its `mma_` form, the
+        // same parameters, for BF16 records; its tiles hold at most
+        // MMA_GROUP_ROWS pairs, as group_pairs made them). Every tile names an expert
         // below `experts` (checked by group_pairs), so its table index is
         // below `entries`; set entries point at whole records of at least
         // `min_record_bytes`, cleared ones are 0 and never read. perm holds
         // pair indices below n * top_k, so x rows p / top_k < n and act rows
         // p < pairs; hidden and inter are multiples of 8 (`grouped`).
-        unsafe { self.launch(&format!("moe_group_gate_up_{sfx}"), cfg(i)?, a) }?;
+        unsafe { self.launch(&format!("moe_group_gate_up_{kind}{sfx}"), cfg(i)?, a) }?;
         let mut a = Args::new();
         a.buf(g, &slots.table_dev)
             .push(layer_base as i32)
@@ -301,7 +314,7 @@ impl DecodeKernels {
             .buf(g, y.buf());
         // SAFETY: as above, reading act rows p < pairs (inter wide) and
         // writing y rows p < pairs (hidden wide).
-        unsafe { self.launch(&format!("moe_group_down_{sfx}"), cfg(h)?, a) }?;
+        unsafe { self.launch(&format!("moe_group_down_{kind}{sfx}"), cfg(h)?, a) }?;
         let count = rows.len() * h;
         let mut a = Args::new();
         a.push(super::addr(g, y.buf(), rows.start * k * h))

@@ -30,6 +30,7 @@ pub mod dense;
 pub mod experts;
 pub mod gemm;
 pub mod hint;
+pub mod mma;
 mod moe;
 pub mod norm;
 pub mod pick;
@@ -59,6 +60,8 @@ pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/decode/moe.cu"),
     "\n",
     include_str!("../kernels/decode/gemm.cu"),
+    "\n",
+    include_str!("../kernels/decode/mma.cu"),
     "\n",
     include_str!("../kernels/decode/route.cu"),
     "\n",
@@ -104,6 +107,9 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("moe_group_down_f32", true),
     ("moe_group_down_fp8", true),
     ("moe_group_sum", true),
+    ("gemm_mma_bf16", true),
+    ("moe_group_gate_up_mma_bf16", true),
+    ("moe_group_down_mma_bf16", true),
     ("route_softmax", true),
     ("route_sigmoid_groups", true),
     ("router_softmax_bf16", true),
@@ -179,6 +185,9 @@ pub struct DecodeKernels {
     /// ([`gemm`]); off ([`crate::settings::PROMPT_TILES`]), they run as
     /// GEMV passes and (row, expert) pairs instead.
     tiles_on: bool,
+    /// BF16 tiles on the tensor cores ([`mma`]; [`crate::settings::PROMPT_MMA`]
+    /// and a device of compute capability 8.0 or later).
+    mma_on: bool,
     /// The dense and grouped tile shapes compiled in.
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
@@ -197,14 +206,16 @@ impl DecodeKernels {
     /// Compile and load the kernels for the device of `gpu`, tuned as the
     /// environment says ([`Tuning::from_env`], [`crate::settings`]: the
     /// evict-first hint, [`GEMV_LOADS`], [`ATTN_AHEAD`], [`DOWN_ROWS`], the
-    /// tiled prompt products and their tile shapes; any of them gives the
-    /// same bits).
+    /// tiled prompt products and their tile shapes, none of which changes a
+    /// result bit; and whether BF16 tiles run on the tensor cores, which
+    /// changes the rounding, see [`mma`]).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         Self::with_tuning(gpu, Tuning::from_env()?)
     }
 
     /// Compile and load the kernels with the knobs of `t` (none of them
-    /// changes a result bit; tests build several to show it).
+    /// changes a result bit but `prompt_mma`; tests build several to show
+    /// it).
     pub fn with_tuning(gpu: &Gpu, t: Tuning) -> Result<Self, CudaError> {
         let t = t.clamped();
         let (module, _) = load_module(gpu, "decode", DECODE_SRC, &t.defines())?;
@@ -223,6 +234,7 @@ impl DecodeKernels {
             scratch: pick::Scratch::new(gpu)?,
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
+            mma_on: t.prompt_mma && gpu.info().compute_capability.0 >= 8,
             tiles: t.tiles,
             down_rows: t.down_rows as usize,
         })

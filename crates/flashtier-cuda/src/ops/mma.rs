@@ -1,0 +1,79 @@
+//! A BF16 prompt chunk's products on the tensor cores
+//! (`kernels/decode/mma.cu`): the dense products and the grouped experts
+//! of [`super::gemm`] with the same operands, as `mma.sync` tiles. Each f32
+//! input is split into two BF16 parts (`hi = bf16(x)`, `lo = bf16(x -
+//! hi)`, which keep 16 of its 24 significand bits) and BF16 weights are
+//! exact, so an output is `Σ w·hi + w·lo` accumulated in f32: each product
+//! term carries an extra relative error of at most 2^-17 against the f32
+//! tiles. As there, an output's bits depend on its input row and weight row
+//! only, so a row gives the same bits alone, in any group of rows and at
+//! every expert budget.
+//!
+//! Used for BF16 weights on devices of compute capability 8.0 and later
+//! unless [`crate::settings::PROMPT_MMA`] is `0`; other dtypes keep the f32
+//! tiles.
+//!
+//! Bounds: as the f32 tiles (the grouped step's pair order and tile list);
+//! a block stages at most 15 KiB of shared memory.
+
+use cudarc::driver::LaunchConfig;
+
+use super::buffers::{DevAct, DevMatrix, WeightType};
+use super::dense::mats;
+use super::{DecodeKernels, dim};
+use crate::error::CudaError;
+use crate::launch::Args;
+
+/// Threads of a tensor-core tile's block (`MMA_THREADS`).
+pub const MMA_THREADS: u32 = 128;
+/// Output columns of a tile (`MMA_BN`).
+pub const MMA_COLS: usize = 64;
+/// Input rows of a dense tile (`BM` of `gemm_mma_bf16`).
+pub const MMA_DENSE_ROWS: usize = 64;
+/// Pairs of a grouped expert tile (`MMA_GROUP_ROWS`).
+pub const MMA_GROUP_ROWS: usize = 32;
+
+impl DecodeKernels {
+    /// Whether a prompt's tiles of `ty` weights run on the tensor cores.
+    #[must_use]
+    pub fn mma(&self, ty: WeightType) -> bool {
+        self.mma_on && ty == WeightType::Bf16
+    }
+
+    /// [`Self::gemm_many`] on the tensor cores, for checked operands of
+    /// BF16 weights `k` wide (a multiple of 8).
+    pub(super) fn gemm_mma(
+        &self,
+        outs: &mut [&mut DevAct],
+        ws: &[&DevMatrix],
+        x: &DevAct,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let col_tiles: usize = ws.iter().map(|w| w.rows().div_ceil(MMA_COLS)).sum();
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(col_tiles)
+                    .map_err(|_| CudaError::invalid("gemm", format!("{col_tiles} tiles")))?,
+                dim(x.rows().div_ceil(MMA_DENSE_ROWS), "gemm rows")?,
+                1,
+            ),
+            block_dim: (MMA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let gpu = &self.gpu;
+        let mut a = Args::new();
+        a.push(mats(gpu, outs, ws, 0))
+            .push((k * 2) as i64)
+            .push(k as i32)
+            .push(super::addr(gpu, x.buf(), 0))
+            .push(x.rows() as i32);
+        // SAFETY: matches `gemm_mma_bf16` in kernels/decode/mma.cu. Each
+        // matrix holds its rows of k BF16 values (checked at upload), every
+        // output holds x.rows() rows of its matrix's rows and x holds
+        // x.rows() rows of k (`check_many`, by the caller); k % 8 == 0 makes
+        // every 16-byte weight load and 4-float input load whole, and
+        // buffers start 256-byte aligned; a block reads and writes only rows
+        // below x.rows() and columns below its matrix's rows.
+        unsafe { self.launch("gemm_mma_bf16", cfg, a) }
+    }
+}
