@@ -80,7 +80,7 @@ fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
                 let x: Vec<f32> = (0..rows * kk)
                     .map(|_| rng.random_range(-1.0..1.0))
                     .collect();
-                let xa = act(&k, &pool, rows, kk, &x);
+                let xa = act(k, &pool, rows, kk, &x);
                 let mut out = pool.take(&gpu, rows, m).unwrap();
                 assert!(k.tiled(kk, rows));
                 k.products(&mut [&mut out], &[&dm], &xa).unwrap();
@@ -98,7 +98,7 @@ fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
                 // The last row alone, and the first 9 rows alone, give the
                 // bits they gave inside the whole chunk.
                 for (r0, n) in [(rows - 1, 1), (0, 9)] {
-                    let xs = act(&k, &pool, n, kk, &x[r0 * kk..(r0 + n) * kk]);
+                    let xs = act(k, &pool, n, kk, &x[r0 * kk..(r0 + n) * kk]);
                     let mut o = pool.take(&gpu, n, m).unwrap();
                     k.gemm_many(&mut [&mut o], &[&dm], &xs).unwrap();
                     assert_eq!(
@@ -123,7 +123,7 @@ fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
     let x: Vec<f32> = (0..rows * kk)
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
-    let xa = act(&k, &pool, rows, kk, &x);
+    let xa = act(k, &pool, rows, kk, &x);
     let mut o0 = pool.take(&gpu, rows, 300).unwrap();
     let mut o1 = pool.take(&gpu, rows, 64).unwrap();
     let mut o2 = pool.take(&gpu, rows, 72).unwrap();
@@ -144,7 +144,7 @@ fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
     // A width that is not whole chunks of 8 is refused, not misread.
     let (b, s, _) = random_matrix(&mut rng, 16, 29, ty);
     let odd = DevMatrix::upload(&gpu, 16, 29, ty, &b, s.as_deref()).unwrap();
-    let xo = act(&k, &pool, 20, 29, &vec![0.5; 20 * 29]);
+    let xo = act(k, &pool, 20, 29, &vec![0.5; 20 * 29]);
     let mut oo = pool.take(&gpu, 20, 16).unwrap();
     assert!(!k.tiled(29, 20));
     assert!(k.gemm_many(&mut [&mut oo], &[&odd], &xo).is_err());
@@ -207,7 +207,7 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
             slots.point_to_slot(e, e).unwrap();
         }
         slots.publish().unwrap();
-        let xa = act(&k, &pool, rows, h, &x);
+        let xa = act(k, &pool, rows, h, &x);
         let run = |groups: &[std::ops::Range<usize>], slots: &ExpertSlots| -> Vec<f32> {
             let mut out = pool.take(&gpu, rows, h).unwrap();
             let mut a = pool.take(&gpu, rows * top, i).unwrap();
