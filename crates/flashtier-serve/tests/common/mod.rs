@@ -110,6 +110,7 @@ pub fn default_config() -> SchedulerConfig {
         step_rows: 256,
         context: 256,
         prefix_cache_tokens: 4096,
+        prefix_spill: None,
     }
 }
 

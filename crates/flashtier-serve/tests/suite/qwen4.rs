@@ -74,6 +74,7 @@ fn qwen4_requests_run_one_at_a_time_and_each_gets_its_own_tokens() {
         step_rows: 256,
         context: 64,
         prefix_cache_tokens: 4096,
+        prefix_spill: None,
     };
     let (sched, thread) = Scheduler::start(move || Ok::<_, String>(open(&d, &s)), cfg).unwrap();
     assert_eq!(
