@@ -400,10 +400,7 @@ impl PrefixSpill {
                 self.stats.restored += 1;
                 self.stats.bytes_read += bytes;
             }
-            Err(e) => {
-                self.stats.restore_failures += 1;
-                tracing::warn!("a spilled cache could not be restored; recomputing: {e}");
-            }
+            Err(_) => self.stats.restore_failures += 1,
         }
         result.map(|_| ())
     }
@@ -432,7 +429,9 @@ impl PrefixSpill {
         let versions = s
             .versions
             .get(..need * store.layers)
-            .ok_or_else(|| SpillError::Shape(format!("{need} blocks of an entry of {s:?}")))?;
+            .ok_or_else(|| {
+                SpillError::Shape(format!("{need} blocks of an entry of {}", s.blocks.len()))
+            })?;
         let bytes = into.layer_len_bytes(fill);
         let mut keys = vec![vec![0u8; bytes]; store.layers];
         let mut values = vec![vec![0u8; bytes]; store.layers];

@@ -17,7 +17,10 @@
 //! [`SubmitError::QueueFull`], HTTP 429) and `max_batch` run; a request's
 //! channel carries at most `max_tokens + 2` events; a step holds at most
 //! `step_rows` rows; each sequence's cache at most `context` positions;
-//! kept caches at most `prefix_cache_tokens` positions.
+//! kept caches at most `prefix_cache_tokens` positions in memory and, with
+//! a spill, its `tokens` positions on the drive ([`crate::prefix::spill`]).
+//! A spill's writes and restores run on the scheduler thread, between
+//! steps: at most one entry's blocks (`context` positions) at a time.
 //!
 //! Exactness: a failed step fails the requests in it (their caches are
 //! dropped, since some layers may have advanced past others); the other
@@ -301,6 +304,11 @@ impl Scheduler {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
+                };
+                // The limits in force say whether a spill runs.
+                let cfg = SchedulerConfig {
+                    prefix_spill: cfg.prefix_spill.filter(|_| spill.is_some()),
+                    ..cfg
                 };
                 let _ = ready_tx.send(Ok((engine.vocab_size(), cfg.clone())));
                 let mut worker = Worker {

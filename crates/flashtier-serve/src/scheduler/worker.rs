@@ -124,8 +124,11 @@ impl Worker {
             let taken = self
                 .prefix
                 .take(&job.prompt, context, || engine.new_seq(context, id))
-                // Counted by the spill; the prompt is computed whole.
-                .unwrap_or(None);
+                .unwrap_or_else(|e| {
+                    // Counted by the spill; the prompt is computed whole.
+                    tracing::warn!("prompt reuse from the drive failed, recomputing: {e}");
+                    None
+                });
             let (kv, cached) = match taken {
                 Some(r) => {
                     if r.restored {
@@ -173,10 +176,10 @@ impl Worker {
         self.counters.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A sequence leaves the batch; its cache is kept for reuse.
+    /// A sequence leaves the batch; its cache is kept for reuse. It counts
+    /// as finished once the cache is kept (or spilled), so a reader of
+    /// `/metrics` that saw it finish sees the prefix cache after it.
     fn retire(&mut self, l: Live) {
-        self.counters.running.fetch_sub(1, Ordering::AcqRel);
-        self.counters.finished.fetch_add(1, Ordering::Relaxed);
         publish::kv_offloaded(&l.kv, l.offloaded_seen, &self.counters);
         let mut tokens = l.tokens;
         tokens.truncate(l.kv.len());
@@ -184,6 +187,8 @@ impl Worker {
             self.prefix.put(tokens, l.kv);
         }
         publish::prefix(&self.prefix, &self.counters);
+        self.counters.running.fetch_sub(1, Ordering::AcqRel);
+        self.counters.finished.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Each running cache's KV tier bytes since the last count.
