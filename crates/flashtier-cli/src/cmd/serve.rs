@@ -58,7 +58,12 @@ pub struct Args {
     pub prefix_spill_dir: Option<PathBuf>,
     /// Positions the spill store holds at most (whole 16-position blocks;
     /// its file is made at its final size, docs/configuration.md).
-    #[arg(long, value_name = "N", default_value_t = 65536, requires = "prefix_spill_dir")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 65536,
+        requires = "prefix_spill_dir"
+    )]
     pub prefix_spill_tokens: usize,
     /// Requests must send `Authorization: Bearer KEY` (unset or empty: no
     /// key asked).

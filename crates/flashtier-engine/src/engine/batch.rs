@@ -10,10 +10,10 @@
 //! computed on another sequence's state.
 
 use crate::device::KvState;
-use crate::device::tier_stats::KvTierStats;
 use crate::device::cpu::kernels::argmax;
 use crate::device::cpu::kv::KvCache;
 use crate::device::cuda::kv::CudaKv;
+use crate::device::tier_stats::KvTierStats;
 use crate::error::EngineError;
 use crate::model::{Decoder, PREFILL_CHUNK, RowOut, SeqStep, Want};
 

@@ -45,7 +45,9 @@ pub enum SpillError {
     },
     /// Restoring an entry failed: a read failed, came back short, or its
     /// bytes failed their block's checksum. The prompt is recomputed.
-    #[error("restoring {blocks} blocks of a kept cache from the prefix spill store {path}: {source}")]
+    #[error(
+        "restoring {blocks} blocks of a kept cache from the prefix spill store {path}: {source}"
+    )]
     Restore {
         /// The store file.
         path: PathBuf,

@@ -28,6 +28,7 @@
 mod error;
 mod image;
 pub mod spill;
+mod store;
 
 #[cfg(test)]
 mod tests;

@@ -21,7 +21,8 @@
 //! width: twice `head_dim` at the default precision), and never grows:
 //! every write is one of its blocks. Memory: a staging buffer of one tile
 //! (at most `layers` blocks) for writes, and the restore ring of
-//! [`RING_TILES`] tiles; a tile holds at most [`MAX_RING_BYTES`] `/ 3`.
+//! [`RING_TILES`] tiles; a tile holds at most [`MAX_RING_BYTES`] `/ 3`
+//! (or one block, if a block is larger).
 //!
 //! Durability (the KV tier's policy, `flashtier::kv`): the store is a cache
 //! of state the model recomputes. A block's table entry is sealed (its
@@ -41,15 +42,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use flashtier::kv::KvError;
-use flashtier::kv::swap::{BlockVersion, KvSwap, SwapOptions};
+use flashtier::kv::swap::BlockVersion;
 use flashtier_engine::device::KvState;
 use flashtier_engine::device::cpu::kv::{BLOCK_TOKENS, KvCache};
-use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
-use flashtier_io::{AlignedBuf, DirectMode, PosixBackend, StorageBackend, StoreFile};
+use flashtier_io::{DirectMode, PosixBackend, StorageBackend};
 
 use super::error::SpillError;
-use super::image::BlockImage;
+use super::store::{self, Store, StoreIo};
 
 /// Most positions the store may hold (16 Mi).
 pub const MAX_SPILL_TOKENS: usize = 1 << 24;
@@ -140,14 +139,6 @@ impl Spilled {
     }
 }
 
-struct Store {
-    swap: KvSwap,
-    image: BlockImage,
-    layers: usize,
-    tile_blocks: usize,
-    staging: AlignedBuf,
-}
-
 /// The store and its free block numbers (see the module docs).
 pub struct PrefixSpill {
     cfg: SpillConfig,
@@ -191,13 +182,15 @@ impl PrefixSpill {
             source,
         };
         std::fs::create_dir_all(&cfg.dir).map_err(dir_err)?;
-        sweep_stale(&cfg.dir).map_err(dir_err)?;
+        store::sweep_stale(&cfg.dir).map_err(dir_err)?;
         let backend = match &cfg.backend {
             Some(b) => b.clone(),
-            None => Arc::new(PosixBackend::new(QUEUE_DEPTH).map_err(|e| SpillError::Create {
-                path: cfg.dir.clone(),
-                source: e.into(),
-            })?),
+            None => Arc::new(
+                PosixBackend::new(QUEUE_DEPTH).map_err(|e| SpillError::Create {
+                    path: cfg.dir.clone(),
+                    source: e.into(),
+                })?,
+            ),
         };
         let blocks = u32::try_from(blocks_for(cfg.tokens))
             .map_err(|_| SpillError::Shape("too many spill blocks".into()))?;
@@ -237,9 +230,7 @@ impl PrefixSpill {
     /// The store's length in bytes, once it exists (fixed at creation).
     #[must_use]
     pub fn file_len_bytes(&self) -> Option<u64> {
-        self.store
-            .as_ref()
-            .map(|s| s.swap.layout().file_len_bytes())
+        self.store.as_ref().map(Store::file_len_bytes)
     }
 
     /// Counters so far.
@@ -265,80 +256,19 @@ impl PrefixSpill {
         self.free.extend(s.blocks.iter().rev());
     }
 
-    fn create(&self, kv: &KvCache) -> Result<Store, SpillError> {
-        let shape = kv.shape();
-        let n = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
-        let geometry = KvGeometry {
-            num_layers: n(kv.layers()),
-            num_blocks: self.blocks,
-            num_kv_heads: n(shape.num_kv_heads),
-            block_tokens: n(shape.block_tokens),
-            head_dim: n(shape.head_dim),
-            dtype_bytes: 2,
-        };
-        let create_err = |source| SpillError::Create {
-            path: self.path.clone(),
-            source,
-        };
-        let layout = GroupLayout::new(geometry, BlockOrder::BlockMajor).map_err(|e| {
-            create_err(KvError::Format {
-                path: self.path.display().to_string(),
-                source: e,
-            })
-        })?;
-        let image = BlockImage::new(shape, &layout)?;
-        let bb = image.block_bytes();
-        let tile_blocks = (MAX_RING_BYTES / RING_TILES / bb).clamp(1, kv.layers().max(1));
-        let identity = format!(
-            "flashtier prefix spill: {} layers, {shape:?}, {}",
-            kv.layers(),
-            kv.precision()
-        );
-        let opts = SwapOptions {
-            direct: self.cfg.direct,
-            tile_slots: tile_blocks,
-            ring_tiles: RING_TILES,
-            model_hash: flashtier_format::checksum::xxh3_64(identity.as_bytes()),
-            ..SwapOptions::default()
-        };
-        let swap = KvSwap::create(self.backend.clone(), &self.path, layout, opts)
-            .map_err(create_err)?;
-        tracing::info!(
-            path = %self.path.display(),
-            blocks = self.blocks,
-            file_bytes = layout.file_len_bytes(),
-            "prefix spill store created"
-        );
-        Ok(Store {
-            swap,
-            image,
-            layers: kv.layers(),
-            tile_blocks,
-            staging: AlignedBuf::zeroed(tile_blocks * bb),
-        })
-    }
-
     /// Write `kv` (a cache of `capacity` positions) to the drive. The
     /// caller made room ([`Self::free_blocks`]); on failure nothing of it
     /// is kept.
     pub(super) fn write(&mut self, kv: &KvCache, capacity: usize) -> Result<Spilled, SpillError> {
         let result = self.try_write(kv, capacity);
         match &result {
-            Ok(s) => {
-                self.stats.spilled += 1;
-                let per = s.versions.len() as u64;
-                self.stats.bytes_written += per * self.block_bytes();
-            }
+            Ok(_) => self.stats.spilled += 1,
             Err(e) => {
                 self.stats.spill_failures += 1;
                 tracing::warn!("a kept cache was dropped instead of spilled: {e}");
             }
         }
         result
-    }
-
-    fn block_bytes(&self) -> u64 {
-        self.store.as_ref().map_or(0, |s| s.image.block_bytes() as u64)
     }
 
     fn try_write(&mut self, kv: &KvCache, capacity: usize) -> Result<Spilled, SpillError> {
@@ -351,33 +281,31 @@ impl PrefixSpill {
                 self.blocks
             )));
         }
-        if self.store.is_none() {
-            self.store = Some(self.create(kv)?);
-        }
-        let Self {
-            store, free, path, ..
-        } = self;
-        let store = store
-            .as_mut()
-            .ok_or_else(|| SpillError::Shape("no spill store".into()))?;
-        if store.layers != kv.layers() || BlockImage::new(kv.shape(), store.swap.layout()).is_err()
-        {
-            return Err(SpillError::Shape(format!(
-                "a cache of {} layers, {:?}, into a store of {}",
-                kv.layers(),
-                kv.shape(),
-                describe(store)
-            )));
-        }
+        let store = match &mut self.store {
+            Some(s) => s,
+            empty => {
+                let io = StoreIo {
+                    path: &self.path,
+                    backend: self.backend.clone(),
+                    direct: self.cfg.direct,
+                    blocks: self.blocks,
+                };
+                empty.insert(Store::create(io, kv)?)
+            }
+        };
+        let free = &mut self.free;
         let mut blocks = free.split_off(free.len() - need);
         blocks.reverse();
-        match write_blocks(store, kv, &blocks, path) {
-            Ok(versions) => Ok(Spilled {
-                blocks,
-                versions,
-                len: kv.len(),
-                capacity,
-            }),
+        match store.write(kv, &blocks) {
+            Ok(versions) => {
+                self.stats.bytes_written += versions.len() as u64 * store.block_bytes();
+                Ok(Spilled {
+                    blocks,
+                    versions,
+                    len: kv.len(),
+                    capacity,
+                })
+            }
             Err(e) => {
                 free.extend(blocks.iter().rev());
                 Err(e)
@@ -411,142 +339,16 @@ impl PrefixSpill {
         positions: usize,
         into: &mut KvCache,
     ) -> Result<u64, SpillError> {
-        let path = self.path.clone();
         let store = self
             .store
             .as_mut()
             .ok_or_else(|| SpillError::Shape("no spill store".into()))?;
         let need = blocks_for(positions.min(s.len)).max(1);
-        let fill = (need * BLOCK_TOKENS).min(s.len);
-        if store.layers != into.layers() || into.shape() != shape_of(store) {
-            return Err(SpillError::Shape(format!(
-                "a store of {} into a cache of {} layers, {:?}",
-                describe(store),
-                into.layers(),
-                into.shape()
-            )));
-        }
-        let versions = s
-            .versions
-            .get(..need * store.layers)
-            .ok_or_else(|| {
-                SpillError::Shape(format!("{need} blocks of an entry of {}", s.blocks.len()))
-            })?;
-        let bytes = into.layer_len_bytes(fill);
-        let mut keys = vec![vec![0u8; bytes]; store.layers];
-        let mut values = vec![vec![0u8; bytes]; store.layers];
-        let tiles: Vec<Vec<BlockVersion>> = versions
-            .chunks(store.tile_blocks)
-            .map(<[BlockVersion]>::to_vec)
-            .collect();
-        let (image, layers, per_tile) = (store.image, store.layers, store.tile_blocks);
-        let stats = store.swap.restore_blocks(&tiles, |t, landed| {
-            for j in 0..landed.len() {
-                let g = t * per_tile + j;
-                let (ordinal, layer) = (g / layers, g % layers);
-                let src = landed.block_bytes(j)?;
-                let put = match (keys.get_mut(layer), values.get_mut(layer)) {
-                    (Some(k), Some(v)) => image.unpack(src, ordinal, k, v),
-                    _ => Err(SpillError::Shape(format!("layer {layer}"))),
-                };
-                put.map_err(|e| KvError::Consumer {
-                    tile: t,
-                    what: e.to_string(),
-                })?;
-            }
-            Ok(())
-        });
-        let stats = stats.map_err(|source| SpillError::Restore {
-            path,
-            blocks: versions.len(),
-            source,
+        let versions = s.versions.get(..need * store.layers()).ok_or_else(|| {
+            SpillError::Shape(format!("{need} blocks of an entry of {}", s.blocks.len()))
         })?;
-        into.fill(fill, keys, values)?;
-        Ok(stats.bytes)
+        store.read(versions, (need * BLOCK_TOKENS).min(s.len), into)
     }
-}
-
-fn shape_of(store: &Store) -> flashtier_format::kv::KvShape {
-    let g = store.swap.layout().geometry();
-    flashtier_format::kv::KvShape {
-        num_kv_heads: g.num_kv_heads as usize,
-        block_tokens: g.block_tokens as usize,
-        head_dim: g.head_dim as usize,
-    }
-}
-
-fn describe(store: &Store) -> String {
-    format!("{} layers, {:?}", store.layers, shape_of(store))
-}
-
-/// Write every block number of `blocks` (block number by block number, a
-/// tile of layers a write); returns the versions in that order.
-fn write_blocks(
-    store: &mut Store,
-    kv: &KvCache,
-    blocks: &[u32],
-    path: &Path,
-) -> Result<Vec<BlockVersion>, SpillError> {
-    let bb = store.image.block_bytes();
-    let mut versions = Vec::with_capacity(blocks.len() * store.layers);
-    for (ordinal, &b) in blocks.iter().enumerate() {
-        for first in (0..store.layers).step_by(store.tile_blocks) {
-            let n = store.tile_blocks.min(store.layers - first);
-            for i in 0..n {
-                let (k, v) = kv.layer_bytes(first + i)?;
-                let dst = store
-                    .staging
-                    .get_mut(i * bb..(i + 1) * bb)
-                    .ok_or_else(|| SpillError::Shape("staging too small".into()))?;
-                store.image.pack(k, v, ordinal, dst)?;
-            }
-            let id = BlockId::new(first as u32, b);
-            let src = store.staging.get(..n * bb).unwrap_or_default();
-            let written = store.swap.offload_span(id, n as u32, src);
-            let written = written.map_err(|source| SpillError::Write {
-                path: path.to_path_buf(),
-                offset: store
-                    .swap
-                    .layout()
-                    .block_extent(id)
-                    .map_or(0, |e| e.offset),
-                len_bytes: (n * bb) as u64,
-                source,
-            })?;
-            versions.extend(written);
-        }
-    }
-    Ok(versions)
-}
-
-/// Remove `.flashtier-prefix-<pid>-<n>.ftkv` files in `dir` that no live
-/// server holds: their pid is not running (where `/proc` tells) and their
-/// lock is free. Returns how many went.
-fn sweep_stale(dir: &Path) -> std::io::Result<usize> {
-    let own = std::process::id().to_string();
-    let proc_fs = Path::new("/proc/self").exists();
-    let mut removed = 0;
-    for entry in std::fs::read_dir(dir)?.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let Some(rest) = name
-            .strip_prefix(".flashtier-prefix-")
-            .and_then(|r| r.strip_suffix(".ftkv"))
-        else {
-            continue;
-        };
-        let pid = rest.split('-').next().unwrap_or_default();
-        if pid == own || (proc_fs && Path::new("/proc").join(pid).exists()) {
-            continue;
-        }
-        let free = StoreFile::open_rw(&entry.path(), DirectMode::Off, false)
-            .and_then(|f| f.lock_exclusive());
-        if free.is_ok() && std::fs::remove_file(entry.path()).is_ok() {
-            tracing::info!(path = %entry.path().display(), "removed a stale prefix spill store");
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 impl Drop for PrefixSpill {

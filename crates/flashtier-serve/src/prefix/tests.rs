@@ -96,7 +96,10 @@ fn a_spilled_cache_comes_back_byte_for_byte_whole_and_cut_back() {
     let dir = tempfile::tempdir().unwrap();
     let want = bytes(&cache(37, 1));
     let mut p = spilled_one(spill_in(dir.path(), 256, None));
-    let r = p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap().unwrap();
+    let r = p
+        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .unwrap()
+        .unwrap();
     assert!(r.restored);
     assert_eq!((r.cached, r.kv.len()), (37, 37));
     assert_eq!(bytes(&r.kv), want);
@@ -129,7 +132,10 @@ fn at_equal_reuse_the_entry_in_memory_wins() {
     // Seed 1 again in memory; seed 2 goes to the drive beside its copy.
     p.put(tokens(37, 1), cache(37, 1));
     assert_eq!((p.held(), p.spilled()), (37, 57));
-    let r = p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap().unwrap();
+    let r = p
+        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .unwrap()
+        .unwrap();
     assert!(!r.restored);
     assert_eq!(p.spill().unwrap().stats().restored, 0);
 }
@@ -145,8 +151,15 @@ fn the_drive_keeps_its_bound_dropping_the_least_recently_used() {
     assert_eq!((p.held(), p.spilled()), (30, 20));
     let s = p.spill().unwrap().stats();
     assert_eq!((s.spilled, s.dropped), (2, 1));
-    assert!(p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap().is_none());
-    let r = p.take(&prompt_over(20, 2), CAPACITY, empty).unwrap().unwrap();
+    assert!(
+        p.take(&prompt_over(37, 1), CAPACITY, empty)
+            .unwrap()
+            .is_none()
+    );
+    let r = p
+        .take(&prompt_over(20, 2), CAPACITY, empty)
+        .unwrap()
+        .unwrap();
     assert!(r.restored && r.cached == 20);
     assert_eq!(bytes(&r.kv), bytes(&cache(20, 2)));
     // An entry longer than the whole drive is dropped, never written.
@@ -168,7 +181,10 @@ fn the_store_keeps_its_length_and_goes_with_the_cache() {
     assert_eq!(spill.file_len_bytes(), Some(len));
     let mut p = p;
     for seed in 10..30 {
-        p.put(tokens(33 + seed as usize, seed), cache(33 + seed as usize, seed));
+        p.put(
+            tokens(33 + seed as usize, seed),
+            cache(33 + seed as usize, seed),
+        );
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
     }
     assert!(p.spill().unwrap().stats().dropped > 0);
@@ -189,7 +205,10 @@ fn block_offset(layer: u32, block: u32) -> u64 {
         dtype_bytes: 2,
     };
     let layout = GroupLayout::new(g, BlockOrder::BlockMajor).unwrap();
-    layout.block_extent(BlockId::new(layer, block)).unwrap().offset
+    layout
+        .block_extent(BlockId::new(layer, block))
+        .unwrap()
+        .offset
 }
 
 /// The take after `damage` fails with a restore error whose cause `check`
@@ -212,7 +231,11 @@ fn fails_to_restore(
     let s = p.spill().unwrap().stats();
     assert_eq!((s.restored, s.restore_failures), (0, 1));
     assert_eq!((p.spilled(), p.len()), (0, 1));
-    assert!(p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap().is_none());
+    assert!(
+        p.take(&prompt_over(37, 1), CAPACITY, empty)
+            .unwrap()
+            .is_none()
+    );
     // Its blocks are free again: the next spill reuses them.
     assert_eq!(p.spill().unwrap().free_blocks(), 7);
 }
@@ -230,7 +253,8 @@ fn a_corrupt_block_is_a_typed_error_never_a_cache() {
         Some(FaultPlan::seeded(11)),
         |path| {
             let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-            f.write_all_at(&[0x5a; 8], block_offset(1, 1) + 100).unwrap();
+            f.write_all_at(&[0x5a; 8], block_offset(1, 1) + 100)
+                .unwrap();
         },
         |e| caused_by(e, &|e| matches!(e, KvError::Corrupt { .. })),
     );
@@ -239,7 +263,11 @@ fn a_corrupt_block_is_a_typed_error_never_a_cache() {
 #[test]
 fn a_failed_read_is_a_typed_error() {
     let plan = FaultPlan::seeded(12).fail_nth(OpKind::Read, 2, Fault::Eio);
-    fails_to_restore(Some(plan), |_| {}, |e| caused_by(e, &|e| matches!(e, KvError::Io(_))));
+    fails_to_restore(
+        Some(plan),
+        |_| {},
+        |e| caused_by(e, &|e| matches!(e, KvError::Io(_))),
+    );
 }
 
 #[test]
@@ -264,7 +292,11 @@ fn a_torn_spill_write_drops_the_entry() {
     let s = p.spill().unwrap().stats();
     assert_eq!((s.spilled, s.spill_failures), (0, 1));
     assert_eq!((p.spilled(), p.len()), (0, 1));
-    assert!(p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap().is_none());
+    assert!(
+        p.take(&prompt_over(37, 1), CAPACITY, empty)
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(p.spill().unwrap().free_blocks(), 7);
 }
 

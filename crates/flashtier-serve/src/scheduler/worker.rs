@@ -362,10 +362,8 @@ impl Worker {
             c.decode_rows.fetch_add(rows as u64, Ordering::Relaxed);
             c.decode_step_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            c.decode_records.fetch_add(
-                records.saturating_sub(before_records),
-                Ordering::Relaxed,
-            );
+            c.decode_records
+                .fetch_add(records.saturating_sub(before_records), Ordering::Relaxed);
         }
         self.count_offloads();
         let outs = match result {

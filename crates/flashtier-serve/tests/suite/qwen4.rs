@@ -153,18 +153,34 @@ fn qwen4_row_store_counters_show_on_metrics() {
         )
     };
     post_ok(&s.url("/v1/completions"), &body((10..22).collect()));
-    wait_metrics(&s, std::time::Duration::from_secs(30), "one finished", |s| {
-        metric(s, "requests_finished_total") == 1
-    });
-    let (lookups, misses) = (metric(&s, "row_lookups_total"), metric(&s, "row_misses_total"));
-    assert!(lookups > 0 && misses > 0 && misses <= lookups, "{lookups} {misses}");
+    wait_metrics(
+        &s,
+        std::time::Duration::from_secs(30),
+        "one finished",
+        |s| metric(s, "requests_finished_total") == 1,
+    );
+    let (lookups, misses) = (
+        metric(&s, "row_lookups_total"),
+        metric(&s, "row_misses_total"),
+    );
+    assert!(
+        lookups > 0 && misses > 0 && misses <= lookups,
+        "{lookups} {misses}"
+    );
     assert!(metric(&s, "row_bytes_read_total") >= 4096);
     // The same prompt again: its rows are in the cache now.
     post_ok(&s.url("/v1/completions"), &body((10..22).collect()));
-    wait_metrics(&s, std::time::Duration::from_secs(30), "two finished", |s| {
-        metric(s, "requests_finished_total") == 2
-    });
+    wait_metrics(
+        &s,
+        std::time::Duration::from_secs(30),
+        "two finished",
+        |s| metric(s, "requests_finished_total") == 2,
+    );
     assert!(metric(&s, "row_lookups_total") > lookups);
     assert!(metric(&s, "row_hits_total") > 0);
-    assert_eq!(metric(&s, "row_misses_total"), misses, "every row was cached");
+    assert_eq!(
+        metric(&s, "row_misses_total"),
+        misses,
+        "every row was cached"
+    );
 }

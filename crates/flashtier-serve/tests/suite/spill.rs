@@ -39,7 +39,9 @@ fn spill_config(dir: &Path, backend: Option<SimBackend>) -> SchedulerConfig {
 
 /// `n` prompt ids of the fixture's vocabulary, different for each `seed`.
 fn ids(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % 380).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % 380)
+        .collect()
 }
 
 /// A greedy completion of `prompt` with 3 logprobs a token: the choice and
@@ -85,7 +87,10 @@ fn block_offset(layer: u32, block: u32) -> u64 {
         dtype_bytes: 2,
     };
     let layout = GroupLayout::new(g, BlockOrder::BlockMajor).unwrap();
-    layout.block_extent(BlockId::new(layer, block)).unwrap().offset
+    layout
+        .block_extent(BlockId::new(layer, block))
+        .unwrap()
+        .offset
 }
 
 /// Run `a` (48 ids: a 55-position cache), then `b` (30 ids), which pushes
@@ -175,7 +180,8 @@ fn recomputes(backend: Option<SimBackend>, damage: impl FnOnce(&Path)) {
 fn a_corrupt_spilled_block_is_recomputed() {
     recomputes(None, |store| {
         let f = std::fs::OpenOptions::new().write(true).open(store).unwrap();
-        f.write_all_at(&[0xa5; 16], block_offset(2, 2) + 64).unwrap();
+        f.write_all_at(&[0xa5; 16], block_offset(2, 2) + 64)
+            .unwrap();
     });
 }
 
@@ -219,8 +225,14 @@ fn metrics_carry_the_spill_and_tier_counters_and_they_move() {
     let s = start(spill_config(dir.path(), None), None);
     let (_, text) = get(&s.url("/metrics"));
     for name in NEW_METRICS.iter().chain(&["prefix_spill_tokens"]) {
-        assert!(text.contains(&format!("# HELP flashtier_{name} ")), "{name}");
-        assert!(text.contains(&format!("# TYPE flashtier_{name} ")), "{name}");
+        assert!(
+            text.contains(&format!("# HELP flashtier_{name} ")),
+            "{name}"
+        );
+        assert!(
+            text.contains(&format!("# TYPE flashtier_{name} ")),
+            "{name}"
+        );
         assert_eq!(metric(&s, name), 0, "{name} before any request");
     }
     let (a, b) = (ids(48, 1), ids(30, 2));

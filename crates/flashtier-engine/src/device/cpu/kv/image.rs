@@ -14,9 +14,9 @@
 use flashtier_format::kv::KvShape;
 
 use super::{BLOCK_TOKENS, KvCache};
-use crate::device::KvState;
 #[cfg(doc)]
 use crate::device::KvPrecision;
+use crate::device::KvState;
 use crate::error::EngineError;
 
 /// Bytes of one stored value (BF16).
