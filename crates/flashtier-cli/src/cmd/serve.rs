@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub prefix_spill_dir: Option<PathBuf>,
     /// Positions the spill store holds at most (whole 16-position blocks;
-    /// its file is made at its final size, docs/configuration.md).
+    /// its file is made at its final size: the README's serve section).
     #[arg(
         long,
         value_name = "N",

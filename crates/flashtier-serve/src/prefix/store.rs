@@ -211,9 +211,24 @@ impl Store {
     }
 }
 
+/// Whether process `pid` runs: `/proc/<pid>/stat` exists and its state is
+/// not zombie or dead (a killed server nobody reaped yet has closed its
+/// files, so its store is free).
+fn running(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) else {
+        return false;
+    };
+    // `pid (comm) S ...`: the state follows the last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X'))
+}
+
 /// Remove `.flashtier-prefix-<pid>-<n>.ftkv` files in `dir` that no live
-/// server holds: their pid is not running (where `/proc` tells) and their
-/// lock is free. Returns how many went.
+/// server holds: their pid is not running (where `/proc` tells; that
+/// covers a store being created, not locked yet) and their lock is free.
+/// Returns how many went.
 pub(super) fn sweep_stale(dir: &Path) -> std::io::Result<usize> {
     let own = std::process::id().to_string();
     let proc_fs = Path::new("/proc/self").exists();
@@ -228,7 +243,7 @@ pub(super) fn sweep_stale(dir: &Path) -> std::io::Result<usize> {
             continue;
         };
         let pid = rest.split('-').next().unwrap_or_default();
-        if pid == own || (proc_fs && Path::new("/proc").join(pid).exists()) {
+        if pid == own || (proc_fs && running(pid)) {
             continue;
         }
         let free = StoreFile::open_rw(&entry.path(), DirectMode::Off, false)

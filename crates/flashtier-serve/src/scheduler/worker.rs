@@ -283,7 +283,13 @@ impl Worker {
         counters
             .generated_tokens
             .fetch_add(taken.len() as u64, Ordering::Relaxed);
+        // Every chained step is decode only: its expert records count there.
+        let before_records = counters.expert_records_used.load(Ordering::Relaxed);
         publish::engine(engine, counters);
+        let records = counters.expert_records_used.load(Ordering::Relaxed);
+        counters
+            .decode_records
+            .fetch_add(records.saturating_sub(before_records), Ordering::Relaxed);
         l.offloaded_seen = publish::kv_offloaded(&l.kv, l.offloaded_seen, counters);
         let fed = taken.len().saturating_sub(1);
         l.tokens.push(first);
