@@ -6,7 +6,8 @@
 //!   a bounded queue answers 429 past its limit, a closed connection
 //!   cancels its sequence.
 //! - [`prefix`]: finished sequences' KV caches kept for prompts that share
-//!   their first tokens.
+//!   their first tokens, in memory and, past its budget, spilled to the KV
+//!   tier on a drive ([`prefix::spill`]) and restored checksummed.
 //! - [`http`]: the routes (`/v1/chat/completions`, `/v1/completions`,
 //!   streamed or not, `/v1/models`, `/health`, `/metrics`), chat templates
 //!   and detokenizing through [`flashtier_text`], stop strings, logprobs,

@@ -1,4 +1,7 @@
-//! `/metrics`: the scheduler's counters in Prometheus' text format.
+//! `/metrics`: the scheduler's counters in Prometheus' text format. Every
+//! value is an integer (counters and gauges); a rate is a pair of counters
+//! (`expert_hits_total` / `expert_lookups_total`, `row_misses_total` /
+//! `row_lookups_total`).
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -140,8 +143,104 @@ pub fn render(c: &Counters) -> String {
     put(
         "prefix_cache_tokens",
         "gauge",
-        "Positions held in kept KV caches.",
+        "Positions held in kept KV caches in memory.",
         g(&c.prefix_cache_tokens),
     );
+    let hits = l(&c.expert_hits);
+    put(
+        "expert_lookups_total",
+        "counter",
+        "Expert uses, hits and misses (hit rate: expert_hits_total over this).",
+        hits + l(&c.expert_misses),
+    );
+    for (name, help, v) in tier_counters(c) {
+        put(name, "counter", help, v);
+    }
+    put(
+        "prefix_spill_tokens",
+        "gauge",
+        "Positions held in kept KV caches spilled to the drive.",
+        g(&c.prefix_spill_tokens),
+    );
     s
+}
+
+/// The row store's, the KV tier's and the prefix spill's counters.
+fn tier_counters(c: &Counters) -> [(&'static str, &'static str, u64); 14] {
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (r, p) = (&c.rows, &c.prefix_spill);
+    let spill_written = l(&p.bytes_written);
+    [
+        (
+            "row_lookups_total",
+            "Row-store lookups (PLE/Engram rows; 0 without a row store).",
+            l(&r.lookups),
+        ),
+        (
+            "row_hits_total",
+            "Row-store lookups served from its RAM cache (read-ahead rows included).",
+            l(&r.hits),
+        ),
+        (
+            "row_misses_total",
+            "Rows read from the row shards (hit rate: 1 - row_misses_total / row_lookups_total).",
+            l(&r.misses),
+        ),
+        (
+            "row_bytes_read_total",
+            "Bytes read from the row shards.",
+            l(&r.bytes_read),
+        ),
+        (
+            "kv_offloaded_bytes_total",
+            "KV bytes written to the KV tier on the drive: sequence caches past their HBM budget \
+             plus prefix-cache spills.",
+            l(&c.kv_seq_offloaded_bytes) + spill_written,
+        ),
+        (
+            "kv_seq_offloaded_bytes_total",
+            "KV bytes sequence caches wrote to the KV tier (a GPU cache past its HBM budget).",
+            l(&c.kv_seq_offloaded_bytes),
+        ),
+        (
+            "prompt_tokens_cached_restored_total",
+            "Prompt tokens reused from kept KV caches restored from the drive.",
+            l(&c.cached_restored_tokens),
+        ),
+        (
+            "prefix_spilled_total",
+            "Kept KV caches written to the drive when they left memory.",
+            l(&p.spilled),
+        ),
+        (
+            "prefix_spill_failures_total",
+            "Kept KV caches whose write to the drive failed (dropped).",
+            l(&p.spill_failures),
+        ),
+        (
+            "prefix_restored_total",
+            "Spilled KV caches read back, verified, for a prompt.",
+            l(&p.restored),
+        ),
+        (
+            "prefix_restore_failures_total",
+            "Spilled KV caches that failed to read back or verify (the prompt was recomputed).",
+            l(&p.restore_failures),
+        ),
+        (
+            "prefix_spill_dropped_total",
+            "Spilled KV caches dropped to make room on the drive, or too large for it.",
+            l(&p.dropped),
+        ),
+        (
+            "prefix_spill_bytes_written_total",
+            "Bytes the prefix spill wrote to its store.",
+            spill_written,
+        ),
+        (
+            "prefix_spill_bytes_read_total",
+            "Bytes the prefix spill read back and verified.",
+            l(&p.bytes_read),
+        ),
+    ]
 }

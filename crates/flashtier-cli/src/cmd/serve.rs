@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use flashtier_serve::prefix::SpillConfig;
 use flashtier_serve::{HttpConfig, Scheduler, SchedulerConfig};
 use flashtier_text::TextModel;
 
@@ -45,10 +46,25 @@ pub struct Args {
     /// model's context].
     #[arg(long, value_name = "N")]
     pub context: Option<usize>,
-    /// Positions of finished sequences' KV caches kept for prompt reuse
-    /// (0: no reuse).
+    /// Positions of finished sequences' KV caches kept in memory for
+    /// prompt reuse (0: no reuse).
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub prefix_cache_tokens: usize,
+    /// Spill kept KV caches past --prefix-cache-tokens to a KV store file in
+    /// DIR instead of dropping them, and restore them (checksummed) for a
+    /// prompt that shares their first tokens. CPU engine only (GPU caches
+    /// stay in memory). Off when unset.
+    #[arg(long, value_name = "DIR")]
+    pub prefix_spill_dir: Option<PathBuf>,
+    /// Positions the spill store holds at most (whole 16-position blocks;
+    /// its file is made at its final size: the README's serve section).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 65536,
+        requires = "prefix_spill_dir"
+    )]
+    pub prefix_spill_tokens: usize,
     /// Requests must send `Authorization: Bearer KEY` (unset or empty: no
     /// key asked).
     #[arg(
@@ -88,6 +104,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         step_rows: args.step_tokens.max(1),
         context: args.context.unwrap_or(usize::MAX),
         prefix_cache_tokens: args.prefix_cache_tokens,
+        prefix_spill: args
+            .prefix_spill_dir
+            .as_ref()
+            .map(|dir| SpillConfig::new(dir, args.prefix_spill_tokens)),
     };
     let (m, json) = (args.m.clone(), args.json);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -135,6 +155,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "max_batch": limits.max_batch, "context": limits.context,
                     "step_tokens": limits.step_rows, "max_queue": limits.max_queue,
                     "prefix_cache_tokens": limits.prefix_cache_tokens,
+                    "prefix_spill_dir": limits.prefix_spill.as_ref().map(|s| s.dir.display().to_string()),
+                    "prefix_spill_tokens": limits.prefix_spill.as_ref().map(|s| s.tokens),
                 })
             );
         } else {

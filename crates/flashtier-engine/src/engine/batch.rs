@@ -13,6 +13,7 @@ use crate::device::KvState;
 use crate::device::cpu::kernels::argmax;
 use crate::device::cpu::kv::KvCache;
 use crate::device::cuda::kv::CudaKv;
+use crate::device::tier_stats::KvTierStats;
 use crate::error::EngineError;
 use crate::model::{Decoder, PREFILL_CHUNK, RowOut, SeqStep, Want};
 
@@ -70,6 +71,18 @@ impl SeqKv {
             Self::Cpu(k) => k.capacity(),
             Self::Cuda(k) => k.capacity(),
             Self::Qwen4 { capacity, .. } => *capacity,
+        }
+    }
+
+    /// What the KV tier did for this cache (`None`: every position stays
+    /// in the device's memory; today only a GPU cache past its HBM budget
+    /// offloads).
+    #[must_use]
+    pub fn tier_stats(&self) -> Option<KvTierStats> {
+        match self {
+            Self::Cpu(k) => k.tier_stats(),
+            Self::Cuda(k) => k.tier_stats(),
+            Self::Qwen4 { .. } => None,
         }
     }
 

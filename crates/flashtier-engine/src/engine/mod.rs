@@ -17,7 +17,7 @@ use crate::device::cuda::CudaDevice;
 use crate::device::cuda::experts::{ExpertPath, TierStats};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
-use crate::family::qwen4::{PleRowOptions, Qwen4Model};
+use crate::family::qwen4::{PleRowOptions, PleRowStats, Qwen4Model};
 use crate::load::{GpuOptions, LoadOptions, cpu_experts, cuda_experts};
 use crate::model::{Generation, Model};
 
@@ -261,6 +261,15 @@ impl Engine {
             Self::Cpu(m) => m.expert_stats(),
             Self::Cuda(m) => m.expert_stats(),
             Self::Qwen4(m) => m.expert_stats(),
+        }
+    }
+
+    /// Row-store counters so far, for a model whose rows come from a row
+    /// store (Qwen4-Exp's PLE tables packed as shards); `None` otherwise.
+    pub fn row_stats(&self) -> Option<PleRowStats> {
+        match self {
+            Self::Cpu(_) | Self::Cuda(_) => None,
+            Self::Qwen4(m) => m.row_stats(),
         }
     }
 

@@ -17,7 +17,10 @@
 //! [`SubmitError::QueueFull`], HTTP 429) and `max_batch` run; a request's
 //! channel carries at most `max_tokens + 2` events; a step holds at most
 //! `step_rows` rows; each sequence's cache at most `context` positions;
-//! kept caches at most `prefix_cache_tokens` positions.
+//! kept caches at most `prefix_cache_tokens` positions in memory and, with
+//! a spill, its `tokens` positions on the drive ([`crate::prefix::spill`]).
+//! A spill's writes and restores run on the scheduler thread, between
+//! steps: at most one entry's blocks (`context` positions) at a time.
 //!
 //! Exactness: a failed step fails the requests in it (their caches are
 //! dropped, since some layers may have advanced past others); the other
@@ -32,8 +35,9 @@ use flashtier_engine::engine::Engine;
 use flashtier_engine::sample::{Pick, SamplingParams};
 use tokio::sync::mpsc as tmpsc;
 
-use crate::prefix::PrefixCache;
+use crate::prefix::{PrefixCache, PrefixSpill, SpillConfig};
 
+mod publish;
 mod worker;
 
 use worker::Worker;
@@ -49,8 +53,12 @@ pub struct SchedulerConfig {
     pub step_rows: usize,
     /// Positions of one sequence at most (prompt and output).
     pub context: usize,
-    /// Positions the kept caches hold at most (0: no prompt reuse).
+    /// Positions the kept caches hold in memory at most (0: no prompt
+    /// reuse).
     pub prefix_cache_tokens: usize,
+    /// Where kept CPU caches go past `prefix_cache_tokens` (`None`: they
+    /// are dropped); see [`crate::prefix::spill`].
+    pub prefix_spill: Option<SpillConfig>,
 }
 
 /// One generation request.
@@ -156,6 +164,49 @@ pub struct Counters {
     pub decode_step_ns: AtomicU64,
     /// Expert records decode-only steps used.
     pub decode_records: AtomicU64,
+    /// Prompt tokens reused from kept caches restored from the drive.
+    pub cached_restored_tokens: AtomicU64,
+    /// Positions in kept caches on the drive now.
+    pub prefix_spill_tokens: AtomicUsize,
+    /// The prefix spill's counters so far ([`crate::prefix::SpillStats`]).
+    pub prefix_spill: SpillCounters,
+    /// KV bytes the sequences' own caches wrote to the KV tier (a GPU
+    /// cache past its HBM budget).
+    pub kv_seq_offloaded_bytes: AtomicU64,
+    /// Row-store counters so far (models with PLE rows in a row store).
+    pub rows: RowCounters,
+}
+
+/// [`crate::prefix::SpillStats`] as `/metrics` reads them.
+#[derive(Debug, Default)]
+pub struct SpillCounters {
+    /// Entries written to the drive.
+    pub spilled: AtomicU64,
+    /// Entries whose write failed.
+    pub spill_failures: AtomicU64,
+    /// Entries restored for a prompt.
+    pub restored: AtomicU64,
+    /// Restores that failed (the prompt was recomputed).
+    pub restore_failures: AtomicU64,
+    /// Entries dropped from the drive, or too large for it.
+    pub dropped: AtomicU64,
+    /// Bytes written.
+    pub bytes_written: AtomicU64,
+    /// Bytes read back and verified.
+    pub bytes_read: AtomicU64,
+}
+
+/// Row-store counters as `/metrics` reads them.
+#[derive(Debug, Default)]
+pub struct RowCounters {
+    /// Rows looked up.
+    pub lookups: AtomicU64,
+    /// Lookups served from the cache.
+    pub hits: AtomicU64,
+    /// Distinct rows read from the shards.
+    pub misses: AtomicU64,
+    /// Bytes read from the shards.
+    pub bytes_read: AtomicU64,
 }
 
 struct Submitted {
@@ -194,6 +245,30 @@ impl SchedulerThread {
     }
 }
 
+/// The spill of `cfg`, for an engine whose caches it can hold: a GPU
+/// engine's stay in memory (said once), Qwen4-Exp's are never kept.
+fn open_spill(engine: &Engine, cfg: Option<SpillConfig>) -> Result<Option<PrefixSpill>, String> {
+    let Some(cfg) = cfg else {
+        return Ok(None);
+    };
+    match engine {
+        Engine::Cpu(_) => {
+            let dir = cfg.dir.clone();
+            PrefixSpill::new(cfg)
+                .map(Some)
+                .map_err(|e| format!("the prefix spill in {}: {e}", dir.display()))
+        }
+        Engine::Cuda(_) => {
+            tracing::warn!(
+                "prefix spill: GPU caches stay in memory (the CUDA cache has no path back from \
+                 host memory); --prefix-spill-dir is not used"
+            );
+            Ok(None)
+        }
+        Engine::Qwen4(_) => Ok(None),
+    }
+}
+
 impl Scheduler {
     /// Start the thread that owns the engine: `open` runs on it (a GPU
     /// engine's context belongs to the thread that made it) and its error,
@@ -223,10 +298,22 @@ impl Scheduler {
                     context: cfg.context.clamp(2, engine.context_limit().max(2)),
                     ..cfg
                 };
+                let spill = match open_spill(&engine, cfg.prefix_spill.clone()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                // The limits in force say whether a spill runs.
+                let cfg = SchedulerConfig {
+                    prefix_spill: cfg.prefix_spill.filter(|_| spill.is_some()),
+                    ..cfg
+                };
                 let _ = ready_tx.send(Ok((engine.vocab_size(), cfg.clone())));
                 let mut worker = Worker {
                     engine,
-                    prefix: PrefixCache::new(cfg.prefix_cache_tokens),
+                    prefix: PrefixCache::with_spill(cfg.prefix_cache_tokens, spill),
                     cfg,
                     rx,
                     waiting: VecDeque::new(),

@@ -11,7 +11,7 @@ use flashtier_engine::model::{RowOut, Want};
 use flashtier_engine::sample::{Pick, Sampler, SamplingParams};
 use tokio::sync::mpsc as tmpsc;
 
-use super::{Counters, Event, Finish, Job, SchedulerConfig, Submitted};
+use super::{Counters, Event, Finish, Job, SchedulerConfig, Submitted, publish};
 use crate::prefix::PrefixCache;
 
 pub(super) struct Live {
@@ -26,6 +26,8 @@ pub(super) struct Live {
     /// The picked token not yet fed.
     pending: Option<u32>,
     generated: usize,
+    /// KV tier bytes its cache had written at the last count.
+    offloaded_seen: u64,
 }
 
 pub(super) struct Worker {
@@ -118,8 +120,24 @@ impl Worker {
                     continue;
                 }
             };
-            let (kv, cached) = match self.prefix.take(&job.prompt, self.cfg.context) {
-                Some(r) => (r.kv, r.cached),
+            let (engine, context) = (&self.engine, self.cfg.context);
+            let taken = self
+                .prefix
+                .take(&job.prompt, context, || engine.new_seq(context, id))
+                .unwrap_or_else(|e| {
+                    // Counted by the spill; the prompt is computed whole.
+                    tracing::warn!("prompt reuse from the drive failed, recomputing: {e}");
+                    None
+                });
+            let (kv, cached) = match taken {
+                Some(r) => {
+                    if r.restored {
+                        self.counters
+                            .cached_restored_tokens
+                            .fetch_add(r.cached as u64, Ordering::Relaxed);
+                    }
+                    (r.kv, r.cached)
+                }
                 None => match self.engine.new_seq(self.cfg.context, id) {
                     Ok(kv) => (kv, 0),
                     Err(e) => {
@@ -134,6 +152,7 @@ impl Worker {
             self.counters
                 .cached_tokens
                 .fetch_add(cached as u64, Ordering::Relaxed);
+            let offloaded_seen = kv.tier_stats().map_or(0, |t| t.offloaded_bytes);
             let _ = events.send(Event::Started { cached });
             self.counters.running.fetch_add(1, Ordering::AcqRel);
             self.live.push(Live {
@@ -145,11 +164,10 @@ impl Worker {
                 sampler,
                 pending: None,
                 generated: 0,
+                offloaded_seen,
             });
         }
-        self.counters
-            .prefix_cache_tokens
-            .store(self.prefix.held(), Ordering::Relaxed);
+        publish::prefix(&self.prefix, &self.counters);
     }
 
     fn fail_one(&self, events: &tmpsc::UnboundedSender<Event>, why: String) {
@@ -158,14 +176,25 @@ impl Worker {
         self.counters.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A sequence leaves the batch; its cache is kept for reuse.
+    /// A sequence leaves the batch; its cache is kept for reuse. It counts
+    /// as finished once the cache is kept (or spilled), so a reader of
+    /// `/metrics` that saw it finish sees the prefix cache after it.
     fn retire(&mut self, l: Live) {
-        self.counters.running.fetch_sub(1, Ordering::AcqRel);
-        self.counters.finished.fetch_add(1, Ordering::Relaxed);
+        publish::kv_offloaded(&l.kv, l.offloaded_seen, &self.counters);
         let mut tokens = l.tokens;
         tokens.truncate(l.kv.len());
         if tokens.len() == l.kv.len() {
             self.prefix.put(tokens, l.kv);
+        }
+        publish::prefix(&self.prefix, &self.counters);
+        self.counters.running.fetch_sub(1, Ordering::AcqRel);
+        self.counters.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Each running cache's KV tier bytes since the last count.
+    fn count_offloads(&mut self) {
+        for l in &mut self.live {
+            l.offloaded_seen = publish::kv_offloaded(&l.kv, l.offloaded_seen, &self.counters);
         }
     }
 
@@ -254,17 +283,14 @@ impl Worker {
         counters
             .generated_tokens
             .fetch_add(taken.len() as u64, Ordering::Relaxed);
-        let stats = engine.expert_stats();
+        // Every chained step is decode only: its expert records count there.
+        let before_records = counters.expert_records_used.load(Ordering::Relaxed);
+        publish::engine(engine, counters);
+        let records = counters.expert_records_used.load(Ordering::Relaxed);
         counters
-            .expert_bytes_read
-            .store(stats.bytes_read, Ordering::Relaxed);
-        counters.expert_hits.store(stats.hits, Ordering::Relaxed);
-        counters
-            .expert_misses
-            .store(stats.misses, Ordering::Relaxed);
-        counters
-            .expert_stall_ns
-            .store(stats.stall_ns, Ordering::Relaxed);
+            .decode_records
+            .fetch_add(records.saturating_sub(before_records), Ordering::Relaxed);
+        l.offloaded_seen = publish::kv_offloaded(&l.kv, l.offloaded_seen, counters);
         let fed = taken.len().saturating_sub(1);
         l.tokens.push(first);
         l.tokens.extend_from_slice(&taken[..fed]);
@@ -335,24 +361,17 @@ impl Worker {
         c.step_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let before_records = c.expert_records_used.load(Ordering::Relaxed);
-        let stats = self.engine.expert_stats();
-        c.expert_records_used
-            .store(stats.records_used, Ordering::Relaxed);
+        publish::engine(&self.engine, c);
+        let records = c.expert_records_used.load(Ordering::Relaxed);
         if decode_only {
             c.decode_steps.fetch_add(1, Ordering::Relaxed);
             c.decode_rows.fetch_add(rows as u64, Ordering::Relaxed);
             c.decode_step_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            c.decode_records.fetch_add(
-                stats.records_used.saturating_sub(before_records),
-                Ordering::Relaxed,
-            );
+            c.decode_records
+                .fetch_add(records.saturating_sub(before_records), Ordering::Relaxed);
         }
-        c.expert_bytes_read
-            .store(stats.bytes_read, Ordering::Relaxed);
-        c.expert_hits.store(stats.hits, Ordering::Relaxed);
-        c.expert_stall_ns.store(stats.stall_ns, Ordering::Relaxed);
-        c.expert_misses.store(stats.misses, Ordering::Relaxed);
+        self.count_offloads();
         let outs = match result {
             Ok(o) => o,
             Err(e) => {

@@ -110,6 +110,7 @@ pub fn default_config() -> SchedulerConfig {
         step_rows: 256,
         context: 256,
         prefix_cache_tokens: 4096,
+        prefix_spill: None,
     }
 }
 
@@ -155,14 +156,24 @@ pub fn start(cfg: SchedulerConfig, api_key: Option<&str>) -> Server {
 
 /// [`start`] with a body limit.
 pub fn start_with(cfg: SchedulerConfig, api_key: Option<&str>, max_body_bytes: usize) -> Server {
-    let (sched, thread) =
-        Scheduler::start(|| Ok::<_, String>(open_engine()), cfg).expect("starting the scheduler");
-    let limits = thread.config().clone();
     let http = HttpConfig {
         model_name: MODEL.into(),
         api_key: api_key.map(str::to_owned),
         max_body_bytes,
     };
+    start_on(cfg, http, open_engine)
+}
+
+/// A server over the engine `open` makes (on the scheduler thread), with
+/// the fixture's tokenizer.
+pub fn start_on(
+    cfg: SchedulerConfig,
+    http: HttpConfig,
+    open: impl FnOnce() -> Engine + Send + 'static,
+) -> Server {
+    let (sched, thread) =
+        Scheduler::start(|| Ok::<_, String>(open()), cfg).expect("starting the scheduler");
+    let limits = thread.config().clone();
     let app = flashtier_serve::router(sched.clone(), text(), eos(), http);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,3 +9,4 @@ mod common;
 mod http;
 mod load;
 mod qwen4;
+mod spill;

@@ -74,6 +74,7 @@ fn qwen4_requests_run_one_at_a_time_and_each_gets_its_own_tokens() {
         step_rows: 256,
         context: 64,
         prefix_cache_tokens: 4096,
+        prefix_spill: None,
     };
     let (sched, thread) = Scheduler::start(move || Ok::<_, String>(open(&d, &s)), cfg).unwrap();
     assert_eq!(
@@ -102,4 +103,84 @@ fn qwen4_requests_run_one_at_a_time_and_each_gets_its_own_tokens() {
     }
     drop(sched);
     thread.join();
+}
+
+/// Qwen4-Exp with its PLE rows in the row store, behind HTTP: the row
+/// counters on `/metrics` move with the requests (the hit rate is
+/// `1 - row_misses_total / row_lookups_total`).
+#[test]
+fn qwen4_row_store_counters_show_on_metrics() {
+    use crate::common::{MODEL, completion, get, metric, post_ok, start_on, wait_metrics};
+    use flashtier_engine::family::qwen4::PleRowOptions;
+    use flashtier_serve::HttpConfig;
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../flashtier-engine/tests/fixtures/engine/qwen4_exp");
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("experts.ftstore");
+    pack_experts(&PackOptions::new(&dir, &store), &|_| {}).unwrap();
+    let rows = PleRowOptions {
+        dir: tmp.path().join("rows"),
+        budget_bytes: 1 << 20,
+    };
+    let cfg = SchedulerConfig {
+        max_batch: 1,
+        max_queue: 8,
+        step_rows: 256,
+        context: 64,
+        prefix_cache_tokens: 4096,
+        prefix_spill: None,
+    };
+    let http = HttpConfig {
+        model_name: MODEL.into(),
+        api_key: None,
+        max_body_bytes: 1 << 20,
+    };
+    let s = start_on(cfg, http, move || {
+        let opts = LoadOptions::store(&store);
+        let gpu = GpuOptions::default();
+        engine::open_with_rows(&dir, &store, &opts, Placement::Cpu, &gpu, Some(&rows))
+            .unwrap()
+            .0
+    });
+    let (_, text) = get(&s.url("/metrics"));
+    assert!(text.contains("# TYPE flashtier_row_lookups_total counter"));
+    assert_eq!(metric(&s, "row_lookups_total"), 0);
+    let body = |p: Vec<u32>| {
+        completion(
+            serde_json::json!(p),
+            serde_json::json!({"temperature": 0, "max_tokens": 4, "ignore_eos": true}),
+        )
+    };
+    post_ok(&s.url("/v1/completions"), &body((10..22).collect()));
+    wait_metrics(
+        &s,
+        std::time::Duration::from_secs(30),
+        "one finished",
+        |s| metric(s, "requests_finished_total") == 1,
+    );
+    let (lookups, misses) = (
+        metric(&s, "row_lookups_total"),
+        metric(&s, "row_misses_total"),
+    );
+    assert!(
+        lookups > 0 && misses > 0 && misses <= lookups,
+        "{lookups} {misses}"
+    );
+    assert!(metric(&s, "row_bytes_read_total") >= 4096);
+    // The same prompt again: its rows are in the cache now.
+    post_ok(&s.url("/v1/completions"), &body((10..22).collect()));
+    wait_metrics(
+        &s,
+        std::time::Duration::from_secs(30),
+        "two finished",
+        |s| metric(s, "requests_finished_total") == 2,
+    );
+    assert!(metric(&s, "row_lookups_total") > lookups);
+    assert!(metric(&s, "row_hits_total") > 0);
+    assert_eq!(
+        metric(&s, "row_misses_total"),
+        misses,
+        "every row was cached"
+    );
 }

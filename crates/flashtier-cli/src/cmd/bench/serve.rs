@@ -112,6 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         step_rows: 256,
         context: (args.prefix + 64).max(args.prompt_len + tokens + 8),
         prefix_cache_tokens: 4 * (args.prefix + 64),
+        prefix_spill: None,
     };
     let (sched, thread) = Scheduler::start(
         move || {

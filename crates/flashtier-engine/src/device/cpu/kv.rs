@@ -7,7 +7,8 @@
 //! positions pushed), so attention reads them in place. Attention folds the
 //! blocks into an [`AttnState`] tile by tile (`begin_step`, `step_tile_on`
 //! per `TILE_BLOCKS` blocks, `finalize_f32`), exactly the path restored KV
-//! tiles take.
+//! tiles take. [`image`] hands a cache's bytes out and fills an empty one
+//! with them (a kept cache spilled to a drive and restored).
 //!
 //! A prompt chunk pushes its rows' keys and values first, then attends its
 //! query rows together: each row is one sequence of a tier step whose
@@ -445,6 +446,8 @@ fn encode(dst: &mut [u8], src: &[f32], d: usize, precision: KvPrecision) {
         }
     }
 }
+
+pub mod image;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,324 @@
+//! Prompt reuse: the KV caches of finished sequences, kept so that a later
+//! prompt sharing their first tokens skips computing them.
+//!
+//! An entry is one finished sequence's cache and the tokens it holds. A new
+//! prompt takes the entry with the longest common prefix (exact token
+//! comparison: no hash can alias two prompts), the cache is cut back to
+//! that prefix ([`SeqKv::truncate`]), and only the rest of the prompt is
+//! computed. At least the prompt's last token is always computed, since
+//! its logits pick the first output token. An entry is taken, not copied:
+//! two prompts running at once that share a prefix reuse it once.
+//!
+//! Two levels. In memory the entries hold at most `budget` positions in all
+//! (the KV bytes are `budget x` the model's bytes per position); the least
+//! recently used leave first. With a [`PrefixSpill`], a CPU cache that
+//! leaves memory (or that is longer than the memory budget) is written to
+//! the KV tier on a drive instead of dropped, up to the spill's own bound,
+//! where the least recently used leave first too; a prompt whose longest
+//! match is on the drive gets a fresh cache filled from it, block by block,
+//! every block's checksum verified ([`spill`]). A restore that fails is an
+//! error the caller answers by computing the prompt from its first token;
+//! the entry is gone either way. At equal reuse an entry in memory wins.
+//!
+//! A cache that cannot be cut back (one with chunks offloaded to a drive)
+//! is reused only whole; a GPU cache is never spilled (see [`spill`]);
+//! Qwen4-Exp's, whose state the model holds for one sequence at a time, is
+//! never kept.
+
+mod error;
+mod image;
+pub mod spill;
+mod store;
+
+#[cfg(test)]
+mod tests;
+
+use flashtier_engine::engine::SeqKv;
+use flashtier_engine::error::EngineError;
+
+pub use error::SpillError;
+pub use spill::{PrefixSpill, SpillConfig, SpillStats};
+use spill::{Spilled, blocks_for};
+
+/// Kept caches of finished sequences.
+#[derive(Debug)]
+pub struct PrefixCache {
+    entries: Vec<Entry>,
+    budget: usize,
+    held: usize,
+    spill: Option<PrefixSpill>,
+    spilled: usize,
+    clock: u64,
+}
+
+#[derive(Debug)]
+enum Kept {
+    Memory(SeqKv),
+    Drive(Spilled),
+}
+
+#[derive(Debug)]
+struct Entry {
+    tokens: Vec<u32>,
+    kept: Kept,
+    used: u64,
+}
+
+impl Entry {
+    fn capacity(&self) -> usize {
+        match &self.kept {
+            Kept::Memory(kv) => kv.capacity(),
+            Kept::Drive(s) => s.capacity(),
+        }
+    }
+
+    /// Whether a prefix of it can be reused (a spilled entry restores any
+    /// prefix of whole blocks, then is cut back).
+    fn rewinds(&self) -> bool {
+        match &self.kept {
+            Kept::Memory(kv) => kv.rewinds(),
+            Kept::Drive(_) => true,
+        }
+    }
+
+    fn in_memory(&self) -> bool {
+        matches!(self.kept, Kept::Memory(_))
+    }
+}
+
+/// A cache taken for a prompt, with how many of its positions it reuses.
+#[derive(Debug)]
+pub struct Reused {
+    /// The cache, cut back to `cached` positions.
+    pub kv: SeqKv,
+    /// Positions of the prompt it already holds.
+    pub cached: usize,
+    /// Whether it came back from the drive.
+    pub restored: bool,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PrefixCache {
+    /// An empty cache holding at most `budget` positions in memory (0: no
+    /// reuse), and nothing on a drive.
+    #[must_use]
+    pub fn new(budget: usize) -> Self {
+        Self::with_spill(budget, None)
+    }
+
+    /// An empty cache of `budget` positions in memory that spills to
+    /// `spill` past it.
+    #[must_use]
+    pub fn with_spill(budget: usize, spill: Option<PrefixSpill>) -> Self {
+        Self {
+            entries: Vec::new(),
+            budget,
+            held: 0,
+            spill,
+            spilled: 0,
+            clock: 0,
+        }
+    }
+
+    /// Positions held in memory now.
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Positions held on the drive now.
+    #[must_use]
+    pub fn spilled(&self) -> usize {
+        self.spilled
+    }
+
+    /// Entries held now (both levels).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it holds nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The spill, if any.
+    #[must_use]
+    pub fn spill(&self) -> Option<&PrefixSpill> {
+        self.spill.as_ref()
+    }
+
+    /// Take the entry sharing the longest prefix with `prompt` whose cache
+    /// can hold `capacity` positions, cut back to the reused prefix (at
+    /// most `prompt.len() - 1` positions). `Ok(None)` when no entry shares
+    /// a first token. A spilled entry is restored into `fresh()`, an empty
+    /// cache of the engine's; an error means the entry is lost and the
+    /// prompt must be computed whole.
+    pub fn take(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+        fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
+    ) -> Result<Option<Reused>, SpillError> {
+        let limit = prompt.len().saturating_sub(1);
+        let best = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.capacity() >= capacity)
+            .map(|(i, e)| {
+                let n = common_prefix(&e.tokens, prompt).min(limit);
+                // A cache that cannot be cut back is reused only whole.
+                let n = if e.rewinds() || n == e.tokens.len() {
+                    n
+                } else {
+                    0
+                };
+                (i, n)
+            })
+            .max_by_key(|&(i, n)| (n, self.entries[i].in_memory(), self.entries[i].used));
+        let Some((best, reuse)) = best.filter(|&(_, n)| n > 0) else {
+            return Ok(None);
+        };
+        let e = self.entries.swap_remove(best);
+        match e.kept {
+            Kept::Memory(mut kv) => {
+                self.held -= e.tokens.len();
+                if kv.truncate(reuse).is_err() {
+                    return Ok(None);
+                }
+                Ok(Some(Reused {
+                    kv,
+                    cached: reuse,
+                    restored: false,
+                }))
+            }
+            Kept::Drive(s) => {
+                self.spilled -= e.tokens.len();
+                let kv = self.restore(s, reuse, fresh)?;
+                Ok(Some(Reused {
+                    kv,
+                    cached: reuse,
+                    restored: true,
+                }))
+            }
+        }
+    }
+
+    /// The first `reuse` positions of `s` in a fresh cache; `s`'s blocks
+    /// are free afterwards, whatever happened.
+    fn restore(
+        &mut self,
+        s: Spilled,
+        reuse: usize,
+        fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
+    ) -> Result<SeqKv, SpillError> {
+        let Some(spill) = self.spill.as_mut() else {
+            return Err(SpillError::Shape("a spilled entry without a spill".into()));
+        };
+        let restored = fresh().map_err(SpillError::from).and_then(|mut kv| {
+            match &mut kv {
+                SeqKv::Cpu(c) => spill.restore(&s, reuse, c)?,
+                other => {
+                    return Err(SpillError::Shape(format!(
+                        "{other:?} cannot be filled from the drive"
+                    )));
+                }
+            }
+            kv.truncate(reuse)?;
+            Ok(kv)
+        });
+        spill.release(s);
+        restored
+    }
+
+    /// Keep a finished sequence's cache, which holds `tokens`; the least
+    /// recently used entries make room, going to the drive when there is a
+    /// spill. A sequence longer than the memory budget goes straight to the
+    /// drive, or is dropped.
+    pub fn put(&mut self, tokens: Vec<u32>, kv: SeqKv) {
+        debug_assert_eq!(tokens.len(), kv.len());
+        // Qwen4-Exp's state lives in the model, which the next sequence
+        // takes over: nothing of it can be kept.
+        let state_in_model = matches!(kv, SeqKv::Qwen4 { .. });
+        if state_in_model || tokens.is_empty() || tokens.len() != kv.len() || self.budget == 0 {
+            return;
+        }
+        self.clock += 1;
+        let used = self.clock;
+        if tokens.len() > self.budget {
+            self.demote(tokens, kv, used);
+            return;
+        }
+        while self.held + tokens.len() > self.budget {
+            let oldest = self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.in_memory())
+                .min_by_key(|(_, e)| e.used)
+                .map(|(i, _)| i);
+            let Some(oldest) = oldest else {
+                break;
+            };
+            let e = self.entries.swap_remove(oldest);
+            self.held -= e.tokens.len();
+            if let Kept::Memory(old) = e.kept {
+                self.demote(e.tokens, old, e.used);
+            }
+        }
+        self.held += tokens.len();
+        self.entries.push(Entry {
+            tokens,
+            kept: Kept::Memory(kv),
+            used,
+        });
+    }
+
+    /// A cache leaving memory: to the drive (the least recently used there
+    /// making room) when it is a CPU cache that fits the spill, else
+    /// dropped.
+    fn demote(&mut self, tokens: Vec<u32>, kv: SeqKv, used: u64) {
+        let Some(spill) = self.spill.as_mut() else {
+            return;
+        };
+        let SeqKv::Cpu(cache) = &kv else {
+            return;
+        };
+        let need = blocks_for(tokens.len());
+        if need > spill.blocks() {
+            spill.note_dropped();
+            return;
+        }
+        while spill.free_blocks() < need {
+            let oldest = self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| !e.in_memory())
+                .min_by_key(|(_, e)| e.used)
+                .map(|(i, _)| i);
+            let Some(oldest) = oldest else {
+                break;
+            };
+            let e = self.entries.swap_remove(oldest);
+            self.spilled -= e.tokens.len();
+            if let Kept::Drive(s) = e.kept {
+                spill.drop_entry(s);
+            }
+        }
+        if let Ok(s) = spill.write(cache, kv.capacity()) {
+            self.spilled += tokens.len();
+            self.entries.push(Entry {
+                tokens,
+                kept: Kept::Drive(s),
+                used,
+            });
+        }
+    }
+}
