@@ -234,7 +234,7 @@ fn tier_counters(c: &Counters) -> [(&'static str, &'static str, u64); 14] {
         ),
         (
             "prefix_spill_bytes_written_total",
-            "Bytes the prefix spill wrote to its store.",
+            "Bytes of the entries the prefix spill wrote to its store.",
             spill_written,
         ),
         (
