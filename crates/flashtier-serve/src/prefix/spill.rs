@@ -53,11 +53,7 @@ use super::store::{self, Store, StoreIo};
 /// Most positions the store may hold (16 Mi).
 pub const MAX_SPILL_TOKENS: usize = 1 << 24;
 
-/// Tiles in the restore ring (two land while one is copied out).
-pub const RING_TILES: usize = 3;
-
-/// Most bytes of the restore ring (64 MiB).
-pub const MAX_RING_BYTES: usize = 64 << 20;
+pub use super::store::{MAX_RING_BYTES, RING_TILES};
 
 /// Workers of the default (posix) backend.
 const QUEUE_DEPTH: usize = 4;

@@ -14,7 +14,12 @@ use flashtier_io::{AlignedBuf, DirectMode, StorageBackend, StoreFile};
 
 use super::error::SpillError;
 use super::image::BlockImage;
-use super::spill::{MAX_RING_BYTES, RING_TILES};
+
+/// Tiles in the restore ring (two land while one is copied out).
+pub const RING_TILES: usize = 3;
+
+/// Most bytes of the restore ring (64 MiB).
+pub const MAX_RING_BYTES: usize = 64 << 20;
 
 /// One store file and what moves an entry in and out of it.
 pub(super) struct Store {

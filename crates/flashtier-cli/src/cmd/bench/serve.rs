@@ -11,6 +11,9 @@
 //!   the steps used (measured, not modelled);
 //! - prompt reuse: a prompt of `--prefix` tokens, then the same prefix with
 //!   a new tail: the second's time to first token against the first's.
+//!   With `--prefix-spill-dir`, every kept cache goes to the drive (the
+//!   in-memory prefix budget is one position), so the second prompt's
+//!   prefix is restored from the spill file, every block verified.
 
 use std::path::PathBuf;
 
@@ -55,6 +58,10 @@ pub struct Args {
     /// Prompt reuse: tokens of the shared prefix (0: skip).
     #[arg(long, default_value_t = 2048)]
     pub prefix: usize,
+    /// Prompt reuse from the drive: spill every kept cache to a KV store
+    /// file in DIR and restore the prefix from it (CPU engine only).
+    #[arg(long, value_name = "DIR")]
+    pub prefix_spill_dir: Option<PathBuf>,
     /// Repetitions of each stream count (the median run is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -111,8 +118,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_queue: max_streams + 4,
         step_rows: 256,
         context: (args.prefix + 64).max(args.prompt_len + tokens + 8),
-        prefix_cache_tokens: 4 * (args.prefix + 64),
-        prefix_spill: None,
+        // With a spill folder, one position in memory: every kept cache
+        // longer than that goes to the drive.
+        prefix_cache_tokens: if args.prefix_spill_dir.is_some() {
+            1
+        } else {
+            4 * (args.prefix + 64)
+        },
+        prefix_spill: args.prefix_spill_dir.as_ref().map(|dir| {
+            flashtier_serve::prefix::SpillConfig::new(dir.clone(), 4 * (args.prefix + 64))
+        }),
     };
     let (sched, thread) = Scheduler::start(
         move || {
@@ -222,7 +237,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         again.extend(prompt((1 << 40) + 1, 16, vocab));
         let (warm, c1) = first_token(&sched, &again).map_err(|e| anyhow::anyhow!(e))?;
         eprintln!(
-            "  prompt reuse: {}-token prompt first token in {:.1} ms ({:.0} prompt tok/s); the same prefix + 16 in {:.1} ms ({c1} reused): {:.1}x",
+            "  prompt reuse{}: {}-token prompt first token in {:.1} ms ({:.0} prompt tok/s); the same prefix + 16 in {:.1} ms ({c1} reused): {:.1}x",
+            if args.prefix_spill_dir.is_some() {
+                " from the drive"
+            } else {
+                ""
+            },
             args.prefix,
             cold * 1e3,
             args.prefix as f64 / cold,
@@ -233,6 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prefix_tokens": args.prefix, "cold_ttft_ms": cold * 1e3, "cold_cached": c0,
             "prefill_tok_s": args.prefix as f64 / cold,
             "warm_ttft_ms": warm * 1e3, "warm_cached": c1, "speedup": cold / warm,
+            "from_drive": args.prefix_spill_dir.is_some(),
         });
     }
     let report = json!({
