@@ -8,13 +8,18 @@ with every part the engine must reproduce: GatedDeltaNet and QSA layers
 hyper-connections, a shared expert with its sigmoid gate, and routed experts
 saved one tensor per expert matrix (the hub layout). Same conventions as
 tools/make_fixtures.py: bf16 weights, f32 CPU reference, seeds searched until
-the greedy, router and indexer choices have clear margins.
+the greedy, router and indexer choices have clear margins. The
+`qwen4_exp_ties` variant instead searches for exact ties at the indexer's
+keep/drop line (blocks scoring 0) that torch's topk breaks differently from
+the lowest index, with every other choice still clear.
 
 Usage (needs torch, transformers, safetensors; CPU is enough):
 
     python3 tools/make_qwen4_fixtures.py --out crates/flashtier-engine/tests/fixtures/engine/qwen4_exp
     python3 tools/make_qwen4_fixtures.py --variant qwen4_exp_tied \
         --out crates/flashtier-engine/tests/fixtures/engine/qwen4_exp_tied
+    python3 tools/make_qwen4_fixtures.py --variant qwen4_exp_ties \
+        --out crates/flashtier-engine/tests/fixtures/engine/qwen4_exp_ties
 
 Writes config.json, model-0000K-of-00002.safetensors + index, reference.json:
   prompt_ids, prompt_logits [pos][vocab], greedy_ids (full recompute),
@@ -123,7 +128,22 @@ VARIANTS = {
         indexer_budget=8,
         eos_token_id=[2, 5],
     ),
+    # Ties at the indexer's keep/drop line: one index head, so a block
+    # scores relu(q . key) and about half the blocks score exactly 0. The
+    # seed search asks for queries where fewer blocks score above 0 than
+    # are kept and torch's topk keeps other zero blocks than the lowest
+    # indices would (no indexer margin is searched for: the ties are the
+    # point). Robustness instead: every nonzero score gap at the line and
+    # every pre-ReLU dot stay clear of 0, so f32 rounding cannot move a
+    # block across the line.
+    "qwen4_exp_ties": dict(
+        indexer_n_heads=1,
+    ),
 }
+# Variants whose indexer must tie at the keep/drop line.
+TIE_VARIANTS = {"qwen4_exp_ties"}
+MIN_TIE_QUERIES = 2
+MIN_DOT_MARGIN = 1e-4
 
 
 def make_model(seed):
@@ -235,6 +255,13 @@ def indexer_stats(model, ids):
             q = rope_part(q, cos[0][:, None, :], sin[0][:, None, :])
             r, k = module.compress_ratio, module.block_topk
             dropped, queries, gap = 0, 0, float("inf")
+            # Ties at the line: queries whose k-th and (k+1)-th scores are
+            # equal, and those where torch keeps another set than the
+            # lowest indices; the smallest nonzero gap at the line and the
+            # smallest |pre-ReLU dot| (how far any score is from a ReLU
+            # flip); a nonzero tie is not robust and zeroes the gap.
+            ties, differs, differ_at = 0, 0, []
+            nonzero_gap, dot_margin = float("inf"), float("inf")
             for t in range(hs.shape[1]):
                 n = (t + 1) // r
                 if n <= k:
@@ -243,13 +270,29 @@ def indexer_stats(model, ids):
                 blocks = rms1(blocks, module.k_layernorm.weight, eps)
                 starts = torch.arange(n) * r
                 blocks = rope_part(blocks, cos[0][starts], sin[0][starts])
-                s = torch.relu(q[t] @ blocks.T).sum(0) / math.sqrt(d)
+                dots = q[t] @ blocks.T
+                s = torch.relu(dots).sum(0) / math.sqrt(d)
                 srt = torch.sort(s, descending=True).values
                 gap = min(gap, (srt[k - 1] - srt[k]).item())
+                dot_margin = min(dot_margin, dots.abs().min().item())
+                if srt[k - 1] == srt[k]:
+                    ties += 1
+                    if srt[k - 1] != 0:
+                        nonzero_gap = 0.0
+                    torch_set = sorted(torch.topk(s, k).indices.tolist())
+                    lowest = sorted(sorted(range(n), key=lambda i: (-s[i].item(), i))[:k])
+                    if torch_set != lowest:
+                        differs += 1
+                        differ_at.append(t)
+                else:
+                    nonzero_gap = min(nonzero_gap, (srt[k - 1] - srt[k]).item())
                 dropped += n - k
                 queries += 1
             stats[layer_idx] = {"blocks_dropped": dropped, "queries_dropping": queries,
-                                "margin": gap}
+                                "margin": gap, "tie_queries": ties,
+                                "tie_queries_torch_differs": differs,
+                                "tie_positions_torch_differs": differ_at,
+                                "nonzero_margin": nonzero_gap, "dot_margin": dot_margin}
         return hook
 
     hooks = []
@@ -359,11 +402,24 @@ def search(name):
         new, margins, full, decode_logits = greedy(model, prompt)
         rmargin = router_margin(model, full, k)
         istats = indexer_stats(model, full)
-        imargin = min(s["margin"] for s in istats.values())
-        clear = (min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
-                 and imargin >= MIN_INDEXER_MARGIN)
+        clear = min(margins) >= MIN_TOKEN_MARGIN and rmargin >= MIN_ROUTER_MARGIN
+        if name in TIE_VARIANTS:
+            # The prompt's own positions must tie (the prompt logits check
+            # them); the decode steps may add more.
+            in_prompt = sum(1 for st in istats.values()
+                            for t in st["tie_positions_torch_differs"] if t < PROMPT_LEN)
+            nz = min(st["nonzero_margin"] for st in istats.values())
+            dm = min(st["dot_margin"] for st in istats.values())
+            clear = (clear and in_prompt >= MIN_TIE_QUERIES and nz >= MIN_INDEXER_MARGIN
+                     and dm >= MIN_DOT_MARGIN)
+            indexer = (f"ties where torch differs from the lowest index {in_prompt} in the "
+                       f"prompt, nonzero margin {nz:.4g}, dot margin {dm:.4g}")
+        else:
+            imargin = min(st["margin"] for st in istats.values())
+            clear = clear and imargin >= MIN_INDEXER_MARGIN
+            indexer = f"indexer margin {imargin:.4g}"
         line = (f"token margin {min(margins):.4g}, router margin {rmargin:.4g}, "
-                f"indexer margin {imargin:.4g}, greedy {new}")
+                f"{indexer}, greedy {new}")
         return clear, line, (model, prompt, new, margins, full, rmargin, istats, decode_logits)
 
     seed, found = search_seeds(name, try_seed)

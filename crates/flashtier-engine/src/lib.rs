@@ -63,6 +63,7 @@ pub mod model;
 pub mod sample;
 pub mod settings;
 pub mod store;
+pub mod topk;
 
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;

@@ -11,11 +11,18 @@
 //!   weights are the scores (renormalised with `norm_topk_prob`) times the
 //!   routed scaling factor.
 //!
-//! Ties go to the lower expert id. The result is sorted by expert id, the
-//! order the experts' outputs are summed in.
+//! Every top-k keeps the set torch's CPU `topk` keeps ([`crate::topk`]),
+//! ties included. Exact ties are reachable: two experts with equal router
+//! rows (a duplicated or zeroed row in a pruned or merged checkpoint, or
+//! a zero hidden state) get equal logits, and near the maximum the
+//! softmax's `exp` can round distinct logits to one probability. DeepSeek's
+//! group scores tie when two groups' best two choices sum alike. The
+//! result is sorted by expert id, the order the experts' outputs are
+//! summed in.
 
 use crate::config::{ModelConfig, Routing};
-use crate::device::cpu::kernels::{softmax, top_k};
+use crate::device::cpu::kernels::softmax;
+use crate::topk::top_k;
 
 /// Everything a device needs to route.
 #[derive(Clone, Debug, PartialEq)]

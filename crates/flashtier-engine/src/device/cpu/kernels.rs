@@ -1,6 +1,6 @@
 //! The CPU device's f32 kernels besides the matrix products
 //! ([`super::gemv`]): RMSNorm, RoPE in transformers' `rotate_half`
-//! convention, SiLU, softmax and top-k.
+//! convention, SiLU, softmax and argmax (top-k is [`crate::topk`]).
 //!
 //! Every reduction runs in a fixed order that depends only on the shapes, so
 //! the same inputs give bit-identical outputs however the weights arrived
@@ -99,25 +99,6 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
-/// The `k` largest entries as (index, value), largest first; ties go to the
-/// lower index (as `torch.topk` does on CPU for distinct values).
-pub fn top_k(x: &[f32], k: usize) -> Vec<(usize, f32)> {
-    // Largest first, ties to the lower index: a total order, so selecting
-    // the first k and sorting them gives the full sort's first k.
-    let order = |a: &usize, b: &usize| x[*b].total_cmp(&x[*a]).then(a.cmp(b));
-    let mut idx: Vec<usize> = (0..x.len()).collect();
-    let k = k.min(idx.len());
-    if k == 0 {
-        return Vec::new();
-    }
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, order);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(order);
-    idx.into_iter().map(|i| (i, x[i])).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,43 +122,5 @@ mod tests {
         // The factor scales both.
         let (c, _) = rope_angles(0, &[1.0], 0.5);
         assert_eq!(c, vec![0.5]);
-    }
-
-    #[test]
-    fn top_k_orders_and_breaks_ties_low() {
-        let got = top_k(&[0.1, 0.5, 0.5, -1.0, 0.9], 3);
-        assert_eq!(got.iter().map(|p| p.0).collect::<Vec<_>>(), vec![4, 1, 2]);
-        assert!(top_k(&[1.0, 2.0], 0).is_empty());
-        assert_eq!(top_k(&[1.0, 2.0], 5), vec![(1, 2.0), (0, 1.0)]);
-    }
-
-    /// Selecting then sorting k gives the first k of the full sort, ties,
-    /// NaNs and signed zeros included.
-    #[test]
-    fn top_k_equals_the_full_sorts_prefix() {
-        let mut s = 0x2545_F491_4F6C_DD1Du64;
-        for case in 0..300 {
-            let n = 1 + case % 97;
-            let x: Vec<f32> = (0..n)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    match s % 11 {
-                        0 => 0.0,
-                        1 => -0.0,
-                        2 => f32::NAN,
-                        _ => ((s >> 40) % 17) as f32 - 8.0,
-                    }
-                })
-                .collect();
-            let mut all: Vec<usize> = (0..n).collect();
-            all.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
-            for k in [1, 2, n / 2, n.saturating_sub(1), n] {
-                let want: Vec<usize> = all.iter().copied().take(k).collect();
-                let got: Vec<usize> = top_k(&x, k).iter().map(|p| p.0).collect();
-                assert_eq!(got, want, "n {n} k {k}");
-            }
-        }
     }
 }

@@ -6,8 +6,9 @@
 //!   query at position `t`, the `(t + 1) / ratio` complete blocks of
 //!   `ratio` keys are averaged, normed, and rotated at the block's first
 //!   position; a block scores `sum_h relu(q_h . key) / sqrt(index_dim)`,
-//!   the `budget / ratio` best blocks are kept (ties to the lower block)
-//!   and the incomplete tail is always kept.
+//!   the `budget / ratio` best blocks are kept (the set torch's CPU
+//!   `topk` keeps, ties included: blocks scoring exactly 0 are common,
+//!   [`crate::topk`]) and the incomplete tail is always kept.
 //! - Attention: per head `[query | gate]` from `q_proj`; q and k RMSNormed
 //!   `(1 + w)` per head and rotated on the first `rope_dim` dims; softmax
 //!   over the selected positions with scale `1/sqrt(head_dim)`; the output
@@ -187,11 +188,9 @@ impl SparseAttention {
             let (cos, sin) = self.angles(b * r);
             rope_partial(&mut key, di, &cos, &sin);
             let s: f32 = iq.chunks_exact(di).map(|qh| dot(qh, &key).max(0.0)).sum();
-            scored.push((b, s / (di as f32).sqrt()));
+            scored.push(s / (di as f32).sqrt());
         }
-        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut kept: Vec<usize> = scored[..keep].iter().map(|(b, _)| *b).collect();
-        kept.sort_unstable();
+        let kept = crate::topk::kept(&scored, keep);
         self.blocks_dropped += (blocks - keep) as u64;
         let mut positions: Vec<usize> = kept.iter().flat_map(|b| b * r..(b + 1) * r).collect();
         positions.extend(blocks * r..=t);
