@@ -11,6 +11,12 @@
 
 mod common;
 
+/// The engine's top-k (torch's CPU tie rule), compiled in as the oracle of
+/// the routing kernels' choices: this crate sits below the engine.
+#[allow(dead_code, reason = "only `kept` is the oracle here")]
+#[path = "../../flashtier-engine/src/topk.rs"]
+mod topk;
+
 use std::sync::Arc;
 
 use flashtier_cuda::PinnedMemory;
@@ -323,22 +329,42 @@ fn routing_picks_the_reference_experts() {
         (1024, 32, true),
         (512, 10, false),
     ] {
-        let rows = 5;
+        let rows = 8;
         let mut logits: Vec<f32> = (0..rows * e).map(|_| rng.random_range(-4.0..4.0)).collect();
-        // The last row has ties everywhere (four values): equal
-        // probabilities go to the lower index.
-        for v in &mut logits[(rows - 1) * e..] {
-            *v = f32::from(rng.random_range(0u8..4)) - 1.0;
+        // Rows 3.. tie across the keep/drop line: all equal, two values,
+        // four values, one clear winner over a field of equals, and equal
+        // values but for a NaN-free -0 / +0 mix. Equal logits give equal
+        // probabilities; the kernel must keep the ones torch's topk keeps.
+        for (r, row) in logits.chunks_exact_mut(e).enumerate().skip(3) {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = match r {
+                    3 => 0.5,
+                    4 => f32::from(rng.random_range(0u8..2)),
+                    5 => f32::from(rng.random_range(0u8..4)) - 1.0,
+                    6 => {
+                        if i == e / 3 {
+                            3.0
+                        } else {
+                            1.0
+                        }
+                    }
+                    _ => {
+                        if rng.random_bool(0.5) {
+                            -0.0
+                        } else {
+                            0.0
+                        }
+                    }
+                };
+            }
         }
         let la = act(&k, &pool, rows, e, &logits);
         let routes = k.route_softmax(&la, top, norm).unwrap();
         let (ids, w) = routes.to_host(&k).unwrap();
         for r in 0..rows {
             let l = &logits[r * e..(r + 1) * e];
-            let mut order: Vec<usize> = (0..e).collect();
-            order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
-            let mut want: Vec<usize> = order[..top].to_vec();
-            want.sort_unstable();
+            // The logits' order and ties are the probabilities'.
+            let want = topk::kept(l, top);
             let got: Vec<usize> = ids[r * top..(r + 1) * top]
                 .iter()
                 .map(|&i| i as usize)
@@ -357,6 +383,7 @@ fn routing_picks_the_reference_experts() {
             }
         }
     }
+    grouped_ties_keep_what_torch_keeps(&k, &pool, &mut rng);
     let (rows, e, top) = (5, 128, 8);
     let logits: Vec<f32> = (0..rows * e).map(|_| rng.random_range(-4.0..4.0)).collect();
     let la = act(&k, &pool, rows, e, &logits);
@@ -403,6 +430,62 @@ fn routing_picks_the_reference_experts() {
             (total - 2.5).abs() < 1e-4,
             "grouped row {r}: weights sum to {total}"
         );
+    }
+}
+
+/// Grouped sigmoid routing on rows whose groups and experts tie across the
+/// line (no bias: equal logits give equal choices, so the host sees the
+/// kernel's ties): the groups and experts torch's topk keeps.
+fn grouped_ties_keep_what_torch_keeps(
+    k: &DecodeKernels,
+    pool: &std::rc::Rc<ActPool>,
+    rng: &mut SmallRng,
+) {
+    for (e, n_group, topk_group, top) in [(128, 8, 4, 8), (256, 8, 4, 8), (64, 4, 2, 6)] {
+        let rows = 4;
+        let per = e / n_group;
+        let logits: Vec<f32> = (0..rows * e)
+            .map(|i| match i / e {
+                0 => 0.25,
+                1 => f32::from(rng.random_range(0u8..2)),
+                2 => f32::from(rng.random_range(0u8..3)) - 1.0,
+                // Whole groups alike: the group scores tie too.
+                _ => f32::from(((i % e) / per % 2) as u8),
+            })
+            .collect();
+        let la = act(k, pool, rows, e, &logits);
+        let routes = k
+            .route_sigmoid_groups(&la, None, top, n_group, topk_group, 1.0, true)
+            .unwrap();
+        let (ids, _) = routes.to_host(k).unwrap();
+        for r in 0..rows {
+            let choice: Vec<f32> = logits[r * e..(r + 1) * e]
+                .iter()
+                .map(|&x| 1.0 / (1.0 + (-x).exp()))
+                .collect();
+            let gscore: Vec<f32> = choice
+                .chunks(per)
+                .map(|g| topk::top_k(g, 2).iter().map(|p| p.1).sum())
+                .collect();
+            let groups = topk::kept(&gscore, topk_group);
+            let masked: Vec<f32> = choice
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| {
+                    if groups.contains(&(i / per)) {
+                        c
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let want = topk::kept(&masked, top);
+            let got: Vec<usize> = ids[r * top..(r + 1) * top]
+                .iter()
+                .map(|&i| i as usize)
+                .collect();
+            assert_eq!(got, want, "{e} experts in {n_group} groups, tie row {r}");
+        }
     }
 }
 

@@ -45,11 +45,7 @@ pub fn kept(x: &[f32], k: usize) -> Vec<usize> {
     if k >= n {
         return (0..n).collect();
     }
-    let mut queue: Vec<Entry> = x
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (v, i as u32))
-        .collect();
+    let mut queue: Vec<Entry> = x.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
     if k * 64 <= n {
         // partial_sort's survivors; its final heap sort only reorders them.
         heap_select(&mut queue, k);
@@ -242,7 +238,10 @@ mod tests {
     fn ties_keep_what_torch_keeps() {
         // torch.topk(torch.tensor([2.65, 0, 0, 4.86]), 3).indices == [3, 0, 2].
         assert_eq!(kept(&[2.65, 0.0, 0.0, 4.86], 3), vec![0, 2, 3]);
-        assert_eq!(top_k(&[2.65, 0.0, 0.0, 4.86], 3), vec![(3, 4.86), (0, 2.65), (2, 0.0)]);
+        assert_eq!(
+            top_k(&[2.65, 0.0, 0.0, 4.86], 3),
+            vec![(3, 4.86), (0, 2.65), (2, 0.0)]
+        );
     }
 
     #[test]
@@ -283,7 +282,10 @@ mod tests {
                     for (j, &b) in inside.iter().enumerate() {
                         if a && !b {
                             let (ei, ej) = ((x[i], i as u32), (x[j], j as u32));
-                            assert!(!ahead(&ej, &ei), "n {n} k {k}: dropped {j} ahead of kept {i}");
+                            assert!(
+                                !ahead(&ej, &ei),
+                                "n {n} k {k}: dropped {j} ahead of kept {i}"
+                            );
                         }
                     }
                 }

@@ -42,7 +42,8 @@ fn values(kind: &str, n: usize, seed: u64) -> Vec<f32> {
                 "binary" => ((r >> 11) & 1) as f32,
                 "few" => [0.0, 0.5, 1.0, 2.0][((r >> 11) & 3) as usize],
                 "relu" => {
-                    let v = (((r >> 40) as f64 - (1u64 << 23) as f64) / (1u64 << 24) as f64).max(0.0);
+                    let v =
+                        (((r >> 40) as f64 - (1u64 << 23) as f64) / (1u64 << 24) as f64).max(0.0);
                     ((v * 16.0) as i64) as f32 / 16.0
                 }
                 "nan" => {
@@ -77,7 +78,9 @@ fn lowest_index_rule(x: &[f32], k: usize) -> Vec<usize> {
         match (va.is_nan(), vb.is_nan()) {
             (true, false) => std::cmp::Ordering::Less,
             (false, true) => std::cmp::Ordering::Greater,
-            _ => rank(vb).partial_cmp(&rank(va)).unwrap_or(std::cmp::Ordering::Equal),
+            _ => rank(vb)
+                .partial_cmp(&rank(va))
+                .unwrap_or(std::cmp::Ordering::Equal),
         }
     });
     let mut out: Vec<usize> = idx.into_iter().take(k).collect();

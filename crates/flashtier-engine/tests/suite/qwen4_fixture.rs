@@ -65,14 +65,20 @@ fn qwen4_exp_ties_at_the_indexer_line_match_transformers() {
         .values()
         .map(|l| l["tie_queries_torch_differs"].as_u64().unwrap())
         .sum();
-    assert!(differs >= 3, "{differs} tie queries where torch keeps other blocks");
+    assert!(
+        differs >= 3,
+        "{differs} tie queries where torch keeps other blocks"
+    );
     let prompt: Vec<u64> = v["prompt_ids"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| t.as_u64().unwrap())
         .collect();
-    assert!(prompt.iter().filter(|&&t| t == 2).count() >= 2, "EOS inside the prompt");
+    assert!(
+        prompt.iter().filter(|&&t| t == 2).count() >= 2,
+        "EOS inside the prompt"
+    );
     check_against_reference("qwen4_exp_ties");
     check_decode_steps("qwen4_exp_ties");
 }

@@ -3,6 +3,158 @@
 
 // ---------------------------------------------------------------------------
 // Routing: one block of 256 threads per row, E <= 1024 experts, top_k <= 32.
+//
+// Every choice keeps the set torch's CPU topk keeps (the engine's topk.rs):
+// the fast paths rank ties by index, and a row where equal values straddle
+// the keep/drop line is redone by one thread replaying torch's selection
+// (tk_keep below), which is rare and so costs nothing on the common path.
+
+// torch's queue entry and its order for largest=True: NaN above every
+// number, then the larger value; equal values are interchangeable.
+struct TkEntry {
+    float v;
+    int i;
+};
+
+static __device__ __forceinline__ bool tk_ahead(TkEntry a, TkEntry b) {
+    return (isnan(a.v) && !isnan(b.v)) || a.v > b.v;
+}
+
+// libstdc++'s __adjust_heap: the hole walks down along the child that goes
+// last in the order, then `value` climbs back up, not above `top`.
+static __device__ void tk_sift(TkEntry* q, int hole, int len, TkEntry value) {
+    const int top = hole;
+    int child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (tk_ahead(q[child], q[child - 1])) --child;
+        q[hole] = q[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        q[hole] = q[child - 1];
+        hole = child - 1;
+    }
+    while (hole > top) {
+        const int parent = (hole - 1) / 2;
+        if (!tk_ahead(q[parent], value)) break;
+        q[hole] = q[parent];
+        hole = parent;
+    }
+    q[hole] = value;
+}
+
+// Heap selection of the first `middle` of q[0..len).
+static __device__ void tk_heap_select(TkEntry* q, int len, int middle) {
+    if (middle >= 2) {
+        for (int parent = (middle - 2) / 2; parent >= 0; --parent) tk_sift(q, parent, middle, q[parent]);
+    }
+    for (int i = middle; i < len; ++i) {
+        if (tk_ahead(q[i], q[0])) {
+            const TkEntry value = q[i];
+            q[i] = q[0];
+            tk_sift(q, 0, middle, value);
+        }
+    }
+}
+
+static __device__ void tk_insertion_sort(TkEntry* q, int len) {
+    for (int i = 1; i < len; ++i) {
+        const TkEntry val = q[i];
+        if (tk_ahead(val, q[0])) {
+            for (int j = i; j > 0; --j) q[j] = q[j - 1];
+            q[0] = val;
+        } else {
+            int j = i;
+            while (j > 1 && tk_ahead(val, q[j - 1])) {
+                q[j] = q[j - 1];
+                --j;
+            }
+            q[j] = val;
+        }
+    }
+}
+
+// Median of q[1], q[len/2], q[len-1] to q[0], then Hoare's partition of
+// q[1..len) around it; returns the cut. len > 3.
+static __device__ int tk_partition(TkEntry* q, int len) {
+    const int a = 1, b = len / 2, c = len - 1;
+    int m;
+    if (tk_ahead(q[a], q[b])) {
+        m = tk_ahead(q[b], q[c]) ? b : (tk_ahead(q[a], q[c]) ? c : a);
+    } else {
+        m = tk_ahead(q[a], q[c]) ? a : (tk_ahead(q[b], q[c]) ? c : b);
+    }
+    const TkEntry t0 = q[0];
+    q[0] = q[m];
+    q[m] = t0;
+    const TkEntry pivot = q[0];
+    int first = 1, last = len;
+    while (true) {
+        while (first < len - 1 && tk_ahead(q[first], pivot)) ++first;
+        --last;
+        while (last > 1 && tk_ahead(pivot, q[last])) --last;
+        if (first >= last) return first;
+        const TkEntry t = q[first];
+        q[first] = q[last];
+        q[last] = t;
+        ++first;
+    }
+}
+
+// q[0..k) becomes the entries torch's topk(k) keeps: partial_sort's heap
+// selection when k * 64 <= n, else nth_element at k - 1 (introselect with
+// a depth budget of 2 floor(log2 n)). One thread. 0 < k < n. Not inlined:
+// it runs on the rare rows that tie, and stays out of the fast paths'
+// registers.
+static __device__ __noinline__ void tk_keep(TkEntry* q, int n, int k) {
+    if (k * 64 <= n) {
+        tk_heap_select(q, n, k);
+        return;
+    }
+    const int nth = k - 1;
+    int lo = 0, hi = n;
+    int depth = 2 * (31 - __clz(n));
+    while (hi - lo > 3) {
+        if (depth == 0) {
+            tk_heap_select(q + lo, hi - lo, nth - lo + 1);
+            const TkEntry t = q[lo];
+            q[lo] = q[nth];
+            q[nth] = t;
+            return;
+        }
+        --depth;
+        const int cut = lo + tk_partition(q + lo, hi - lo);
+        if (cut <= nth) {
+            lo = cut;
+        } else {
+            hi = cut;
+        }
+    }
+    tk_insertion_sort(q + lo, hi - lo);
+}
+
+// Must torch's selection redo a choice? Yes when an entry left out of it
+// (value `out`) is not strictly behind the last one kept (`last`): a tie
+// across the line, or a NaN the fast path ranked low.
+static __device__ __forceinline__ bool tk_redo(float last, float out) {
+    return !tk_ahead(TkEntry{last, 0}, TkEntry{out, 0});
+}
+
+// q[0..k) sorted as the host's top_k lists its choice: torch's order, equal
+// values by index (insertion sort; k <= MAX_TOPK).
+static __device__ void tk_rank_order(TkEntry* q, int k) {
+    for (int a = 1; a < k; ++a) {
+        const TkEntry e = q[a];
+        int b = a - 1;
+        while (b >= 0 && (tk_ahead(e, q[b]) || (!tk_ahead(q[b], e) && e.i < q[b].i))) {
+            q[b + 1] = q[b];
+            --b;
+        }
+        q[b + 1] = e;
+    }
+}
 
 
 // Block-wide max of (value, -index): ties go to the lower index.
@@ -85,13 +237,13 @@ static __device__ void write_sorted(int* sel_i, float* sel_w, int k, int* ids, f
     }
 }
 
-// Value v at index i as one integer whose order is the choice's: the
-// larger value first, then the lower index; every number above NaN, NaNs
-// by index (a strict total order; -0 ranks as +0). One compare per pair,
-// no branches: the rank count below is a straight loop.
+// Value v at index i as one integer whose order is the fast path's: NaN
+// above every number (as torch ranks it), the larger value first, then the
+// lower index (a strict total order; -0 ranks as +0). One compare per
+// pair, no branches: the rank count below is a straight loop.
 static __device__ __forceinline__ u64 rank_key(float v, int i) {
     const u32 u = __float_as_uint(v == 0.f ? 0.f : v);
-    const u32 k = v != v ? 0u : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+    const u32 k = v != v ? 0xFFFFFFFFu : ((u & 0x80000000u) ? ~u : (u | 0x80000000u));
     return ((u64)k << 32) | (u64)(0xFFFFFFFFu - (u32)i);
 }
 
@@ -154,7 +306,31 @@ static __device__ void route_softmax_row(const float* l, int n, int k, int norm,
         const u32 bits = __ballot_sync(0xffffffffu, sel);
         if (lane == 0) chosen[e0 / WARP + t / WARP] = bits;
     }
+    __shared__ int straddle;
+    if (t == 0) straddle = 0;
     __syncthreads();
+    // Equal probabilities across the line: torch's selection decides which
+    // of them stay (the values by rank, and so the renormalising sum, are
+    // the same either way).
+    if (k < n) {
+        const float last = by_rank[k - 1];
+        for (int e = t; e < n; e += ROUTE_THREADS) {
+            const bool in = (chosen[e / WARP] >> (e & (WARP - 1))) & 1u;
+            if (!in && tk_redo(last, p[e])) straddle = 1;
+        }
+    }
+    __syncthreads();
+    if (straddle) {
+        TkEntry* q = reinterpret_cast<TkEntry*>(key);
+        for (int e = t; e < n; e += ROUTE_THREADS) q[e] = TkEntry{p[e], e};
+        for (int w = t; w < (n + WARP - 1) / WARP; w += ROUTE_THREADS) chosen[w] = 0u;
+        __syncthreads();
+        if (t == 0) {
+            tk_keep(q, n, k);
+            for (int a = 0; a < k; ++a) chosen[q[a].i / WARP] |= 1u << (q[a].i & (WARP - 1));
+        }
+        __syncthreads();
+    }
     for (int e = t; e < n; e += ROUTE_THREADS) {
         const int w = e / WARP, b = e & (WARP - 1);
         const u32 word = chosen[w];
@@ -212,6 +388,8 @@ route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n
     __shared__ int si[ROUTE_THREADS];
     __shared__ int sel_i[MAX_TOPK];
     __shared__ float sel_w[MAX_TOPK];
+    __shared__ TkEntry q[MAX_EXPERTS];
+    __shared__ u8 picked[MAX_EXPERTS];
     const int row = blockIdx.x;
     const float* l = logits + (long long)row * n;
     pdl_enter();
@@ -236,19 +414,45 @@ route_sigmoid_groups(const float* logits, const float* bias, int n, int k, int n
         keep[threadIdx.x] = 0;
     }
     __syncthreads();
+    // The groups torch's topk keeps (few groups: one thread replays it).
     if (threadIdx.x == 0) {
-        for (int t = 0; t < topk_group; ++t) {
-            int best = -1;
-            for (int g = 0; g < n_group; ++g)
-                if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            if (best >= 0) keep[best] = 1;
+        if (topk_group >= n_group) {
+            for (int g = 0; g < n_group; ++g) keep[g] = 1;
+        } else {
+            for (int g = 0; g < n_group; ++g) q[g] = TkEntry{gscore[g], g};
+            tk_keep(q, n_group, topk_group);
+            for (int a = 0; a < topk_group; ++a) keep[q[a].i] = 1;
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS)
+    for (int e = threadIdx.x; e < n; e += ROUTE_THREADS) {
         if (!keep[e / per]) choice[e] = -INFINITY;
+        q[e] = TkEntry{choice[e], e};
+        picked[e] = 0;
+    }
     __syncthreads();
     top_k_into(choice, n, k, sel_i, sv, si);
+    // Equal choices across the line (or a NaN, which the fast path ranks
+    // last): torch's selection decides, listed in the host's order (rank,
+    // then index) for the weights' sum.
+    __shared__ int straddle;
+    if (threadIdx.x == 0) {
+        straddle = 0;
+        for (int a = 0; a < k; ++a) picked[sel_i[a]] = 1;
+    }
+    __syncthreads();
+    if (k < n) {
+        const float last = q[sel_i[k - 1]].v;
+        for (int e = threadIdx.x; e < n; e += ROUTE_THREADS)
+            if (!picked[e] && tk_redo(last, q[e].v)) straddle = 1;
+    }
+    __syncthreads();
+    if (straddle && threadIdx.x == 0) {
+        tk_keep(q, n, k);
+        tk_rank_order(q, k);
+        for (int a = 0; a < k; ++a) sel_i[a] = q[a].i;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.f;
         for (int a = 0; a < k; ++a) {
