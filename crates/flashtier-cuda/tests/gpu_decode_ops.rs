@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use flashtier_cuda::PinnedMemory;
 use flashtier_cuda::ops::DecodeKernels;
-use flashtier_cuda::ops::attn::DevKvCache;
+use flashtier_cuda::ops::attn::{DecodeRows, DevKvCache};
 use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::experts::ExpertSlots;
 use rand::rngs::SmallRng;
@@ -655,6 +655,148 @@ fn split_attention_matches_f64() {
             held += step;
         }
     }
+}
+
+/// One decode row for each of six sequences (empty, inside a chunk, at
+/// and past chunk edges, three splits) through the decode-rows kernels:
+/// every output, and the next step's (which reads the keys and values the
+/// first appended), has the bits of each sequence decoded alone.
+#[test]
+fn decode_rows_attend_as_each_sequence_alone() {
+    let Some(gpu) = gpu_or_skip("decode_rows_attend_as_each_sequence_alone") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0xa77);
+    let (layers, qh, kvh, d) = (2, 8, 2, 64);
+    let held = [0usize, 5, 255, 256, 300, 600];
+    let seqs = held.len();
+    let positions = 1024;
+    let half = d / 2;
+    let angles: Vec<f32> = (0..positions * half)
+        .map(|i| (i / half) as f32 * 0.9f32.powi((i % half) as i32))
+        .collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let rope = RopeTable::upload(&gpu, positions, half, &cos, &sin).unwrap();
+    let norm: Vec<f32> = (0..d).map(|_| rng.random_range(0.5..1.5)).collect();
+    let (qn, kn) = (
+        DevVector::upload(&gpu, &norm).unwrap(),
+        DevVector::upload(&gpu, &norm.iter().rev().copied().collect::<Vec<_>>()).unwrap(),
+    );
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    // Two identical sets of caches, filled with the same prompts.
+    let mut alone: Vec<DevKvCache> = Vec::new();
+    let mut batched: Vec<DevKvCache> = Vec::new();
+    for &n in &held {
+        let mut a = DevKvCache::new(&gpu, layers, kvh, d, positions).unwrap();
+        let mut b = DevKvCache::new(&gpu, layers, kvh, d, positions).unwrap();
+        if n > 0 {
+            let (q, kk, v) = (rand(n * qh * d), rand(n * kvh * d), rand(n * kvh * d));
+            for c in [&mut a, &mut b] {
+                let mut out = pool.take(&gpu, n, qh * d).unwrap();
+                for layer in 0..layers {
+                    let (qa, ka, va) = (
+                        act(&k, &pool, n, qh * d, &q),
+                        act(&k, &pool, n, kvh * d, &kk),
+                        act(&k, &pool, n, kvh * d, &v),
+                    );
+                    k.attend(c, layer, qh, &qa, &ka, &va, scale, &mut out)
+                        .unwrap();
+                }
+                c.advance(n);
+            }
+        }
+        alone.push(a);
+        batched.push(b);
+    }
+    let mut rows = DecodeRows::new();
+    for step in 0..2 {
+        for layer in 0..layers {
+            let (q, kk, v) = (
+                rand(seqs * qh * d),
+                rand(seqs * kvh * d),
+                rand(seqs * kvh * d),
+            );
+            let mut want = Vec::new();
+            for (i, c) in alone.iter_mut().enumerate() {
+                let mut qa = act(&k, &pool, 1, qh * d, &q[i * qh * d..(i + 1) * qh * d]);
+                let mut ka = act(&k, &pool, 1, kvh * d, &kk[i * kvh * d..(i + 1) * kvh * d]);
+                let va = act(&k, &pool, 1, kvh * d, &v[i * kvh * d..(i + 1) * kvh * d]);
+                let first = c.layer_len(layer).unwrap();
+                k.qk_norm_rope(
+                    &mut qa,
+                    &mut ka,
+                    Some([&qn, &kn]),
+                    1e-6,
+                    &rope,
+                    d,
+                    false,
+                    first,
+                )
+                .unwrap();
+                let mut out = pool.take(&gpu, 1, qh * d).unwrap();
+                k.attend(c, layer, qh, &qa, &ka, &va, scale, &mut out)
+                    .unwrap();
+                want.extend(out.to_host(gpu.stream()).unwrap());
+            }
+            let mut caches: Vec<&mut DevKvCache> = batched.iter_mut().collect();
+            assert!(caches.iter().all(|c| c.takes_rows(layer)));
+            let mut qa = act(&k, &pool, seqs, qh * d, &q);
+            let mut ka = act(&k, &pool, seqs, kvh * d, &kk);
+            let va = act(&k, &pool, seqs, kvh * d, &v);
+            let at = k.rows_at(&mut rows, &mut caches, layer).unwrap();
+            k.qk_norm_rope_at_rows(&mut qa, &mut ka, Some([&qn, &kn]), 1e-6, &rope, d, at)
+                .unwrap();
+            let mut out = pool.take(&gpu, seqs, qh * d).unwrap();
+            k.attend_rows(
+                &mut rows,
+                &mut caches,
+                layer,
+                at,
+                (qh, scale),
+                (&qa, &ka, &va),
+                &mut out,
+            )
+            .unwrap();
+            let got = out.to_host(gpu.stream()).unwrap();
+            for (i, (g, w)) in got
+                .chunks_exact(qh * d)
+                .zip(want.chunks_exact(qh * d))
+                .enumerate()
+            {
+                let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "step {step} layer {layer}: sequence {i} at {} differs",
+                    held[i]
+                );
+            }
+        }
+        for c in alone.iter_mut().chain(batched.iter_mut()) {
+            c.advance(1);
+        }
+    }
+    // A cache that cannot take the path is refused with a typed error.
+    let mut full = DevKvCache::new(&gpu, layers, kvh, d, 1).unwrap();
+    let mut other = DevKvCache::new(&gpu, layers, kvh, d, 16).unwrap();
+    let (q1, k1, v1) = (rand(qh * d), rand(kvh * d), rand(kvh * d));
+    let mut out = pool.take(&gpu, 1, qh * d).unwrap();
+    for layer in 0..layers {
+        let (qa, ka, va) = (
+            act(&k, &pool, 1, qh * d, &q1),
+            act(&k, &pool, 1, kvh * d, &k1),
+            act(&k, &pool, 1, kvh * d, &v1),
+        );
+        k.attend(&mut full, layer, qh, &qa, &ka, &va, scale, &mut out)
+            .unwrap();
+    }
+    full.advance(1);
+    assert!(!full.takes_rows(0));
+    let mut pair: Vec<&mut DevKvCache> = vec![&mut other, &mut full];
+    assert!(k.rows_at(&mut rows, &mut pair, 0).is_err());
 }
 
 #[test]

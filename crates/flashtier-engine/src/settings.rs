@@ -26,6 +26,10 @@ pub const PREFETCH: &str = "FLASHTIER_PREFETCH";
 /// `FLASHTIER_FUSED_ROUTER`: `0` runs a one-row softmax router's product
 /// and its top-k as two launches (default `1`: one).
 pub const FUSED_ROUTER: &str = "FLASHTIER_FUSED_ROUTER";
+/// `FLASHTIER_ROWS_ATTN`: `0` attends each sequence of a batched GPU
+/// decode step alone (default `1`: the decode rows of every sequence whose
+/// KV is all in HBM in one launch per kernel; the same bits either way).
+pub const ROWS_ATTN: &str = "FLASHTIER_ROWS_ATTN";
 /// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
 /// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
 /// runs). Every one gives the same bits.
@@ -53,6 +57,11 @@ pub const SETTINGS: &[Setting] = &[
         doc: "0: a one-row softmax router's product and top-k as two launches",
     },
     Setting {
+        name: ROWS_ATTN,
+        default: "1",
+        doc: "0: each sequence of a batched GPU decode step attends alone",
+    },
+    Setting {
         name: CPU_ISA,
         default: "detected",
         doc: "the CPU kernels' instruction set: scalar, avx2, avx512 or neon (one this CPU runs)",
@@ -74,6 +83,9 @@ pub struct CudaSettings {
     pub prefetch: bool,
     /// A one-row softmax router in one launch ([`FUSED_ROUTER`]).
     pub fused_router: bool,
+    /// A batched decode step's sequences attend in one launch
+    /// ([`ROWS_ATTN`]).
+    pub rows_attn: bool,
 }
 
 impl Default for CudaSettings {
@@ -82,6 +94,7 @@ impl Default for CudaSettings {
             chain: true,
             prefetch: true,
             fused_router: true,
+            rows_attn: true,
         }
     }
 }
@@ -94,6 +107,7 @@ impl CudaSettings {
             chain: env.flag(CHAIN, d.chain)?,
             prefetch: env.flag(PREFETCH, d.prefetch)?,
             fused_router: env.flag(FUSED_ROUTER, d.fused_router)?,
+            rows_attn: env.flag(ROWS_ATTN, d.rows_attn)?,
         })
     }
 }
@@ -117,16 +131,22 @@ mod tests {
             CudaSettings::read(&Env::from_pairs(&[])),
             Ok(CudaSettings::default())
         );
-        let env = Env::from_pairs(&[(CHAIN, "0"), (PREFETCH, "0"), (FUSED_ROUTER, "0")]);
+        let env = Env::from_pairs(&[
+            (CHAIN, "0"),
+            (PREFETCH, "0"),
+            (FUSED_ROUTER, "0"),
+            (ROWS_ATTN, "0"),
+        ]);
         assert_eq!(
             CudaSettings::read(&env),
             Ok(CudaSettings {
                 chain: false,
                 prefetch: false,
-                fused_router: false
+                fused_router: false,
+                rows_attn: false,
             })
         );
-        for var in [CHAIN, PREFETCH, FUSED_ROUTER] {
+        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN] {
             let pairs = [(var, "off")];
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, var);
@@ -159,6 +179,7 @@ mod tests {
             (CHAIN, flag(d.chain)),
             (PREFETCH, flag(d.prefetch)),
             (FUSED_ROUTER, flag(d.fused_router)),
+            (ROWS_ATTN, flag(d.rows_attn)),
         ] {
             let s = SETTINGS.iter().find(|s| s.name == name);
             assert_eq!(s.map(|s| s.default), Some(want), "{name}");

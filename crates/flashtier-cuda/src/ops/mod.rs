@@ -135,6 +135,9 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("kv_append", true),
     ("attn_partial", true),
     ("attn_merge", true),
+    ("kv_append_rows", true),
+    ("attn_rows_partial", true),
+    ("attn_rows_merge", true),
     ("read_words", false),
 ];
 

@@ -172,6 +172,52 @@ impl DecodeKernels {
         interleaved: bool,
         first: usize,
     ) -> Result<(), CudaError> {
+        let at = Positions::From(first + q.rows());
+        self.qk_norm_rope_at(q, k, norms, eps, table, (head_dim, interleaved), first, at)
+    }
+
+    /// [`Self::qk_norm_rope`] with row r at the position a decode-rows
+    /// table gives it (`rows`: its device address, `end`: one past the
+    /// largest position in it; see [`super::attn::DecodeRows`]).
+    #[allow(clippy::too_many_arguments, reason = "the kernel's arguments")]
+    pub(crate) fn qk_norm_rope_rows(
+        &self,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        norms: Option<[&DevVector; 2]>,
+        eps: f32,
+        table: &RopeTable,
+        head_dim: usize,
+        (rows, end): (u64, usize),
+    ) -> Result<(), CudaError> {
+        self.qk_norm_rope_at(
+            q,
+            k,
+            norms,
+            eps,
+            table,
+            (head_dim, false),
+            0,
+            Positions::Table(rows, end),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "the kernel's arguments")]
+    fn qk_norm_rope_at(
+        &self,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        norms: Option<[&DevVector; 2]>,
+        eps: f32,
+        table: &RopeTable,
+        (head_dim, interleaved): (usize, bool),
+        first: usize,
+        at: Positions,
+    ) -> Result<(), CudaError> {
+        let (rows_table, end) = match at {
+            Positions::From(end) => (0u64, end),
+            Positions::Table(addr, end) => (addr, end),
+        };
         let bad = head_dim == 0
             || head_dim % 2 != 0
             || head_dim > MAX_ROPE_DIMS
@@ -192,12 +238,11 @@ impl DecodeKernels {
                 ),
             ));
         }
-        if first + q.rows() > table.positions() {
+        if end > table.positions() {
             return Err(shape(
                 "qk_norm_rope",
                 format!(
-                    "positions up to {} of a {}-position table",
-                    first + q.rows(),
+                    "positions up to {end} of a {}-position table",
                     table.positions()
                 ),
             ));
@@ -231,12 +276,22 @@ impl DecodeKernels {
             .push(v[3])
             .buf(g, cos)
             .buf(g, sin)
-            .push(v[4]);
+            .push(v[4])
+            .push(rows_table);
         // SAFETY: matches `qk_norm_rope` in kernels/decode/; q and k hold `rows`
         // rows of whole `dim`-wide heads (checked), dim <= 512 fits the
         // kernel's shared buffer, the norms are `dim` wide when read, and
-        // every position's half-width table row exists (checked).
+        // every position's half-width table row exists (checked; a rows
+        // table holds one entry per row, its positions below `end`).
         unsafe { self.launch("qk_norm_rope", cfg, a) }?;
         Ok(())
     }
+}
+
+/// Where [`DecodeKernels::qk_norm_rope_at`]'s rows sit: `first + r`, below
+/// the given end, or as a decode-rows table at a device address says.
+#[derive(Clone, Copy)]
+enum Positions {
+    From(usize),
+    Table(u64, usize),
 }

@@ -364,6 +364,27 @@ pub trait Device {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
+    /// One decode row for each of several sequences, each with its own
+    /// cache: row `r` of `q`, `k`, `v` is the next position of `kvs[r]`.
+    /// Its queries and keys are normed and rotated as
+    /// [`Device::qk_norm_rope`] does at that position (`rope`: the norms,
+    /// eps, the table, the head width), then attended as [`Device::attend`]
+    /// does for that sequence alone, to the same bits. Returns false,
+    /// having done nothing, where the device has no such path for these
+    /// caches; the caller then runs each sequence alone.
+    #[allow(clippy::type_complexity, reason = "the rope's operands")]
+    fn attend_rows(
+        &self,
+        kvs: &mut [&mut Self::Kv],
+        layer: usize,
+        (q, k): (&mut Self::Act, &mut Self::Act),
+        v: &Self::Act,
+        rope: (Option<[&Self::Vector; 2]>, f32, &Self::Rope, usize),
+        out: &mut Self::Act,
+    ) -> Result<bool, EngineError> {
+        let _ = (kvs, layer, q, k, v, rope, out);
+        Ok(false)
+    }
     /// Router logits `w x[r]` (`rows x experts`) and each row's experts
     /// chosen from them, as [`Device::linear`] then [`Device::route`];
     /// devices may fuse the two.

@@ -87,6 +87,20 @@ impl<D: Device> GqaWeights<D> {
         dev.prefetch(&[&self.o_proj])?;
         let mut heads = dev.zeros(n, c.num_q_heads * d)?;
         let (eps, rope) = (c.rms_norm_eps, st.rope);
+        // Sequences decoding one row each attend together where the device
+        // can (the same bits as one by one).
+        if let Some(mut kvs) = st.decode_rows()
+            && dev.attend_rows(
+                &mut kvs,
+                layer,
+                (&mut q, &mut k),
+                &v,
+                (norms, eps, rope, d),
+                &mut heads,
+            )?
+        {
+            return to.linear(dev, &self.o_proj, &heads);
+        }
         st.per_sequence(
             &mut [&mut heads, &mut q, &mut k, &mut v],
             &[RowUse::Out, RowUse::In, RowUse::In, RowUse::In],

@@ -160,6 +160,19 @@ pub struct Step<'a, D: Device> {
 }
 
 impl<D: Device> Step<'_, D> {
+    /// The caches of a step of two or more sequences that each decode one
+    /// row (row `r` is sequence `r`'s), for [`Device::attend_rows`];
+    /// `None` for any other step.
+    pub fn decode_rows(&mut self) -> Option<Vec<&mut D::Kv>> {
+        let one_each = self.seqs.len() >= 2
+            && self
+                .seqs
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.rows == 1 && s.start == i);
+        one_each.then(|| self.seqs.iter_mut().map(|s| &mut *s.kv).collect())
+    }
+
     /// Run `f` once per sequence with its KV cache, its first position and
     /// its rows of `acts` (`uses` says how each is used): a step of one
     /// sequence hands `f` the activations themselves; otherwise `f` gets

@@ -142,14 +142,15 @@ extern "C" __global__ void rope(float* x, int cols, int head_stride, int offset,
 
 // Qwen3's per-head q/k RMSNorm (when `has_norm`; weights qw, kw `dim` wide)
 // and then RoPE of whole heads, in place: block (h, r) takes q's head h for
-// h < q_heads, else k's head h - q_heads, of row r at position first + r.
-// The arithmetic is rms_norm's and rope's, in their order (dim <= 512, so
-// thread t owns elements t and t + 256 as in rms_norm). grid:
-// (q_heads + kv_heads, rows), 256 threads.
+// h < q_heads, else k's head h - q_heads, of row r at position first + r,
+// or, with a decode-rows table (ops/attn/rows.rs), at the position its
+// sequence holds: rows[4r + 1]. The arithmetic is rms_norm's and rope's, in
+// their order (dim <= 512, so thread t owns elements t and t + 256 as in
+// rms_norm). grid: (q_heads + kv_heads, rows), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, const float* kw,
              int dim, int has_norm, float eps, int interleaved, const float* cos_t,
-             const float* sin_t, int first) {
+             const float* sin_t, int first, const long long* rows) {
     __shared__ float red[8];
     __shared__ float v[512];
     pdl_enter();
@@ -169,7 +170,7 @@ qk_norm_rope(float* q, int q_heads, const float* qw, float* k, int kv_heads, con
         for (int i = threadIdx.x; i < dim; i += 256) v[i] = w[i] * (v[i] * inv);
     }
     __syncthreads();
-    rotate(v, at, dim / 2, interleaved, cos_t, sin_t, first + r);
+    rotate(v, at, dim / 2, interleaved, cos_t, sin_t, rows ? (int)rows[4 * r + 1] : first + r);
 }
 
 // out[r] = table[ids[r]] widened; FP8 rows times their block scales.

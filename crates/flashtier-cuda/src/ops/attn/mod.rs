@@ -33,9 +33,11 @@
 
 mod launch;
 pub mod ring;
+pub mod rows;
 pub mod window;
 
 pub use launch::AttnSplits;
+pub use rows::{DecodeRows, RowsAt};
 
 use cudarc::driver::CudaSlice;
 

@@ -43,6 +43,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use flashtier_cuda::ops::DecodeKernels;
+use flashtier_cuda::ops::attn::{DecodeRows, DevKvCache};
 use flashtier_cuda::ops::buffers::{ActPool, DevAct, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::norm::MAX_ROPE_DIMS;
 use flashtier_cuda::ops::route::DevRoutes;
@@ -99,6 +100,10 @@ pub struct CudaDevice {
     /// step before reading them (`FLASHTIER_CHAIN=0`: every step waits for
     /// its token first; the same tokens either way).
     chain: Cell<bool>,
+    /// A batched decode step's sequences attend in one launch per kernel
+    /// when their KV is all in HBM (`FLASHTIER_ROWS_ATTN=0`: each alone;
+    /// the same bits either way), with the step's table of rows.
+    rows_attn: Option<RefCell<DecodeRows>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -125,6 +130,7 @@ impl CudaDevice {
             fused_router: s.fused_router,
             prefetch_on: s.prefetch,
             chain: Cell::new(s.chain),
+            rows_attn: s.rows_attn.then(|| RefCell::new(DecodeRows::new())),
         })
     }
 
@@ -490,6 +496,51 @@ impl Device for CudaDevice {
         self.timed(OpClass::Attention, bytes, || {
             kv.attend(&self.kernels, layer, q_heads, q, (k, v), scale, out)
         })
+    }
+
+    fn attend_rows(
+        &self,
+        kvs: &mut [&mut CudaKv],
+        layer: usize,
+        (q, k): (&mut DevAct, &mut DevAct),
+        v: &DevAct,
+        (norms, eps, table, head_dim): (Option<[&DevVector; 2]>, f32, &RopeTable, usize),
+        out: &mut DevAct,
+    ) -> Result<bool, EngineError> {
+        let Some(rows) = &self.rows_attn else {
+            return Ok(false);
+        };
+        if head_dim > MAX_ROPE_DIMS || kvs.len() < 2 || !kvs.iter().all(|kv| kv.takes_rows(layer)) {
+            return Ok(false);
+        }
+        let mut t = rows.borrow_mut();
+        let mut caches: Vec<&mut DevKvCache> = kvs.iter_mut().map(|kv| kv.cache_mut()).collect();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let q_heads = q.cols() / head_dim.max(1);
+        let at = self.timed(OpClass::Other, 0, || {
+            let at = self.kernels.rows_at(&mut t, &mut caches, layer)?;
+            self.kernels
+                .qk_norm_rope_at_rows(q, k, norms, eps, table, head_dim, at)?;
+            Ok(at)
+        })?;
+        // Keys and values of every position attended, read once.
+        let positions: u64 = caches
+            .iter()
+            .map(|c| c.layer_len(layer).map_or(0, |h| h as u64 + 1))
+            .sum();
+        let bytes = 2 * positions * (k.cols() * 4) as u64;
+        self.timed(OpClass::Attention, bytes, || {
+            Ok(self.kernels.attend_rows(
+                &mut t,
+                &mut caches,
+                layer,
+                at,
+                (q_heads, scale),
+                (q, k, v),
+                out,
+            )?)
+        })?;
+        Ok(true)
     }
 
     fn router(

@@ -259,6 +259,19 @@ impl CudaKv {
         self.cache.dim()
     }
 
+    /// Can the next position at `layer` be attended beside other
+    /// sequences' ([`DecodeKernels::attend_rows`]): no KV tier, every
+    /// chunk resident.
+    #[must_use]
+    pub fn takes_rows(&self, layer: usize) -> bool {
+        self.spill.is_none() && self.cache.takes_rows(layer)
+    }
+
+    /// The resident cache, for [`DecodeKernels::attend_rows`].
+    pub fn cache_mut(&mut self) -> &mut DevKvCache {
+        &mut self.cache
+    }
+
     /// The KV store file, once a chunk was offloaded.
     #[must_use]
     pub fn store_path(&self) -> Option<&std::path::Path> {
