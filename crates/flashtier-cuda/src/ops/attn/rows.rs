@@ -36,11 +36,15 @@ use crate::ops::{DecodeKernels, addr, dim, linear_cfg};
 const ENTRY: usize = 4;
 
 /// The step's description of its decode rows, reused across steps.
+///
+/// The table is rebuilt whenever an entry would not describe its row as
+/// the row's cache is now (arena address, positions held, resident slots,
+/// room for one more position): a new step, another cache in a row, a
+/// cache dropped and another made where it was. Nothing is keyed by a
+/// cache's identity.
 #[derive(Default)]
 pub struct DecodeRows {
-    /// What the table describes: per row, (cache address, positions held,
-    /// chunks allocated).
-    key: Vec<(usize, usize, usize)>,
+    rows: usize,
     layers: usize,
     max_splits: usize,
     host: Vec<i64>,
@@ -51,7 +55,7 @@ pub struct DecodeRows {
 impl std::fmt::Debug for DecodeRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecodeRows")
-            .field("rows", &self.key.len())
+            .field("rows", &self.rows)
             .field("layers", &self.layers)
             .field("max_splits", &self.max_splits)
             .finish()
@@ -88,7 +92,26 @@ impl DecodeRows {
     }
 
     fn entry(&self, layer: usize, row: usize) -> usize {
-        (layer * self.key.len() + row) * ENTRY
+        (layer * self.rows + row) * ENTRY
+    }
+
+    /// Does the table's entry for (`layer`, `row`) describe `c` as it is,
+    /// with room for its next position?
+    fn describes(
+        &self,
+        gpu: &crate::context::Gpu,
+        layer: usize,
+        row: usize,
+        c: &DevKvCache,
+    ) -> bool {
+        let at = self.entry(layer, row);
+        let (Some(e), Ok(held)) = (self.host.get(at..at + ENTRY), c.layer_len(layer)) else {
+            return false;
+        };
+        let room = ChunkWindow::chunks(held + 1).min(c.window.slots()) <= c.allocated;
+        room && e[0] == addr(gpu, &c.arenas[layer], 0) as i64
+            && e[1] == held as i64
+            && e[2] == c.window.slots() as i64
     }
 }
 
@@ -107,7 +130,6 @@ impl DecodeKernels {
             .first()
             .ok_or_else(|| CudaError::invalid("decode rows", "no sequences".to_string()))?;
         let (layers, kv_heads, dim_) = (first.layers(), first.kv_heads, first.dim);
-        let mut key = Vec::with_capacity(caches.len());
         for c in caches.iter() {
             if c.layers() != layers
                 || c.kv_heads != kv_heads
@@ -125,28 +147,20 @@ impl DecodeKernels {
                     ),
                 ));
             }
-            key.push((
-                std::ptr::from_ref::<DevKvCache>(c) as usize,
-                c.layer_len(layer)?,
-                c.allocated,
-            ));
         }
-        if key != t.key || t.layers != layers {
+        let rows = caches.len();
+        let current = t.rows == rows
+            && t.layers == layers
+            && caches
+                .iter()
+                .enumerate()
+                .all(|(r, c)| t.describes(&self.gpu, layer, r, c));
+        if !current {
             for c in caches.iter_mut() {
                 let held = c.layer_len(layer)?;
                 c.grow(held + 1)?;
             }
-            let rows = caches.len();
-            t.key = caches
-                .iter()
-                .map(|c| {
-                    Ok((
-                        std::ptr::from_ref::<DevKvCache>(c) as usize,
-                        c.layer_len(layer)?,
-                        c.allocated,
-                    ))
-                })
-                .collect::<Result<_, CudaError>>()?;
+            t.rows = rows;
             t.layers = layers;
             t.max_splits = 1;
             t.host.clear();
@@ -235,7 +249,7 @@ impl DecodeKernels {
             ));
         };
         let (kvh, d) = (first.kv_heads, first.dim);
-        let fits = t.key.len() == rows
+        let fits = t.rows == rows
             && q.rows() == rows
             && k.rows() == rows
             && v.rows() == rows
@@ -245,22 +259,26 @@ impl DecodeKernels {
             && out.cols() == q.cols()
             && k.cols() == kvh * d
             && v.cols() == kvh * d
-            && caches.iter().zip(&t.key).all(|(c, kk)| {
-                std::ptr::from_ref::<DevKvCache>(c) as usize == kk.0
-                    && c.layer_len(layer).is_ok_and(|h| h == kk.1)
-            });
+            && caches
+                .iter()
+                .enumerate()
+                .all(|(r, c)| t.describes(&self.gpu, layer, r, c))
+            && at.table
+                == t.table
+                    .as_ref()
+                    .map_or(0, |d| addr(&self.gpu, d, t.entry(layer, 0)));
         if !fits {
             return Err(CudaError::invalid(
                 "decode rows",
                 format!(
-                    "{rows} caches for q {}x{}, k {}x{}, v {}x{} ({q_heads} heads over {kvh} kv heads of {d}); a table of {} rows",
+                    "{rows} caches for q {}x{}, k {}x{}, v {}x{} ({q_heads} heads over {kvh} kv heads of {d}); a table of {} rows not made for them at layer {layer}",
                     q.rows(),
                     q.cols(),
                     k.rows(),
                     k.cols(),
                     v.rows(),
                     v.cols(),
-                    t.key.len()
+                    t.rows
                 ),
             ));
         }
@@ -341,8 +359,6 @@ impl DecodeKernels {
             let held = c.layer_len(layer)?;
             c.layer_len[layer] = held + 1;
         }
-        // The next layer's rows_at sees held + 1 here: keep the table's key
-        // at the step's positions (every layer holds the same before it).
         Ok(())
     }
 }
