@@ -582,6 +582,103 @@ fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
     }
 }
 
+/// A step of 2 to 8 rows whose rows share experts: `moe_once` (each
+/// expert read once for all its rows) gives the bits of `moe` (once per
+/// pair), every dtype, vector and scalar paths, and with an expert cleared
+/// (its rows NaN in both).
+#[test]
+fn moe_once_gives_the_bits_of_pair_products() {
+    let Some(gpu) = gpu_or_skip("moe_once_gives_the_bits_of_pair_products") else {
+        return;
+    };
+    let k = DecodeKernels::new(&gpu).unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0x0ce);
+    for (ty, h) in [
+        (WeightType::Bf16, 64),
+        (WeightType::F16, 64),
+        (WeightType::Fp8 { block: [16, 16] }, 64),
+        (WeightType::F32, 64),
+        (WeightType::Bf16, 66),
+    ] {
+        let (i, experts, top) = (40, 6, 3);
+        let recs: Vec<_> = (0..experts).map(|_| record(&mut rng, h, i, ty)).collect();
+        let spec = recs[0].1;
+        let stride = recs[0].0.len().div_ceil(4096) * 4096;
+        let mut pinned = PinnedMemory::new(&gpu, stride * experts).unwrap();
+        for (e, (bytes, _, _)) in recs.iter().enumerate() {
+            pinned.write(e * stride, bytes).unwrap();
+        }
+        let shared = Arc::new(pinned);
+        for rows in 2..=8usize {
+            for cleared in [None, Some(rows % experts)] {
+                let mut slots =
+                    ExpertSlots::new(&gpu, 0, stride, recs[0].0.len(), experts).unwrap();
+                for e in 0..experts {
+                    if Some(e) != cleared {
+                        slots
+                            .point_to_pinned(e, &shared, e * stride, recs[0].0.len())
+                            .unwrap();
+                    }
+                }
+                slots.publish().unwrap();
+                // Each row's top-3 distinct experts, ascending, from 6: rows
+                // share experts often.
+                let mut ids = Vec::new();
+                for _ in 0..rows {
+                    let mut row: Vec<u32> = Vec::new();
+                    while row.len() < top {
+                        let e = rng.random_range(0..experts as u32);
+                        if !row.contains(&e) {
+                            row.push(e);
+                        }
+                    }
+                    row.sort_unstable();
+                    ids.extend(row);
+                }
+                let wts: Vec<f32> = (0..rows * top)
+                    .map(|_| rng.random_range(0.1..1.0))
+                    .collect();
+                let routes = k.routes_from_host(&ids, &wts, top).unwrap();
+                let x: Vec<f32> = (0..rows * h).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let xa = act(&k, &pool, rows, h, &x);
+                let mut a = pool.take(&gpu, rows * top, i).unwrap();
+                let mut want = pool.take(&gpu, rows, h).unwrap();
+                k.moe(&slots, 0, experts, &routes, &spec, &xa, &mut a, &mut want)
+                    .unwrap();
+                let mut a2 = pool.take(&gpu, rows * top, i).unwrap();
+                let mut part = pool.take(&gpu, rows * top, h).unwrap();
+                let mut got = pool.take(&gpu, rows, h).unwrap();
+                k.moe_once(
+                    &slots,
+                    (0, experts),
+                    &routes,
+                    &spec,
+                    &xa,
+                    (&mut a2, &mut part),
+                    &mut got,
+                )
+                .unwrap();
+                let (w, g) = (
+                    want.to_host(gpu.stream()).unwrap(),
+                    got.to_host(gpu.stream()).unwrap(),
+                );
+                let same = w.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{ty:?} hidden {h}, {rows} rows, cleared {cleared:?}: {ids:?}"
+                );
+                if let Some(c) = cleared {
+                    let hit = ids.chunks(top).position(|r| r.contains(&(c as u32)));
+                    if let Some(r) = hit {
+                        assert!(g[r * h].is_nan(), "row {r} uses the cleared expert {c}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn split_attention_matches_f64() {
     let Some(gpu) = gpu_or_skip("split_attention_matches_f64") else {
