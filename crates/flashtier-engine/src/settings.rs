@@ -30,10 +30,6 @@ pub const FUSED_ROUTER: &str = "FLASHTIER_FUSED_ROUTER";
 /// decode step alone (default `1`: the decode rows of every sequence whose
 /// KV is all in HBM in one launch per kernel; the same bits either way).
 pub const ROWS_ATTN: &str = "FLASHTIER_ROWS_ATTN";
-/// `FLASHTIER_MOE_ONCE`: `0` has a GPU decode step of 2 to 8 rows read a
-/// routed expert once per row routed to it (default `1`: once for all of
-/// them; the same bits either way).
-pub const MOE_ONCE: &str = "FLASHTIER_MOE_ONCE";
 /// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
 /// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
 /// runs). Every one gives the same bits.
@@ -66,11 +62,6 @@ pub const SETTINGS: &[Setting] = &[
         doc: "0: each sequence of a batched GPU decode step attends alone",
     },
     Setting {
-        name: MOE_ONCE,
-        default: "1",
-        doc: "0: a GPU decode step of 2 to 8 rows reads a routed expert once per row routed to it",
-    },
-    Setting {
         name: CPU_ISA,
         default: "detected",
         doc: "the CPU kernels' instruction set: scalar, avx2, avx512 or neon (one this CPU runs)",
@@ -95,8 +86,6 @@ pub struct CudaSettings {
     /// A batched decode step's sequences attend in one launch
     /// ([`ROWS_ATTN`]).
     pub rows_attn: bool,
-    /// A step of 2 to 8 rows reads each routed expert once ([`MOE_ONCE`]).
-    pub moe_once: bool,
 }
 
 impl Default for CudaSettings {
@@ -106,7 +95,6 @@ impl Default for CudaSettings {
             prefetch: true,
             fused_router: true,
             rows_attn: true,
-            moe_once: true,
         }
     }
 }
@@ -120,7 +108,6 @@ impl CudaSettings {
             prefetch: env.flag(PREFETCH, d.prefetch)?,
             fused_router: env.flag(FUSED_ROUTER, d.fused_router)?,
             rows_attn: env.flag(ROWS_ATTN, d.rows_attn)?,
-            moe_once: env.flag(MOE_ONCE, d.moe_once)?,
         })
     }
 }
@@ -149,7 +136,6 @@ mod tests {
             (PREFETCH, "0"),
             (FUSED_ROUTER, "0"),
             (ROWS_ATTN, "0"),
-            (MOE_ONCE, "0"),
         ]);
         assert_eq!(
             CudaSettings::read(&env),
@@ -158,10 +144,9 @@ mod tests {
                 prefetch: false,
                 fused_router: false,
                 rows_attn: false,
-                moe_once: false,
             })
         );
-        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN, MOE_ONCE] {
+        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN] {
             let pairs = [(var, "off")];
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, var);
@@ -195,7 +180,6 @@ mod tests {
             (PREFETCH, flag(d.prefetch)),
             (FUSED_ROUTER, flag(d.fused_router)),
             (ROWS_ATTN, flag(d.rows_attn)),
-            (MOE_ONCE, flag(d.moe_once)),
         ] {
             let s = SETTINGS.iter().find(|s| s.name == name);
             assert_eq!(s.map(|s| s.default), Some(want), "{name}");

@@ -107,15 +107,6 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("moe_group_down_f32", true),
     ("moe_group_down_fp8", true),
     ("moe_group_sum", true),
-    ("moe_once_gate_up_bf16", true),
-    ("moe_once_gate_up_f16", true),
-    ("moe_once_gate_up_f32", true),
-    ("moe_once_gate_up_fp8", true),
-    ("moe_once_down_bf16", true),
-    ("moe_once_down_f16", true),
-    ("moe_once_down_f32", true),
-    ("moe_once_down_fp8", true),
-    ("moe_once_sum", true),
     ("gemm_mma_bf16", true),
     ("moe_group_gate_up_mma_bf16", true),
     ("moe_group_down_mma_bf16", true),
@@ -385,8 +376,6 @@ mod tests {
             "void gemm_multi(",
             "void moe_group_gate_up(",
             "void moe_group_down(",
-            "void moe_once_gate_up(",
-            "void moe_once_down(",
         ] {
             let at = DECODE_SRC
                 .find(helper)
@@ -403,8 +392,6 @@ mod tests {
             "gemm_multi<",
             "moe_group_gate_up<",
             "moe_group_down<",
-            "moe_once_gate_up<",
-            "moe_once_down<",
         ];
         for chunk in DECODE_SRC.split("__global__").skip(1) {
             let kernel = chunk.split("\n}\n").next().unwrap_or(chunk);

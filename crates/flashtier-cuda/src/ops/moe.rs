@@ -1,13 +1,11 @@
 //! The routed experts' step on the device: gate/up with SiLU for every
 //! (row, routed expert) pair, then each row's down projections summed in
 //! routed (ascending id) order, the records found through the slots' table.
-//! [`DecodeKernels::moe_once`] gives a step of a few rows the same bits
-//! while reading each routed expert once for all the rows routed to it.
 
 use super::buffers::DevAct;
 use super::experts::{ExpertSlots, ExpertSpec};
 use super::route::DevRoutes;
-use super::{DecodeKernels, MAX_GEMV_ROWS as MAX_ROWS, blocks_cfg};
+use super::{DecodeKernels, blocks_cfg};
 use crate::error::CudaError;
 use crate::launch::Args;
 
@@ -97,109 +95,6 @@ impl DecodeKernels {
         // experts are summed in routed (ascending id) order; top_k <=
         // MAX_TOP_K fits the kernel's shared products.
         unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
-        Ok(())
-    }
-
-    /// [`Self::moe`] for a step of 2 to 8 rows, each routed expert's
-    /// matrices read once for every row routed to it (a served batch's
-    /// rows often share experts): the same bits as [`Self::moe`]. `part`
-    /// (`rows * top_k x hidden`) is scratch for the down products, summed
-    /// per row in routed order.
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub fn moe_once(
-        &self,
-        slots: &ExpertSlots,
-        (layer_base, experts): (usize, usize),
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        (act, part): (&mut DevAct, &mut DevAct),
-        out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        spec.validate()?;
-        let (rows, k) = (x.rows(), routes.top_k());
-        let pairs = rows * k;
-        let ok = (2..=MAX_ROWS).contains(&rows)
-            && routes.rows() == rows
-            && x.cols() == spec.hidden
-            && out.rows() == rows
-            && out.cols() == spec.hidden
-            && act.rows() == pairs
-            && act.cols() == spec.inter
-            && part.rows() == pairs
-            && part.cols() == spec.hidden
-            && layer_base + experts <= slots.entries()
-            && slots.record_bytes >= spec.min_record_bytes();
-        if !ok {
-            return Err(CudaError::invalid(
-                "moe once",
-                format!(
-                    "{rows} rows (2 to {MAX_ROWS}) x top-{k}, {}x{} input, table base {layer_base} + {experts} of {}",
-                    x.rows(),
-                    x.cols(),
-                    slots.entries()
-                ),
-            ));
-        }
-        let geo = spec.geometry();
-        let sfx = spec.ty.suffix();
-        let vec = i32::from(spec.hidden % 8 == 0 && spec.inter % 8 == 0);
-        let (base, kk, np, h, i) = (
-            layer_base as i32,
-            k as i32,
-            pairs as i32,
-            spec.hidden as i32,
-            spec.inter as i32,
-        );
-        let g = &self.gpu;
-        let mut a = Args::new();
-        a.buf(g, &slots.table_dev)
-            .push(base)
-            .buf(g, routes.ids())
-            .push(kk)
-            .push(np)
-            .buf(g, x.buf())
-            .push(h)
-            .push(i)
-            .push(geo)
-            .push(vec)
-            .buf(g, act.buf());
-        let cfg = blocks_cfg(spec.inter.div_ceil(4), pairs)?;
-        // SAFETY: matches `moe_once_gate_up_*`: as `moe_gate_up_*` (ids
-        // below `experts`, set entries point at whole records), each
-        // leading pair's blocks writing act rows of the pairs naming its
-        // expert (pairs x inter, checked); rows <= MAX_ROWS fits the
-        // kernel's row masks.
-        unsafe { self.launch(&format!("moe_once_gate_up_{sfx}"), cfg, a) }?;
-        let mut a = Args::new();
-        a.buf(g, &slots.table_dev)
-            .push(base)
-            .buf(g, routes.ids())
-            .push(kk)
-            .push(np)
-            .buf(g, act.buf())
-            .push(h)
-            .push(i)
-            .push(geo)
-            .push(vec)
-            .buf(g, part.buf());
-        let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), pairs)?;
-        // SAFETY: as above, reading act (pairs x inter), writing part
-        // (pairs x hidden, checked) at the rows of the pairs naming each
-        // leading pair's expert.
-        unsafe { self.launch(&format!("moe_once_down_{sfx}"), cfg, a) }?;
-        let mut a = Args::new();
-        a.buf(g, part.buf())
-            .buf(g, routes.weights())
-            .push(kk)
-            .push(h)
-            .buf(g, out.buf());
-        let cfg = blocks_cfg(spec.hidden.div_ceil(256), rows)?;
-        // SAFETY: matches `moe_once_sum`: reads part (pairs x hidden, every
-        // element written above: each pair names one expert, whose leading
-        // pair wrote its row) and the routed weights (rows x top_k), writes
-        // out (rows x hidden).
-        unsafe { self.launch("moe_once_sum", cfg, a) }?;
         Ok(())
     }
 }

@@ -268,55 +268,6 @@ static __device__ __forceinline__ void warp_dots(const Mat& a, int m, int k, con
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// warp_dots over `rows` (<= R) input rows given by pointer (xr[r], each
-// k long): for each row the same loads, multiply-adds and order as
-// warp_dots on that row alone, so the same bits.
-template <int DT, int R>
-static __device__ __forceinline__ void warp_dots_rows(const Mat& a, int m, int k,
-                                                      const float* const* xr, int rows, int vec,
-                                                      float* acc) {
-    const int lane = threadIdx.x & (WARP - 1);
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    const u8* row = a.w + (long long)m * a.row_bytes;
-    const float* srow = DT == 3 ? a.scales + (long long)(m / a.br) * a.sc_cols : a.scales;
-    if (!vec) {
-        for (int i = lane; i < k; i += WARP) {
-            float w = elem<DT>(row, i);
-            if (DT == 3) w *= srow[i / a.bc];
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                if (r < rows) acc[r] = fmaf(w, xr[r][i], acc[r]);
-        }
-    } else {
-        const int c1 = k / 8;
-        for (int c = lane; c < c1; c += 4 * WARP) {
-            Raw raw[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (c + u * WARP < c1) raw[u] = load_raw<DT, 0>(row, c + u * WARP);
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int cu = c + u * WARP;
-                if (cu < c1) {
-                    float w[8];
-                    widen<DT>(raw[u], w);
-                    const float s = DT == 3 ? srow[(cu * 8) / a.bc] : 1.f;
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        if (r < rows) {
-                            const float d = dot8(w, xr[r] + (long long)cu * 8);
-                            acc[r] = DT == 3 ? fmaf(s, d, acc[r]) : acc[r] + d;
-                        }
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-}
-
 // Up to four matrices sharing one input and dtype, one launch: matrix q
 // owns output rows [start[q], start[q + 1]) of the launch.
 struct Mats {

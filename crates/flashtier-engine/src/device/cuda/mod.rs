@@ -104,10 +104,6 @@ pub struct CudaDevice {
     /// when their KV is all in HBM (`FLASHTIER_ROWS_ATTN=0`: each alone;
     /// the same bits either way), with the step's table of rows.
     rows_attn: Option<RefCell<DecodeRows>>,
-    /// A step of 2 to 8 rows reads each routed expert once for all the
-    /// rows routed to it (`FLASHTIER_MOE_ONCE=0`: once per row; the same
-    /// bits either way).
-    moe_once: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -135,7 +131,6 @@ impl CudaDevice {
             prefetch_on: s.prefetch,
             chain: Cell::new(s.chain),
             rows_attn: s.rows_attn.then(|| RefCell::new(DecodeRows::new())),
-            moe_once: s.moe_once,
         })
     }
 

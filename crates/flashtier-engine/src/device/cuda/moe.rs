@@ -102,22 +102,6 @@ impl CudaDevice {
         let base = experts.entry(layer, 0);
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
-        if self.moe_once && (2..=MAX_GEMV_ROWS).contains(&x.rows()) {
-            // Rows sharing an expert read it once (the same bits).
-            let mut part = self.zeros(pairs, spec.hidden)?;
-            self.timed(OpClass::Experts, bytes, || {
-                Ok(self.kernels.moe_once(
-                    experts.slots(),
-                    (base, per_layer),
-                    routes,
-                    &spec,
-                    x,
-                    (&mut act, &mut part),
-                    out,
-                )?)
-            })?;
-            return experts.consumed();
-        }
         self.timed(OpClass::Experts, bytes, || {
             Ok(self.kernels.moe(
                 experts.slots(),
