@@ -544,6 +544,20 @@ fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
                 slots.publish().unwrap();
                 k.moe(&slots, 0, experts, &routes, &spec, &xa, &mut a, &mut out)
                     .unwrap();
+                // Pair-fastest block order: the same bits (rows 0 and 2
+                // share expert 3).
+                let mut a2 = pool.take(&gpu, rows * top, i).unwrap();
+                let mut out2 = pool.take(&gpu, rows, h).unwrap();
+                k.moe_pairs_fast(&slots, 0, experts, &routes, &spec, &xa, &mut a2, &mut out2)
+                    .unwrap();
+                let (o1, o2) = (
+                    out.to_host(gpu.stream()).unwrap(),
+                    out2.to_host(gpu.stream()).unwrap(),
+                );
+                assert!(
+                    o1.iter().zip(&o2).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{ty:?} hidden {h}: pair-fastest order changed a bit"
+                );
             } else {
                 // Three slots for six experts: rows one at a time, each row's
                 // two experts loaded into free slots.

@@ -30,6 +30,11 @@ pub const FUSED_ROUTER: &str = "FLASHTIER_FUSED_ROUTER";
 /// decode step alone (default `1`: the decode rows of every sequence whose
 /// KV is all in HBM in one launch per kernel; the same bits either way).
 pub const ROWS_ATTN: &str = "FLASHTIER_ROWS_ATTN";
+/// `FLASHTIER_MOE_PAIRS_FAST`: `0` runs a GPU decode step of 2 to 8 rows'
+/// expert blocks pair by pair (default `1`: the same output rows of every
+/// pair side by side, so rows sharing an expert read it from L2; the same
+/// bits either way).
+pub const MOE_PAIRS_FAST: &str = "FLASHTIER_MOE_PAIRS_FAST";
 /// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
 /// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
 /// runs). Every one gives the same bits.
@@ -62,6 +67,11 @@ pub const SETTINGS: &[Setting] = &[
         doc: "0: each sequence of a batched GPU decode step attends alone",
     },
     Setting {
+        name: MOE_PAIRS_FAST,
+        default: "1",
+        doc: "0: a GPU decode step of 2 to 8 rows runs its expert blocks pair by pair",
+    },
+    Setting {
         name: CPU_ISA,
         default: "detected",
         doc: "the CPU kernels' instruction set: scalar, avx2, avx512 or neon (one this CPU runs)",
@@ -86,6 +96,9 @@ pub struct CudaSettings {
     /// A batched decode step's sequences attend in one launch
     /// ([`ROWS_ATTN`]).
     pub rows_attn: bool,
+    /// A step of 2 to 8 rows runs its expert blocks pair-fastest
+    /// ([`MOE_PAIRS_FAST`]).
+    pub moe_pairs_fast: bool,
 }
 
 impl Default for CudaSettings {
@@ -95,6 +108,7 @@ impl Default for CudaSettings {
             prefetch: true,
             fused_router: true,
             rows_attn: true,
+            moe_pairs_fast: true,
         }
     }
 }
@@ -108,6 +122,7 @@ impl CudaSettings {
             prefetch: env.flag(PREFETCH, d.prefetch)?,
             fused_router: env.flag(FUSED_ROUTER, d.fused_router)?,
             rows_attn: env.flag(ROWS_ATTN, d.rows_attn)?,
+            moe_pairs_fast: env.flag(MOE_PAIRS_FAST, d.moe_pairs_fast)?,
         })
     }
 }
@@ -136,6 +151,7 @@ mod tests {
             (PREFETCH, "0"),
             (FUSED_ROUTER, "0"),
             (ROWS_ATTN, "0"),
+            (MOE_PAIRS_FAST, "0"),
         ]);
         assert_eq!(
             CudaSettings::read(&env),
@@ -144,9 +160,10 @@ mod tests {
                 prefetch: false,
                 fused_router: false,
                 rows_attn: false,
+                moe_pairs_fast: false,
             })
         );
-        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN] {
+        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN, MOE_PAIRS_FAST] {
             let pairs = [(var, "off")];
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, var);
@@ -180,6 +197,7 @@ mod tests {
             (PREFETCH, flag(d.prefetch)),
             (FUSED_ROUTER, flag(d.fused_router)),
             (ROWS_ATTN, flag(d.rows_attn)),
+            (MOE_PAIRS_FAST, flag(d.moe_pairs_fast)),
         ] {
             let s = SETTINGS.iter().find(|s| s.name == name);
             assert_eq!(s.map(|s| s.default), Some(want), "{name}");

@@ -26,6 +26,40 @@ impl DecodeKernels {
         act: &mut DevAct,
         out: &mut DevAct,
     ) -> Result<(), CudaError> {
+        let io = (x, act, out);
+        self.moe_ordered(slots, (layer_base, experts), routes, spec, io, false)
+    }
+
+    /// [`Self::moe`] with its blocks in pair-fastest order: the blocks of
+    /// one slice of output rows of every (row, expert) pair run side by
+    /// side, so rows sharing an expert read its same weight rows at about
+    /// the same time and L2 serves all but the first (a batch's rows often
+    /// share experts). The same bits as [`Self::moe`].
+    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
+    pub fn moe_pairs_fast(
+        &self,
+        slots: &ExpertSlots,
+        layer_base: usize,
+        experts: usize,
+        routes: &DevRoutes,
+        spec: &ExpertSpec,
+        x: &DevAct,
+        act: &mut DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), CudaError> {
+        let io = (x, act, out);
+        self.moe_ordered(slots, (layer_base, experts), routes, spec, io, true)
+    }
+
+    fn moe_ordered(
+        &self,
+        slots: &ExpertSlots,
+        (layer_base, experts): (usize, usize),
+        routes: &DevRoutes,
+        spec: &ExpertSpec,
+        (x, act, out): (&DevAct, &mut DevAct, &mut DevAct),
+        pairs_fast: bool,
+    ) -> Result<(), CudaError> {
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
         let pairs = rows * k;
@@ -68,8 +102,9 @@ impl DecodeKernels {
             .push(i)
             .push(geo)
             .push(vec)
-            .buf(g, act.buf());
-        let cfg = blocks_cfg(spec.inter.div_ceil(4), pairs)?;
+            .buf(g, act.buf())
+            .push(i32::from(pairs_fast));
+        let cfg = ordered_cfg(spec.inter.div_ceil(4), pairs, pairs_fast)?;
         // SAFETY: matches `moe_gate_up_*`. Routed ids are below `experts`
         // (the routing kernels choose among the logits' columns), so every
         // table index is below `entries`; every set entry points at a record
@@ -88,13 +123,28 @@ impl DecodeKernels {
             .push(i)
             .push(geo)
             .push(vec)
-            .buf(g, out.buf());
-        let cfg = blocks_cfg(spec.hidden.div_ceil(self.down_rows), rows)?;
+            .buf(g, out.buf())
+            .push(i32::from(pairs_fast));
+        let cfg = ordered_cfg(spec.hidden.div_ceil(self.down_rows), rows, pairs_fast)?;
         // SAFETY: as above, reading act (pairs x inter) and the routed
         // weights (rows x top_k), writing out (rows x hidden); each row's
         // experts are summed in routed (ascending id) order; top_k <=
         // MAX_TOP_K fits the kernel's shared products.
         unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
         Ok(())
+    }
+}
+
+/// The grid of `out_blocks` x `units` blocks: (out_blocks, units), or
+/// (units, out_blocks) in pair-fastest order (`moe_block` in moe.cu).
+fn ordered_cfg(
+    out_blocks: usize,
+    units: usize,
+    pairs_fast: bool,
+) -> Result<cudarc::driver::LaunchConfig, CudaError> {
+    if pairs_fast {
+        blocks_cfg(units, out_blocks.max(1))
+    } else {
+        blocks_cfg(out_blocks, units)
     }
 }

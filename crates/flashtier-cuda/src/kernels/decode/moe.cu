@@ -14,18 +14,31 @@ struct Expert {
 
 static __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
+// Which block of a routed-expert launch this is: (the block of output
+// rows, the pair or row). With `pairs_fast` the grid is (pairs or rows,
+// output blocks), so the blocks of one output block of every pair run
+// side by side: rows that share an expert read its same weight rows at
+// about the same time, and L2 serves all but the first (a served batch's
+// rows often share experts). The arithmetic does not depend on it.
+static __device__ __forceinline__ void moe_block(int pairs_fast, int* out_block, int* unit) {
+    *out_block = pairs_fast ? blockIdx.y : blockIdx.x;
+    *unit = pairs_fast ? blockIdx.x : blockIdx.y;
+}
+
 // act[p][i] = silu(gate_i . x[r]) * (up_i . x[r]) for pair p = r * top_k + j,
 // expert ids[p]. A block of 8 warps takes 4 output rows; warp w computes
-// the gate (w even) or up (w odd) dot of row blockIdx.x * 4 + w / 2.
-// grid: (ceil(inter / 4), pairs), 256 threads.
+// the gate (w even) or up (w odd) dot of row b * 4 + w / 2 of output block
+// b. grid: (ceil(inter / 4), pairs), or (pairs, ceil(inter / 4)) with
+// `pairs_fast` (moe_block); 256 threads.
 template <int DT>
 static __device__ void moe_gate_up(const u64* table, int layer_base, const int* ids, int top_k,
                                    const float* x, int hidden, int inter, Expert e, int vec,
-                                   float* act) {
+                                   float* act, int pairs_fast) {
     __shared__ float gu[4][2];
-    const int p = blockIdx.y;
+    int b, p;
+    moe_block(pairs_fast, &b, &p);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int i = blockIdx.x * 4 + warp / 2, which = warp & 1;
+    const int i = b * 4 + warp / 2, which = warp & 1;
     const int r = p / top_k;
     pdl_enter();
     const u64 base = table[layer_base + ids[p]];
@@ -40,7 +53,7 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
         if (lane == 0) gu[warp / 2][which] = acc[0];
     }
     __syncthreads();
-    const int t = threadIdx.x, it = blockIdx.x * 4 + t;
+    const int t = threadIdx.x, it = b * 4 + t;
     if (t < 4 && it < inter)
         act[(long long)p * inter + it] = base == 0 ? __int_as_float(0x7fc00000)
                                                    : silu(gu[t][0]) * gu[t][1];
@@ -57,13 +70,16 @@ static __device__ void moe_gate_up(const u64* table, int layer_base, const int* 
 // w[r][j] * down_i(j) . act[r * top_k + j] for the DOWN_ROWS rows i of
 // block x: warp w takes the experts j = w, w + 8, ..., each over the
 // block's rows in turn; thread t < DOWN_ROWS adds row t's products in j
-// order. grid: (ceil(hidden / DOWN_ROWS), rows), 256 threads.
+// order. grid: (ceil(hidden / DOWN_ROWS), rows), or (rows, ceil(hidden /
+// DOWN_ROWS)) with `pairs_fast` (moe_block); 256 threads.
 template <int DT>
 static __device__ void moe_down(const u64* table, int layer_base, const int* ids,
                                 const float* weights, int top_k, const float* act, int hidden,
-                                int inter, Expert e, int vec, float* out) {
+                                int inter, Expert e, int vec, float* out, int pairs_fast) {
     __shared__ float part[DOWN_ROWS][MAX_TOPK];
-    const int r = blockIdx.y, i0 = blockIdx.x * DOWN_ROWS;
+    int b, r;
+    moe_block(pairs_fast, &b, &r);
+    const int i0 = b * DOWN_ROWS;
     const int rows = min(DOWN_ROWS, hidden - i0);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const long long rb = (long long)inter * (DT == 2 ? 4 : (DT == 3 ? 1 : 2));
@@ -103,16 +119,18 @@ static __device__ void moe_down(const u64* table, int layer_base, const int* ids
 }
 
 #define MOE(DT, SUFFIX)                                                                         \
-    extern "C" __global__ void moe_gate_up_##SUFFIX(const u64* table, int layer_base,          \
-                                                    const int* ids, int top_k, const float* x,  \
-                                                    int hidden, int inter, Expert e, int vec,   \
-                                                    float* act) {                               \
-        moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act);          \
+    extern "C" __global__ void moe_gate_up_##SUFFIX(                                           \
+        const u64* table, int layer_base, const int* ids, int top_k, const float* x,            \
+        int hidden, int inter, Expert e, int vec, float* act, int pairs_fast) {                 \
+        moe_gate_up<DT>(table, layer_base, ids, top_k, x, hidden, inter, e, vec, act,           \
+                        pairs_fast);                                                            \
     }                                                                                           \
     extern "C" __global__ void moe_down_##SUFFIX(                                              \
         const u64* table, int layer_base, const int* ids, const float* weights, int top_k,      \
-        const float* act, int hidden, int inter, Expert e, int vec, float* out) {               \
-        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out);  \
+        const float* act, int hidden, int inter, Expert e, int vec, float* out,                 \
+        int pairs_fast) {                                                                       \
+        moe_down<DT>(table, layer_base, ids, weights, top_k, act, hidden, inter, e, vec, out,   \
+                     pairs_fast);                                                               \
     }
 MOE(0, bf16)
 MOE(1, f16)

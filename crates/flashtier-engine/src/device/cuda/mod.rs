@@ -104,6 +104,10 @@ pub struct CudaDevice {
     /// when their KV is all in HBM (`FLASHTIER_ROWS_ATTN=0`: each alone;
     /// the same bits either way), with the step's table of rows.
     rows_attn: Option<RefCell<DecodeRows>>,
+    /// A step of 2 to 8 rows runs its expert blocks pair-fastest, so rows
+    /// sharing an expert read it from L2 (`FLASHTIER_MOE_PAIRS_FAST=0`:
+    /// pair by pair; the same bits either way).
+    moe_pairs_fast: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -131,6 +135,7 @@ impl CudaDevice {
             prefetch_on: s.prefetch,
             chain: Cell::new(s.chain),
             rows_attn: s.rows_attn.then(|| RefCell::new(DecodeRows::new())),
+            moe_pairs_fast: s.moe_pairs_fast,
         })
     }
 

@@ -102,17 +102,17 @@ impl CudaDevice {
         let base = experts.entry(layer, 0);
         let per_layer = experts.experts_per_layer();
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
+        // Rows sharing an expert read it side by side (the same bits).
+        let pairs_fast = self.moe_pairs_fast && (2..=MAX_GEMV_ROWS).contains(&x.rows());
         self.timed(OpClass::Experts, bytes, || {
-            Ok(self.kernels.moe(
-                experts.slots(),
-                base,
-                per_layer,
-                routes,
-                &spec,
-                x,
-                &mut act,
-                out,
-            )?)
+            let k = &self.kernels;
+            let slots = experts.slots();
+            if pairs_fast {
+                k.moe_pairs_fast(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
+            } else {
+                k.moe(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
+            }
+            Ok(())
         })?;
         experts.consumed()
     }
