@@ -124,6 +124,27 @@ impl App {
         }
     }
 
+    /// What every generation endpoint does first: the API key, the body
+    /// within its limit, the JSON parsed as `R`, the model name asked for
+    /// (from `R`'s sampling fields).
+    fn request<R: serde::de::DeserializeOwned>(
+        &self,
+        headers: &HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+        sampling: impl Fn(&R) -> &SamplingFields,
+    ) -> Result<R, ApiError> {
+        self.authorize(headers)?;
+        let body = body_of(body, self.cfg.max_body_bytes)?;
+        let req: R = api::parse(&body)?;
+        self.check_model(sampling(&req).model.as_deref())?;
+        Ok(req)
+    }
+
+    /// Tokens the context leaves after `prompt`.
+    fn room(&self, prompt: &[u32]) -> usize {
+        self.sched.context().saturating_sub(prompt.len())
+    }
+
     fn next_id(&self, prefix: &str) -> String {
         let n = self.ids.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
         format!("{prefix}-{n:016x}")
@@ -172,10 +193,7 @@ async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = || -> Result<Prepared, ApiError> {
-        app.authorize(&headers)?;
-        let body = body_of(body, app.cfg.max_body_bytes)?;
-        let req: ChatRequest = api::parse(&body)?;
-        app.check_model(req.sampling.model.as_deref())?;
+        let req: ChatRequest = app.request(&headers, body, |r: &ChatRequest| &r.sampling)?;
         if req.messages.is_empty() {
             return Err(ApiError::invalid_param("messages", "messages is empty"));
         }
@@ -205,7 +223,7 @@ async fn chat(
         } else {
             None
         };
-        let room = app.sched.context().saturating_sub(prompt.len());
+        let room = app.room(&prompt);
         let (v, name) = match req.max_completion_tokens {
             Some(v) => (Some(v), "max_completion_tokens"),
             None => (req.max_tokens, "max_tokens"),
@@ -213,10 +231,7 @@ async fn chat(
         let job_max = api::max_tokens(v, name, room, room)?;
         prepare(&app, Kind::Chat, prompt, job_max, logprobs, &req.sampling)
     };
-    match run() {
-        Ok(p) => generate(app.clone(), p).await,
-        Err(e) => e.into_response(),
-    }
+    answer(app.clone(), run()).await
 }
 
 async fn completions(
@@ -225,10 +240,8 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = || -> Result<Prepared, ApiError> {
-        app.authorize(&headers)?;
-        let body = body_of(body, app.cfg.max_body_bytes)?;
-        let req: CompletionRequest = api::parse(&body)?;
-        app.check_model(req.sampling.model.as_deref())?;
+        let req: CompletionRequest =
+            app.request(&headers, body, |r: &CompletionRequest| &r.sampling)?;
         if req.echo {
             return Err(ApiError::invalid_param("echo", "echo is not served"));
         }
@@ -272,7 +285,7 @@ async fn completions(
             None => None,
             n => Some(api::alternatives(n, "logprobs")?),
         };
-        let room = app.sched.context().saturating_sub(prompt.len());
+        let room = app.room(&prompt);
         let job_max = api::max_tokens(req.max_tokens, "max_tokens", 16, room)?;
         prepare(
             &app,
@@ -283,8 +296,14 @@ async fn completions(
             &req.sampling,
         )
     };
-    match run() {
-        Ok(p) => generate(app.clone(), p).await,
+    answer(app.clone(), run()).await
+}
+
+/// A generation request's response: the generation, or the error that
+/// stopped it before anything ran.
+async fn answer(app: Arc<App>, prepared: Result<Prepared, ApiError>) -> Response {
+    match prepared {
+        Ok(p) => generate(app, p).await,
         Err(e) => e.into_response(),
     }
 }
