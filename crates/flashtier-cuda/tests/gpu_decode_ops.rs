@@ -24,6 +24,7 @@ use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::{DecodeRows, DevKvCache};
 use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::experts::ExpertSlots;
+use flashtier_cuda::ops::moe::BlockOrder;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -548,8 +549,16 @@ fn routed_experts_match_f64_from_hbm_slots_and_in_place() {
                 // share expert 3).
                 let mut a2 = pool.take(&gpu, rows * top, i).unwrap();
                 let mut out2 = pool.take(&gpu, rows, h).unwrap();
-                k.moe_pairs_fast(&slots, 0, experts, &routes, &spec, &xa, &mut a2, &mut out2)
-                    .unwrap();
+                let io = (&xa, &mut a2, &mut out2);
+                k.moe_ordered(
+                    &slots,
+                    (0, experts),
+                    &routes,
+                    &spec,
+                    io,
+                    BlockOrder::PairsFast,
+                )
+                .unwrap();
                 let (o1, o2) = (
                     out.to_host(gpu.stream()).unwrap(),
                     out2.to_host(gpu.stream()).unwrap(),

@@ -31,7 +31,7 @@ pub mod experts;
 pub mod gemm;
 pub mod hint;
 pub mod mma;
-mod moe;
+pub mod moe;
 pub mod norm;
 pub mod pick;
 pub mod route;

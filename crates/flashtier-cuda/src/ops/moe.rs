@@ -27,39 +27,28 @@ impl DecodeKernels {
         out: &mut DevAct,
     ) -> Result<(), CudaError> {
         let io = (x, act, out);
-        self.moe_ordered(slots, (layer_base, experts), routes, spec, io, false)
+        self.moe_ordered(
+            slots,
+            (layer_base, experts),
+            routes,
+            spec,
+            io,
+            BlockOrder::PairByPair,
+        )
     }
 
-    /// [`Self::moe`] with its blocks in pair-fastest order: the blocks of
-    /// one slice of output rows of every (row, expert) pair run side by
-    /// side, so rows sharing an expert read its same weight rows at about
-    /// the same time and L2 serves all but the first (a batch's rows often
-    /// share experts). The same bits as [`Self::moe`].
-    #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
-    pub fn moe_pairs_fast(
-        &self,
-        slots: &ExpertSlots,
-        layer_base: usize,
-        experts: usize,
-        routes: &DevRoutes,
-        spec: &ExpertSpec,
-        x: &DevAct,
-        act: &mut DevAct,
-        out: &mut DevAct,
-    ) -> Result<(), CudaError> {
-        let io = (x, act, out);
-        self.moe_ordered(slots, (layer_base, experts), routes, spec, io, true)
-    }
-
-    fn moe_ordered(
+    /// [`Self::moe`] in a chosen block order ([`BlockOrder`]); every
+    /// order gives the same bits.
+    pub fn moe_ordered(
         &self,
         slots: &ExpertSlots,
         (layer_base, experts): (usize, usize),
         routes: &DevRoutes,
         spec: &ExpertSpec,
         (x, act, out): (&DevAct, &mut DevAct, &mut DevAct),
-        pairs_fast: bool,
+        order: BlockOrder,
     ) -> Result<(), CudaError> {
+        let pairs_fast = order == BlockOrder::PairsFast;
         spec.validate()?;
         let (rows, k) = (x.rows(), routes.top_k());
         let pairs = rows * k;
@@ -133,6 +122,18 @@ impl DecodeKernels {
         unsafe { self.launch(&format!("moe_down_{sfx}"), cfg, a) }?;
         Ok(())
     }
+}
+
+/// The order of a routed-expert launch's blocks (`moe_block` in moe.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockOrder {
+    /// Every block of one (row, expert) pair, then the next pair's.
+    PairByPair,
+    /// One slice of output rows for every pair, then the next slice: rows
+    /// sharing an expert read its same weight rows at about the same time,
+    /// and L2 serves all but the first (a batch's rows often share
+    /// experts).
+    PairsFast,
 }
 
 /// The grid of `out_blocks` x `units` blocks: (out_blocks, units), or

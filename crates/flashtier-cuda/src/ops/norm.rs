@@ -176,34 +176,10 @@ impl DecodeKernels {
         self.qk_norm_rope_at(q, k, norms, eps, table, (head_dim, interleaved), first, at)
     }
 
-    /// [`Self::qk_norm_rope`] with row r at the position a decode-rows
-    /// table gives it (`rows`: its device address, `end`: one past the
-    /// largest position in it; see [`super::attn::DecodeRows`]).
+    /// [`Self::qk_norm_rope`] with the rows' positions as `at` says
+    /// (`first + r`, or a decode-rows table: [`super::attn::RowsAt`]).
     #[allow(clippy::too_many_arguments, reason = "the kernel's arguments")]
-    pub(crate) fn qk_norm_rope_rows(
-        &self,
-        q: &mut DevAct,
-        k: &mut DevAct,
-        norms: Option<[&DevVector; 2]>,
-        eps: f32,
-        table: &RopeTable,
-        head_dim: usize,
-        (rows, end): (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.qk_norm_rope_at(
-            q,
-            k,
-            norms,
-            eps,
-            table,
-            (head_dim, false),
-            0,
-            Positions::Table(rows, end),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments, reason = "the kernel's arguments")]
-    fn qk_norm_rope_at(
+    pub(crate) fn qk_norm_rope_at(
         &self,
         q: &mut DevAct,
         k: &mut DevAct,
@@ -289,9 +265,10 @@ impl DecodeKernels {
 }
 
 /// Where [`DecodeKernels::qk_norm_rope_at`]'s rows sit: `first + r`, below
-/// the given end, or as a decode-rows table at a device address says.
+/// the given end, or as a decode-rows table at a device address says (its
+/// positions below the given end).
 #[derive(Clone, Copy)]
-enum Positions {
+pub(crate) enum Positions {
     From(usize),
     Table(u64, usize),
 }

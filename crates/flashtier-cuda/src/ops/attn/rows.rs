@@ -29,6 +29,7 @@ use super::{CHUNK_POSITIONS, DevKvCache, group_floats};
 use crate::error::CudaError;
 use crate::launch::Args;
 use crate::ops::buffers::{DevAct, DevVector, RopeTable};
+use crate::ops::norm::Positions;
 use crate::ops::{DecodeKernels, addr, dim, linear_cfg};
 
 /// i64 values per row of a table: arena address, positions held, resident
@@ -223,7 +224,8 @@ impl DecodeKernels {
         head_dim: usize,
         at: RowsAt,
     ) -> Result<(), CudaError> {
-        self.qk_norm_rope_rows(q, k, norms, eps, table, head_dim, (at.table, at.end))
+        let rows = Positions::Table(at.table, at.end);
+        self.qk_norm_rope_at(q, k, norms, eps, table, (head_dim, false), 0, rows)
     }
 
     /// Append row r's keys and values to `caches[r]` at `layer` and attend

@@ -12,6 +12,7 @@
 
 use flashtier_cuda::ops::MAX_GEMV_ROWS;
 use flashtier_cuda::ops::buffers::{DevAct, DevVector};
+use flashtier_cuda::ops::moe::BlockOrder;
 use flashtier_cuda::ops::route::DevRoutes;
 
 use super::CudaDevice;
@@ -104,15 +105,17 @@ impl CudaDevice {
         let bytes = (pairs * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
         // Rows sharing an expert read it side by side (the same bits).
         let pairs_fast = self.moe_pairs_fast && (2..=MAX_GEMV_ROWS).contains(&x.rows());
+        let order = if pairs_fast {
+            BlockOrder::PairsFast
+        } else {
+            BlockOrder::PairByPair
+        };
         self.timed(OpClass::Experts, bytes, || {
-            let k = &self.kernels;
-            let slots = experts.slots();
-            if pairs_fast {
-                k.moe_pairs_fast(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
-            } else {
-                k.moe(slots, base, per_layer, routes, &spec, x, &mut act, out)?;
-            }
-            Ok(())
+            let io = (x, &mut act, &mut *out);
+            let tier = (base, per_layer);
+            Ok(self
+                .kernels
+                .moe_ordered(experts.slots(), tier, routes, &spec, io, order)?)
         })?;
         experts.consumed()
     }
