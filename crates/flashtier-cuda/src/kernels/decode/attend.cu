@@ -11,6 +11,19 @@
 // slots = the resident chunks) or one tile of the restore ring (c_base =
 // the tile's first chunk).
 
+// Element `rem` (head rem / dim, element rem % dim) of the key and value
+// at position p into its chunk's slot (p / chunk) % slots of `arena`.
+static __device__ __forceinline__ void kv_put(float kv_k, float kv_v, float* arena, int kv_heads,
+                                              int dim, int gs, int slots, long long p, int chunk,
+                                              int rem) {
+    const int h = rem / dim, d = rem - h * dim;
+    const long long c = p / chunk;
+    const int t = (int)(p - c * chunk);
+    float* base = arena + (c % slots) * (2LL * kv_heads * gs);
+    base[(long long)h * gs + (long long)t * dim + d] = kv_k;
+    base[(long long)(kv_heads + h) * gs + (long long)t * dim + d] = kv_v;
+}
+
 // Keys and values of rows at positions first.. (width = kv_heads * dim):
 // K[p][h][d] = k[(p - first) * width + h * dim + d], V likewise.
 extern "C" __global__ void kv_append(const float* k, const float* v, float* arena, int kv_heads,
@@ -21,14 +34,7 @@ extern "C" __global__ void kv_append(const float* k, const float* v, float* aren
     if (i >= n) return;
     const int width = kv_heads * dim;
     const long long r = i / width;
-    const int rem = (int)(i - r * width);
-    const int h = rem / dim, d = rem - h * dim;
-    const long long p = first + r;
-    const long long c = p / chunk;
-    const int t = (int)(p - c * chunk);
-    float* base = arena + (c % slots) * (2LL * kv_heads * gs);
-    base[(long long)h * gs + (long long)t * dim + d] = k[i];
-    base[(long long)(kv_heads + h) * gs + (long long)t * dim + d] = v[i];
+    kv_put(k[i], v[i], arena, kv_heads, dim, gs, slots, first + r, chunk, (int)(i - r * width));
 }
 
 // The online-softmax fold of one (row, head, split) block: query `qrow`
@@ -203,17 +209,9 @@ extern "C" __global__ void kv_append_rows(const float* k, const float* v,
     if (i >= n) return;
     const int width = kv_heads * dim;
     const long long r = i / width;
-    const int rem = (int)(i - r * width);
-    const int h = rem / dim, d = rem - h * dim;
     const long long* e = table + 4 * r;
-    float* arena = reinterpret_cast<float*>(e[0]);
-    const long long p = e[1];
-    const int slots = (int)e[2];
-    const long long c = p / chunk;
-    const int t = (int)(p - c * chunk);
-    float* base = arena + (c % slots) * (2LL * kv_heads * gs);
-    base[(long long)h * gs + (long long)t * dim + d] = k[i];
-    base[(long long)(kv_heads + h) * gs + (long long)t * dim + d] = v[i];
+    kv_put(k[i], v[i], reinterpret_cast<float*>(e[0]), kv_heads, dim, gs, (int)e[2], e[1], chunk,
+           (int)(i - r * width));
 }
 
 // Split s = blockIdx.z of head h of row r (blocks past the row's splits
