@@ -203,6 +203,21 @@ static __device__ __forceinline__ void mma_zero(float (&acc)[NB][2][MmaShape<BM>
                 for (int i = 0; i < 4; ++i) acc[q][mt][nt][i] = 0.f;
 }
 
+// The epilogue's walk: f(mt, nt, i, m, n) for every accumulator element of
+// a BM-row tile whose tile row m < rows and column n < cols.
+template <int BM, typename F>
+static __device__ __forceinline__ void mma_each(int rows, int cols, F f) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < MmaShape<BM>::NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int m = mma_row<BM>(mt, i), n = mma_col<BM>(nt, i);
+                if (m < rows && n < cols) f(mt, nt, i, m, n);
+            }
+}
+
 // Dense products (as gemm_multi): out_q[r][i] = W_q[i] . x[r] for r <
 // rows, up to four BF16 matrices of one width sharing x. grid: (64-column
 // tiles of all matrices, in matrix order; ceil(rows / 64)), MMA_THREADS.
@@ -228,16 +243,10 @@ gemm_mma_bf16(Mats mm, long long row_bytes, int k, const float* x, int rows) {
     mma_zero<1, BM>(acc);
     mma_tile<1, BM>(a, w, row_bytes, n0, nc, k, acc);
     float* out = mm.out[q];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < MmaShape<BM>::NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int m = mma_row<BM>(mt, i), n = mma_col<BM>(nt, i);
-                if (m < a.count && n < nc)
-                    out[(long long)(m0 + m) * mm.out_stride[q] + n0 + n] = acc[0][mt][nt][i];
-            }
+    const long long stride = mm.out_stride[q];
+    mma_each<BM>(a.count, nc, [&](int mt, int nt, int i, int m, int n) {
+        out[(long long)(m0 + m) * stride + n0 + n] = acc[0][mt][nt][i];
+    });
 }
 
 // Grouped experts (as moe_group_gate_up / moe_group_down, BF16 records):
@@ -265,18 +274,11 @@ moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, co
         const TileRows a = {x, hidden, perm + first, top_k, count};
         mma_tile<2, BM>(a, w, (long long)hidden * 2, n0, nc, hidden, acc);
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < MmaShape<BM>::NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int m = mma_row<BM>(mt, i), n = mma_col<BM>(nt, i);
-                if (m >= count || n >= nc) continue;
-                const long long p = perm[first + m];
-                act[p * inter + n0 + n] = base == 0 ? __int_as_float(0x7fc00000)
-                                                    : silu(acc[0][mt][nt][i]) * acc[1][mt][nt][i];
-            }
+    mma_each<BM>(count, nc, [&](int mt, int nt, int i, int m, int n) {
+        const long long p = perm[first + m];
+        act[p * inter + n0 + n] = base == 0 ? __int_as_float(0x7fc00000)
+                                            : silu(acc[0][mt][nt][i]) * acc[1][mt][nt][i];
+    });
 }
 
 // y[p][i] = down_i . act[p] for the pairs of tile blockIdx.y.
@@ -298,15 +300,8 @@ moe_group_down_mma_bf16(const u64* table, int layer_base, const int* perm, const
         const TileRows a = {act, inter, perm + first, 1, count};
         mma_tile<1, BM>(a, w, (long long)inter * 2, n0, nc, inter, acc);
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < MmaShape<BM>::NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int m = mma_row<BM>(mt, i), n = mma_col<BM>(nt, i);
-                if (m >= count || n >= nc) continue;
-                const long long p = perm[first + m];
-                y[p * hidden + n0 + n] = base == 0 ? __int_as_float(0x7fc00000) : acc[0][mt][nt][i];
-            }
+    mma_each<BM>(count, nc, [&](int mt, int nt, int i, int m, int n) {
+        const long long p = perm[first + m];
+        y[p * hidden + n0 + n] = base == 0 ? __int_as_float(0x7fc00000) : acc[0][mt][nt][i];
+    });
 }
