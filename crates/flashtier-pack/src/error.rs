@@ -11,6 +11,9 @@ pub enum DemoError {
     /// Opening, packing or decoding the model failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Opening the model for a decode failed.
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
     /// Writing the synthetic checkpoint failed.
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),

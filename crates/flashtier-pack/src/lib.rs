@@ -9,6 +9,10 @@
 //! - [`synth`]: synthetic checkpoints in real models' proportions
 //!   (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3, Qwen4-Exp), written as
 //!   transformers writes safetensors.
+//! - [`session`]: a model opened for decoding the one way `run`,
+//!   `serve`, the benches and library users open it: the checkpoint once,
+//!   the store given or cached (packed first when missing), the engine on
+//!   its device under the budgets.
 //! - [`demo`]: `flashtier demo`, a synthetic model decoded with its experts
 //!   streamed under a memory budget, held against the drive's bound.
 //!
@@ -21,6 +25,7 @@ pub mod cache;
 pub mod demo;
 pub mod error;
 pub mod pack;
+pub mod session;
 pub mod synth;
 
 pub use error::DemoError;

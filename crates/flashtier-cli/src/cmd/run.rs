@@ -5,14 +5,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use flashtier_engine::Generation;
 use flashtier_engine::device::cuda::kv::tier::KvTierStats;
-use flashtier_engine::engine::{Chosen, Engine, Placement};
-use flashtier_engine::{EngineError, Generation};
+use flashtier_engine::engine::{Chosen, Engine};
+use flashtier_pack::session::Session;
 
 use flashtier_engine::sample::SamplingParams;
 use flashtier_text::{ChatMessage, ChatOptions, TextModel};
 
-use crate::kit::model::{ModelArgs, explain_pool, load_model, ple_rows_dir, store_path};
+use crate::kit::model::{ModelArgs, explain_pool, load_model};
 
 /// Options of `flashtier run`.
 #[derive(clap::Args, Debug)]
@@ -111,10 +112,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         refuse_logits_out(path, &args)?;
     }
-    if args.m.kv_budget_hbm.is_some() && args.m.device == Placement::Cpu {
-        return Err(EngineError::KvBudgetNeedsGpu { why: None }.into());
-    }
-    let (mut model, store, chosen, touched) = load_model(&args.m, args.json)?;
+    let Session {
+        engine: mut model,
+        store,
+        chosen,
+        weight_bytes_per_token: touched,
+    } = load_model(&args.m, args.json)?;
     if let (Some(why), false) = (&chosen.fallback, args.json) {
         eprintln!("decoding on the CPU: {why}");
     }
@@ -172,7 +175,8 @@ fn load_text(model: &Path) -> anyhow::Result<TextModel> {
 fn refuse_logits_out(out: &Path, args: &Args) -> anyhow::Result<()> {
     use flashtier_io::persist::{PersistError, refuse_inputs, resolve};
     let model = args.m.model.as_path();
-    let store = store_path(model, args.m.store.as_deref(), args.m.cache.as_deref())?;
+    let session = args.m.session();
+    let store = session.store_path()?;
     let mut inputs = model_files(model);
     inputs.push(store);
     refuse_inputs(out, &inputs)?;
@@ -188,13 +192,10 @@ fn refuse_logits_out(out: &Path, args: &Args) -> anyhow::Result<()> {
     {
         return Err(refused(input, "it is").into());
     }
-    if args.m.rows_budget.is_some() {
-        let dir = ple_rows_dir(
-            model,
-            args.m.store.as_deref(),
-            args.m.cache.as_deref(),
-            args.m.rows_dir.as_deref(),
-        )?;
+    if session.rows.is_some() {
+        let dir = session
+            .rows_dir()?
+            .context("a row store has a row folder")?;
         let at = resolve(&dir).or_else(|_| std::path::absolute(&dir))?;
         if target == at {
             return Err(refused(&dir, "it is").into());

@@ -11,6 +11,7 @@ use flashtier_text::TextModel;
 
 use crate::kit::model::{ModelArgs, load_model};
 use crate::kit::parse_bytes;
+use flashtier_pack::session::Session;
 
 /// Options of `flashtier serve`.
 #[derive(clap::Args, Debug)]
@@ -113,7 +114,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     let (sched, thread) = Scheduler::start(
         move || {
-            let (engine, _store, chosen, _) = load_model(&m, json).map_err(|e| format!("{e:#}"))?;
+            let Session { engine, chosen, .. } =
+                load_model(&m, json).map_err(|e| format!("{e:#}"))?;
             let _ = tx.send((chosen, engine.eos_token_ids().to_vec()));
             Ok::<_, String>(engine)
         },

@@ -1,21 +1,15 @@
-//! Opening a model the way `run`, `serve` and `bench serve` do: the
-//! flags they share ([`ModelArgs`]), the store (given, packed first when
-//! missing, or from the store cache) and the engine on its device.
+//! The flags `run`, `serve` and `bench serve` share ([`ModelArgs`]) and
+//! the session they describe ([`flashtier_pack::session`] opens it; here
+//! only the packing bar and the flag a too-small pool names).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::Context;
-use flashtier::experts::{Backing, ExpertsError};
-use flashtier_engine::checkpoint::Checkpoint;
-use flashtier_engine::config::qwen4::Qwen4Config;
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::device::cuda::kv::KvBudget;
-use flashtier_engine::engine::{self, Chosen, Engine, Placement};
-use flashtier_engine::family::qwen4::PleRowOptions;
-use flashtier_engine::load::{GpuOptions, LoadOptions};
-use flashtier_engine::{EngineError, ModelConfig};
-use flashtier_pack::cache::StoreCache;
-use flashtier_pack::pack::{PackOptions, PackReport};
+use flashtier::experts::Backing;
+use flashtier_engine::EngineError;
+use flashtier_engine::engine::Placement;
+use flashtier_pack::session::{
+    Opening, RowStore, Session, SessionOptions, StoreSource, pool_needs_records,
+};
 
 use super::{bytes_bar, parse_bytes};
 
@@ -86,160 +80,91 @@ pub struct ModelArgs {
     pub queue_depth: usize,
 }
 
-/// The model with experts from `--store` (packed first when missing) or
-/// from the store cache, paired with this checkpoint.
-/// The model, its store, where it runs, and the weight bytes a decode
-/// token reads.
-pub(crate) fn load_model(
-    m: &ModelArgs,
-    json: bool,
-) -> anyhow::Result<(Engine, PathBuf, Chosen, u64)> {
-    // The checkpoint first: it refuses a FIFO or device as config.json.
-    let ckpt =
-        Checkpoint::open(&m.model).with_context(|| format!("opening {}", m.model.display()))?;
-    let touched = checked_weight_bytes(m, &ckpt)?;
-    drop(ckpt);
-    let show = !json;
-    let path = match &m.store {
-        Some(path) if !path.exists() => pack_store(&m.model, path, show)?.out,
-        Some(path) => path.clone(),
-        None => {
-            let cache = store_cache(m.cache.as_deref())?;
-            let bar = bytes_bar(0, "packing", show);
-            let cached = cache.ensure(&m.model, &|done, total| {
-                if bar.length() != Some(total) {
-                    bar.set_length(total);
-                    bar.println(format!(
-                        "packing the experts of {} once into the store cache {}",
-                        m.model.display(),
-                        cache.dir().display()
-                    ));
-                }
-                bar.set_position(done);
-            });
-            let cached =
-                cached.with_context(|| format!("packing the experts of {}", m.model.display()))?;
-            bar.finish_and_clear();
-            cached.path().to_path_buf()
+impl ModelArgs {
+    /// The session these flags describe.
+    pub fn session(&self) -> SessionOptions {
+        SessionOptions {
+            model: self.model.clone(),
+            store: match &self.store {
+                Some(path) => StoreSource::File(path.clone()),
+                None => StoreSource::Cache(self.cache.clone()),
+            },
+            placement: self.device,
+            budget: self.budget,
+            budget_hbm: self.budget_hbm,
+            budget_ram: self.budget_ram,
+            kv: self.kv_budget_hbm.map(|bytes| (bytes, self.kv_dir.clone())),
+            rows: self.rows_budget.map(|budget_bytes| RowStore {
+                budget_bytes,
+                dir: self.rows_dir.clone(),
+            }),
+            backing: self.backing,
+            queue_depth: self.queue_depth,
+            backend: None,
         }
-    };
-    let opts = LoadOptions {
-        store: path.clone(),
-        budget_bytes: m.budget,
-        backing: m.backing,
-        queue_depth: m.queue_depth,
-        backend: None,
-    };
-    let kv = m.kv_budget_hbm.map(|bytes| {
-        let dir = m.kv_dir.clone().unwrap_or_else(|| {
-            path.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-        });
-        KvBudget::new(bytes, dir)
-    });
-    let gpu = GpuOptions {
-        kv,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: m.budget_hbm.or(m.budget),
-            ram_bytes: m.budget_ram,
-            in_place: false,
-        },
-    };
-    let rows = m.rows_budget.map(|budget_bytes| PleRowOptions {
-        dir: m
-            .rows_dir
-            .clone()
-            .unwrap_or_else(|| PleRowOptions::dir_beside(&path)),
-        budget_bytes,
-    });
-    let (model, chosen) =
-        engine::open_with_rows(&m.model, &path, &opts, m.device, &gpu, rows.as_ref())
-            .map_err(|e| explain_pool(e, m))
-            .with_context(|| format!("loading {}", m.model.display()))?;
-    Ok((model, path, chosen, touched))
-}
-
-/// The weight bytes a decode token reads, after the config is checked
-/// against the checkpoint (counts it contradicts are refused before
-/// anything is packed; Qwen4-Exp's tensors are checked at load).
-fn checked_weight_bytes(m: &ModelArgs, ckpt: &Checkpoint) -> anyhow::Result<u64> {
-    let json = ckpt.source().config();
-    if Qwen4Config::is_qwen4(json) {
-        let cfg = Qwen4Config::from_json(json)?;
-        return Ok(flashtier_engine::load::qwen4_weight_bytes_per_token(
-            &cfg, ckpt,
-        ));
     }
-    let cfg = ModelConfig::from_file(&m.model.join("config.json"))?;
-    flashtier_engine::config::bounds::check(&cfg, ckpt)?;
-    Ok(flashtier_engine::load::weight_bytes_per_token(&cfg, ckpt))
 }
 
-/// Pack `model`'s experts into `out` with a progress bar.
-fn pack_store(model: &Path, out: &Path, show: bool) -> anyhow::Result<PackReport> {
-    // Another `run` may be packing the same store: wait for it, then use
-    // its store instead of packing again.
-    let mut opts = PackOptions::new(model, out);
-    opts.reuse_existing = true;
-    super::pack_with_bar(&opts, show)
+/// The model these flags name, opened with a packing bar unless `json`.
+pub(crate) fn load_model(m: &ModelArgs, json: bool) -> anyhow::Result<Session> {
+    open_session(&m.session(), m, !json)
 }
 
-/// A pool that cannot hold one step's experts says how big the budget must
-/// be; every other failure is reported as it is.
+/// `opts` opened with a packing bar when `show`; a pool too small for
+/// one step names the flag that sets it (from `m`).
+pub(crate) fn open_session(
+    opts: &SessionOptions,
+    m: &ModelArgs,
+    show: bool,
+) -> anyhow::Result<Session> {
+    let bar = bytes_bar(0, "packing", show);
+    let session = opts.open(&|event| match event {
+        Opening::Packing {
+            store,
+            cached,
+            done,
+            total,
+        } => {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                let into = if cached {
+                    " once into the store cache"
+                } else {
+                    " into"
+                };
+                bar.println(format!(
+                    "packing the experts of {}{into} {}",
+                    opts.model.display(),
+                    store.display()
+                ));
+            }
+            bar.set_position(done);
+        }
+    });
+    bar.finish_and_clear();
+    session.map_err(|e| {
+        let needed = e.pool_needs_records();
+        pool_hint(anyhow::Error::new(e), needed, m)
+    })
+}
+
+/// A decode whose pool cannot hold one step's experts says how big the
+/// budget must be; every other failure is reported as it is.
 pub(crate) fn explain_pool(e: EngineError, m: &ModelArgs) -> anyhow::Error {
+    let needed = pool_needs_records(&e);
+    pool_hint(anyhow::Error::new(e), needed, m)
+}
+
+fn pool_hint(e: anyhow::Error, needed: Option<usize>, m: &ModelArgs) -> anyhow::Error {
     let flag = if m.budget_hbm.is_some() {
         "--budget-hbm"
     } else {
         "--budget"
     };
-    match e {
-        EngineError::Pool(ExpertsError::PoolTooSmall { needed, .. }) => anyhow::Error::new(e)
-            .context(format!(
-                "{flag} must hold at least one step's {needed} expert records"
-            )),
-        other => anyhow::Error::new(other),
-    }
-}
-
-/// The store cache at `cache`, or at the default location.
-pub(crate) fn store_cache(cache: Option<&Path>) -> anyhow::Result<StoreCache> {
-    match cache {
-        Some(dir) => Ok(StoreCache::at(dir)),
-        None => StoreCache::default_location().ok_or_else(|| {
-            anyhow::anyhow!(
-                "no store cache: set FLASHTIER_CACHE or HOME, or give --store or --cache"
-            )
-        }),
-    }
-}
-
-/// The expert store `run` uses for `model`: `store`, or the store cache's
-/// file of the model (packed there on first use).
-pub(crate) fn store_path(
-    model: &Path,
-    store: Option<&Path>,
-    cache: Option<&Path>,
-) -> anyhow::Result<PathBuf> {
-    match store {
-        Some(p) => Ok(p.to_path_buf()),
-        None => store_cache(cache)?
-            .path_for(model)
-            .with_context(|| format!("opening {}", model.display())),
-    }
-}
-
-/// The folder of `model`'s packed PLE row shards under `run`'s flags:
-/// `rows_dir`, else beside the expert store (`--store`, or the cache's).
-pub(crate) fn ple_rows_dir(
-    model: &Path,
-    store: Option<&Path>,
-    cache: Option<&Path>,
-    rows_dir: Option<&Path>,
-) -> anyhow::Result<PathBuf> {
-    match rows_dir {
-        Some(dir) => Ok(dir.to_path_buf()),
-        None => Ok(PleRowOptions::dir_beside(&store_path(model, store, cache)?)),
+    match needed {
+        Some(needed) => e.context(format!(
+            "{flag} must hold at least one step's {needed} expert records"
+        )),
+        None => e,
     }
 }

@@ -112,13 +112,25 @@ pub fn open_with_rows(
 ) -> Result<(Engine, Chosen), EngineError> {
     // The checkpoint first: it refuses a FIFO or device as config.json.
     let ckpt = Checkpoint::open(model)?;
+    open_checkpoint(ckpt, store, opts, placement, gpu, rows)
+}
+
+/// [`open_with_rows`] on a checkpoint already opened (a caller that read
+/// its config or sized its weights first opens it once).
+pub fn open_checkpoint(
+    ckpt: Checkpoint,
+    store: &Path,
+    opts: &LoadOptions,
+    placement: Placement,
+    gpu: &GpuOptions,
+    rows: Option<&PleRowOptions>,
+) -> Result<(Engine, Chosen), EngineError> {
     if Qwen4Config::is_qwen4(ckpt.source().config()) {
         if gpu.kv.is_some() {
             let why = Some("Qwen4-Exp decodes on the CPU only".to_string());
             return Err(EngineError::KvBudgetNeedsGpu { why });
         }
-        drop(ckpt);
-        return open_qwen4(model, store, opts, placement, rows);
+        return open_qwen4(ckpt, store, opts, placement, rows);
     }
     if rows.is_some() {
         return Err(EngineError::config(
@@ -126,7 +138,7 @@ pub fn open_with_rows(
             "this model has no row tables for the row store (Qwen4-Exp's PLE tables have)",
         ));
     }
-    let cfg = ModelConfig::from_file(&model.join("config.json"))?;
+    let cfg = ModelConfig::from_json(ckpt.source().config())?;
     let (dev, fallback) = match placement {
         Placement::Cpu => (None, None),
         Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),
@@ -169,7 +181,7 @@ pub fn open_with_rows(
 /// Qwen4-Exp on the CPU: `auto` says why it is not on a GPU, an explicit
 /// GPU is refused.
 fn open_qwen4(
-    model: &Path,
+    ckpt: Checkpoint,
     store: &Path,
     opts: &LoadOptions,
     placement: Placement,
@@ -186,7 +198,7 @@ fn open_qwen4(
         Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
     };
     crate::device::cpu::isa::Isa::configured()?;
-    let m = Qwen4Model::open_with_rows(model, store, opts, rows)?;
+    let m = Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
     let chosen = Chosen {
         device: "cpu",
         gpu_name: None,
@@ -203,6 +215,15 @@ impl Engine {
             Self::Cpu(m) => Some(m.config()),
             Self::Cuda(m) => Some(m.config()),
             Self::Qwen4(_) => None,
+        }
+    }
+
+    /// The GPU model, when this engine runs on a GPU (for callers that
+    /// need its device-specific counters, e.g. `bench decode`).
+    pub fn into_cuda(self) -> Option<Model<CudaDevice>> {
+        match self {
+            Self::Cuda(m) => Some(*m),
+            Self::Cpu(_) | Self::Qwen4(_) => None,
         }
     }
 

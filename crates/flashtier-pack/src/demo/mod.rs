@@ -46,15 +46,12 @@ use flashtier_io::{
     DriveActivity, LoggingBackend, PosixBackend, Refill, StorageBackend, read_extents,
 };
 
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::engine::{Chosen, Placement, open_with_rows};
-use flashtier_engine::error::EngineError;
+use flashtier_engine::engine::{Chosen, Placement};
 
 use crate::error::DemoError;
+use crate::session::{RowStore, Session, SessionOptions, StoreSource};
 use crate::synth::{Qwen4Spec, SynthArch, SynthSpec};
 use flashtier::experts::Backing;
-use flashtier_engine::family::qwen4::PleRowOptions;
-use flashtier_engine::load::{GpuOptions, LoadOptions};
 use flashtier_engine::model::Generation;
 use flashtier_io::measure::median;
 
@@ -215,8 +212,8 @@ pub fn run_decode_demo(
             .map(|i| ((i * 7919 + 13 + shift) % vocab) as u32)
             .collect()
     };
-    let rows = packed.as_ref().map(|p| PleRowOptions {
-        dir: p.dir.clone(),
+    let rows = packed.as_ref().map(|p| RowStore {
+        dir: Some(p.dir.clone()),
         budget_bytes: p.budget_bytes,
     });
     let run = DecodeSetup {
@@ -348,24 +345,25 @@ impl DecodeSetup<'_> {
         placement: Placement,
         backing: Backing,
         backend: Arc<dyn StorageBackend>,
-        rows: Option<&PleRowOptions>,
-    ) -> Result<DecodeRun, EngineError> {
+        rows: Option<&RowStore>,
+    ) -> Result<DecodeRun, DemoError> {
         let (opts, progress) = (self.opts, self.progress);
-        let mut load = LoadOptions::store(self.store).budget(self.budget_bytes);
-        load.backing = backing;
-        load.queue_depth = opts.queue_depth;
-        load.backend = Some(backend.clone());
-        let gpu = GpuOptions {
+        let session = SessionOptions {
+            store: StoreSource::File(self.store.to_path_buf()),
+            placement,
+            budget: Some(self.budget_bytes),
+            budget_hbm: Some(self.budget_bytes),
+            budget_ram: 0,
             kv: None,
-            ordinal: 0,
-            budgets: TierBudgets {
-                hbm_bytes: Some(self.budget_bytes),
-                ram_bytes: 0,
-                in_place: false,
-            },
+            rows: rows.cloned(),
+            backing,
+            queue_depth: opts.queue_depth,
+            backend: Some(backend.clone()),
+            ..SessionOptions::new(self.model)
         };
-        let (mut engine, chosen) =
-            open_with_rows(self.model, self.store, &load, placement, &gpu, rows)?;
+        let Session {
+            mut engine, chosen, ..
+        } = session.open(&|_| {})?;
         let phase = if backing == Backing::Mapped {
             DemoPhase::Mapped
         } else {

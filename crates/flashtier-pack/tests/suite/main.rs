@@ -5,4 +5,5 @@
 
 mod pack;
 mod pack_outputs;
+mod session;
 mod synth_qwen4;

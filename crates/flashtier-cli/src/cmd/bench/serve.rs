@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::kit;
 use crate::kit::model::{ModelArgs, load_model};
+use flashtier_pack::session::Session;
 
 /// Options of `flashtier bench serve`.
 #[derive(clap::Args, Debug)]
@@ -131,8 +132,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (sched, thread) = Scheduler::start(
         move || {
-            let (mut engine, _store, chosen_dev, _) =
-                load_model(&m, false).map_err(|e| format!("{e:#}"))?;
+            let Session {
+                mut engine,
+                chosen: chosen_dev,
+                ..
+            } = load_model(&m, false).map_err(|e| format!("{e:#}"))?;
             // `run`'s decode on this engine, warm: the single-stream bar.
             let mut tps = Vec::new();
             for _ in 0..3 {

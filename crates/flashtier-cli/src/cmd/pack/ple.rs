@@ -11,7 +11,7 @@ use flashtier_engine::family::qwen4::pack_ple_rows;
 use flashtier_io::persist::Wait;
 
 use crate::kit;
-use crate::kit::model::ple_rows_dir;
+use flashtier_pack::session::{RowStore, SessionOptions, StoreSource};
 
 /// What `pack rows --ple` takes of `pack rows`' flags.
 pub struct PleArgs<'a> {
@@ -32,7 +32,19 @@ pub struct PleArgs<'a> {
 /// Run `flashtier pack rows --ple`.
 pub fn run(a: &PleArgs<'_>) -> anyhow::Result<()> {
     let model = a.model;
-    let dir = ple_rows_dir(model, a.store, a.cache, a.out_dir)?;
+    // The folder a session with this store and a row store reads.
+    let mut session = SessionOptions::new(model);
+    session.store = match a.store {
+        Some(p) => StoreSource::File(p.to_path_buf()),
+        None => StoreSource::Cache(a.cache.map(Path::to_path_buf)),
+    };
+    session.rows = Some(RowStore {
+        budget_bytes: 0,
+        dir: a.out_dir.map(Path::to_path_buf),
+    });
+    let dir = session
+        .rows_dir()?
+        .context("a session with a row store has a row folder")?;
     let bar = kit::bytes_bar(0, "packing PLE rows", !a.json);
     let wait = if a.no_wait { Wait::Fail } else { Wait::Block };
     let t0 = std::time::Instant::now();

@@ -99,7 +99,16 @@ impl Qwen4Model {
         opts: &LoadOptions,
         rows: Option<&PleRowOptions>,
     ) -> Result<Self, EngineError> {
-        let ckpt = Checkpoint::open(dir)?;
+        Self::from_checkpoint(Checkpoint::open(dir)?, store, opts, rows)
+    }
+
+    /// [`Self::open_with_rows`] on a checkpoint already opened.
+    pub fn from_checkpoint(
+        ckpt: Checkpoint,
+        store: &Path,
+        opts: &LoadOptions,
+        rows: Option<&PleRowOptions>,
+    ) -> Result<Self, EngineError> {
         let cfg = Qwen4Config::from_json(ckpt.source().config())?;
         if cfg.vision_skipped {
             tracing::info!("qwen4_exp: the text model runs; the vision tower is not run");

@@ -14,8 +14,9 @@ use std::path::Path;
 
 use anyhow::Context;
 use flashtier_engine::device::cuda::kv::KvBudget;
-use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda};
+use flashtier_engine::engine::Placement;
 use flashtier_io::probe::{Extent, Refill, read_extents};
+use flashtier_pack::session::{SessionOptions, StoreSource};
 use serde::Serialize;
 
 use super::measure::Limits;
@@ -48,15 +49,14 @@ pub(super) struct KvBench {
 fn load(
     args: &Args,
     store: &Path,
-    kv: Option<KvBudget>,
+    kv: Option<(u64, std::path::PathBuf)>,
 ) -> anyhow::Result<flashtier_engine::Model<flashtier_engine::device::cuda::CudaDevice>> {
-    let mut opts = LoadOptions::store(store);
+    let mut opts = SessionOptions::new(&args.model);
+    opts.store = StoreSource::File(store.to_path_buf());
+    opts.placement = Placement::Cuda(0);
     opts.queue_depth = args.queue_depth;
-    let gpu = GpuOptions {
-        kv,
-        ..GpuOptions::default()
-    };
-    load_cuda(&args.model, &opts, &gpu).context("loading the model for the KV mode")
+    opts.kv = kv.map(|(bytes, dir)| (bytes, Some(dir)));
+    super::open_on_gpu(&opts).context("loading the model for the KV mode")
 }
 
 /// Run the KV mode on `store`'s model.
@@ -72,9 +72,9 @@ pub(super) fn run(
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| ".".into(), Path::to_path_buf)
     });
-    let budget = KvBudget::new(args.kv_budget_hbm, dir);
+    let budget = KvBudget::new(args.kv_budget_hbm, dir.clone());
     let (tile, ahead) = (budget.tile_chunks, budget.read_ahead);
-    let mut m = load(args, store, Some(budget))?;
+    let mut m = load(args, store, Some((args.kv_budget_hbm, dir)))?;
     let cfg = m.config().clone();
     let p = prompt(args.kv_context, cfg.vocab_size);
     if show {

@@ -40,12 +40,13 @@ use flashtier_engine::Model;
 use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::device::KvState;
 use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda, resident_weight_bytes};
+use flashtier_engine::engine::Placement;
+use flashtier_engine::load::resident_weight_bytes;
 use flashtier_format::{Dtype, Store};
 use flashtier_io::probe::LoggingBackend;
 use flashtier_io::{PosixBackend, StorageBackend};
 use flashtier_pack::pack::PackOptions;
+use flashtier_pack::session::{SessionOptions, StoreSource};
 use flashtier_pack::synth::{SynthArch, SynthSpec};
 use serde::Serialize;
 
@@ -212,18 +213,12 @@ fn load_mode(
     let logger = Arc::new(LoggingBackend::new(Arc::new(PosixBackend::new(
         args.queue_depth.max(1),
     )?)));
-    let mut opts = LoadOptions::store(store);
+    let mut opts = SessionOptions::new(&args.model);
+    opts.store = StoreSource::File(store.to_path_buf());
+    opts.placement = Placement::Cuda(0);
     opts.queue_depth = args.queue_depth;
     opts.backend = Some(logger.clone() as Arc<dyn StorageBackend>);
-    let gpu = GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: hbm,
-            ram_bytes: ram,
-            in_place: false,
-        },
-    };
+    (opts.budget_hbm, opts.budget_ram) = (hbm, ram);
     if !args.json {
         let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
         let hbm_text = hbm.map_or("every expert".to_owned(), |b| format!("{:.2} GiB", gib(b)));
@@ -233,8 +228,7 @@ fn load_mode(
             gib(ram)
         );
     }
-    let m = load_cuda(&args.model, &opts, &gpu)?;
-    Ok((m, logger))
+    Ok((open_on_gpu(&opts)?, logger))
 }
 
 /// One mode's decode, and the measurement only that mode makes, into
@@ -323,6 +317,14 @@ fn step_kernels(m: &mut Model<CudaDevice>, generated: &[u32]) -> anyhow::Result<
         in_graphs,
         graph_launches: after.graph_launches - before.graph_launches,
     })
+}
+
+/// The session `opts` opened on the GPU it names.
+pub(super) fn open_on_gpu(opts: &SessionOptions) -> anyhow::Result<Model<CudaDevice>> {
+    opts.open(&|_| {})?
+        .engine
+        .into_cuda()
+        .context("bench decode runs on a GPU")
 }
 
 fn store_path(args: &Args) -> PathBuf {
