@@ -4,8 +4,10 @@
 //! naming the variable, returned by [`crate::Gpu::open`] (the launch
 //! settings) or [`crate::ops::DecodeKernels::new`] (the kernel tuning).
 //!
-//! None of them changes a result bit: they exist for measuring, and their
-//! defaults are what measured fastest on the H200 (docs/benchmarks.md).
+//! None of them changes a result bit but [`PROMPT_MMA`] and
+//! [`PROMPT_ATTN`] (the prompt path's rounding, within f32 bounds the
+//! tests pin): they exist for measuring, and their defaults are what
+//! measured fastest on the H200 (docs/benchmarks.md).
 //! Code that wants other values passes them instead of setting variables:
 //! [`crate::Gpu::set_graphs`], [`crate::Gpu::set_pdl`],
 //! [`crate::Gpu::set_segment_launches`],
@@ -68,6 +70,10 @@ pub struct Tuning {
     /// the rounding: each product term carries an extra relative error of
     /// at most 2^-17).
     pub prompt_mma: bool,
+    /// Prompt chunks' attention as tiles ([`PROMPT_ATTN`]; like
+    /// `prompt_mma` this one changes the rounding: the same f32 values,
+    /// summed in another order than the decode attention's).
+    pub prompt_attn: bool,
     /// The dense and grouped tile shapes.
     pub tiles: (TileShape, TileShape),
 }
@@ -81,6 +87,7 @@ impl Default for Tuning {
             down_rows: DEFAULT_DOWN_ROWS,
             prompt_tiles: true,
             prompt_mma: true,
+            prompt_attn: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
         }
     }
@@ -160,6 +167,10 @@ pub const PROMPT_TILES: &str = "FLASHTIER_PROMPT_TILES";
 /// (default `1`; the tensor cores need compute capability 8.0 or later and
 /// are used only there).
 pub const PROMPT_MMA: &str = "FLASHTIER_PROMPT_MMA";
+/// `FLASHTIER_PROMPT_ATTN`: `0` attends a prompt chunk's rows one block
+/// per (row, head, split), as decode rows are, instead of as tiles of
+/// queries over shared keys and values (default `1`).
+pub const PROMPT_ATTN: &str = "FLASHTIER_PROMPT_ATTN";
 /// `FLASHTIER_GEMM_TILE`: the tile shape `TMxTN` of a prompt's dense
 /// products (default `4x4`; see [`TileShape::parse`]).
 pub const GEMM_TILE: &str = "FLASHTIER_GEMM_TILE";
@@ -216,6 +227,11 @@ pub const SETTINGS: &[Setting] = &[
         name: PROMPT_MMA,
         default: "1",
         doc: "0: a BF16 prompt's tiles on the CUDA cores (f32) instead of the tensor cores (split BF16 inputs)",
+    },
+    Setting {
+        name: PROMPT_ATTN,
+        default: "1",
+        doc: "0: a prompt chunk's attention one block per row, head and split instead of as tiles",
     },
     Setting {
         name: GEMM_TILE,
@@ -291,6 +307,7 @@ impl Tuning {
             down_rows: env.int(DOWN_ROWS, 1..=MAX_DOWN_ROWS, d.down_rows)?,
             prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
             prompt_mma: env.flag(PROMPT_MMA, d.prompt_mma)?,
+            prompt_attn: env.flag(PROMPT_ATTN, d.prompt_attn)?,
             tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
         })
     }
@@ -326,6 +343,7 @@ mod tests {
             (DOWN_ROWS, "2"),
             (PROMPT_TILES, "0"),
             (PROMPT_MMA, "0"),
+            (PROMPT_ATTN, "0"),
             (GEMM_TILE, "8x4"),
             (GROUP_TILE, "4x8"),
             (DUMP_CUBIN, "/tmp/sass"),
@@ -349,6 +367,7 @@ mod tests {
                 down_rows: 2,
                 prompt_tiles: false,
                 prompt_mma: false,
+                prompt_attn: false,
                 tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
             }
         );
@@ -367,6 +386,7 @@ mod tests {
             (DOWN_ROWS, "0"),
             (PROMPT_TILES, "yes"),
             (PROMPT_MMA, "2"),
+            (PROMPT_ATTN, "on"),
             (GEMM_TILE, "8x8"),
             (GROUP_TILE, "3x4"),
         ] {
@@ -402,6 +422,7 @@ mod tests {
         assert_eq!(default_of(DOWN_ROWS), d.down_rows.to_string());
         assert_eq!(default_of(PROMPT_TILES), flag(d.prompt_tiles));
         assert_eq!(default_of(PROMPT_MMA), flag(d.prompt_mma));
+        assert_eq!(default_of(PROMPT_ATTN), flag(d.prompt_attn));
         let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
         assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
         assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));

@@ -680,6 +680,131 @@ fn split_attention_matches_f64() {
     }
 }
 
+/// A prompt chunk's attention as tiles (`attn_prompt_<D>`, chunks of 16
+/// rows or more) against the per-row decode kernel (`FLASHTIER_PROMPT_ATTN`
+/// off) on the same keys and values: within f32 rounding for every head
+/// width the tiles take (16 and 192 read zeros past the head), over one
+/// and several splits. And a row's bits depend on its own query and
+/// positions only: the same whether its chunk starts at position 0 or
+/// 100, whatever the other rows' queries are, and with a NaN value at a
+/// later position (which only the rows at and after it may see).
+#[test]
+fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
+    let Some(gpu) = gpu_or_skip("prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone")
+    else {
+        return;
+    };
+    let tiled = DecodeKernels::new(&gpu).unwrap();
+    let rowwise = DecodeKernels::with_tuning(
+        &gpu,
+        flashtier_cuda::ops::Tuning {
+            prompt_attn: false,
+            ..flashtier_cuda::ops::Tuning::default()
+        },
+    )
+    .unwrap();
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(17);
+    for (qh, kvh, d) in [(32, 4, 128), (8, 2, 64), (4, 4, 192), (4, 2, 16), (6, 1, 256)] {
+        let len = 600;
+        let rand = |rng: &mut SmallRng, n: usize| -> Vec<f32> {
+            (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
+        };
+        let (q, kk, vv) = (
+            rand(&mut rng, len * qh * d),
+            rand(&mut rng, len * kvh * d),
+            rand(&mut rng, len * kvh * d),
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        // Attend rows first..first + n of the prompt on `kv` with kernels `k`.
+        let attend = |k: &DecodeKernels,
+                      kv: &mut DevKvCache,
+                      (first, n): (usize, usize),
+                      q: &[f32],
+                      v: &[f32]| {
+            let qa = act(k, &pool, n, qh * d, &q[first * qh * d..(first + n) * qh * d]);
+            let ka = act(k, &pool, n, kvh * d, &kk[first * kvh * d..(first + n) * kvh * d]);
+            let va = act(k, &pool, n, kvh * d, &v[first * kvh * d..(first + n) * kvh * d]);
+            let mut out = pool.take(&gpu, n, qh * d).unwrap();
+            k.attend(kv, 0, qh, &qa, &ka, &va, scale, &mut out).unwrap();
+            kv.advance(n);
+            out.to_host(gpu.stream()).unwrap()
+        };
+        let what = format!("{qh}/{kvh} heads of {d}");
+        // Chunks of 20 (one split), 236 (to a split's edge) and 344 (two
+        // more splits): the tiles against the row kernel.
+        let mut a = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+        let mut b = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+        let mut first = 0;
+        for n in [20, 236, 344] {
+            let got = attend(&tiled, &mut a, (first, n), &q, &vv);
+            let want = attend(&rowwise, &mut b, (first, n), &q, &vv);
+            let want: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
+            let err = worst_rel(&got, &want);
+            assert!(err < 1e-5, "{what}, rows {first}..+{n}: {err:e}");
+            first += n;
+        }
+        // One chunk of 300 against 100 then 200; then the odd rows' queries
+        // changed; then a NaN value at position 250.
+        let once = {
+            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+            attend(&tiled, &mut c, (0, 300), &q, &vv)
+        };
+        let split = {
+            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+            let mut o = attend(&tiled, &mut c, (0, 100), &q, &vv);
+            o.extend(attend(&tiled, &mut c, (100, 200), &q, &vv));
+            o
+        };
+        let row = qh * d;
+        for r in 0..300 {
+            assert_eq!(
+                bits(&once[r * row..(r + 1) * row]),
+                bits(&split[r * row..(r + 1) * row]),
+                "{what}: row {r}, one chunk vs two"
+            );
+        }
+        let mut q2 = q.clone();
+        for r in (1..300).step_by(2) {
+            for x in &mut q2[r * row..(r + 1) * row] {
+                *x = -*x * 0.5;
+            }
+        }
+        let other = {
+            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+            attend(&tiled, &mut c, (0, 300), &q2, &vv)
+        };
+        for r in (0..300).step_by(2) {
+            assert_eq!(
+                bits(&once[r * row..(r + 1) * row]),
+                bits(&other[r * row..(r + 1) * row]),
+                "{what}: row {r}, its neighbours' queries changed"
+            );
+        }
+        let mut v2 = vv.clone();
+        v2[250 * kvh * d + 3] = f32::NAN;
+        let poisoned = {
+            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+            attend(&tiled, &mut c, (0, 300), &q, &v2)
+        };
+        for r in 0..250 {
+            assert_eq!(
+                bits(&once[r * row..(r + 1) * row]),
+                bits(&poisoned[r * row..(r + 1) * row]),
+                "{what}: row {r}, a NaN value at position 250"
+            );
+        }
+        assert!(
+            poisoned[250 * row..].iter().any(|x| x.is_nan()),
+            "{what}: the NaN reaches the rows that attend to it"
+        );
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// One decode row for each of six sequences (empty, inside a chunk, at
 /// and past chunk edges, three splits) through the decode-rows kernels:
 /// every output, and the next step's (which reads the keys and values the

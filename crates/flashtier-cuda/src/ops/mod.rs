@@ -67,7 +67,9 @@ pub const DECODE_SRC: &str = concat!(
     "\n",
     include_str!("../kernels/decode/elementwise.cu"),
     "\n",
-    include_str!("../kernels/decode/attend.cu")
+    include_str!("../kernels/decode/attend.cu"),
+    "\n",
+    include_str!("../kernels/decode/prompt_attn.cu")
 );
 
 /// Rows one matrix-vector pass reads the weights for.
@@ -138,6 +140,9 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("kv_append_rows", true),
     ("attn_rows_partial", true),
     ("attn_rows_merge", true),
+    ("attn_prompt_64", true),
+    ("attn_prompt_128", true),
+    ("attn_prompt_256", true),
     ("read_words", false),
 ];
 
@@ -191,6 +196,9 @@ pub struct DecodeKernels {
     /// BF16 tiles on the tensor cores ([`mma`]; [`crate::settings::PROMPT_MMA`]
     /// and a device of compute capability 8.0 or later).
     mma_on: bool,
+    /// A prompt chunk's attention as tiles of queries
+    /// ([`crate::settings::PROMPT_ATTN`]).
+    prompt_attn_on: bool,
     /// The dense and grouped tile shapes compiled in.
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
@@ -211,14 +219,15 @@ impl DecodeKernels {
     /// evict-first hint, [`GEMV_LOADS`], [`ATTN_AHEAD`], [`DOWN_ROWS`], the
     /// tiled prompt products and their tile shapes, none of which changes a
     /// result bit; and whether BF16 tiles run on the tensor cores, which
-    /// changes the rounding, see [`mma`]).
+    /// changes the rounding, see [`mma`], and whether a prompt chunk's
+    /// attention runs as tiles, which sums in another order, see [`attn`]).
     pub fn new(gpu: &Gpu) -> Result<Self, CudaError> {
         Self::with_tuning(gpu, Tuning::from_env()?)
     }
 
     /// Compile and load the kernels with the knobs of `t` (none of them
-    /// changes a result bit but `prompt_mma`; tests build several to show
-    /// it).
+    /// changes a result bit but `prompt_mma` and `prompt_attn`; tests
+    /// build several to show it).
     pub fn with_tuning(gpu: &Gpu, t: Tuning) -> Result<Self, CudaError> {
         let t = t.clamped();
         let (module, _) = load_module(gpu, "decode", DECODE_SRC, &t.defines())?;
@@ -238,6 +247,7 @@ impl DecodeKernels {
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
             mma_on: t.prompt_mma && gpu.info().compute_capability.0 >= 8,
+            prompt_attn_on: t.prompt_attn,
             tiles: t.tiles,
             down_rows: t.down_rows as usize,
         })

@@ -1,6 +1,15 @@
 //! The attention launches over a [`DevKvCache`]: the KV append, the
 //! partials of the resident chunks and of restored tiles, and the merge
 //! (see the [`super`] docs for why splitting them changes no bit).
+//!
+//! A split's partials come from one of two kernels: `attn_partial`, a
+//! block per (row, head, split), for decode rows and short chunks; and
+//! `attn_prompt_<D>`, tiles of queries over keys and values staged once in
+//! shared memory, for prompt chunks of [`PROMPT_ATTN_ROWS`] rows or more
+//! (kernels/decode/prompt_attn.cu). Both are f32 throughout and sum in
+//! different orders, so a prompt row's output is within f32 rounding of,
+//! not bit for bit, what the decode kernel gives it; in either kernel a
+//! row's bits depend on its own query and positions only.
 
 use cudarc::driver::LaunchConfig;
 
@@ -11,6 +20,14 @@ use crate::error::CudaError;
 use crate::launch::Args;
 use crate::ops::buffers::DevAct;
 use crate::ops::{DecodeKernels, addr, dim, linear_cfg};
+
+/// Fewest rows of a prompt chunk attended as tiles (`attn_prompt_<D>`):
+/// below, a tile of [`PROMPT_ATTN_QUERIES`] queries would be mostly
+/// empty, and the per-row blocks of the decode attention are as fast.
+pub const PROMPT_ATTN_ROWS: usize = 16;
+/// Queries (rows x the heads sharing a kv head) per tile of the prompt
+/// attention (`PA_BM` in kernels/decode/prompt_attn.cu).
+pub const PROMPT_ATTN_QUERIES: usize = 64;
 
 /// What one layer's attention over its positions is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,6 +269,45 @@ impl DecodeKernels {
         let len = kv.layer_len(layer)?;
         let held = len - rows;
         let total = ChunkWindow::chunks(len);
+        if let Some(name) = self.prompt_attn_kernel(rows, kv.dim) {
+            let group = q_heads / kv.kv_heads;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    dim((rows * group).div_ceil(PROMPT_ATTN_QUERIES), "x")?,
+                    dim(kv.kv_heads, "y")?,
+                    dim(count, "z")?,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut a = Args::new();
+            a.buf(&self.gpu, q.buf())
+                .push(q.cols() as i32)
+                .push(arena)
+                .push(kv.kv_heads as i32)
+                .push(kv.dim as i32)
+                .push(group as i32)
+                .push(held as i32)
+                .push(scale)
+                .push(CHUNK_POSITIONS as i32)
+                .push(part)
+                .push(direct)
+                .push(group_floats(kv.dim) as i32)
+                .push(s_first as i32)
+                .push(c_base as i32)
+                .push(slots as i32)
+                .push(total as i32)
+                .push(rows as i32);
+            // SAFETY: matches `attn_prompt_<D>` (D >= dim, dim a multiple
+            // of 4: every float4 it loads lies inside a head, q's rows are
+            // q_heads * dim floats, the arena's groups 4096-byte aligned);
+            // block (x, kvh, s) reads split s's chunk at the arena slot the
+            // caller vouched for (positions below held + rows, all written)
+            // and the queries of its rows, and writes their partials (rows
+            // x q_heads x total x (dim + 2), sized by attend_resident) or,
+            // with one split, their rows of out (rows x q_heads * dim).
+            return unsafe { self.launch(name, cfg, a) };
+        }
         let cfg = LaunchConfig {
             grid_dim: (dim(q_heads, "x")?, dim(rows, "y")?, dim(count, "z")?),
             block_dim: (128, 1, 1),
@@ -280,6 +336,25 @@ impl DecodeKernels {
         // partial (rows x q_heads x total x (dim + 2), sized by
         // attend_resident) or, with one split, out (rows x q_heads * dim).
         unsafe { self.launch("attn_partial", cfg, a) }
+    }
+
+    /// The tiled prompt attention for `rows` query rows of heads of `d`
+    /// elements, where it applies: a prompt chunk of at least
+    /// [`PROMPT_ATTN_ROWS`] rows, heads a multiple of 4 wide, and
+    /// [`crate::settings::PROMPT_ATTN`] on. The choice depends on the rows
+    /// and the shape only, so a chunk's partials are the same whether its
+    /// splits are resident or restored tile by tile.
+    fn prompt_attn_kernel(&self, rows: usize, d: usize) -> Option<&'static str> {
+        if !self.prompt_attn_on || rows < PROMPT_ATTN_ROWS || d % 4 != 0 {
+            return None;
+        }
+        match d {
+            0 => None,
+            1..=64 => Some("attn_prompt_64"),
+            65..=128 => Some("attn_prompt_128"),
+            129..=256 => Some("attn_prompt_256"),
+            _ => None,
+        }
     }
 
     /// Merge the partials of every split into `out` (nothing to do with one

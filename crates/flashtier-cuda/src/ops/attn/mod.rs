@@ -36,7 +36,7 @@ pub mod ring;
 pub mod rows;
 pub mod window;
 
-pub use launch::AttnSplits;
+pub use launch::{AttnSplits, PROMPT_ATTN_QUERIES, PROMPT_ATTN_ROWS};
 pub use rows::{DecodeRows, RowsAt};
 
 use cudarc::driver::CudaSlice;
