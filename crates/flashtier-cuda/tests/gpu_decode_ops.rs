@@ -705,7 +705,13 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
     .unwrap();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(17);
-    for (qh, kvh, d) in [(32, 4, 128), (8, 2, 64), (4, 4, 192), (4, 2, 16), (6, 1, 256)] {
+    for (qh, kvh, d) in [
+        (32, 4, 128),
+        (8, 2, 64),
+        (4, 4, 192),
+        (4, 2, 16),
+        (6, 1, 256),
+    ] {
         let len = 600;
         let rand = |rng: &mut SmallRng, n: usize| -> Vec<f32> {
             (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
@@ -722,9 +728,27 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
                       (first, n): (usize, usize),
                       q: &[f32],
                       v: &[f32]| {
-            let qa = act(k, &pool, n, qh * d, &q[first * qh * d..(first + n) * qh * d]);
-            let ka = act(k, &pool, n, kvh * d, &kk[first * kvh * d..(first + n) * kvh * d]);
-            let va = act(k, &pool, n, kvh * d, &v[first * kvh * d..(first + n) * kvh * d]);
+            let qa = act(
+                k,
+                &pool,
+                n,
+                qh * d,
+                &q[first * qh * d..(first + n) * qh * d],
+            );
+            let ka = act(
+                k,
+                &pool,
+                n,
+                kvh * d,
+                &kk[first * kvh * d..(first + n) * kvh * d],
+            );
+            let va = act(
+                k,
+                &pool,
+                n,
+                kvh * d,
+                &v[first * kvh * d..(first + n) * kvh * d],
+            );
             let mut out = pool.take(&gpu, n, qh * d).unwrap();
             k.attend(kv, 0, qh, &qa, &ka, &va, scale, &mut out).unwrap();
             kv.advance(n);

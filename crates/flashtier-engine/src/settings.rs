@@ -6,7 +6,8 @@
 //! ([`CudaSettings`]), opening a model on the CPU or making a CPU KV cache
 //! (the instruction set, [`cpu_isa`]).
 //!
-//! None of them changes a result bit. The CUDA ones exist for measuring
+//! None of them changes a result bit (but [`PROMPT_ROWS`], only where a
+//! prompt's cut leaves a short step; see there). The CUDA ones exist for measuring
 //! (their defaults measured fastest on the H200); code that wants another
 //! value calls [`crate::device::cuda::CudaDevice::set_chain`] and the like
 //! instead.
@@ -35,6 +36,14 @@ pub const ROWS_ATTN: &str = "FLASHTIER_ROWS_ATTN";
 /// pair side by side, so rows sharing an expert read it from L2; the same
 /// bits either way).
 pub const MOE_PAIRS_FAST: &str = "FLASHTIER_MOE_PAIRS_FAST";
+/// `FLASHTIER_PROMPT_ROWS`: the most rows of one prompt step on the GPU,
+/// [`crate::model::PREFILL_CHUNK`] to [`MAX_PROMPT_ROWS`], in whole
+/// chunks (default [`crate::device::cuda::PROMPT_ROWS`]). A row's bits
+/// depend on how its prompt is cut only where a cut leaves a step of
+/// under 16 rows (the GEMV and per-row attention kernels).
+pub const PROMPT_ROWS: &str = "FLASHTIER_PROMPT_ROWS";
+/// Most rows [`PROMPT_ROWS`] may ask for.
+pub const MAX_PROMPT_ROWS: usize = 4096;
 /// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
 /// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
 /// runs). Every one gives the same bits.
@@ -72,6 +81,11 @@ pub const SETTINGS: &[Setting] = &[
         doc: "0: a GPU decode step of 2 to 8 rows runs its expert blocks pair by pair",
     },
     Setting {
+        name: PROMPT_ROWS,
+        default: "1024",
+        doc: "most rows of one GPU prompt step (256 to 4096, in whole 256-row chunks)",
+    },
+    Setting {
         name: CPU_ISA,
         default: "detected",
         doc: "the CPU kernels' instruction set: scalar, avx2, avx512 or neon (one this CPU runs)",
@@ -99,6 +113,8 @@ pub struct CudaSettings {
     /// A step of 2 to 8 rows runs its expert blocks pair-fastest
     /// ([`MOE_PAIRS_FAST`]).
     pub moe_pairs_fast: bool,
+    /// Most rows of one prompt step ([`PROMPT_ROWS`]).
+    pub prompt_rows: usize,
 }
 
 impl Default for CudaSettings {
@@ -109,6 +125,7 @@ impl Default for CudaSettings {
             fused_router: true,
             rows_attn: true,
             moe_pairs_fast: true,
+            prompt_rows: crate::device::cuda::PROMPT_ROWS,
         }
     }
 }
@@ -123,6 +140,11 @@ impl CudaSettings {
             fused_router: env.flag(FUSED_ROUTER, d.fused_router)?,
             rows_attn: env.flag(ROWS_ATTN, d.rows_attn)?,
             moe_pairs_fast: env.flag(MOE_PAIRS_FAST, d.moe_pairs_fast)?,
+            prompt_rows: env.int(
+                PROMPT_ROWS,
+                crate::model::PREFILL_CHUNK..=MAX_PROMPT_ROWS,
+                d.prompt_rows,
+            )?,
         })
     }
 }
@@ -152,6 +174,7 @@ mod tests {
             (FUSED_ROUTER, "0"),
             (ROWS_ATTN, "0"),
             (MOE_PAIRS_FAST, "0"),
+            (PROMPT_ROWS, "2048"),
         ]);
         assert_eq!(
             CudaSettings::read(&env),
@@ -161,12 +184,25 @@ mod tests {
                 fused_router: false,
                 rows_attn: false,
                 moe_pairs_fast: false,
+                prompt_rows: 2048,
             })
         );
-        for var in [CHAIN, PREFETCH, FUSED_ROUTER, ROWS_ATTN, MOE_PAIRS_FAST] {
+        for var in [
+            CHAIN,
+            PREFETCH,
+            FUSED_ROUTER,
+            ROWS_ATTN,
+            MOE_PAIRS_FAST,
+            PROMPT_ROWS,
+        ] {
             let pairs = [(var, "off")];
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, var);
+        }
+        for bad in ["255", "4097"] {
+            let pairs = [(PROMPT_ROWS, bad)];
+            let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
+            assert_eq!(e.var, PROMPT_ROWS, "{bad}");
         }
     }
 
@@ -192,12 +228,14 @@ mod tests {
     fn the_table_matches_the_defaults() {
         let d = CudaSettings::default();
         let flag = |b: bool| if b { "1" } else { "0" };
+        let rows = d.prompt_rows.to_string();
         for (name, want) in [
             (CHAIN, flag(d.chain)),
             (PREFETCH, flag(d.prefetch)),
             (FUSED_ROUTER, flag(d.fused_router)),
             (ROWS_ATTN, flag(d.rows_attn)),
             (MOE_PAIRS_FAST, flag(d.moe_pairs_fast)),
+            (PROMPT_ROWS, rows.as_str()),
         ] {
             let s = SETTINGS.iter().find(|s| s.name == name);
             assert_eq!(s.map(|s| s.default), Some(want), "{name}");

@@ -433,3 +433,22 @@ fn absurd_counts_and_wrong_types_are_named() {
         Some(u32::MAX as usize * u32::MAX as usize)
     );
 }
+
+/// A step's rows: the device's choice in whole chunks, never past the
+/// widest activation's bound, never below one chunk.
+#[test]
+fn step_rows_keep_the_widest_activation_within_its_bound() {
+    use crate::config::bounds::{MAX_ACTIVATION_BYTES, PREFILL_CHUNK, step_rows};
+    let vocab = |v: u64| ModelConfig::from_json(&with(qwen_v4(), "vocab_size", json!(v))).unwrap();
+    let small = vocab(384);
+    assert_eq!(step_rows(&small, 1024), 1024);
+    assert_eq!(step_rows(&small, 1000), 768, "rounded down to whole chunks");
+    assert_eq!(step_rows(&small, 1), PREFILL_CHUNK, "at least one chunk");
+    // 262,144 logits of f32 a row: 1 GiB is 1024 rows exactly.
+    assert_eq!(step_rows(&vocab(262_144), 4096), 1024);
+    let past = vocab(262_145);
+    assert_eq!(step_rows(&past, 4096), 768);
+    assert!(768 * 262_145 * 4 <= MAX_ACTIVATION_BYTES);
+    // The bound's own floor: a vocabulary whose chunk just fits.
+    assert_eq!(step_rows(&vocab(1 << 20), 4096), PREFILL_CHUNK);
+}

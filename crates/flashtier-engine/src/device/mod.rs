@@ -243,6 +243,16 @@ pub trait Device {
         false
     }
 
+    /// Most rows of one prompt step for a sequence of the shape `spec`
+    /// that will hold `len` positions after its prompt (the model rounds
+    /// it to whole [`crate::model::PREFILL_CHUNK`]s and bounds it by its
+    /// widest activation). Larger steps read each weight fewer times; the
+    /// default is one chunk.
+    fn prompt_rows(&self, spec: &KvSpec, len: usize) -> usize {
+        let _ = (spec, len);
+        crate::model::PREFILL_CHUNK
+    }
+
     /// Make `m` resident.
     fn matrix(&self, m: Matrix) -> Result<Self::Mat, EngineError>;
     /// Make `v` resident.

@@ -92,7 +92,12 @@ impl<D: Device> Model<D> {
             });
         }
         for e in batch.iter() {
-            check_step(e.tokens, vocab, e.kv.len(), e.kv.capacity())?;
+            check_step(
+                e.tokens,
+                vocab,
+                (e.kv.len(), e.kv.capacity()),
+                PREFILL_CHUNK,
+            )?;
         }
         let ids: Vec<u32> = batch
             .iter()

@@ -1,7 +1,8 @@
 //! Greedy decoding at batch 1, written once over [`Decoder`] (each
-//! family's model implements it): the prompt in chunks of at most
-//! [`PREFILL_CHUNK`] tokens, then one token a step, chained where the
-//! device can leave its pick on itself.
+//! family's model implements it): the prompt in chunks of the model's
+//! prompt step ([`PREFILL_CHUNK`] tokens, or more where the device takes
+//! them), then one token a step, chained where the device can leave its
+//! pick on itself.
 
 use std::time::Instant;
 
@@ -27,6 +28,10 @@ impl<D: Device> Decoder for Model<D> {
 
     fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         self.run_step(tokens, head)
+    }
+
+    fn prompt_chunk(&self, len: usize) -> usize {
+        self.prompt_rows(len)
     }
 
     /// The logits stay on the device; the device's argmax (the host's
@@ -111,6 +116,12 @@ pub(crate) trait Decoder {
     fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         self.step(tokens, head == Head::Every)
     }
+    /// Prompt tokens per [`Self::prompt_step`] for a sequence that will
+    /// hold `len` positions after its prompt.
+    fn prompt_chunk(&self, len: usize) -> usize {
+        let _ = len;
+        PREFILL_CHUNK
+    }
     /// One decode step of `token` at the next position; the greedy next
     /// token (the lowest index of the largest logit, as [`last_argmax`]
     /// picks it from [`Self::step`]'s logits; a device may pick it without
@@ -161,7 +172,7 @@ pub(crate) trait Decoder {
 }
 
 /// Greedy decoding of `m` at batch 1 (see [`Model::generate`]): the
-/// prompt in chunks of at most [`PREFILL_CHUNK`] tokens, then one token a
+/// prompt in chunks of [`Decoder::prompt_chunk`] tokens, then one token a
 /// step, the counters split into prefill and decode.
 pub(crate) fn greedy<M: Decoder>(
     m: &mut M,
@@ -189,8 +200,9 @@ pub(crate) fn greedy<M: Decoder>(
     let kv_start = m.kv_stats();
     let started = Instant::now();
     let mut last = Vec::new();
-    let chunks = prompt.len().div_ceil(PREFILL_CHUNK);
-    for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+    let rows = m.prompt_chunk(used + prompt.len()).max(1);
+    let chunks = prompt.len().div_ceil(rows);
+    for (c, chunk) in prompt.chunks(rows).enumerate() {
         // Only the last chunk's last row picks the first new token.
         let head = match (keep_prompt_logits, c + 1 == chunks) {
             (true, _) => Head::Every,

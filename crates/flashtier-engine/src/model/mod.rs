@@ -196,6 +196,16 @@ impl<D: Device> Model<D> {
         self.kv.tier_stats()
     }
 
+    /// Most prompt rows one step takes for a sequence that will hold
+    /// `len` positions after it: the device's choice ([`Device::prompt_rows`])
+    /// in whole [`PREFILL_CHUNK`]s, within the widest activation's bound
+    /// ([`crate::config::bounds::step_rows`]); at least one chunk.
+    #[must_use]
+    pub fn prompt_rows(&self, len: usize) -> usize {
+        let most = self.dev.prompt_rows(&kv_spec(&self.cfg), len);
+        crate::config::bounds::step_rows(&self.cfg, most)
+    }
+
     /// Positions the KV cache can hold.
     pub fn context_limit(&self) -> usize {
         self.kv.capacity()
@@ -208,7 +218,7 @@ impl<D: Device> Model<D> {
     }
 
     /// Run `tokens` at the next positions (one step; at most
-    /// [`PREFILL_CHUNK`]). Returns the logits of every token (`all_logits`)
+    /// [`Self::prompt_rows`] of the positions after it). Returns the logits of every token (`all_logits`)
     /// or of the last one, row-major `[rows][vocab]` on the host.
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
         let head = if all_logits { Head::Every } else { Head::Last };
@@ -235,7 +245,8 @@ impl<D: Device> Model<D> {
         let first = self.kv.len();
         let n = match input {
             StepInput::Host(tokens) => {
-                check_step(tokens, vocab, first, self.kv.capacity())?;
+                let most = self.prompt_rows(first + tokens.len());
+                check_step(tokens, vocab, (first, self.kv.capacity()), most)?;
                 tokens.len()
             }
             StepInput::Picked(_) => {
@@ -305,20 +316,20 @@ impl<D: Device> Model<D> {
     }
 }
 
-/// Refuse a step of no tokens or more than [`PREFILL_CHUNK`], a token
-/// outside `vocab`, or one that would take the positions past `capacity`
-/// (`used` taken).
+/// Refuse a step of no tokens or more than `most`, a token outside
+/// `vocab`, or one that would take the positions past `capacity` (`used`
+/// taken).
 pub(crate) fn check_step(
     tokens: &[u32],
     vocab: usize,
-    used: usize,
-    capacity: usize,
+    (used, capacity): (usize, usize),
+    most: usize,
 ) -> Result<(), EngineError> {
     let n = tokens.len();
-    if n == 0 || n > PREFILL_CHUNK {
+    if n == 0 || n > most {
         return Err(EngineError::Shape {
             op: "forward",
-            what: format!("{n} tokens in one step (1..={PREFILL_CHUNK})"),
+            what: format!("{n} tokens in one step (1..={most})"),
         });
     }
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {

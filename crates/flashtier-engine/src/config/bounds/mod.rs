@@ -41,8 +41,9 @@ use crate::checkpoint::files::{CheckpointFiles as Source, TensorInfo};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, dims};
 
-/// Most prompt tokens in one forward step (the activation bound below
-/// is computed for this many rows).
+/// Prompt tokens in one forward step on the CPU and in a batched step
+/// (the activation bound below is checked for this many rows); a device
+/// may take more at once ([`step_rows`]).
 pub const PREFILL_CHUNK: usize = 256;
 
 /// Largest count a `config.json` field may hold (`u32::MAX`): far above any
@@ -190,8 +191,23 @@ fn check_embedding(cfg: &ModelConfig, t: &Tensors<'_>) -> Result<(), EngineError
     Ok(())
 }
 
-/// One step's widest activation is at most [`MAX_ACTIVATION_BYTES`].
-fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
+/// Most rows one forward step of `cfg` may take, a multiple of
+/// [`PREFILL_CHUNK`] and at least that many (what [`check`] holds): the
+/// rows whose widest activation stays within [`MAX_ACTIVATION_BYTES`], at
+/// most `most` (a device's own limit, rounded down to the chunk).
+#[must_use]
+pub fn step_rows(cfg: &ModelConfig, most: usize) -> usize {
+    let fits = widest_activation(cfg)
+        .filter(|&w| w > 0)
+        .map_or(PREFILL_CHUNK, |w| {
+            usize::try_from(MAX_ACTIVATION_BYTES / (w as u64 * 4)).unwrap_or(usize::MAX)
+        });
+    (fits.min(most) / PREFILL_CHUNK * PREFILL_CHUNK).max(PREFILL_CHUNK)
+}
+
+/// The widest activation of one step's row, in f32 values (`None` when
+/// it overflows).
+fn widest_activation(cfg: &ModelConfig) -> Option<usize> {
     let attention = match &cfg.mla {
         Some(m) => {
             let widest_head = m
@@ -210,7 +226,12 @@ fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
         cfg.num_experts,
         cfg.shared_expert_intermediate.unwrap_or(0),
     ];
-    let widest = attention.map(|a| widths.iter().fold(a, |w, &x| w.max(x)));
+    attention.map(|a| widths.iter().fold(a, |w, &x| w.max(x)))
+}
+
+/// One step's widest activation is at most [`MAX_ACTIVATION_BYTES`].
+fn check_activations(cfg: &ModelConfig) -> Result<(), EngineError> {
+    let widest = widest_activation(cfg);
     let bytes = widest.and_then(|w| (w as u64).checked_mul(PREFILL_CHUNK as u64 * 4));
     match bytes {
         Some(b) if b <= MAX_ACTIVATION_BYTES => Ok(()),

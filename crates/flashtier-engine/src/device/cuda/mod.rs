@@ -79,6 +79,16 @@ impl VectorLen for DevVector {
 /// Rows from which a matrix counts as the LM head in the profile.
 const LM_HEAD_ROWS: usize = 32_768;
 
+/// Most rows of one prompt step on the GPU: a 256-row chunk of a
+/// 128-expert top-8 model gives each expert 16 rows, half a tensor-core
+/// tile, and reads every expert's weights once per chunk; 1024 rows fill
+/// the tiles and read them a quarter as often.
+pub const PROMPT_ROWS: usize = 1024;
+/// Most bytes of the prompt attention's split partials that a larger
+/// prompt step may take (a step of one chunk may take more: the partials
+/// grow with the context).
+pub const PROMPT_PARTIAL_BYTES: usize = 256 << 20;
+
 /// One NVIDIA GPU.
 pub struct CudaDevice {
     gpu: Gpu,
@@ -108,6 +118,9 @@ pub struct CudaDevice {
     /// sharing an expert read it from L2 (`FLASHTIER_MOE_PAIRS_FAST=0`:
     /// pair by pair; the same bits either way).
     moe_pairs_fast: bool,
+    /// Most rows of one prompt step (`FLASHTIER_PROMPT_ROWS`, default
+    /// [`PROMPT_ROWS`]).
+    prompt_rows: usize,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -136,6 +149,7 @@ impl CudaDevice {
             chain: Cell::new(s.chain),
             rows_attn: s.rows_attn.then(|| RefCell::new(DecodeRows::new())),
             moe_pairs_fast: s.moe_pairs_fast,
+            prompt_rows: s.prompt_rows,
         })
     }
 
@@ -267,6 +281,26 @@ impl Device for CudaDevice {
 
     fn issues_async(&self) -> bool {
         true
+    }
+
+    /// Up to [`PROMPT_ROWS`] rows (`FLASHTIER_PROMPT_ROWS`), as long as the prompt attention's split
+    /// partials (rows x query heads x splits of `len` positions x (head +
+    /// 2) f32) stay within [`PROMPT_PARTIAL_BYTES`]; one chunk under a KV
+    /// budget, whose window is sized for one chunk's positions a step.
+    fn prompt_rows(&self, spec: &KvSpec, len: usize) -> usize {
+        if self.kv_budget.borrow().is_some() {
+            return crate::model::PREFILL_CHUNK;
+        }
+        let splits = len
+            .div_ceil(flashtier_cuda::ops::attn::CHUNK_POSITIONS)
+            .max(1);
+        let per_row = spec
+            .q_heads
+            .saturating_mul(splits)
+            .saturating_mul(spec.head_dim + 2)
+            .saturating_mul(4)
+            .max(1);
+        self.prompt_rows.min(PROMPT_PARTIAL_BYTES / per_row)
     }
 
     fn matrix(&self, m: Matrix) -> Result<DevMatrix, EngineError> {

@@ -280,7 +280,12 @@ impl Qwen4Model {
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
         let n = tokens.len();
         let (vocab, h, hc) = (self.cfg.vocab_size, self.cfg.hidden_size, self.cfg.hc_count);
-        check_step(tokens, vocab, self.pos, self.cfg.max_positions)?;
+        check_step(
+            tokens,
+            vocab,
+            (self.pos, self.cfg.max_positions),
+            crate::model::PREFILL_CHUNK,
+        )?;
         let mut x = Vec::with_capacity(n * hc * h);
         for &t in tokens {
             let row = self
