@@ -448,7 +448,7 @@ fn step_rows_keep_the_widest_activation_within_its_bound() {
     assert_eq!(step_rows(&vocab(262_144), 4096), 1024);
     let past = vocab(262_145);
     assert_eq!(step_rows(&past, 4096), 768);
-    assert!(768 * 262_145 * 4 <= MAX_ACTIVATION_BYTES);
+    const { assert!(768 * 262_145 * 4 <= MAX_ACTIVATION_BYTES) };
     // The bound's own floor: a vocabulary whose chunk just fits.
     assert_eq!(step_rows(&vocab(1 << 20), 4096), PREFILL_CHUNK);
 }
