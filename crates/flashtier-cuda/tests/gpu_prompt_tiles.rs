@@ -171,9 +171,27 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
         WeightType::F32,
     ] {
         // Partial tiles everywhere: width 136 (4 tiles of 32 + 8), 72 expert
-        // columns (64 + 8), and expert 1 chosen by more rows than a tile holds.
-        let (h, i, experts, rows, top) = (136, 72, 6, 70, 2);
-        let recs: Vec<_> = (0..experts).map(|_| record(&mut rng, h, i, ty)).collect();
+        // columns (64 + 8), and expert 1 chosen by more rows than a tile
+        // holds; 300 rows give the experts 100 pairs each, a prompt step's
+        // share (several full tiles per expert).
+        for rows in [70, 300] {
+            grouped_case(&gpu, k, &pool, &mut rng, ty, rows);
+        }
+    }
+}
+
+fn grouped_case(
+    gpu: &flashtier_cuda::Gpu,
+    k: &DecodeKernels,
+    pool: &std::rc::Rc<ActPool>,
+    rng: &mut SmallRng,
+    ty: WeightType,
+    rows: usize,
+) {
+    let gpu = gpu.clone();
+    {
+        let (h, i, experts, top) = (136, 72, 6, 2);
+        let recs: Vec<_> = (0..experts).map(|_| record(rng, h, i, ty)).collect();
         let spec = recs[0].1;
         assert!(k.grouped(&spec));
         let stride = recs[0].0.len().div_ceil(4096) * 4096;
@@ -190,7 +208,7 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
             } else {
                 vec![1, 2 + (r % 4) as u32]
             };
-            pick.shuffle(&mut rng);
+            pick.shuffle(rng);
             let mut two = pick[..top].to_vec();
             two.sort_unstable();
             ids.extend(two);
@@ -207,7 +225,7 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
             slots.point_to_slot(e, e).unwrap();
         }
         slots.publish().unwrap();
-        let xa = act(k, &pool, rows, h, &x);
+        let xa = act(k, pool, rows, h, &x);
         let run = |groups: &[std::ops::Range<usize>], slots: &ExpertSlots| -> Vec<f32> {
             let mut out = pool.take(&gpu, rows, h).unwrap();
             let mut a = pool.take(&gpu, rows * top, i).unwrap();
@@ -230,7 +248,7 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
         };
         let whole = run(std::slice::from_ref(&(0..rows)), &slots);
         let err = worst_rel(&whole, &want);
-        assert!(err < 1e-5, "{ty:?}: {err:e}");
+        assert!(err < 1e-5, "{ty:?} {rows} rows: {err:e}");
         let one_by_one: Vec<_> = (0..rows).map(|r| r..r + 1).collect();
         assert_eq!(
             bits(&run(&one_by_one, &slots)),
