@@ -282,38 +282,45 @@ impl DecodeKernels {
                 shared_mem_bytes: 0,
             })
         };
+        // The input of each product: f32 rows, or on the tensor cores their
+        // BF16 parts (`split_input`: hi values, then as many lo values).
+        let input = |a: &mut Args, v: &DevAct| -> Result<(), CudaError> {
+            if mma {
+                let (xs, lo_off) = self.split_input(v)?;
+                a.push(xs).push(lo_off);
+            } else {
+                a.buf(g, v.buf());
+            }
+            Ok(())
+        };
         let mut a = Args::new();
         a.buf(g, &slots.table_dev)
             .push(layer_base as i32)
             .buf(g, &perm)
             .buf(g, &tiles)
-            .push(k as i32)
-            .buf(g, x.buf())
-            .push(h as i32)
-            .push(i as i32)
-            .push(geo)
-            .buf(g, act.buf());
-        // SAFETY: matches `moe_group_gate_up_*` (and its `mma_` form, the
-        // same parameters, for BF16 records; its tiles hold at most
-        // MMA_GROUP_ROWS pairs, as group_pairs made them). Every tile names an expert
-        // below `experts` (checked by group_pairs), so its table index is
-        // below `entries`; set entries point at whole records of at least
-        // `min_record_bytes`, cleared ones are 0 and never read. perm holds
-        // pair indices below n * top_k, so x rows p / top_k < n and act rows
-        // p < pairs; hidden and inter are multiples of 8 (`grouped`).
+            .push(k as i32);
+        input(&mut a, x)?;
+        a.push(h as i32).push(i as i32).push(geo).buf(g, act.buf());
+        // SAFETY: matches `moe_group_gate_up_*` (and its `mma_` form for
+        // BF16 records, which takes x's split parts in place of x; its tiles
+        // hold at most MMA_GROUP_ROWS pairs, as group_pairs made them).
+        // Every tile names an expert below `experts` (checked by
+        // group_pairs), so its table index is below `entries`; set entries
+        // point at whole records of at least `min_record_bytes`, cleared
+        // ones are 0 and never read. perm holds pair indices below n *
+        // top_k, so x rows p / top_k < n and act rows p < pairs; hidden and
+        // inter are multiples of 8 (`grouped`).
         unsafe { self.launch(&format!("moe_group_gate_up_{kind}{sfx}"), cfg(i)?, a) }?;
         let mut a = Args::new();
         a.buf(g, &slots.table_dev)
             .push(layer_base as i32)
             .buf(g, &perm)
-            .buf(g, &tiles)
-            .buf(g, act.buf())
-            .push(h as i32)
-            .push(i as i32)
-            .push(geo)
-            .buf(g, y.buf());
-        // SAFETY: as above, reading act rows p < pairs (inter wide) and
-        // writing y rows p < pairs (hidden wide).
+            .buf(g, &tiles);
+        input(&mut a, act)?;
+        a.push(h as i32).push(i as i32).push(geo).buf(g, y.buf());
+        // SAFETY: as above, reading act rows p < pairs (inter wide; split
+        // after the gate/up product wrote them, in stream order) and writing
+        // y rows p < pairs (hidden wide).
         unsafe { self.launch(&format!("moe_group_down_{kind}{sfx}"), cfg(h)?, a) }?;
         let count = rows.len() * h;
         let mut a = Args::new();

@@ -20,7 +20,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevMatrix, WeightType};
 use super::dense::mats;
-use super::{DecodeKernels, dim};
+use super::{DecodeKernels, dim, linear_cfg};
 use crate::error::CudaError;
 use crate::launch::Args;
 
@@ -40,6 +40,44 @@ impl DecodeKernels {
         self.mma_on && ty == WeightType::Bf16
     }
 
+    /// Split `x` into its BF16 hi and lo parts (`split_bf16_rows`) in the
+    /// split scratch: the scratch's address and the lo parts' offset in
+    /// elements (`x`'s value count). The scratch grows to the largest
+    /// input split (a buffer it outgrows is retired: queued launches may
+    /// still read it) and is reused by the next product, which the stream
+    /// runs after this one's tiles.
+    pub(super) fn split_input(&self, x: &DevAct) -> Result<(u64, i64), CudaError> {
+        let n = x.rows() * x.cols();
+        if n == 0 || n % 4 != 0 {
+            return Err(CudaError::invalid(
+                "split input",
+                format!("{}x{} values", x.rows(), x.cols()),
+            ));
+        }
+        let mut scratch = self.split.borrow_mut();
+        if scratch.as_ref().is_none_or(|s| s.len() < 2 * n) {
+            let fresh = self
+                .gpu
+                .stream()
+                .alloc_zeros::<u16>((2 * n).next_power_of_two())
+                .map_err(CudaError::driver("allocate the split input"))?;
+            if let Some(old) = scratch.replace(fresh) {
+                self.gpu.retire(old);
+            }
+        }
+        let dst = scratch
+            .as_ref()
+            .ok_or_else(|| CudaError::invalid("split input", "no scratch".to_string()))?;
+        let at = super::addr(&self.gpu, dst, 0);
+        let mut a = Args::new();
+        a.buf(&self.gpu, x.buf()).push(n as i64).push(at);
+        // SAFETY: matches `split_bf16_rows`; reads x's n values (n % 4 ==
+        // 0, whole float4s from a 256-byte aligned buffer) and writes 2n
+        // BF16 values into the scratch, which holds at least 2n.
+        unsafe { self.launch("split_bf16_rows", linear_cfg(n / 4, 256)?, a) }?;
+        Ok((at, n as i64))
+    }
+
     /// [`Self::gemm_many`] on the tensor cores, for checked operands of
     /// BF16 weights `k` wide (a multiple of 8).
     pub(super) fn gemm_mma(
@@ -49,6 +87,7 @@ impl DecodeKernels {
         x: &DevAct,
         k: usize,
     ) -> Result<(), CudaError> {
+        let (xs, lo_off) = self.split_input(x)?;
         let col_tiles: usize = ws.iter().map(|w| w.rows().div_ceil(MMA_COLS)).sum();
         let cfg = LaunchConfig {
             grid_dim: (
@@ -65,13 +104,15 @@ impl DecodeKernels {
         a.push(mats(gpu, outs, ws, 0))
             .push((k * 2) as i64)
             .push(k as i32)
-            .push(super::addr(gpu, x.buf(), 0))
+            .push(xs)
+            .push(lo_off)
             .push(x.rows() as i32);
         // SAFETY: matches `gemm_mma_bf16` in kernels/decode/mma.cu. Each
         // matrix holds its rows of k BF16 values (checked at upload), every
         // output holds x.rows() rows of its matrix's rows and x holds
-        // x.rows() rows of k (`check_many`, by the caller); k % 8 == 0 makes
-        // every 16-byte weight load and 4-float input load whole, and
+        // x.rows() rows of k (`check_many`, by the caller), split above into
+        // x.rows() * k hi values at xs and as many lo values lo_off after;
+        // k % 8 == 0 makes every 16-byte weight and input load whole, and
         // buffers start 256-byte aligned; a block reads and writes only rows
         // below x.rows() and columns below its matrix's rows.
         unsafe { self.launch("gemm_mma_bf16", cfg, a) }

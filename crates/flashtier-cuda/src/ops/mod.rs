@@ -109,6 +109,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("moe_group_down_f32", true),
     ("moe_group_down_fp8", true),
     ("moe_group_sum", true),
+    ("split_bf16_rows", true),
     ("gemm_mma_bf16", true),
     ("moe_group_gate_up_mma_bf16", true),
     ("moe_group_down_mma_bf16", true),
@@ -199,6 +200,9 @@ pub struct DecodeKernels {
     /// A prompt chunk's attention as tiles of queries
     /// ([`crate::settings::PROMPT_ATTN`]).
     prompt_attn_on: bool,
+    /// The BF16 parts of the input of a product on the tensor cores
+    /// ([`mma`]), grown to the largest and reused.
+    split: std::cell::RefCell<Option<CudaSlice<u16>>>,
     /// The dense and grouped tile shapes compiled in.
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
@@ -248,6 +252,7 @@ impl DecodeKernels {
             tiles_on: t.prompt_tiles,
             mma_on: t.prompt_mma && gpu.info().compute_capability.0 >= 8,
             prompt_attn_on: t.prompt_attn,
+            split: std::cell::RefCell::new(None),
             tiles: t.tiles,
             down_rows: t.down_rows as usize,
         })

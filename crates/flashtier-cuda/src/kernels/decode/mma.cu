@@ -1,12 +1,13 @@
 // Part of the decode kernels (kernels/decode/, concatenated after
-// gemm.cu in the order ops/mod.rs gives: it uses TileRows, Mats, Expert
-// and silu).
+// gemm.cu in the order ops/mod.rs gives: it uses Mats, Expert and silu).
 
 // ---------------------------------------------------------------------------
 // BF16 products of many rows on the tensor cores (sm_80 and later; the host
 // uses them only there). The f32 input is split into two BF16 parts,
-// hi = bf16(x) and lo = bf16(x - hi): hi + lo keeps 16 of x's 24 significand
-// bits (|x - hi - lo| <= 2^-17 |x|), and BF16 weights are exact, so each
+// hi = bf16(x) and lo = bf16(x - hi), once per product (split_bf16_rows,
+// before the tiles, which all read the same parts): hi + lo keeps 16 of
+// x's 24 significand bits (|x - hi - lo| <= 2^-17 |x|), and BF16 weights
+// are exact, so each
 // output is the sum over k of w * hi + w * lo with f32 accumulation:
 // `mma.sync.m16n8k16` 16 columns at a time in ascending k, the hi part then
 // the lo part into the same accumulator. An output's bits depend on its
@@ -42,6 +43,33 @@ static __device__ __forceinline__ void split_bf16(float x, u32& hi, u32& lo) {
     const float h = __uint_as_float(hi << 16);
     lo = isfinite(h) ? bf16_bits(x - h) : 0u;
 }
+
+// The split of n f32 values (n a multiple of 4): hi parts at xs[0..n), lo
+// parts at xs[n..2n). grid: ceil(n / 4 / 256), 256 threads.
+extern "C" __global__ void split_bf16_rows(const float* x, long long n, u16* xs) {
+    pdl_enter();
+    const long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 4;
+    if (i >= n) return;
+    const float4 v = *(const float4*)(x + i);
+    u32 h[4], l[4];
+    split_bf16(v.x, h[0], l[0]);
+    split_bf16(v.y, h[1], l[1]);
+    split_bf16(v.z, h[2], l[2]);
+    split_bf16(v.w, h[3], l[3]);
+    *(uint2*)(xs + i) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    *(uint2*)(xs + n + i) = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
+}
+
+// The input rows of a tile, split: row m (< count) is hi[r * stride ..]
+// and lo[r * stride ..], r = rows ? rows[m] / div : m.
+struct SplitRows {
+    const u16* hi;
+    const u16* lo;
+    long long stride;
+    const int* rows;
+    int div;
+    int count;
+};
 
 // Four 8x8 BF16 matrices from shared memory, one per 8 lanes' row
 // addresses (lane l gives row l % 8 of matrix l / 8).
@@ -88,30 +116,29 @@ static __device__ __forceinline__ int mma_col(int nt, int i) {
 }
 
 // acc[q][mt][nt] += x[tile rows] . W_q[n0 + tile columns] over k, for NB
-// BF16 matrices (rows `row_bytes` apart) sharing the input. Rows past
+// BF16 matrices (rows `row_bytes` apart) sharing the split input. Rows past
 // `a.count`, weight rows past `nc` and columns past k read as zeros. The
 // caller zeroes acc.
 template <int NB, int BM>
-static __device__ __forceinline__ void mma_tile(const TileRows& a, const u8* const (&w)[NB],
+static __device__ __forceinline__ void mma_tile(const SplitRows& a, const u8* const (&w)[NB],
                                                 long long row_bytes, int n0, int nc, int k,
                                                 float (&acc)[NB][2][MmaShape<BM>::NT][4]) {
     using S = MmaShape<BM>;
-    constexpr int A_LOADS = BM / 16;      // float4 of the input per thread per k tile
+    constexpr int A_LOADS = BM / 32;      // 16-byte chunks of each part per thread per k tile
     constexpr int B_LOADS = MMA_BN / 32;  // 16-byte weight chunks per matrix per thread
     __shared__ __align__(16) u16 s_hi[BM][MMA_LD];
     __shared__ __align__(16) u16 s_lo[BM][MMA_LD];
     __shared__ __align__(16) u16 s_w[NB][MMA_BN][MMA_LD];
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int wm = warp / S::WARPS_N, wn = warp % S::WARPS_N;
-    // This thread's loads of a k tile: input rows t / 8 + 16 u, columns
-    // (t % 8) * 4 .. + 4; weight rows t / 4 + 32 v, chunk t % 4 (8 values).
-    const int ak = (t % 8) * 4, bk = (t % 4) * 8;
-    const float* arow[A_LOADS];
+    // This thread's loads of a k tile: input rows t / 4 + 32 u, chunk t % 4
+    // (8 values) of each part; weight rows t / 4 + 32 v, the same chunk.
+    const int bk = (t % 4) * 8;
+    long long arow[A_LOADS];
 #pragma unroll
     for (int u = 0; u < A_LOADS; ++u) {
-        const int m = t / 8 + 16 * u;
-        const long long r = m < a.count ? (a.rows ? a.rows[m] / a.div : m) : -1;
-        arow[u] = r >= 0 ? a.x + r * a.stride : nullptr;
+        const int m = t / 4 + 32 * u;
+        arow[u] = m < a.count ? (a.rows ? a.rows[m] / a.div : m) * a.stride : -1;
     }
     const u8* brow[NB][B_LOADS];
 #pragma unroll
@@ -121,17 +148,19 @@ static __device__ __forceinline__ void mma_tile(const TileRows& a, const u8* con
             const int bn = t / 4 + 32 * v;
             brow[q][v] = bn < nc ? w[q] + (long long)(n0 + bn) * row_bytes : nullptr;
         }
-    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
     const uint4 zero16 = make_uint4(0u, 0u, 0u, 0u);
-    float4 ra[A_LOADS];
+    uint4 rh[A_LOADS], rl[A_LOADS];
     uint4 rb[NB][B_LOADS];
     // Loads of the k tile at k0 into registers; each later tile's are
     // issued before the products of the one before, so they are in flight
     // meanwhile.
     auto fetch = [&](int k0) {
 #pragma unroll
-        for (int u = 0; u < A_LOADS; ++u)
-            ra[u] = (arow[u] && k0 + ak < k) ? *(const float4*)(arow[u] + k0 + ak) : zero4;
+        for (int u = 0; u < A_LOADS; ++u) {
+            const bool in = arow[u] >= 0 && k0 + bk < k;
+            rh[u] = in ? *(const uint4*)(a.hi + arow[u] + k0 + bk) : zero16;
+            rl[u] = in ? *(const uint4*)(a.lo + arow[u] + k0 + bk) : zero16;
+        }
 #pragma unroll
         for (int q = 0; q < NB; ++q)
 #pragma unroll
@@ -145,14 +174,9 @@ static __device__ __forceinline__ void mma_tile(const TileRows& a, const u8* con
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < A_LOADS; ++u) {
-            const int m = t / 8 + 16 * u;
-            u32 h[4], l[4];
-            split_bf16(ra[u].x, h[0], l[0]);
-            split_bf16(ra[u].y, h[1], l[1]);
-            split_bf16(ra[u].z, h[2], l[2]);
-            split_bf16(ra[u].w, h[3], l[3]);
-            *(uint2*)&s_hi[m][ak] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-            *(uint2*)&s_lo[m][ak] = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
+            const int m = t / 4 + 32 * u;
+            *(uint4*)&s_hi[m][bk] = rh[u];
+            *(uint4*)&s_lo[m][bk] = rl[u];
         }
 #pragma unroll
         for (int q = 0; q < NB; ++q)
@@ -222,7 +246,7 @@ static __device__ __forceinline__ void mma_each(int rows, int cols, F f) {
 // rows, up to four BF16 matrices of one width sharing x. grid: (64-column
 // tiles of all matrices, in matrix order; ceil(rows / 64)), MMA_THREADS.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS)
-gemm_mma_bf16(Mats mm, long long row_bytes, int k, const float* x, int rows) {
+gemm_mma_bf16(Mats mm, long long row_bytes, int k, const u16* xs, long long lo_off, int rows) {
     constexpr int BM = 64;
     pdl_enter();
     int q = 0, tile = blockIdx.x;
@@ -237,7 +261,8 @@ gemm_mma_bf16(Mats mm, long long row_bytes, int k, const float* x, int rows) {
     if (n0 >= n_rows) return;  // the whole block: past the last matrix
     const int nc = min(MMA_BN, n_rows - n0);
     const int m0 = blockIdx.y * BM;
-    const TileRows a = {x + (long long)m0 * k, k, nullptr, 1, min(BM, rows - m0)};
+    const long long at = (long long)m0 * k;
+    const SplitRows a = {xs + at, xs + lo_off + at, k, nullptr, 1, min(BM, rows - m0)};
     const u8* const w[1] = {mm.w[q]};
     float acc[1][2][MmaShape<BM>::NT][4];
     mma_zero<1, BM>(acc);
@@ -258,8 +283,8 @@ gemm_mma_bf16(Mats mm, long long row_bytes, int k, const float* x, int rows) {
 // pairs of tile blockIdx.y. grid: (ceil(inter / 64), tiles), MMA_THREADS.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, const int* tiles,
-                           int top_k, const float* x, int hidden, int inter, Expert e,
-                           float* act) {
+                           int top_k, const u16* xs, long long lo_off, int hidden, int inter,
+                           Expert e, float* act) {
     constexpr int BM = MMA_GROUP_ROWS;
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
@@ -271,7 +296,7 @@ moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, co
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[2] = {rec + e.gate_off, rec + e.up_off};
-        const TileRows a = {x, hidden, perm + first, top_k, count};
+        const SplitRows a = {xs, xs + lo_off, hidden, perm + first, top_k, count};
         mma_tile<2, BM>(a, w, (long long)hidden * 2, n0, nc, hidden, acc);
     }
     mma_each<BM>(count, nc, [&](int mt, int nt, int i, int m, int n) {
@@ -285,7 +310,8 @@ moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, co
 // grid: (ceil(hidden / 64), tiles), MMA_THREADS.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 moe_group_down_mma_bf16(const u64* table, int layer_base, const int* perm, const int* tiles,
-                        const float* act, int hidden, int inter, Expert e, float* y) {
+                        const u16* as, long long lo_off, int hidden, int inter, Expert e,
+                        float* y) {
     constexpr int BM = MMA_GROUP_ROWS;
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
@@ -297,7 +323,7 @@ moe_group_down_mma_bf16(const u64* table, int layer_base, const int* perm, const
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[1] = {rec + e.down_off};
-        const TileRows a = {act, inter, perm + first, 1, count};
+        const SplitRows a = {as, as + lo_off, inter, perm + first, 1, count};
         mma_tile<1, BM>(a, w, (long long)inter * 2, n0, nc, inter, acc);
     }
     mma_each<BM>(count, nc, [&](int mt, int nt, int i, int m, int n) {
