@@ -13,8 +13,13 @@
 //! unless [`crate::settings::PROMPT_MMA`] is `0`; other dtypes keep the f32
 //! tiles.
 //!
+//! The split runs once per product (`split_bf16_rows`, into a scratch
+//! buffer the next product reuses), not in each of its column tiles.
+//!
 //! Bounds: as the f32 tiles (the grouped step's pair order and tile list);
-//! a block stages at most 15 KiB of shared memory.
+//! a block stages at most 15 KiB of shared memory; the split scratch holds
+//! the largest input's parts (2 x its values, u16, rounded up to a power of
+//! two: one step's widest product input), for as long as the kernels live.
 
 use cudarc::driver::LaunchConfig;
 
