@@ -200,6 +200,9 @@ pub struct DecodeKernels {
     /// A prompt chunk's attention as tiles of queries
     /// ([`crate::settings::PROMPT_ATTN`]).
     prompt_attn_on: bool,
+    /// The head widths whose tiled prompt attention was given its shared
+    /// memory (a device that cannot gives a wider head the per-row kernel).
+    prompt_attn_widths: Vec<usize>,
     /// The BF16 parts of the input of a product on the tensor cores
     /// ([`mma`]), grown to the largest and reused.
     split: std::cell::RefCell<Option<CudaSlice<u16>>>,
@@ -242,6 +245,20 @@ impl DecodeKernels {
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
             funcs.insert(name, (f, waits));
         }
+        let mut prompt_attn_widths = Vec::new();
+        for (name, tile) in attn::PROMPT_ATTN_KERNELS {
+            let bytes = i32::try_from(attn::prompt_attn_smem(tile)).unwrap_or(i32::MAX);
+            let given = funcs.get(name).is_some_and(|(f, _)| {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+                .is_ok()
+            });
+            if given {
+                prompt_attn_widths.push(tile);
+            }
+        }
         Ok(Self {
             gpu: gpu.clone(),
             _module: module,
@@ -252,6 +269,7 @@ impl DecodeKernels {
             tiles_on: t.prompt_tiles,
             mma_on: t.prompt_mma && gpu.info().compute_capability.0 >= 8,
             prompt_attn_on: t.prompt_attn,
+            prompt_attn_widths,
             split: std::cell::RefCell::new(None),
             tiles: t.tiles,
             down_rows: t.down_rows as usize,

@@ -30,29 +30,15 @@
 // positions t % 16 + 16 u (u < 4) of the score tile and head elements
 // (t % 16) * 4 + 64 w .. + 4 (w < D / 64) of o. Heads of up to D elements
 // (D = 64, 128 or 256; shorter heads read zeros past their end), width a
-// multiple of 4. Shared memory: the Q and K stages (PA_BM and PA_BN rows
-// of PA_DK), the probability tile, and a V stage of PA_VK positions over
-// the Q and K stages' space: at most 36 KiB.
+// multiple of 4. Dynamic shared memory (`prompt_attn_smem` in
+// ops/attn/launch.rs, set as the kernel's limit when the module loads):
+// the tile's queries, staged once, one tile of keys (then of values) and
+// the probability tile: 51, 83 and 147 KiB.
 
 #define PA_BM 64
 #define PA_BN 64
-#define PA_DK 32
-#define PA_VK 16
 #define PA_THREADS 256
-#define PA_QK_LD (PA_DK + 4)
 #define PA_P_LD (PA_BN + 4)
-
-template <int D>
-struct PromptAttnSmem {
-    union {
-        struct {
-            float q[PA_BM][PA_QK_LD];
-            float k[PA_BN][PA_QK_LD];
-        } qk;
-        float v[PA_VK][D + 4];
-    } st;
-    float p[PA_BM][PA_P_LD];
-};
 
 // grid: (ceil(rows * group / PA_BM), kv_heads, splits of this launch);
 // the other arguments as attn_partial's, and `rows` the chunk's rows.
@@ -62,8 +48,13 @@ static __device__ __forceinline__ void attn_prompt(const float* q, int q_cols, c
                                                    float scale, int chunk, float* part,
                                                    float* direct, int gs, int s_first, int c_base,
                                                    int slots, int splits, int rows) {
-    constexpr int DW = D / 64;  // float4s of o per thread per query
-    __shared__ __align__(16) PromptAttnSmem<D> sm;
+    constexpr int DW = D / 64;   // float4s of o per thread per query
+    constexpr int LD = D + 4;    // floats per staged row
+    constexpr int ROW4 = D / 4;  // float4s per staged row
+    extern __shared__ __align__(16) float pa_smem[];
+    float* const sq = pa_smem;                // [PA_BM][LD]
+    float* const skv = pa_smem + PA_BM * LD;  // [PA_BN][LD]
+    float* const sp = skv + PA_BN * LD;       // [PA_BM][PA_P_LD]
     const int t = threadIdx.x, tr = t / 16, tc = t % 16;
     const int kvh = blockIdx.y, s = s_first + blockIdx.z;
     const int q_heads = kv_heads * group;
@@ -97,51 +88,58 @@ static __device__ __forceinline__ void attn_prompt(const float* q, int q_cols, c
     }
     const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
 
+    // The tile's queries, once; then 64 positions at a time, keys then
+    // values through the same stage: PA_BN rows of `src` from position p0
+    // (zeros past kend and past the head).
+    auto stage = [&](float* dst, const float* src, int p0) {
+#pragma unroll
+        for (int idx = t; idx < PA_BN * ROW4; idx += PA_THREADS) {
+            const int row = idx / ROW4, c = (idx % ROW4) * 4;
+            const int p = p0 + row;
+            *(float4*)&dst[row * LD + c] =
+                (p < kend && c < dim) ? *(const float4*)(src + (long long)(p - start) * dim + c)
+                                      : zero4;
+        }
+    };
+#pragma unroll
+    for (int idx = t; idx < PA_BM * ROW4; idx += PA_THREADS) {
+        const int row = idx / ROW4, c = (idx % ROW4) * 4;
+        const int v = m0 + row;
+        float4 qv = zero4;
+        if (v < vectors && c < dim) {
+            const int r = v / group, h = kvh * group + v % group;
+            qv = *(const float4*)(q + (long long)r * q_cols + h * dim + c);
+        }
+        *(float4*)&sq[row * LD + c] = qv;
+    }
     for (int p0 = start; p0 < kend; p0 += PA_BN) {
-        // S = Q K^T over the head in PA_DK-wide stages.
+        __syncthreads();  // the last tile's values and probabilities are read
+        stage(skv, K, p0);
+        __syncthreads();
+        // S = Q K^T, one FMA chain over ascending d per score.
         float sc[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int u = 0; u < 4; ++u) sc[i][u] = 0.f;
-        for (int dc = 0; dc < D; dc += PA_DK) {
-            __syncthreads();
+#pragma unroll 4
+        for (int d = 0; d < D; d += 4) {
+            float4 qa[4], kb[4];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int idx = t + PA_THREADS * e, row = idx / 8, c = (idx % 8) * 4;
-                const int d = dc + c;
-                const int v = m0 + row;
-                float4 qv = zero4;
-                if (v < vectors && d < dim) {
-                    const int r = v / group, h = kvh * group + v % group;
-                    qv = *(const float4*)(q + (long long)r * q_cols + h * dim + d);
+            for (int i = 0; i < 4; ++i) qa[i] = *(const float4*)&sq[(tr * 4 + i) * LD + d];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) kb[u] = *(const float4*)&skv[(tc + 16 * u) * LD + d];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    float a = sc[i][u];
+                    a = fmaf(qa[i].x, kb[u].x, a);
+                    a = fmaf(qa[i].y, kb[u].y, a);
+                    a = fmaf(qa[i].z, kb[u].z, a);
+                    a = fmaf(qa[i].w, kb[u].w, a);
+                    sc[i][u] = a;
                 }
-                *(float4*)&sm.st.qk.q[row][c] = qv;
-                const int p = p0 + row;
-                *(float4*)&sm.st.qk.k[row][c] =
-                    (p < kend && d < dim) ? *(const float4*)(K + (long long)(p - start) * dim + d)
-                                          : zero4;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int d = 0; d < PA_DK; d += 4) {
-                float4 qa[4], kb[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) qa[i] = *(const float4*)&sm.st.qk.q[tr * 4 + i][d];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) kb[u] = *(const float4*)&sm.st.qk.k[tc + 16 * u][d];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        float a = sc[i][u];
-                        a = fmaf(qa[i].x, kb[u].x, a);
-                        a = fmaf(qa[i].y, kb[u].y, a);
-                        a = fmaf(qa[i].z, kb[u].z, a);
-                        a = fmaf(qa[i].w, kb[u].w, a);
-                        sc[i][u] = a;
-                    }
-            }
         }
         // The online softmax of each query over this tile's positions.
 #pragma unroll
@@ -178,44 +176,33 @@ static __device__ __forceinline__ void attn_prompt(const float* q, int q_cols, c
 #pragma unroll
                 for (int c = 0; c < 4; ++c) o[i][w][c] *= corr;
 #pragma unroll
-            for (int u = 0; u < 4; ++u) sm.p[tr * 4 + i][tc + 16 * u] = sc[i][u];
+            for (int u = 0; u < 4; ++u) sp[(tr * 4 + i) * PA_P_LD + tc + 16 * u] = sc[i][u];
         }
-        // O += P V, PA_VK positions at a time.
-        const int tile_end = min(kend, p0 + PA_BN);
-        for (int kc = 0; kc < PA_BN && p0 + kc < tile_end; kc += PA_VK) {
-            __syncthreads();
+        __syncthreads();  // the keys are read, the probabilities written
+        stage(skv, V, p0);
+        __syncthreads();
+        // O += P V over the tile's positions (those past kend add nothing).
+        const int kn = min(PA_BN, kend - p0);
+        for (int kk = 0; kk < kn; kk += 4) {
+            float4 pa[4];
 #pragma unroll
-            for (int e = 0; e < DW * PA_VK * 16 / PA_THREADS; ++e) {
-                const int idx = t + PA_THREADS * e;
-                const int key = idx / (D / 4), c = (idx % (D / 4)) * 4;
-                const int p = p0 + kc + key;
-                *(float4*)&sm.st.v[key][c] =
-                    (p < tile_end && c < dim) ? *(const float4*)(V + (long long)(p - start) * dim + c)
-                                              : zero4;
-            }
-            __syncthreads();
+            for (int i = 0; i < 4; ++i) pa[i] = *(const float4*)&sp[(tr * 4 + i) * PA_P_LD + kk];
 #pragma unroll
-            for (int kk = 0; kk < PA_VK; kk += 4) {
-                float4 pa[4];
+            for (int u = 0; u < 4; ++u) {
+                float4 vb[DW];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) pa[i] = *(const float4*)&sm.p[tr * 4 + i][kc + kk];
+                for (int w = 0; w < DW; ++w)
+                    vb[w] = *(const float4*)&skv[(kk + u) * LD + tc * 4 + 64 * w];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    float4 vb[DW];
+                for (int i = 0; i < 4; ++i) {
+                    const float pr = u == 0 ? pa[i].x : u == 1 ? pa[i].y : u == 2 ? pa[i].z : pa[i].w;
+                    if (pr == 0.f) continue;
 #pragma unroll
-                    for (int w = 0; w < DW; ++w)
-                        vb[w] = *(const float4*)&sm.st.v[kk + u][tc * 4 + 64 * w];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float pr = u == 0 ? pa[i].x : u == 1 ? pa[i].y : u == 2 ? pa[i].z : pa[i].w;
-                        if (pr == 0.f) continue;
-#pragma unroll
-                        for (int w = 0; w < DW; ++w) {
-                            o[i][w][0] = fmaf(pr, vb[w].x, o[i][w][0]);
-                            o[i][w][1] = fmaf(pr, vb[w].y, o[i][w][1]);
-                            o[i][w][2] = fmaf(pr, vb[w].z, o[i][w][2]);
-                            o[i][w][3] = fmaf(pr, vb[w].w, o[i][w][3]);
-                        }
+                    for (int w = 0; w < DW; ++w) {
+                        o[i][w][0] = fmaf(pr, vb[w].x, o[i][w][0]);
+                        o[i][w][1] = fmaf(pr, vb[w].y, o[i][w][1]);
+                        o[i][w][2] = fmaf(pr, vb[w].z, o[i][w][2]);
+                        o[i][w][3] = fmaf(pr, vb[w].w, o[i][w][3]);
                     }
                 }
             }

@@ -29,6 +29,21 @@ pub const PROMPT_ATTN_ROWS: usize = 16;
 /// attention (`PA_BM` in kernels/decode/prompt_attn.cu).
 pub const PROMPT_ATTN_QUERIES: usize = 64;
 
+/// The tiled prompt attention's kernels and the widest head each takes.
+pub(crate) const PROMPT_ATTN_KERNELS: [(&str, usize); 3] = [
+    ("attn_prompt_64", 64),
+    ("attn_prompt_128", 128),
+    ("attn_prompt_256", 256),
+];
+
+/// Dynamic shared memory of `attn_prompt_<tile>`: the queries and one
+/// tile of keys or values (`PA_BM` and `PA_BN` rows of `tile + 4` f32) and
+/// the probability tile (`PA_BM` x `PA_BN + 4`).
+#[must_use]
+pub(crate) const fn prompt_attn_smem(tile: usize) -> usize {
+    (2 * PROMPT_ATTN_QUERIES * (tile + 4) + PROMPT_ATTN_QUERIES * (64 + 4)) * 4
+}
+
 /// What one layer's attention over its positions is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnSplits {
@@ -269,7 +284,7 @@ impl DecodeKernels {
         let len = kv.layer_len(layer)?;
         let held = len - rows;
         let total = ChunkWindow::chunks(len);
-        if let Some(name) = self.prompt_attn_kernel(rows, kv.dim) {
+        if let Some((name, smem)) = self.prompt_attn_kernel(rows, kv.dim) {
             let group = q_heads / kv.kv_heads;
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -278,7 +293,7 @@ impl DecodeKernels {
                     dim(count, "z")?,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: smem as u32,
             };
             let mut a = Args::new();
             a.buf(&self.gpu, q.buf())
@@ -299,7 +314,9 @@ impl DecodeKernels {
                 .push(total as i32)
                 .push(rows as i32);
             // SAFETY: matches `attn_prompt_<D>` (D >= dim, dim a multiple
-            // of 4: every float4 it loads lies inside a head, q's rows are
+            // of 4, its dynamic shared memory `smem` bytes: the limit set
+            // for it when the module loaded, or it would not have been
+            // chosen): every float4 it loads lies inside a head, q's rows are
             // q_heads * dim floats, the arena's groups 4096-byte aligned);
             // block (x, kvh, s) reads split s's chunk at the arena slot the
             // caller vouched for (positions below held + rows, all written)
@@ -344,17 +361,14 @@ impl DecodeKernels {
     /// [`crate::settings::PROMPT_ATTN`] on. The choice depends on the rows
     /// and the shape only, so a chunk's partials are the same whether its
     /// splits are resident or restored tile by tile.
-    fn prompt_attn_kernel(&self, rows: usize, d: usize) -> Option<&'static str> {
+    fn prompt_attn_kernel(&self, rows: usize, d: usize) -> Option<(&'static str, usize)> {
         if !self.prompt_attn_on || rows < PROMPT_ATTN_ROWS || d % 4 != 0 {
             return None;
         }
-        match d {
-            0 => None,
-            1..=64 => Some("attn_prompt_64"),
-            65..=128 => Some("attn_prompt_128"),
-            129..=256 => Some("attn_prompt_256"),
-            _ => None,
-        }
+        let (name, tile) = PROMPT_ATTN_KERNELS.iter().copied().find(|&(_, t)| d <= t)?;
+        self.prompt_attn_widths
+            .contains(&tile)
+            .then_some((name, prompt_attn_smem(tile)))
     }
 
     /// Merge the partials of every split into `out` (nothing to do with one

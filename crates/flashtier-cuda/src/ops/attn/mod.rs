@@ -37,6 +37,7 @@ pub mod rows;
 pub mod window;
 
 pub use launch::{AttnSplits, PROMPT_ATTN_QUERIES, PROMPT_ATTN_ROWS};
+pub(crate) use launch::{PROMPT_ATTN_KERNELS, prompt_attn_smem};
 pub use rows::{DecodeRows, RowsAt};
 
 use cudarc::driver::CudaSlice;
