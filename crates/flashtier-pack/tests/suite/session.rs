@@ -13,9 +13,16 @@ use flashtier_format::{Dtype, Store};
 use flashtier_pack::session::{Opening, SessionError, SessionOptions, StoreSource};
 use flashtier_pack::synth::{SynthArch, SynthSpec, write_checkpoint};
 
-fn tiny_model(dir: &std::path::Path) {
+/// A tiny synthetic model in `tmp/model`, and options that open it on
+/// the CPU with `store`.
+fn cpu_session(tmp: &std::path::Path, store: StoreSource) -> (std::path::PathBuf, SessionOptions) {
+    let model = tmp.join("model");
     let spec = SynthSpec::tiny(SynthArch::Qwen3Moe, Dtype::Bf16, 11);
-    write_checkpoint(&spec, dir, &mut |_| {}).expect("synth");
+    write_checkpoint(&spec, &model, &mut |_| {}).expect("synth");
+    let mut opts = SessionOptions::new(&model);
+    opts.store = store;
+    opts.placement = Placement::Cpu;
+    (model, opts)
 }
 
 /// Every packing event `open` reported: (done, total, cached).
@@ -39,12 +46,8 @@ fn open_counting(
 #[test]
 fn a_missing_store_is_packed_once_with_progress_then_reused() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let model = tmp.path().join("model");
-    tiny_model(&model);
     let store = tmp.path().join("experts.ftstore");
-    let mut opts = SessionOptions::new(&model);
-    opts.store = StoreSource::File(store.clone());
-    opts.placement = Placement::Cpu;
+    let (model, opts) = cpu_session(tmp.path(), StoreSource::File(store.clone()));
 
     let (mut first, events) = open_counting(&opts);
     assert_eq!(first.store, store);
@@ -98,11 +101,8 @@ fn a_missing_store_is_packed_once_with_progress_then_reused() {
 #[test]
 fn the_store_cache_packs_on_first_use_and_reuses_after() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let model = tmp.path().join("model");
-    tiny_model(&model);
-    let mut opts = SessionOptions::new(&model);
-    opts.store = StoreSource::Cache(Some(tmp.path().join("cache")));
-    opts.placement = Placement::Cpu;
+    let cache = StoreSource::Cache(Some(tmp.path().join("cache")));
+    let (_, opts) = cpu_session(tmp.path(), cache);
     let path = opts.store_path().expect("the cache's file");
     assert!(path.starts_with(tmp.path().join("cache")));
     assert!(!path.exists());
@@ -121,12 +121,8 @@ fn the_store_cache_packs_on_first_use_and_reuses_after() {
 #[test]
 fn a_kv_budget_on_the_cpu_is_refused_before_packing() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let model = tmp.path().join("model");
-    tiny_model(&model);
     let store = tmp.path().join("experts.ftstore");
-    let mut opts = SessionOptions::new(&model);
-    opts.store = StoreSource::File(store.clone());
-    opts.placement = Placement::Cpu;
+    let (_, mut opts) = cpu_session(tmp.path(), StoreSource::File(store.clone()));
     opts.kv = Some((1 << 20, None));
     let err = opts.open(&|_| {}).expect_err("a KV budget on the CPU");
     assert!(
@@ -139,11 +135,8 @@ fn a_kv_budget_on_the_cpu_is_refused_before_packing() {
 #[test]
 fn a_pool_too_small_for_one_step_names_the_records_it_needs() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let model = tmp.path().join("model");
-    tiny_model(&model);
-    let mut opts = SessionOptions::new(&model);
-    opts.store = StoreSource::File(tmp.path().join("experts.ftstore"));
-    opts.placement = Placement::Cpu;
+    let store = StoreSource::File(tmp.path().join("experts.ftstore"));
+    let (model, mut opts) = cpu_session(tmp.path(), store);
     opts.budget = Some(1);
     let err = match opts.open(&|_| {}) {
         Ok(mut s) => s

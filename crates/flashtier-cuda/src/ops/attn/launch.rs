@@ -264,8 +264,10 @@ impl DecodeKernels {
         )
     }
 
-    /// Launch `attn_partial` over `count` splits from `s_first`, chunk c
-    /// at slot `(c - c_base) % slots` of the arena at `arena`.
+    /// Launch the partials (`attn_partial`, or the tiled prompt kernel
+    /// where [`Self::prompt_attn_kernel`] picks it) over `count` splits
+    /// from `s_first`, chunk c at slot `(c - c_base) % slots` of the arena
+    /// at `arena`.
     #[allow(clippy::too_many_arguments, reason = "the attention step's operands")]
     fn launch_partials(
         &self,
@@ -284,8 +286,26 @@ impl DecodeKernels {
         let len = kv.layer_len(layer)?;
         let held = len - rows;
         let total = ChunkWindow::chunks(len);
+        let group = q_heads / kv.kv_heads;
+        // The arguments both kernels take; the tiled one also takes the rows.
+        let mut a = Args::new();
+        a.buf(&self.gpu, q.buf())
+            .push(q.cols() as i32)
+            .push(arena)
+            .push(kv.kv_heads as i32)
+            .push(kv.dim as i32)
+            .push(group as i32)
+            .push(held as i32)
+            .push(scale)
+            .push(CHUNK_POSITIONS as i32)
+            .push(part)
+            .push(direct)
+            .push(group_floats(kv.dim) as i32)
+            .push(s_first as i32)
+            .push(c_base as i32)
+            .push(slots as i32)
+            .push(total as i32);
         if let Some((name, smem)) = self.prompt_attn_kernel(rows, kv.dim) {
-            let group = q_heads / kv.kv_heads;
             let cfg = LaunchConfig {
                 grid_dim: (
                     dim((rows * group).div_ceil(PROMPT_ATTN_QUERIES), "x")?,
@@ -295,29 +315,12 @@ impl DecodeKernels {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: smem as u32,
             };
-            let mut a = Args::new();
-            a.buf(&self.gpu, q.buf())
-                .push(q.cols() as i32)
-                .push(arena)
-                .push(kv.kv_heads as i32)
-                .push(kv.dim as i32)
-                .push(group as i32)
-                .push(held as i32)
-                .push(scale)
-                .push(CHUNK_POSITIONS as i32)
-                .push(part)
-                .push(direct)
-                .push(group_floats(kv.dim) as i32)
-                .push(s_first as i32)
-                .push(c_base as i32)
-                .push(slots as i32)
-                .push(total as i32)
-                .push(rows as i32);
+            a.push(rows as i32);
             // SAFETY: matches `attn_prompt_<D>` (D >= dim, dim a multiple
             // of 4, its dynamic shared memory `smem` bytes: the limit set
             // for it when the module loaded, or it would not have been
             // chosen): every float4 it loads lies inside a head, q's rows are
-            // q_heads * dim floats, the arena's groups 4096-byte aligned);
+            // q_heads * dim floats, the arena's groups 4096-byte aligned;
             // block (x, kvh, s) reads split s's chunk at the arena slot the
             // caller vouched for (positions below held + rows, all written)
             // and the queries of its rows, and writes their partials (rows
@@ -330,23 +333,6 @@ impl DecodeKernels {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut a = Args::new();
-        a.buf(&self.gpu, q.buf())
-            .push(q.cols() as i32)
-            .push(arena)
-            .push(kv.kv_heads as i32)
-            .push(kv.dim as i32)
-            .push((q_heads / kv.kv_heads) as i32)
-            .push(held as i32)
-            .push(scale)
-            .push(CHUNK_POSITIONS as i32)
-            .push(part)
-            .push(direct)
-            .push(group_floats(kv.dim) as i32)
-            .push(s_first as i32)
-            .push(c_base as i32)
-            .push(slots as i32)
-            .push(total as i32);
         // SAFETY: matches `attn_partial`; each block reads split s's chunk
         // at the arena slot its caller vouched for (positions below held +
         // r + 1, all written), q (rows x q_heads * dim), and writes its
