@@ -50,6 +50,9 @@ pub const DEFAULT_DOWN_ROWS: u32 = 4;
 pub const MAX_DOWN_ROWS: u32 = 16;
 /// Most chunks in flight a lane may be given.
 pub const MAX_GEMV_LOADS: u32 = 16;
+/// Input columns a tensor-core tile stages at once (default; [`MMA_BK`]
+/// sets 32 or 64).
+pub const DEFAULT_MMA_BK: u32 = 64;
 
 /// The compile-time knobs of the decode kernels, for measuring them: each
 /// changes how the work is spread or loaded, never a result bit.
@@ -76,6 +79,10 @@ pub struct Tuning {
     pub prompt_attn: bool,
     /// The dense and grouped tile shapes.
     pub tiles: (TileShape, TileShape),
+    /// Columns of the input a tensor-core tile stages at once, 32 or 64
+    /// ([`MMA_BK`]; the same bits either way: the sums run over k in the
+    /// same order).
+    pub mma_bk: u32,
 }
 
 impl Default for Tuning {
@@ -89,6 +96,7 @@ impl Default for Tuning {
             prompt_mma: true,
             prompt_attn: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
+            mma_bk: DEFAULT_MMA_BK,
         }
     }
 }
@@ -177,6 +185,9 @@ pub const GEMM_TILE: &str = "FLASHTIER_GEMM_TILE";
 /// `FLASHTIER_GROUP_TILE`: the tile shape `TMxTN` of a prompt's grouped
 /// experts (default `2x8`).
 pub const GROUP_TILE: &str = "FLASHTIER_GROUP_TILE";
+/// `FLASHTIER_MMA_BK`: input columns a tensor-core tile of a BF16 prompt
+/// product stages at once, `32` or `64` (default [`DEFAULT_MMA_BK`]).
+pub const MMA_BK: &str = "FLASHTIER_MMA_BK";
 /// `FLASHTIER_DUMP_CUBIN`: a folder each compiled module's machine code is
 /// also written to, for `cuobjdump --dump-sass` (default: none).
 pub const DUMP_CUBIN: &str = "FLASHTIER_DUMP_CUBIN";
@@ -244,6 +255,11 @@ pub const SETTINGS: &[Setting] = &[
         doc: "tile shape TMxTN of a prompt's grouped experts (as FLASHTIER_GEMM_TILE)",
     },
     Setting {
+        name: MMA_BK,
+        default: "64",
+        doc: "input columns a tensor-core prompt tile stages at once (32 or 64)",
+    },
+    Setting {
         name: DUMP_CUBIN,
         default: "unset",
         doc: "a folder the compiled kernels' machine code is written to (cuobjdump --dump-sass)",
@@ -309,6 +325,9 @@ impl Tuning {
             prompt_mma: env.flag(PROMPT_MMA, d.prompt_mma)?,
             prompt_attn: env.flag(PROMPT_ATTN, d.prompt_attn)?,
             tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
+            mma_bk: env.parsed(MMA_BK, "32 or 64", d.mma_bk, |v| {
+                v.trim().parse().ok().filter(|b| matches!(b, 32 | 64))
+            })?,
         })
     }
 }
@@ -346,6 +365,7 @@ mod tests {
             (PROMPT_ATTN, "0"),
             (GEMM_TILE, "8x4"),
             (GROUP_TILE, "4x8"),
+            (MMA_BK, "32"),
             (DUMP_CUBIN, "/tmp/sass"),
         ]);
         let l = LaunchSettings::read(&env).unwrap_or_else(|e| panic!("{e}"));
@@ -369,6 +389,7 @@ mod tests {
                 prompt_mma: false,
                 prompt_attn: false,
                 tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
+                mma_bk: 32,
             }
         );
         assert_eq!(dump_cubin(&env), Some(PathBuf::from("/tmp/sass")));
@@ -389,6 +410,7 @@ mod tests {
             (PROMPT_ATTN, "on"),
             (GEMM_TILE, "8x8"),
             (GROUP_TILE, "3x4"),
+            (MMA_BK, "48"),
         ] {
             let pairs = [(var, bad)];
             let env = Env::from_pairs(&pairs);
@@ -426,6 +448,7 @@ mod tests {
         let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
         assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
         assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));
+        assert_eq!(default_of(MMA_BK), d.mma_bk.to_string());
         assert!(SETTINGS.iter().all(|s| s.name.starts_with("FLASHTIER_")));
     }
 }

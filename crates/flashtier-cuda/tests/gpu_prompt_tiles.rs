@@ -150,6 +150,55 @@ fn tiled_products_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
     assert!(k.gemm_many(&mut [&mut oo], &[&odd], &xo).is_err());
 }
 
+/// The tensor cores' tiles staging 32 or 64 input columns at once
+/// (`FLASHTIER_MMA_BK`) give the same bits: their sums run over k in the
+/// same order (the grouped experts' tiles are the same `mma_tile`).
+#[test]
+fn tensor_core_k_tiles_give_the_same_bits() {
+    let Some(gpu) = gpu_or_skip("tensor_core_k_tiles_give_the_same_bits") else {
+        return;
+    };
+    if gpu.info().compute_capability.0 < 8 {
+        flashtier_io::skip::notice(
+            "tensor_core_k_tiles_give_the_same_bits",
+            "no tensor-core tiles below compute capability 8.0",
+        );
+        return;
+    }
+    let with = |mma_bk| {
+        DecodeKernels::with_tuning(
+            &gpu,
+            Tuning {
+                mma_bk,
+                ..Tuning::default()
+            },
+        )
+        .unwrap()
+    };
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0xb4);
+    for (m, kk, rows) in [(300, 2048, 130), (64, 40, 65), (129, 136, 9)] {
+        let (bytes, scales, _) = random_matrix(&mut rng, m, kk, WeightType::Bf16);
+        let x: Vec<f32> = (0..rows * kk)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let outs: Vec<Vec<u32>> = [32, 64]
+            .into_iter()
+            .map(|bk| {
+                let k = with(bk);
+                let dm =
+                    DevMatrix::upload(&gpu, m, kk, WeightType::Bf16, &bytes, scales.as_deref())
+                        .unwrap();
+                let xa = act(&k, &pool, rows, kk, &x);
+                let mut out = pool.take(&gpu, rows, m).unwrap();
+                k.gemm_many(&mut [&mut out], &[&dm], &xa).unwrap();
+                bits(&out.to_host(gpu.stream()).unwrap())
+            })
+            .collect();
+        assert_eq!(outs[0], outs[1], "{m}x{kk}, {rows} rows");
+    }
+}
+
 #[test]
 fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
     let Some(gpu) = gpu_or_skip("grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping")

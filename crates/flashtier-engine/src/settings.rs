@@ -44,6 +44,11 @@ pub const MOE_PAIRS_FAST: &str = "FLASHTIER_MOE_PAIRS_FAST";
 pub const PROMPT_ROWS: &str = "FLASHTIER_PROMPT_ROWS";
 /// Most rows [`PROMPT_ROWS`] may ask for.
 pub const MAX_PROMPT_ROWS: usize = 4096;
+/// Fewest rows [`PROMPT_ROWS`] may ask for: one chunk
+/// ([`crate::model::PREFILL_CHUNK`]).
+pub const MIN_PROMPT_ROWS: usize = 256;
+/// [`PROMPT_ROWS`]' default (see [`crate::device::cuda::PROMPT_ROWS`]).
+pub const DEFAULT_PROMPT_ROWS: usize = 1024;
 /// `FLASHTIER_CPU_ISA`: the CPU kernels' instruction set, `scalar`,
 /// `avx2`, `avx512` or `neon`, one this CPU runs (default: the widest it
 /// runs). Every one gives the same bits.
@@ -125,7 +130,7 @@ impl Default for CudaSettings {
             fused_router: true,
             rows_attn: true,
             moe_pairs_fast: true,
-            prompt_rows: crate::device::cuda::PROMPT_ROWS,
+            prompt_rows: DEFAULT_PROMPT_ROWS,
         }
     }
 }
@@ -142,7 +147,7 @@ impl CudaSettings {
             moe_pairs_fast: env.flag(MOE_PAIRS_FAST, d.moe_pairs_fast)?,
             prompt_rows: env.int(
                 PROMPT_ROWS,
-                crate::model::PREFILL_CHUNK..=MAX_PROMPT_ROWS,
+                MIN_PROMPT_ROWS..=MAX_PROMPT_ROWS,
                 d.prompt_rows,
             )?,
         })
@@ -204,6 +209,13 @@ mod tests {
             let e = CudaSettings::read(&Env::from_pairs(&pairs)).unwrap_err();
             assert_eq!(e.var, PROMPT_ROWS, "{bad}");
         }
+    }
+
+    #[test]
+    fn prompt_rows_start_at_one_chunk() {
+        assert_eq!(MIN_PROMPT_ROWS, crate::model::PREFILL_CHUNK);
+        assert_eq!(DEFAULT_PROMPT_ROWS, crate::device::cuda::PROMPT_ROWS);
+        assert_eq!(DEFAULT_PROMPT_ROWS % MIN_PROMPT_ROWS, 0);
     }
 
     #[test]

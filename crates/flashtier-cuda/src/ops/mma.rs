@@ -17,7 +17,8 @@
 //! buffer the next product reuses), not in each of its column tiles.
 //!
 //! Bounds: as the f32 tiles (the grouped step's pair order and tile list);
-//! a block stages at most 15 KiB of shared memory; the split scratch holds
+//! a block stages at most 27 KiB of shared memory (15 KiB with
+//! `FLASHTIER_MMA_BK=32`); the split scratch holds
 //! the largest input's parts (2 x its values, u16, rounded up to a power of
 //! two: one step's widest product input), for as long as the kernels live.
 

@@ -160,6 +160,7 @@ impl Tuning {
             gemv_loads: self.gemv_loads.clamp(1, MAX_GEMV_LOADS),
             attn_ahead: self.attn_ahead.clamp(1, MAX_ATTN_AHEAD),
             down_rows: self.down_rows.clamp(1, MAX_DOWN_ROWS),
+            mma_bk: if self.mma_bk == 32 { 32 } else { 64 },
             ..self
         }
     }
@@ -178,6 +179,7 @@ impl Tuning {
             ("GEMM_TN", t.tiles.0.tn.to_string()),
             ("GROUP_TM", t.tiles.1.tm.to_string()),
             ("GROUP_TN", t.tiles.1.tn.to_string()),
+            ("MMA_BK", t.mma_bk.to_string()),
         ]
     }
 }

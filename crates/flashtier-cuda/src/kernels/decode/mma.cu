@@ -22,11 +22,18 @@
 // through shared memory MMA_BK columns at a time. Widths must be a
 // multiple of 8 (whole 16-byte weight chunks).
 
-#define MMA_BK 32
+// Input columns staged at once (FLASHTIER_MMA_BK: 32 or 64; the same bits).
+#ifndef MMA_BK
+#define MMA_BK 64
+#endif
+// 16-byte chunks of a k tile's row, and the rows one pass of the block's
+// threads loads.
+#define MMA_CH (MMA_BK / 8)
+#define MMA_RPP (MMA_THREADS / MMA_CH)
 #define MMA_BN 64
 #define MMA_THREADS 128
-// Shared rows of MMA_BK + 8 BF16 values (80 bytes): the eight 16-byte rows
-// one ldmatrix phase reads fall in distinct banks.
+// Shared rows of MMA_BK + 8 BF16 values (144 bytes): the eight 16-byte
+// rows one ldmatrix phase reads fall in distinct banks.
 #define MMA_LD (MMA_BK + 8)
 
 // Nearest-even BF16 bits of f; a NaN stays a NaN.
@@ -124,20 +131,21 @@ static __device__ __forceinline__ void mma_tile(const SplitRows& a, const u8* co
                                                 long long row_bytes, int n0, int nc, int k,
                                                 float (&acc)[NB][2][MmaShape<BM>::NT][4]) {
     using S = MmaShape<BM>;
-    constexpr int A_LOADS = BM / 32;      // 16-byte chunks of each part per thread per k tile
-    constexpr int B_LOADS = MMA_BN / 32;  // 16-byte weight chunks per matrix per thread
+    constexpr int A_LOADS = BM / MMA_RPP;      // 16-byte chunks of each part per thread per k tile
+    constexpr int B_LOADS = MMA_BN / MMA_RPP;  // 16-byte weight chunks per matrix per thread
     __shared__ __align__(16) u16 s_hi[BM][MMA_LD];
     __shared__ __align__(16) u16 s_lo[BM][MMA_LD];
     __shared__ __align__(16) u16 s_w[NB][MMA_BN][MMA_LD];
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int wm = warp / S::WARPS_N, wn = warp % S::WARPS_N;
-    // This thread's loads of a k tile: input rows t / 4 + 32 u, chunk t % 4
-    // (8 values) of each part; weight rows t / 4 + 32 v, the same chunk.
-    const int bk = (t % 4) * 8;
+    // This thread's loads of a k tile: input rows t / MMA_CH + MMA_RPP u,
+    // chunk t % MMA_CH (8 values) of each part; weight rows t / MMA_CH +
+    // MMA_RPP v, the same chunk.
+    const int bk = (t % MMA_CH) * 8;
     long long arow[A_LOADS];
 #pragma unroll
     for (int u = 0; u < A_LOADS; ++u) {
-        const int m = t / 4 + 32 * u;
+        const int m = t / MMA_CH + MMA_RPP * u;
         arow[u] = m < a.count ? (a.rows ? a.rows[m] / a.div : m) * a.stride : -1;
     }
     const u8* brow[NB][B_LOADS];
@@ -145,7 +153,7 @@ static __device__ __forceinline__ void mma_tile(const SplitRows& a, const u8* co
     for (int q = 0; q < NB; ++q)
 #pragma unroll
         for (int v = 0; v < B_LOADS; ++v) {
-            const int bn = t / 4 + 32 * v;
+            const int bn = t / MMA_CH + MMA_RPP * v;
             brow[q][v] = bn < nc ? w[q] + (long long)(n0 + bn) * row_bytes : nullptr;
         }
     const uint4 zero16 = make_uint4(0u, 0u, 0u, 0u);
@@ -174,14 +182,15 @@ static __device__ __forceinline__ void mma_tile(const SplitRows& a, const u8* co
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < A_LOADS; ++u) {
-            const int m = t / 4 + 32 * u;
+            const int m = t / MMA_CH + MMA_RPP * u;
             *(uint4*)&s_hi[m][bk] = rh[u];
             *(uint4*)&s_lo[m][bk] = rl[u];
         }
 #pragma unroll
         for (int q = 0; q < NB; ++q)
 #pragma unroll
-            for (int v = 0; v < B_LOADS; ++v) *(uint4*)&s_w[q][t / 4 + 32 * v][bk] = rb[q][v];
+            for (int v = 0; v < B_LOADS; ++v)
+                *(uint4*)&s_w[q][t / MMA_CH + MMA_RPP * v][bk] = rb[q][v];
         __syncthreads();
         if (k0 + MMA_BK < k) fetch(k0 + MMA_BK);
 #pragma unroll

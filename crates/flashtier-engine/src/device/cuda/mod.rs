@@ -83,7 +83,7 @@ const LM_HEAD_ROWS: usize = 32_768;
 /// 128-expert top-8 model gives each expert 16 rows, half a tensor-core
 /// tile, and reads every expert's weights once per chunk; 1024 rows fill
 /// the tiles and read them a quarter as often.
-pub const PROMPT_ROWS: usize = 1024;
+pub const PROMPT_ROWS: usize = crate::settings::DEFAULT_PROMPT_ROWS;
 /// Most bytes of the prompt attention's split partials that a larger
 /// prompt step may take (a step of one chunk may take more: the partials
 /// grow with the context).
