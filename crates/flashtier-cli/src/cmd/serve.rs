@@ -40,7 +40,9 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_queue: usize,
     /// Tokens (prompt chunks and decode tokens of all sequences) in one
-    /// engine step at most (at most 256).
+    /// engine step at most (at most 256; a prompt alone, with nothing else
+    /// running or waiting, takes the device's prompt steps, up to 1024 on
+    /// a GPU).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub step_tokens: usize,
     /// Positions of one sequence at most, prompt and output [default: the

@@ -161,10 +161,24 @@ impl Engine {
         }
     }
 
-    /// The most rows (tokens of all sequences) one step takes.
+    /// The most rows (tokens of all sequences) one step of several
+    /// sequences takes.
     #[must_use]
     pub fn max_step_rows(&self) -> usize {
         PREFILL_CHUNK
+    }
+
+    /// The most rows one step of a sequence alone takes, for a sequence
+    /// that will hold `len` positions after them: the device's prompt step
+    /// (1024 rows on a GPU without a KV budget, fewer for long contexts;
+    /// one chunk on the CPU and for Qwen4-Exp).
+    #[must_use]
+    pub fn max_step_rows_alone(&self, len: usize) -> usize {
+        match self {
+            Self::Cpu(m) => m.prompt_rows(len),
+            Self::Cuda(m) => m.prompt_rows(len),
+            Self::Qwen4(_) => PREFILL_CHUNK,
+        }
     }
 
     /// An empty sequence of at most `capacity` positions; `id` names it
@@ -318,7 +332,8 @@ impl Engine {
         let start = self.expert_stats();
         let t0 = Instant::now();
         let mut out = RowOut::Nothing;
-        let chunks: Vec<&[u32]> = prompt.chunks(PREFILL_CHUNK).collect();
+        let rows = self.max_step_rows_alone(prompt.len()).max(1);
+        let chunks: Vec<&[u32]> = prompt.chunks(rows).collect();
         for (i, chunk) in chunks.iter().enumerate() {
             let w = if i + 1 == chunks.len() {
                 want

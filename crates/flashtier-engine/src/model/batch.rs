@@ -16,9 +16,10 @@
 //! outputs then agree to f32 rounding (tests pin the bound), not bit for
 //! bit.
 //!
-//! Bounds: a step holds at most [`PREFILL_CHUNK`] rows in all (the
-//! activations the config bounds check allows for); each entry at most
-//! its cache's remaining room. A step that fails part-way leaves its
+//! Bounds: a step of several sequences holds at most [`PREFILL_CHUNK`]
+//! rows in all, a step of one sequence at most [`Model::prompt_rows`]
+//! (both within the activations the config bounds check allows for); each
+//! entry at most its cache's remaining room. A step that fails part-way leaves its
 //! entries' caches with some layers ahead of the others: drop them.
 
 use crate::device::{Activation, Device, KvState};
@@ -85,19 +86,20 @@ impl<D: Device> Model<D> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if n > PREFILL_CHUNK {
+        // One sequence alone takes the device's prompt step
+        // ([`Model::prompt_rows`]); sequences together, one chunk.
+        let most = match &*batch {
+            [one] => self.prompt_rows(one.kv.len() + one.tokens.len()),
+            _ => PREFILL_CHUNK,
+        };
+        if n > most {
             return Err(EngineError::Shape {
                 op: "step_batch",
-                what: format!("{n} rows in one step (at most {PREFILL_CHUNK})"),
+                what: format!("{n} rows in one step (at most {most})"),
             });
         }
         for e in batch.iter() {
-            check_step(
-                e.tokens,
-                vocab,
-                (e.kv.len(), e.kv.capacity()),
-                PREFILL_CHUNK,
-            )?;
+            check_step(e.tokens, vocab, (e.kv.len(), e.kv.capacity()), most)?;
         }
         let ids: Vec<u32> = batch
             .iter()

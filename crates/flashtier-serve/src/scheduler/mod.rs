@@ -5,7 +5,9 @@
 //! cache whose prefix the prompt shares, [`PrefixCache`]), then builds one
 //! engine step: every running sequence's decode token first, then prompt
 //! chunks of the sequences still reading their prompts, up to
-//! `step_rows` rows in all. A sequence's first output token is picked from
+//! `step_rows` rows in all (a prompt alone, nothing else live or
+//! waiting, takes the engine's larger steps for one sequence,
+//! [`Engine::max_step_rows_alone`]). A sequence's first output token is picked from
 //! the step that reads its prompt's last token. Each picked token goes to
 //! its request's event channel at once.
 //!
@@ -16,7 +18,8 @@
 //! Bounds: at most `max_queue` requests wait (a submit past it is
 //! [`SubmitError::QueueFull`], HTTP 429) and `max_batch` run; a request's
 //! channel carries at most `max_tokens + 2` events; a step holds at most
-//! `step_rows` rows; each sequence's cache at most `context` positions;
+//! `step_rows` rows (a lone prompt's, at most the engine's step for one
+//! sequence); each sequence's cache at most `context` positions;
 //! kept caches at most `prefix_cache_tokens` positions in memory and, with
 //! a spill, its `tokens` positions on the drive ([`crate::prefix::spill`]).
 //! A spill's writes and restores run on the scheduler thread, between

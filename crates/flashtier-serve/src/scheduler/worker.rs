@@ -311,8 +311,17 @@ impl Worker {
         if self.step_alone() {
             return;
         }
-        // Decode rows first, then prompt chunks in arrival order.
-        let mut rows_left = self.cfg.step_rows;
+        // Decode rows first, then prompt chunks in arrival order. A prompt
+        // alone (nothing else live or waiting: no decode waits on it) runs
+        // in the device's prompt steps, which may be larger.
+        let budget = match self.live.as_slice() {
+            [l] if self.waiting.is_empty() && l.pending.is_none() => self
+                .cfg
+                .step_rows
+                .max(self.engine.max_step_rows_alone(l.job.prompt.len())),
+            _ => self.cfg.step_rows,
+        };
+        let mut rows_left = budget;
         let mut plan: Vec<(usize, Vec<u32>, Want)> = Vec::new();
         for (i, l) in self.live.iter().enumerate() {
             if let Some(t) = l.pending
@@ -337,7 +346,7 @@ impl Worker {
         if plan.is_empty() {
             return;
         }
-        let rows = self.cfg.step_rows - rows_left;
+        let rows = budget - rows_left;
         let decode_only = plan.iter().all(|(i, _, _)| self.live[*i].pending.is_some());
         let t0 = Instant::now();
         let result = {
