@@ -221,15 +221,18 @@ impl SessionOptions {
     pub fn store_path(&self) -> Result<PathBuf, SessionError> {
         match &self.store {
             StoreSource::File(path) => Ok(path.clone()),
-            StoreSource::Cache(dir) => {
-                self.cache(dir.as_deref())?
-                    .path_for(&self.model)
-                    .map_err(|source| SessionError::Load {
-                        model: self.model.clone(),
-                        source: Box::new(source),
-                    })
-            }
+            StoreSource::Cache(dir) => self.cache_path(&self.cache(dir.as_deref())?),
         }
+    }
+
+    /// The file of `cache` for this session's model.
+    fn cache_path(&self, cache: &StoreCache) -> Result<PathBuf, SessionError> {
+        cache
+            .path_for(&self.model)
+            .map_err(|source| SessionError::Load {
+                model: self.model.clone(),
+                source: Box::new(source),
+            })
     }
 
     /// The folder of the PLE row shards under [`Self::rows`]: the given
@@ -352,7 +355,7 @@ impl SessionOptions {
             }
             StoreSource::Cache(dir) => {
                 let cache = self.cache(dir.as_deref())?;
-                let path = self.store_path()?;
+                let path = self.cache_path(&cache)?;
                 let cached = cache.ensure(&self.model, &|done, total| {
                     progress(Opening::Packing {
                         store: &path,

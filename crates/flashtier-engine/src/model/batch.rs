@@ -89,7 +89,7 @@ impl<D: Device> Model<D> {
         // One sequence alone takes the device's prompt step
         // ([`Model::prompt_rows`]); sequences together, one chunk.
         let most = match &*batch {
-            [one] => self.prompt_rows(one.kv.len() + one.tokens.len()),
+            [one] => self.step_limit(one.kv.len() + one.tokens.len(), n),
             _ => PREFILL_CHUNK,
         };
         if n > most {

@@ -206,6 +206,17 @@ impl<D: Device> Model<D> {
         crate::config::bounds::step_rows(&self.cfg, most)
     }
 
+    /// The most rows a step of `n` rows for one sequence may take, ending
+    /// at `len` positions: one chunk needs no look at the device (every
+    /// device takes it), more asks [`Self::prompt_rows`].
+    pub(crate) fn step_limit(&self, len: usize, n: usize) -> usize {
+        if n <= PREFILL_CHUNK {
+            PREFILL_CHUNK
+        } else {
+            self.prompt_rows(len)
+        }
+    }
+
     /// Positions the KV cache can hold.
     pub fn context_limit(&self) -> usize {
         self.kv.capacity()
@@ -245,7 +256,7 @@ impl<D: Device> Model<D> {
         let first = self.kv.len();
         let n = match input {
             StepInput::Host(tokens) => {
-                let most = self.prompt_rows(first + tokens.len());
+                let most = self.step_limit(first + tokens.len(), tokens.len());
                 check_step(tokens, vocab, (first, self.kv.capacity()), most)?;
                 tokens.len()
             }
