@@ -31,7 +31,6 @@ pub struct ModelArgs {
     pub cache: Option<PathBuf>,
     /// Where to decode: `cuda` (GPU 0; `cuda:N`), `cpu`, or `auto` (the GPU
     /// when there is a driver and a device, else the CPU, saying why).
-    /// Qwen4-Exp runs on the CPU only (`auto` says so).
     #[arg(long, value_name = "DEVICE", default_value = "auto")]
     pub device: Placement,
     /// Memory budget for resident experts (K, M, G, T: powers of 1024);

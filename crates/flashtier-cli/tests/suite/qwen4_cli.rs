@@ -85,8 +85,8 @@ fn files(dir: &Path) -> BTreeMap<PathBuf, (u64, Vec<u8>)> {
 
 /// Packed into the store cache on first use, then streamed at a budget
 /// below all experts on both backings; the greedy ids are transformers',
-/// `auto` says why it stays on the CPU, and the JSON report carries the
-/// expert numbers.
+/// `auto` on a machine without a GPU (CI) says why it stays on the CPU,
+/// and the JSON report carries the expert numbers.
 #[test]
 fn qwen4_exp_decodes_from_the_store_cache_on_both_backings() {
     let r = reference();
@@ -95,9 +95,12 @@ fn qwen4_exp_decodes_from_the_store_cache_on_both_backings() {
         let flags = ["--backing", backing, "--budget", "64K", "--json"];
         let v = ok(&decode(&fixture("qwen4_exp"), &flags, cache.path()));
         assert_eq!(v["generated_ids"], r["greedy_ids"], "{backing}");
-        assert_eq!(v["device"], "cpu");
-        let why = v["device_fallback"].as_str().unwrap();
-        assert!(why.contains("no GPU decoder"), "{why}");
+        if v["device"] == "cpu" {
+            let why = v["device_fallback"].as_str().unwrap();
+            assert!(why.contains("CUDA") || why.contains("GPU"), "{why}");
+        } else {
+            assert_eq!(v["device"], "cuda", "{v}");
+        }
         let hit = v["expert_hit_rate"].as_f64().unwrap();
         assert!(hit < 1.0, "{backing}: a 64K budget must miss: {v}");
         if backing == "slots" {

@@ -17,6 +17,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod hybrid;
 pub mod pick;
 pub mod tier_stats;
 
@@ -441,6 +442,56 @@ pub trait Device {
         layer: usize,
         routes: &Self::Routes,
     ) -> Result<(), EngineError>;
+    /// How many layers ahead a decode step's routers guess for the tier
+    /// ([`Device::hint_ahead`] distances `1..=hint_depth`).
+    fn hint_depth(&self) -> usize {
+        1
+    }
+    /// [`Device::hint`] for a guess made `distance` layers before `layer`
+    /// (1: the layer before; a tier may weigh guesses by distance and
+    /// ignore far ones). The default passes distance 1 on and drops the
+    /// rest.
+    fn hint_ahead(
+        &self,
+        experts: &mut Self::Experts,
+        distance: usize,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError> {
+        if distance == 1 {
+            self.hint(experts, layer, routes)
+        } else {
+            Ok(())
+        }
+    }
+    /// A guess of `layer`'s experts made before its attention (for a first
+    /// sparse layer, which no earlier layer guesses): the tier may start
+    /// reading it at once. Never changes a result; the default ignores it.
+    fn read_ahead_now(
+        &self,
+        experts: &mut Self::Experts,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError> {
+        let _ = (experts, layer, routes);
+        Ok(())
+    }
+    /// [`Device::moe`], running `meanwhile` while the step's expert reads
+    /// are in flight (work that does not depend on the experts' output,
+    /// such as a shared expert). The default runs the experts, then
+    /// `meanwhile`; the result is the bits of [`Device::moe`] either way.
+    fn moe_meanwhile(
+        &self,
+        experts: &mut Self::Experts,
+        layer: usize,
+        x: &Self::Act,
+        routes: &Self::Routes,
+        out: &mut Self::Act,
+        meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        self.moe(experts, layer, x, routes, out)?;
+        meanwhile()
+    }
     /// Rows `dst_row..dst_row + n` of `dst` = rows `src_row..src_row + n`
     /// of `src` (both as wide; the rows must exist).
     fn copy_rows(

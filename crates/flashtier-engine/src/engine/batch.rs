@@ -255,14 +255,14 @@ impl Engine {
 /// Which Qwen4-Exp sequence the model holds is the one whose id its last
 /// step named; a fresh sequence (position 0) starts the model over.
 fn qwen4_step(
-    m: &mut crate::family::qwen4::Qwen4Model,
+    m: &mut super::Qwen4Engine,
     e: &mut EngineStep<'_>,
 ) -> Result<Vec<RowOut>, EngineError> {
     let SeqKv::Qwen4 { len, capacity, id } = e.kv else {
         return Err(foreign(e.kv));
     };
     if *len == 0 {
-        m.reset();
+        m.reset()?;
         m.set_owner(*id);
     } else if m.owner() != Some(*id) || m.positions().0 != *len {
         return Err(EngineError::Shape {
@@ -277,7 +277,7 @@ fn qwen4_step(
         });
     }
     let vocab = m.vocab();
-    let logits = rayon::scope(|_| m.step(e.tokens, false))?;
+    let logits = m.forward(e.tokens, false)?;
     *len += e.tokens.len();
     let last = logits
         .len()

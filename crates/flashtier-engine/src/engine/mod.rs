@@ -4,8 +4,10 @@
 //! there is a driver and a device, and says why when it falls back.
 //!
 //! Qwen4-Exp (`qwen4_exp`, `qwen4_exp_text`) runs on its own decoder,
-//! [`Qwen4Model`], on the CPU only: `auto` places it on the CPU and says
-//! so; an explicit `cuda` is refused with [`EngineError::NoDevicePath`].
+//! [`Qwen4Model`], over the hybrid device operations
+//! ([`crate::device::hybrid`]) on the CPU or a GPU ([`Qwen4Engine`]); `auto`
+//! takes the GPU as for the other families. It has no KV tier (its sparse
+//! layers keep their own cache): a KV budget is refused for it.
 
 use std::path::Path;
 
@@ -17,12 +19,14 @@ use crate::device::cuda::CudaDevice;
 use crate::device::cuda::experts::{ExpertPath, TierStats};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
-use crate::family::qwen4::{PleRowOptions, PleRowStats, Qwen4Model};
+use crate::family::qwen4::{PleRowOptions, PleRowStats};
 use crate::load::{GpuOptions, LoadOptions, cpu_experts, cuda_experts};
 use crate::model::{Generation, Model};
 
 mod batch;
+mod qwen4;
 pub use batch::{EngineStep, SeqKv};
+pub use qwen4::Qwen4Engine;
 
 /// Where a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -62,8 +66,8 @@ pub enum Engine {
     Cpu(Box<Model<CpuDevice>>),
     /// On a GPU.
     Cuda(Box<Model<CudaDevice>>),
-    /// Qwen4-Exp, on the CPU.
-    Qwen4(Box<Qwen4Model>),
+    /// Qwen4-Exp, on the CPU or a GPU.
+    Qwen4(Box<Qwen4Engine>),
 }
 
 impl std::fmt::Debug for Engine {
@@ -127,10 +131,13 @@ pub fn open_checkpoint(
 ) -> Result<(Engine, Chosen), EngineError> {
     if Qwen4Config::is_qwen4(ckpt.source().config()) {
         if gpu.kv.is_some() {
-            let why = Some("Qwen4-Exp decodes on the CPU only".to_string());
-            return Err(EngineError::KvBudgetNeedsGpu { why });
+            return Err(EngineError::config(
+                "model_type",
+                "Qwen4-Exp keeps its sparse layers' keys in its own cache: a KV budget does not \
+                 apply to it",
+            ));
         }
-        return open_qwen4(ckpt, store, opts, placement, rows);
+        return open_qwen4(ckpt, store, opts, placement, gpu, rows);
     }
     if rows.is_some() {
         return Err(EngineError::config(
@@ -178,15 +185,17 @@ pub fn open_checkpoint(
     }
 }
 
-/// Qwen4-Exp on the CPU: `auto` says why it is not on a GPU, an explicit
-/// GPU is refused.
+/// Qwen4-Exp on the device `placement` names (`auto`: the GPU when there
+/// is one, else the CPU, saying why).
 fn open_qwen4(
     ckpt: Checkpoint,
     store: &Path,
     opts: &LoadOptions,
     placement: Placement,
+    gpu: &GpuOptions,
     rows: Option<&PleRowOptions>,
 ) -> Result<(Engine, Chosen), EngineError> {
+    let _ = gpu;
     let fallback = match placement {
         Placement::Cpu => None,
         Placement::Cuda(n) => {
@@ -198,18 +207,18 @@ fn open_qwen4(
         Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
     };
     crate::device::cpu::isa::Isa::configured()?;
-    let m = Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
+    let m = crate::family::qwen4::Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
     let chosen = Chosen {
         device: "cpu",
         gpu_name: None,
         fallback,
     };
-    Ok((Engine::Qwen4(Box::new(m)), chosen))
+    Ok((Engine::Qwen4(Box::new(Qwen4Engine::Cpu(m))), chosen))
 }
 
 impl Engine {
     /// The model's config (`None` for Qwen4-Exp, whose config is its own:
-    /// [`Qwen4Model::config`]).
+    /// [`Qwen4Engine::config`]).
     pub fn config(&self) -> Option<&ModelConfig> {
         match self {
             Self::Cpu(m) => Some(m.config()),
@@ -254,13 +263,7 @@ impl Engine {
                 m.generate(prompt, max_new, stop_ids, keep_prompt_logits, on_token)
             }),
             Self::Cuda(m) => m.generate(prompt, max_new, stop_ids, keep_prompt_logits, on_token),
-            // On a pool worker, as for the CPU engine: the parallel matrix
-            // products then run without waking the pool from outside for
-            // each call (a fifth of a decode step otherwise).
-            Self::Qwen4(m) => rayon::scope(|_| {
-                let m = m.as_mut();
-                crate::model::greedy(m, prompt, max_new, stop_ids, keep_prompt_logits, on_token)
-            }),
+            Self::Qwen4(m) => m.generate(prompt, max_new, stop_ids, keep_prompt_logits, on_token),
         }
     }
 
@@ -269,10 +272,7 @@ impl Engine {
         match self {
             Self::Cpu(m) => m.reset(),
             Self::Cuda(m) => m.reset(),
-            Self::Qwen4(m) => {
-                m.reset();
-                Ok(())
-            }
+            Self::Qwen4(m) => m.reset(),
         }
     }
 

@@ -6,9 +6,10 @@
 //!   q/k/v biases and a gated shared expert, Mixtral a sliding window.
 //! - DeepSeek-V3: multi-head latent attention ([`mla`]), grouped sigmoid
 //!   routing, ungated shared experts and leading dense layers.
-//! - Qwen4-Exp ([`qwen4`], CPU only, its own decoder): GatedDeltaNet and
-//!   QSA sparse attention on hyper-connection streams, PLE n-gram rows, a
-//!   gated shared expert; its routed experts go through the same tier.
+//! - Qwen4-Exp ([`qwen4`], its own decoder over the hybrid operations of
+//!   [`crate::device::hybrid`]): GatedDeltaNet and QSA sparse attention on
+//!   hyper-connection streams, PLE n-gram rows, a gated shared expert; its
+//!   routed experts go through the same tier.
 //!
 //! The first four are pre-norm decoders: per layer `x += attn(rms_norm(x))`, then
 //! `x += ffn(rms_norm(x))` ([`ffn`]); then the final norm and the LM head.

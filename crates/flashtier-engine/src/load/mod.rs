@@ -228,7 +228,7 @@ fn is_row_table(name: &str) -> bool {
 /// Whether `name` is a routed expert's tensor (`...experts.E.*` per expert,
 /// or the fused `...experts.gate_up_proj` / `down_proj`), which the store
 /// serves; shared experts (`shared_expert.`, `shared_experts.`) stay.
-fn is_routed_expert_tensor(name: &str) -> bool {
+pub(crate) fn is_routed_expert_tensor(name: &str) -> bool {
     let Some(at) = name.find(".experts.") else {
         return false;
     };
@@ -280,10 +280,19 @@ pub(crate) fn check_fits(
     store: &Path,
     gpu: &GpuOptions,
 ) -> Result<(), EngineError> {
+    check_fits_bytes(dev, resident_weight_bytes(ckpt), store, gpu)
+}
+
+/// [`check_fits`] for a model whose resident weights are `weights` bytes.
+pub(crate) fn check_fits_bytes(
+    dev: &CudaDevice,
+    weights: u64,
+    store: &Path,
+    gpu: &GpuOptions,
+) -> Result<(), EngineError> {
     let opened = Store::open(store)?;
     let all = opened.stride_bytes() * opened.record_count();
     let slots = gpu.budgets.hbm_bytes.map_or(all, |b| b.min(all));
-    let weights = resident_weight_bytes(ckpt);
     let need = weights + slots;
     let (free, total) = dev.gpu().memory_info()?;
     if need > free as u64 {

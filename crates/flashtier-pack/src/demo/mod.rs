@@ -31,8 +31,8 @@
 //! the drive on fresh 4 KiB blocks of the row shards at the row store's
 //! queue depth, and the I/O bound is the drive time of both: `1 /
 //! (expert bytes per token / expert probe + row bytes per token / row
-//! probe)`. Qwen4-Exp runs on the CPU (it has no GPU decoder yet; `auto`
-//! says so).
+//! probe)`. Qwen4-Exp runs on the device `placement` names, as the other
+//! families do.
 //!
 //! Bounds: memory is the budget (and the row budget) plus the resident
 //! non-expert weights plus `queue_depth` record buffers during a probe.

@@ -18,6 +18,7 @@
 pub mod ceiling;
 pub mod experts;
 pub mod gemv;
+pub mod hybrid;
 pub mod isa;
 pub mod kernels;
 pub mod kv;
@@ -103,36 +104,6 @@ pub struct HostRope {
 /// The CPU device.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuDevice;
-
-impl CpuDevice {
-    /// [`Device::moe`] with `meanwhile` run while the step's misses are in
-    /// flight: after they are started and before the first expert is
-    /// computed. The experts run in batches of whatever is ready, each
-    /// batch's experts in parallel and each expert's products on one
-    /// thread (one fork-join per batch instead of one per product: 6% more
-    /// tokens/s on the resident Qwen4-Exp demo model, 2 cores). `meanwhile`
-    /// must not depend on the experts' output; the result is the bits of
-    /// [`Device::moe`].
-    pub fn moe_meanwhile(
-        &self,
-        experts: &mut PoolExperts,
-        layer: usize,
-        x: &HostAct,
-        routes: &[Vec<(usize, f32)>],
-        out: &mut HostAct,
-        meanwhile: &mut experts::Meanwhile<'_>,
-    ) -> Result<(), EngineError> {
-        moe_shapes(x, routes, out)?;
-        moe_rows(
-            experts,
-            layer,
-            &x.data,
-            routes,
-            &mut out.data,
-            Some(meanwhile),
-        )
-    }
-}
 
 /// A MoE step's input, output and routes agree: one route per row.
 fn moe_shapes(x: &HostAct, routes: &[Vec<(usize, f32)>], out: &HostAct) -> Result<(), EngineError> {
@@ -462,6 +433,60 @@ impl Device for CpuDevice {
             return Ok(());
         }
         moe_rows(experts, layer, &x.data, routes, &mut out.data, None)
+    }
+
+    /// The experts run in batches of whatever is ready, each batch's
+    /// experts in parallel and each expert's products on one thread (one
+    /// fork-join per batch instead of one per product: 6% more tokens/s on
+    /// the resident Qwen4-Exp demo model, 2 cores); `meanwhile` runs after
+    /// the misses are started and before the first expert is computed.
+    fn moe_meanwhile(
+        &self,
+        experts: &mut PoolExperts,
+        layer: usize,
+        x: &HostAct,
+        routes: &Self::Routes,
+        out: &mut HostAct,
+        meanwhile: &mut dyn FnMut() -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        moe_shapes(x, routes, out)?;
+        moe_rows(
+            experts,
+            layer,
+            &x.data,
+            routes,
+            &mut out.data,
+            Some(meanwhile),
+        )
+    }
+
+    fn hint_depth(&self) -> usize {
+        experts::MAX_AHEAD
+    }
+
+    fn hint_ahead(
+        &self,
+        experts: &mut PoolExperts,
+        distance: usize,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError> {
+        if let [row] = routes.as_slice() {
+            experts.hint_ahead(distance, layer, &crate::hint::ranked(row.iter().copied()));
+        }
+        Ok(())
+    }
+
+    fn read_ahead_now(
+        &self,
+        experts: &mut PoolExperts,
+        layer: usize,
+        routes: &Self::Routes,
+    ) -> Result<(), EngineError> {
+        if let [row] = routes.as_slice() {
+            experts.read_ahead_now(layer, &crate::hint::ranked(row.iter().copied()))?;
+        }
+        Ok(())
     }
 
     fn hint(

@@ -1,6 +1,6 @@
-//! GatedDeltaNet (`linear_attention` layers), one token at a time with its
-//! two states, as transformers' recurrent rule computes it (its chunked
-//! prompt form is the same sums regrouped):
+//! GatedDeltaNet (`linear_attention` layers) with its two states, as
+//! transformers' recurrent rule computes it (its chunked prompt form is the
+//! same sums regrouped):
 //!
 //! - a causal depthwise conv (width `K`) over the q/k/v projection, SiLU;
 //!   the state is the last `K - 1` projections (zeros before the first);
@@ -8,181 +8,145 @@
 //!   L2-normed q and k, q scaled by `1/sqrt(k_dim)`,
 //!   `beta = sigmoid(b)`, decay `g = -exp(A_log) softplus(a + dt_bias)`;
 //!   the `k_dim x v_dim` state `S` decays by `exp(g)`, then takes the delta
-//!   rule `S += k (beta (v - S^T k))^T`, and the output is `S^T q`;
+//!   rule `S += k (beta (v - S^T k))^T`, and the output is `S^T q`
+//!   ([`HybridOps::gated_delta`]);
 //! - a gated RMSNorm per value head (`w * norm(o) * act(z)`, act SiLU or
 //!   sigmoid), then `out_proj`.
 //!
-//! State memory: `(K - 1) * conv_dim + v_heads * k_dim * v_dim` f32.
+//! State memory: `(K - 1) * conv_dim + v_heads * k_dim * v_dim` f32, on the
+//! device.
 
-use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::{LinearAttn, Qwen4Config};
-use crate::device::cpu::kernels::{rms_norm, silu};
+use crate::device::hybrid::{ConvSpec, DeltaSpec, HybridOps};
+use crate::device::{Activation, Device};
 use crate::error::EngineError;
-use crate::matrix::Matrix;
-
-use super::ops::{host_loader, l2norm, linear, sigmoid, softplus};
+use crate::load::weights::Loader;
 
 /// One GatedDeltaNet layer with its states.
-pub struct GatedDeltaNet {
+pub struct GatedDeltaNet<D: Device> {
     shape: LinearAttn,
-    in_qkv: Matrix,
-    in_z: Matrix,
-    in_b: Matrix,
-    in_a: Matrix,
-    out: Matrix,
+    in_qkv: D::Mat,
+    in_z: D::Mat,
+    in_b: D::Mat,
+    in_a: D::Mat,
+    out: D::Mat,
     /// `[conv_dim][K]`.
-    conv: Vec<f32>,
-    a_log_exp: Vec<f32>,
-    dt_bias: Vec<f32>,
-    norm: Vec<f32>,
+    conv: D::Vector,
+    a_log_exp: D::Vector,
+    dt_bias: D::Vector,
+    norm: D::Vector,
     eps: f32,
+    hidden: usize,
     /// The last `K - 1` q/k/v projections, oldest first.
-    conv_state: Vec<f32>,
+    conv_state: D::Act,
     /// Per value head, `S` as `[k_dim][v_dim]`.
-    state: Vec<f32>,
+    state: D::Act,
     /// Leave out the conv state (only to show the fixture needs it).
     pub(crate) drop_conv_state: bool,
 }
 
-impl GatedDeltaNet {
+impl<D: HybridOps> GatedDeltaNet<D> {
     /// Load `{prefix}.linear_attn.*`.
-    pub fn load(ckpt: &Checkpoint, cfg: &Qwen4Config, prefix: &str) -> Result<Self, EngineError> {
+    pub fn load(l: &Loader<'_, D>, cfg: &Qwen4Config, prefix: &str) -> Result<Self, EngineError> {
         let s = cfg.linear.clone();
-        let l = host_loader(ckpt);
         let h = cfg.hidden_size;
-        let (kd, vd) = (s.k_heads * s.k_dim, s.v_heads * s.v_dim);
-        let conv_dim = 2 * kd + vd;
+        let vd = s.v_heads * s.v_dim;
+        let conv_dim = delta_spec(&s).mixed_cols();
         let p = format!("{prefix}.linear_attn");
-        let a_log = l.vector(&format!("{p}.A_log"), &[s.v_heads])?;
+        let a_log = l.ckpt.load_f32(&format!("{p}.A_log"), &[s.v_heads])?;
+        let conv = l
+            .ckpt
+            .load_f32(&format!("{p}.conv1d.weight"), &[conv_dim, 1, s.conv_kernel])?;
+        let dev = l.dev;
         Ok(Self {
-            in_qkv: l.host_matrix(&format!("{p}.in_proj_qkv.weight"), [conv_dim, h])?,
-            in_z: l.host_matrix(&format!("{p}.in_proj_z.weight"), [vd, h])?,
-            in_b: l.host_matrix(&format!("{p}.in_proj_b.weight"), [s.v_heads, h])?,
-            in_a: l.host_matrix(&format!("{p}.in_proj_a.weight"), [s.v_heads, h])?,
-            out: l.host_matrix(&format!("{p}.out_proj.weight"), [h, vd])?,
-            conv: ckpt.load_f32(&format!("{p}.conv1d.weight"), &[conv_dim, 1, s.conv_kernel])?,
-            a_log_exp: a_log.iter().map(|v| v.exp()).collect(),
+            in_qkv: l.matrix(&format!("{p}.in_proj_qkv.weight"), [conv_dim, h])?,
+            in_z: l.matrix(&format!("{p}.in_proj_z.weight"), [vd, h])?,
+            in_b: l.matrix(&format!("{p}.in_proj_b.weight"), [s.v_heads, h])?,
+            in_a: l.matrix(&format!("{p}.in_proj_a.weight"), [s.v_heads, h])?,
+            out: l.matrix(&format!("{p}.out_proj.weight"), [h, vd])?,
+            conv: dev.vector(conv)?,
+            a_log_exp: dev.vector(a_log.iter().map(|v| v.exp()).collect())?,
             dt_bias: l.vector(&format!("{p}.dt_bias"), &[s.v_heads])?,
             norm: l.vector(&format!("{p}.norm.weight"), &[s.v_dim])?,
             eps: cfg.rms_norm_eps,
-            conv_state: vec![0.0; (s.conv_kernel - 1) * conv_dim],
-            state: vec![0.0; s.v_heads * s.k_dim * s.v_dim],
+            hidden: h,
+            conv_state: dev.zeros(s.conv_kernel.saturating_sub(1), conv_dim)?,
+            state: dev.zeros(s.v_heads, s.k_dim * s.v_dim)?,
             shape: s,
             drop_conv_state: false,
         })
     }
 
     /// Forget the sequence.
-    pub fn reset(&mut self) {
-        self.conv_state.iter_mut().for_each(|v| *v = 0.0);
-        self.state.iter_mut().for_each(|v| *v = 0.0);
+    pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
+        self.conv_state = dev.zeros(self.conv_state.rows(), self.conv_state.cols())?;
+        self.state = dev.zeros(self.state.rows(), self.state.cols())?;
+        Ok(())
     }
 
-    /// The layer's output for the `rows` rows of `x` (`rows x hidden`), in
-    /// order, advancing the states.
-    pub fn forward(&mut self, x: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
-        let s = self.shape.clone();
-        let qkv = linear(&self.in_qkv, x, rows)?;
-        let z = linear(&self.in_z, x, rows)?;
-        let b = linear(&self.in_b, x, rows)?;
-        let a = linear(&self.in_a, x, rows)?;
-        let conv_dim = self.in_qkv.rows();
-        let vd = s.v_heads * s.v_dim;
-        let mut core = vec![0f32; rows * vd];
-        for r in 0..rows {
-            let mixed = self.conv_step(&qkv[r * conv_dim..(r + 1) * conv_dim]);
-            let out = self.delta_step(&mixed, &b[r * s.v_heads..], &a[r * s.v_heads..]);
-            let dst = &mut core[r * vd..(r + 1) * vd];
-            self.gated_norm(dst, &out, &z[r * vd..(r + 1) * vd]);
-        }
-        linear(&self.out, &core, rows)
-    }
-
-    /// The conv (with SiLU) of one projection after the state; the state
-    /// moves on by it.
-    fn conv_step(&mut self, cur: &[f32]) -> Vec<f32> {
-        let k = self.shape.conv_kernel;
-        let c_dim = cur.len();
-        if self.drop_conv_state {
-            self.conv_state.iter_mut().for_each(|v| *v = 0.0);
-        }
-        let mut out = vec![0f32; c_dim];
-        for (c, o) in out.iter_mut().enumerate() {
-            let w = &self.conv[c * k..(c + 1) * k];
-            let mut acc = 0f32;
-            for (t, wt) in w.iter().enumerate().take(k - 1) {
-                acc += wt * self.conv_state[t * c_dim + c];
-            }
-            acc += w[k - 1] * cur[c];
-            *o = silu(acc);
-        }
-        if k > 1 {
-            self.conv_state.copy_within(c_dim.., 0);
-            let last = self.conv_state.len() - c_dim;
-            self.conv_state[last..].copy_from_slice(cur);
-        }
-        out
-    }
-
-    /// The delta rule for one token's conv output; returns `v_heads x v_dim`.
-    fn delta_step(&mut self, mixed: &[f32], b: &[f32], a: &[f32]) -> Vec<f32> {
+    /// The layer's output for the rows of `x` (`rows x hidden`), in order,
+    /// advancing the states.
+    pub fn forward(&mut self, dev: &D, x: &D::Act) -> Result<D::Act, EngineError> {
         let s = &self.shape;
-        let (kd, dk, dv) = (s.k_heads * s.k_dim, s.k_dim, s.v_dim);
-        let mut q = mixed[..kd].to_vec();
-        let mut k = mixed[kd..2 * kd].to_vec();
-        let v = &mixed[2 * kd..];
-        let scale = 1.0 / (dk as f32).sqrt();
-        for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
-            l2norm(qh);
-            l2norm(kh);
-            qh.iter_mut().for_each(|x| *x *= scale);
+        let rows = x.rows();
+        let spec = delta_spec(s);
+        let (conv_dim, vd) = (spec.mixed_cols(), s.v_heads * s.v_dim);
+        let mut qkv = dev.zeros(rows, conv_dim)?;
+        let mut z = dev.zeros(rows, vd)?;
+        let mut b = dev.zeros(rows, s.v_heads)?;
+        let mut a = dev.zeros(rows, s.v_heads)?;
+        dev.linear_many(
+            &mut [&mut qkv, &mut z, &mut b, &mut a],
+            &[&self.in_qkv, &self.in_z, &self.in_b, &self.in_a],
+            x,
+        )?;
+        let conv = ConvSpec {
+            kernel: s.conv_kernel,
+            dilation: 1,
+        };
+        let mut mixed = dev.zeros(rows, conv_dim)?;
+        if self.drop_conv_state {
+            // Each row after a zeroed state.
+            for r in 0..rows {
+                let mut one = dev.zeros(1, conv_dim)?;
+                dev.copy_rows(&mut one, 0, &qkv, r, 1)?;
+                let mut state = dev.zeros(self.conv_state.rows(), conv_dim)?;
+                let mut y = dev.zeros(1, conv_dim)?;
+                dev.causal_conv(&mut state, &one, &self.conv, conv, &mut y)?;
+                dev.copy_rows(&mut mixed, r, &y, 0, 1)?;
+            }
+        } else {
+            dev.causal_conv(&mut self.conv_state, &qkv, &self.conv, conv, &mut mixed)?;
         }
-        let per_k = s.v_heads / s.k_heads;
-        let mut out = vec![0f32; s.v_heads * dv];
-        for hv in 0..s.v_heads {
-            let kh = hv / per_k;
-            let (qv, kv) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
-            let beta = sigmoid(b[hv]);
-            let decay = (-self.a_log_exp[hv] * softplus(a[hv] + self.dt_bias[hv])).exp();
-            let st = &mut self.state[hv * dk * dv..(hv + 1) * dk * dv];
-            st.iter_mut().for_each(|x| *x *= decay);
-            let mut delta = vec![0f32; dv];
-            for (row, kr) in st.chunks_exact(dv).zip(kv) {
-                for (d, sv) in delta.iter_mut().zip(row) {
-                    *d += sv * kr;
-                }
-            }
-            for (d, vv) in delta.iter_mut().zip(&v[hv * dv..(hv + 1) * dv]) {
-                *d = (vv - *d) * beta;
-            }
-            let o = &mut out[hv * dv..(hv + 1) * dv];
-            for ((row, kr), qr) in st.chunks_exact_mut(dv).zip(kv).zip(qv) {
-                for ((sv, d), ov) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
-                    *sv += kr * d;
-                    *ov += *sv * qr;
-                }
-            }
-        }
-        out
+        let mut core = dev.zeros(rows, vd)?;
+        dev.gated_delta(
+            &mut self.state,
+            &mixed,
+            (&b, &a),
+            &self.a_log_exp,
+            &self.dt_bias,
+            spec,
+            &mut core,
+        )?;
+        let mut normed = dev.zeros(rows, vd)?;
+        dev.gated_norm(
+            &mut normed,
+            (&core, &z),
+            &self.norm,
+            self.eps,
+            s.sigmoid_gate,
+        )?;
+        let mut y = dev.zeros(rows, self.hidden)?;
+        dev.linear(&mut y, &self.out, &normed)?;
+        Ok(y)
     }
+}
 
-    /// `w * rms_norm(o) * act(z)` per value head.
-    fn gated_norm(&self, dst: &mut [f32], o: &[f32], z: &[f32]) {
-        let dv = self.shape.v_dim;
-        for ((d, oh), zh) in dst
-            .chunks_exact_mut(dv)
-            .zip(o.chunks_exact(dv))
-            .zip(z.chunks_exact(dv))
-        {
-            rms_norm(d, oh, &self.norm, self.eps);
-            for (dv, zv) in d.iter_mut().zip(zh) {
-                let g = if self.shape.sigmoid_gate {
-                    sigmoid(*zv)
-                } else {
-                    silu(*zv)
-                };
-                *dv *= g;
-            }
-        }
+fn delta_spec(s: &LinearAttn) -> DeltaSpec {
+    DeltaSpec {
+        k_heads: s.k_heads,
+        v_heads: s.v_heads,
+        k_dim: s.k_dim,
+        v_dim: s.v_dim,
     }
 }

@@ -9,8 +9,9 @@ use crate::experts::ExpertStats;
 use crate::model::{Decoder, Generation, greedy};
 
 use super::{PleRowStats, Qwen4Model};
+use crate::device::hybrid::HybridOps;
 
-impl Qwen4Model {
+impl<D: HybridOps> Qwen4Model<D> {
     /// Greedy decoding at batch 1 (see [`crate::model::Model::generate`]):
     /// the prompt, then up to `max_new` tokens, stopping at one in
     /// `stop_ids`; a request past the context limit is refused first.
@@ -26,7 +27,7 @@ impl Qwen4Model {
     }
 }
 
-impl Decoder for Qwen4Model {
+impl<D: HybridOps> Decoder for Qwen4Model<D> {
     fn vocab(&self) -> usize {
         self.cfg.vocab_size
     }

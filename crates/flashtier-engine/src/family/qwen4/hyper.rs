@@ -6,47 +6,50 @@
 //! block's output times that weight is added to each (un-normed) stream.
 //! The final mixer has no injection.
 
-use crate::checkpoint::Checkpoint;
-use crate::config::qwen4::Qwen4Config;
-use crate::device::cpu::kernels::silu;
+use crate::device::Device;
+use crate::device::hybrid::{HybridOps, Map};
 use crate::error::EngineError;
-use crate::matrix::Matrix;
+use crate::load::weights::Loader;
 
-use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
+use super::ops::one_plus;
 
 /// One gated residual mixer.
-pub struct GatedResidual {
-    norm: Vec<f32>,
-    down: Matrix,
-    up: Matrix,
-    inject: Option<Matrix>,
+pub struct GatedResidual<D: Device> {
+    norm: D::Vector,
+    down: D::Mat,
+    up: D::Mat,
+    inject: Option<D::Mat>,
     streams: usize,
     hidden: usize,
+    lowrank: usize,
     eps: f32,
 }
 
 /// What a mixer gives a block: its input and each stream's weight.
-pub struct Mixed {
+pub struct Mixed<D: Device> {
     /// `rows x hidden`.
-    pub input: Vec<f32>,
-    /// `rows x streams` (empty for the final mixer).
-    pub inject: Vec<f32>,
+    pub input: D::Act,
+    /// `rows x streams` (`None` for the final mixer).
+    pub inject: Option<D::Act>,
 }
 
-impl GatedResidual {
+impl<D: HybridOps> GatedResidual<D> {
     /// Load `{prefix}.*` (`inject`: with `block_inject_weight`).
     pub fn load(
-        ckpt: &Checkpoint,
+        l: &Loader<'_, D>,
         prefix: &str,
-        cfg: &Qwen4Config,
+        (streams, hidden, lowrank): (usize, usize, usize),
+        eps: f32,
         inject: bool,
     ) -> Result<Self, EngineError> {
-        let l = host_loader(ckpt);
-        let (streams, hidden, lowrank) = (cfg.hc_count, cfg.hidden_size, cfg.hc_lowrank);
         let wide = streams * hidden;
-        let matrix = |name: &str, shape| l.host_matrix(&format!("{prefix}.{name}.weight"), shape);
+        let matrix = |name: &str, shape| l.matrix(&format!("{prefix}.{name}.weight"), shape);
+        let norm = one_plus(
+            l.ckpt
+                .load_f32(&format!("{prefix}.hc_norm.weight"), &[wide])?,
+        );
         Ok(Self {
-            norm: one_plus(l.vector(&format!("{prefix}.hc_norm.weight"), &[wide])?),
+            norm: l.dev.vector(norm)?,
             down: matrix("input_mix_weight_down", [lowrank, wide])?,
             up: matrix("input_mix_weight_up", [wide, lowrank])?,
             inject: if inject {
@@ -56,39 +59,38 @@ impl GatedResidual {
             },
             streams,
             hidden,
-            eps: cfg.rms_norm_eps,
+            lowrank,
+            eps,
         })
     }
 
-    /// Mix the `rows` rows of `x` (`rows x streams * hidden`).
-    pub fn forward(&self, x: &[f32], rows: usize) -> Result<Mixed, EngineError> {
+    /// Mix the rows of `x` (`rows x streams * hidden`).
+    pub fn forward(&self, dev: &D, x: &D::Act) -> Result<Mixed<D>, EngineError> {
+        let rows = crate::device::Activation::rows(x);
         let (hc, h) = (self.streams, self.hidden);
-        let n = norm_groups(x, &self.norm, h, self.eps)?;
-        let mut low = linear(&self.down, &n, rows)?;
-        low.iter_mut().for_each(|v| *v = silu(*v / hc as f32));
-        let gates = linear(&self.up, &low, rows)?;
-        let mut input = vec![0f32; rows * h];
-        for ((out, gr), nr) in input
-            .chunks_exact_mut(h)
-            .zip(gates.chunks_exact(hc * h))
-            .zip(n.chunks_exact(hc * h))
-        {
-            for (s, (gs, ns)) in gr.chunks_exact(h).zip(nr.chunks_exact(h)).enumerate() {
-                for (j, o) in out.iter_mut().enumerate() {
-                    let v = sigmoid(gs[j]) * ns[j];
-                    *o = if s == 0 { v } else { *o + v };
-                }
-            }
-            out.iter_mut().for_each(|o| *o /= hc as f32);
-        }
+        let mut n = dev.zeros(rows, hc * h)?;
+        dev.rms_norm_wide(&mut n, x, &self.norm, h, self.eps)?;
+        let mut low = dev.zeros(rows, self.lowrank)?;
+        dev.linear(&mut low, &self.down, &n)?;
+        dev.map(&mut low, Map::Silu { div: hc as f32 })?;
+        let mut gates = dev.zeros(rows, hc * h)?;
+        dev.linear(&mut gates, &self.up, &low)?;
+        let mut input = dev.zeros(rows, h)?;
+        dev.hc_mix(&mut input, &gates, &n, hc)?;
         let inject = match &self.inject {
             Some(w) => {
-                let mut g = linear(w, &n, rows)?;
-                g.iter_mut()
-                    .for_each(|v| *v = 2.0 * sigmoid(*v / hc as f32));
-                g
+                let mut g = dev.zeros(rows, hc)?;
+                dev.linear(&mut g, w, &n)?;
+                dev.map(
+                    &mut g,
+                    Map::Sigmoid {
+                        div: hc as f32,
+                        mul: 2.0,
+                    },
+                )?;
+                Some(g)
             }
-            None => Vec::new(),
+            None => None,
         };
         Ok(Mixed { input, inject })
     }

@@ -1,13 +1,14 @@
-//! Qwen4-Exp (transformers 5.17 `qwen4_exp`, text model) on the CPU:
-//! GatedDeltaNet ([`gdn`]) and QSA sparse attention ([`qsa`]) layers on
-//! `hc_count` hyper-connection streams ([`hyper`]), Per-Layer Embedding
-//! ([`ple`]) from hashed n-gram ids ([`ngram`]), and the 512-expert MoE
-//! through the expert tier ([`model`]). The forward pass is host f32 code
-//! ([`ops`]) that calls the CPU device for matrix products and the routed
-//! experts, so expert budgets and backings work as for the other families;
-//! it is not yet written over [`crate::device::Device`] (no GPU path:
-//! [`crate::engine::open`] keeps it on the CPU). PLE rows are read from the
-//! checkpoint, or from the row store ([`rows`], `--rows-budget`).
+//! Qwen4-Exp (transformers 5.17 `qwen4_exp`, text model): GatedDeltaNet
+//! ([`gdn`]) and QSA sparse attention ([`qsa`]) layers on `hc_count`
+//! hyper-connection streams ([`hyper`]), Per-Layer Embedding ([`ple`]) from
+//! hashed n-gram ids ([`ngram`]), and the 512-expert MoE through the expert
+//! tier ([`model`]). The forward pass is written once over
+//! [`crate::device::hybrid::HybridOps`] (the [`crate::device::Device`]
+//! operations plus the recurrences, the sparse attention and the stream
+//! mixers), so the CPU and the GPU run the same decoder and expert budgets
+//! and backings work as for the other families. PLE rows are read from the
+//! checkpoint, or from the row store ([`rows`], `--rows-budget`), on the
+//! host, and handed to the device with the step.
 //!
 //! The multimodal `qwen4_exp` config loads its `text_config` (resident
 //! tensors under `model.language_model.`; the vision tower is not run, and

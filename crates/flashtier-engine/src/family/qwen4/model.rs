@@ -1,4 +1,4 @@
-//! A loaded Qwen4-Exp text model on the CPU, decoding one sequence.
+//! A loaded Qwen4-Exp text model on a device, decoding one sequence.
 //!
 //! Per layer, on `hc_count` residual streams (the embedding repeated into
 //! each): the PLE injection (PLE layers), then the attention mixer's input,
@@ -7,6 +7,9 @@
 //! tier, summed in ascending id) plus the shared expert scaled by
 //! `sigmoid(shared_expert_gate . x)`, injected likewise. The final mixer's
 //! output goes to the LM head (there is no final norm).
+//!
+//! The decoder is written once over [`HybridOps`]: the CPU and the GPU run
+//! this code, with their kernels underneath.
 //!
 //! Bounds: a step is at most [`crate::model::PREFILL_CHUNK`] tokens; the
 //! sequence at most `max_position_embeddings` positions (refused before
@@ -17,55 +20,58 @@ use std::path::Path;
 use crate::checkpoint::Checkpoint;
 use crate::config::Routing;
 use crate::config::qwen4::{LayerKind, Qwen4Config, in_scope};
-use crate::device::Device;
-use crate::device::cpu::experts::{MAX_AHEAD, PoolExperts};
-use crate::device::cpu::{CpuDevice, HostAct};
+use crate::device::cpu::CpuDevice;
+use crate::device::hybrid::HybridOps;
+use crate::device::{Activation, Device, ExpertTier, HeadCopy};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
 use crate::family::ffn::DenseMlp;
-use crate::family::route::{RouteRule, route_row};
+use crate::family::route::RouteRule;
+use crate::load::weights::Loader;
 use crate::load::{LoadOptions, pool_experts};
-use crate::matrix::Matrix;
 use crate::model::check_step;
 
 use super::gdn::GatedDeltaNet;
 use super::hyper::GatedResidual;
-use super::ops::{host_loader, inject, linear};
 use super::ple::PleLayer;
 use super::qsa::SparseAttention;
 use super::rows::{PleRowOptions, PleRowStats};
 
 /// A layer's token mixer.
-enum Mixer {
-    Linear(GatedDeltaNet),
-    Sparse(SparseAttention),
+enum Mixer<D: HybridOps> {
+    Linear(GatedDeltaNet<D>),
+    Sparse(SparseAttention<D>),
 }
 
 /// The MoE block's resident part.
-struct Moe {
-    router: Matrix,
-    shared: DenseMlp<CpuDevice>,
-    shared_gate: Matrix,
+struct Moe<D: Device> {
+    router: D::Mat,
+    shared: DenseMlp<D>,
+    shared_gate: D::Mat,
 }
 
-struct Layer {
-    ple: Option<PleLayer>,
-    attn_hc: GatedResidual,
-    mixer: Mixer,
-    mlp_hc: GatedResidual,
-    moe: Moe,
+struct Layer<D: HybridOps> {
+    ple: Option<PleLayer<D>>,
+    attn_hc: GatedResidual<D>,
+    mixer: Mixer<D>,
+    mlp_hc: GatedResidual<D>,
+    moe: Moe<D>,
 }
 
-/// A Qwen4-Exp model with its states and expert tier.
-pub struct Qwen4Model {
+/// A Qwen4-Exp model with its states and expert tier, on the CPU unless
+/// `D` says otherwise.
+pub struct Qwen4Model<D: HybridOps = CpuDevice> {
+    dev: D,
     cfg: Qwen4Config,
     ckpt: Checkpoint,
-    embed: Matrix,
-    layers: Vec<Layer>,
-    mixer: GatedResidual,
-    lm_head: Option<Matrix>,
-    experts: PoolExperts,
+    embed: D::Mat,
+    layers: Vec<Layer<D>>,
+    mixer: GatedResidual<D>,
+    lm_head: Option<D::Mat>,
+    experts: D::Experts,
     rule: RouteRule,
+    /// RoPE over the rotated dims, for every position.
+    rope: D::Rope,
     pos: usize,
     /// The batch API's id of the sequence the state is of
     /// ([`crate::engine::Engine::step_batch`]; `None` after a reset).
@@ -75,16 +81,17 @@ pub struct Qwen4Model {
     pub(crate) drop_inject_stream: Option<usize>,
 }
 
-impl std::fmt::Debug for Qwen4Model {
+impl<D: HybridOps> std::fmt::Debug for Qwen4Model<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qwen4Model")
+            .field("device", &self.dev.name())
             .field("layers", &self.layers.len())
             .field("positions", &self.pos)
             .finish_non_exhaustive()
     }
 }
 
-impl Qwen4Model {
+impl Qwen4Model<CpuDevice> {
     /// Load the Qwen4-Exp checkpoint in `dir` with experts from the store
     /// file `store` (packed from it) under `opts`' budget and backing.
     pub fn open(dir: &Path, store: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
@@ -110,15 +117,73 @@ impl Qwen4Model {
         rows: Option<&PleRowOptions>,
     ) -> Result<Self, EngineError> {
         let cfg = Qwen4Config::from_json(ckpt.source().config())?;
+        let scope = cfg.field_scope();
+        let experts = pool_experts(&cfg.expert_view(), ckpt.source(), store, opts)?;
+        Self::with_experts(CpuDevice, ckpt, cfg, experts, rows).map_err(|e| in_scope(e, scope))
+    }
+}
+
+impl<D: HybridOps> Qwen4Model<D> {
+    /// The model on `dev` with experts from `experts`, PLE rows from the
+    /// row store under `rows` (`None`: from the checkpoint).
+    pub fn with_experts(
+        dev: D,
+        ckpt: Checkpoint,
+        cfg: Qwen4Config,
+        experts: D::Experts,
+        rows: Option<&PleRowOptions>,
+    ) -> Result<Self, EngineError> {
         if cfg.vision_skipped {
             tracing::info!("qwen4_exp: the text model runs; the vision tower is not run");
         }
-        // Inside the wrapper, a field is named as `text_config.<field>`.
-        let scope = cfg.field_scope();
-        let experts = pool_experts(&cfg.expert_view(), ckpt.source(), store, opts)?;
-        let mut m = Self::with_experts(ckpt, cfg, experts).map_err(|e| in_scope(e, scope))?;
+        let h = cfg.hidden_size;
+        let pre = cfg.prefix.clone();
+        let inv_freq = super::ops::inv_freq(cfg.rope_theta, cfg.rope_dim);
+        let rope = dev.rope_table(&inv_freq, 1.0, cfg.max_positions)?;
+        let l = Loader {
+            ckpt: &ckpt,
+            dev: &dev,
+            fp8_block: None,
+        };
+        let layers = (0..cfg.layers.len())
+            .map(|i| Layer::load(&l, &cfg, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let embed = l.matrix(&format!("{pre}.embed_tokens.weight"), [cfg.vocab_size, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(l.matrix("lm_head.weight", [cfg.vocab_size, h])?)
+        };
+        let mixer = GatedResidual::load(
+            &l,
+            &format!("{pre}.hyper_connection_mixer"),
+            (cfg.hc_count, h, cfg.hc_lowrank),
+            cfg.rms_norm_eps,
+            false,
+        )?;
+        let rule = RouteRule {
+            routing: Routing::Softmax,
+            num_experts: cfg.num_experts,
+            top_k: cfg.top_k,
+            norm_topk_prob: cfg.norm_topk_prob,
+        };
+        let mut m = Self {
+            dev,
+            cfg,
+            ckpt,
+            embed,
+            layers,
+            mixer,
+            lm_head,
+            experts,
+            rule,
+            rope,
+            pos: 0,
+            owner: None,
+            drop_inject_stream: None,
+        };
         if let Some(r) = rows {
-            m.use_row_store(r).map_err(|e| in_scope(e, scope))?;
+            m.use_row_store(r)?;
         }
         Ok(m)
     }
@@ -160,47 +225,6 @@ impl Qwen4Model {
         all
     }
 
-    fn with_experts(
-        ckpt: Checkpoint,
-        cfg: Qwen4Config,
-        experts: PoolExperts,
-    ) -> Result<Self, EngineError> {
-        let h = cfg.hidden_size;
-        let pre = cfg.prefix.clone();
-        let inv_freq = super::ops::inv_freq(cfg.rope_theta, cfg.rope_dim);
-        let layers = (0..cfg.layers.len())
-            .map(|i| Layer::load(&ckpt, &cfg, i, &inv_freq))
-            .collect::<Result<Vec<_>, _>>()?;
-        let l = host_loader(&ckpt);
-        let embed = l.host_matrix(&format!("{pre}.embed_tokens.weight"), [cfg.vocab_size, h])?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(l.host_matrix("lm_head.weight", [cfg.vocab_size, h])?)
-        };
-        let mixer =
-            GatedResidual::load(&ckpt, &format!("{pre}.hyper_connection_mixer"), &cfg, false)?;
-        let rule = RouteRule {
-            routing: Routing::Softmax,
-            num_experts: cfg.num_experts,
-            top_k: cfg.top_k,
-            norm_topk_prob: cfg.norm_topk_prob,
-        };
-        Ok(Self {
-            cfg,
-            ckpt,
-            embed,
-            layers,
-            mixer,
-            lm_head,
-            experts,
-            rule,
-            pos: 0,
-            owner: None,
-            drop_inject_stream: None,
-        })
-    }
-
     /// The config.
     pub fn config(&self) -> &Qwen4Config {
         &self.cfg
@@ -208,7 +232,17 @@ impl Qwen4Model {
 
     /// Expert counters so far.
     pub fn expert_stats(&self) -> ExpertStats {
-        crate::device::ExpertTier::stats(&self.experts)
+        self.experts.stats()
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// The expert tier.
+    pub fn experts(&self) -> &D::Experts {
+        &self.experts
     }
 
     /// Blocks the QSA indexer left out over the sequence, summed over layers.
@@ -241,43 +275,71 @@ impl Qwen4Model {
         self.owner = Some(id);
     }
 
+    /// Positions held and the most the sequence may hold.
+    pub fn positions(&self) -> (usize, usize) {
+        (self.pos, self.cfg.max_positions)
+    }
+
     /// Forget the sequence (the expert tier stays warm).
-    pub fn reset(&mut self) {
+    pub fn reset(&mut self) -> Result<(), EngineError> {
+        let dev = &self.dev;
         for l in &mut self.layers {
             if let Some(p) = &mut l.ple {
-                p.reset();
+                p.reset(dev)?;
             }
             match &mut l.mixer {
-                Mixer::Linear(g) => g.reset(),
-                Mixer::Sparse(s) => s.reset(),
+                Mixer::Linear(g) => g.reset(dev)?,
+                Mixer::Sparse(s) => s.reset(dev)?,
             }
         }
         self.pos = 0;
         self.owner = None;
+        Ok(())
     }
 
     /// Run `tokens` at the next positions; returns the logits of every
     /// token (`all_logits`) or of the last, `[rows][vocab]` row-major.
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
-        let (x, _) = self.forward_streams(tokens, false)?;
+        let x = self.run_layers(tokens, None)?;
+        let dev = &self.dev;
         let n = tokens.len();
-        let h = self.cfg.hidden_size;
-        let out = self.mixer.forward(&x, n)?.input;
-        let (head, rows) = if all_logits {
-            (out, n)
+        let out = self.mixer.forward(dev, &x)?.input;
+        let head = if all_logits || n == 1 {
+            out
         } else {
-            (out[(n - 1) * h..].to_vec(), 1)
+            let mut last = dev.zeros(1, self.cfg.hidden_size)?;
+            dev.copy_rows(&mut last, 0, &out, n - 1, 1)?;
+            last
         };
-        linear(self.lm_head.as_ref().unwrap_or(&self.embed), &head, rows)
+        let mut logits = dev.zeros(head.rows(), self.cfg.vocab_size)?;
+        dev.linear(
+            &mut logits,
+            self.lm_head.as_ref().unwrap_or(&self.embed),
+            &head,
+        )?;
+        dev.to_host(&logits)
     }
 
     /// The decoder layers over `tokens`: the streams after the last layer,
-    /// and (with `trace`) after each layer.
+    /// and (with `trace`) after each layer, on the host.
+    #[cfg(test)]
     pub(crate) fn forward_streams(
         &mut self,
         tokens: &[u32],
         trace: bool,
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>), EngineError> {
+        let mut traced = Vec::new();
+        let x = self.run_layers(tokens, trace.then_some(&mut traced))?;
+        Ok((self.dev.to_host(&x)?, traced))
+    }
+
+    /// The streams after every layer for `tokens` (`trace`: each layer's
+    /// copied to the host as well).
+    fn run_layers(
+        &mut self,
+        tokens: &[u32],
+        mut trace: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<D::Act, EngineError> {
         let n = tokens.len();
         let (vocab, h, hc) = (self.cfg.vocab_size, self.cfg.hidden_size, self.cfg.hc_count);
         check_step(
@@ -286,26 +348,30 @@ impl Qwen4Model {
             (self.pos, self.cfg.max_positions),
             crate::model::PREFILL_CHUNK,
         )?;
-        let mut x = Vec::with_capacity(n * hc * h);
-        for &t in tokens {
-            let row = self
-                .embed
-                .row_f32(t as usize)
-                .ok_or(EngineError::TokenOutOfRange { id: t, vocab })?;
-            for _ in 0..hc {
-                x.extend_from_slice(&row);
-            }
-        }
+        let dev = &self.dev;
+        let mut e = dev.zeros(n, h)?;
+        dev.embed(&mut e, &self.embed, tokens)?;
+        let mut x = dev.zeros(n, hc * h)?;
+        let every_stream = HeadCopy {
+            heads: hc,
+            len: h,
+            src_stride: 0,
+            src_offset: 0,
+            dst_stride: h,
+            dst_offset: 0,
+            scale: 1.0,
+        };
+        dev.copy_heads(&mut x, &e, every_stream)?;
         // No earlier layer guesses the first layer's experts: its router
         // applied to the MoE input the streams would give without that
         // layer's PLE and attention starts those reads first (the largest
         // of the step's first reads), then the PLE rows' reads start; both
         // land while the first layers compute.
-        if n == 1 && CpuDevice.hints_wanted(&self.experts) {
+        if n == 1 && dev.hints_wanted(&self.experts) {
             if let Some(first) = self.layers.first() {
-                let m = first.mlp_hc.forward(&x, n)?;
-                let guess = Moe::guess(&first.moe.router, &self.rule, &m.input)?;
-                self.experts.read_ahead_now(0, &guess)?;
+                let m = first.mlp_hc.forward(dev, &x)?;
+                let guess = dev.router(&first.moe.router, &m.input, &self.rule, None)?;
+                dev.read_ahead_now(&mut self.experts, 0, &guess)?;
             }
         }
         // Every PLE layer's rows are known now: start all their reads.
@@ -314,91 +380,100 @@ impl Qwen4Model {
                 p.start_step(tokens)?;
             }
         }
-        let mut traced = Vec::new();
         for i in 0..self.layers.len() {
             self.layer(i, &mut x, tokens)?;
-            if trace {
-                traced.push(x.clone());
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(self.dev.to_host(&x)?);
             }
         }
         self.pos += n;
-        Ok((x, traced))
+        Ok(x)
     }
 
-    fn layer(&mut self, i: usize, x: &mut [f32], tokens: &[u32]) -> Result<(), EngineError> {
-        let (n, h, first) = (tokens.len(), self.cfg.hidden_size, self.pos);
+    fn layer(&mut self, i: usize, x: &mut D::Act, tokens: &[u32]) -> Result<(), EngineError> {
+        let dev = &self.dev;
         let drop = self.drop_inject_stream;
         let (head, tail) = self.layers.split_at_mut(i + 1);
         let layer = &mut head[i];
         if let Some(p) = &mut layer.ple {
-            p.forward(&self.ckpt, x, tokens)?;
+            p.forward(dev, &self.ckpt, x, tokens)?;
         }
-        let m = layer.attn_hc.forward(x, n)?;
+        let m = layer.attn_hc.forward(dev, x)?;
         let y = match &mut layer.mixer {
-            Mixer::Linear(g) => g.forward(&m.input, n)?,
-            Mixer::Sparse(s) => s.forward(&m.input, n, first)?,
+            Mixer::Linear(g) => g.forward(dev, &m.input)?,
+            Mixer::Sparse(s) => s.forward(dev, &m.input, &self.rope)?,
         };
-        let mut w = m.inject;
+        let mut w = inject_weights(m.inject, i)?;
         if let Some(s) = drop {
-            w.iter_mut()
-                .skip(s)
-                .step_by(self.cfg.hc_count)
-                .for_each(|v| *v = 0.0);
+            let hc = self.cfg.hc_count;
+            let mut host = dev.to_host(&w)?;
+            host.iter_mut().skip(s).step_by(hc).for_each(|v| *v = 0.0);
+            w = dev.upload(w.rows(), w.cols(), &host)?;
         }
-        inject(x, &y, &w, h);
-        let m = layer.mlp_hc.forward(x, n)?;
+        dev.hc_inject(x, &y, &w)?;
+        let m = layer.mlp_hc.forward(dev, x)?;
+        let next: Vec<&D::Mat> = tail
+            .iter()
+            .take(dev.hint_depth())
+            .map(|l| &l.moe.router)
+            .collect();
         let mut ctx = MoeStep {
+            dev,
             experts: &mut self.experts,
             rule: &self.rule,
             layer: i,
-            rows: n,
-            hidden: h,
+            hidden: self.cfg.hidden_size,
         };
-        let next: Vec<&Matrix> = tail.iter().take(MAX_AHEAD).map(|l| &l.moe.router).collect();
-        let y = layer.moe.forward(&mut ctx, &next, m.input)?;
-        inject(x, &y, &m.inject, h);
-        Ok(())
+        let y = layer.moe.forward(&mut ctx, &next, &m.input)?;
+        dev.hc_inject(x, &y, &inject_weights(m.inject, i)?)
     }
 }
 
-impl Layer {
+/// A layer mixer's injection weights (every mixer but the final one has them).
+fn inject_weights<A>(w: Option<A>, layer: usize) -> Result<A, EngineError> {
+    w.ok_or_else(|| EngineError::Layout {
+        what: format!("hyper-connection mixer of layer {layer}"),
+        reason: "it gave no injection weights".to_string(),
+    })
+}
+
+impl<D: HybridOps> Layer<D> {
     /// Load decoder layer `i` (`{prefix}.layers.{i}.*`).
-    fn load(
-        ckpt: &Checkpoint,
-        cfg: &Qwen4Config,
-        i: usize,
-        inv_freq: &[f32],
-    ) -> Result<Self, EngineError> {
+    fn load(l: &Loader<'_, D>, cfg: &Qwen4Config, i: usize) -> Result<Self, EngineError> {
         let p = format!("{}.layers.{i}", cfg.prefix);
         let rank = cfg
             .ple
             .as_ref()
             .and_then(|pl| pl.layers.iter().position(|&l| l == i));
-        let ple = rank.map(|r| PleLayer::load(ckpt, cfg, &p, r)).transpose()?;
+        let ple = rank.map(|r| PleLayer::load(l, cfg, &p, r)).transpose()?;
         let mixer = match cfg.layers.get(i) {
-            Some(LayerKind::Sparse) => {
-                Mixer::Sparse(SparseAttention::load(ckpt, cfg, &p, inv_freq)?)
-            }
-            _ => Mixer::Linear(GatedDeltaNet::load(ckpt, cfg, &p)?),
+            Some(LayerKind::Sparse) => Mixer::Sparse(SparseAttention::load(l, cfg, &p)?),
+            _ => Mixer::Linear(GatedDeltaNet::load(l, cfg, &p)?),
         };
-        let hc = |name: &str| GatedResidual::load(ckpt, &format!("{p}.{name}"), cfg, true);
+        let shape = (cfg.hc_count, cfg.hidden_size, cfg.hc_lowrank);
+        let hc = |name: &str| {
+            GatedResidual::load(l, &format!("{p}.{name}"), shape, cfg.rms_norm_eps, true)
+        };
         Ok(Self {
             ple,
             attn_hc: hc("attn_hyper_connection")?,
             mixer,
             mlp_hc: hc("mlp_hyper_connection")?,
-            moe: load_moe(ckpt, cfg, &p)?,
+            moe: load_moe(l, cfg, &p)?,
         })
     }
 }
 
-fn load_moe(ckpt: &Checkpoint, cfg: &Qwen4Config, p: &str) -> Result<Moe, EngineError> {
-    let l = host_loader(ckpt);
+fn load_moe<D: Device>(
+    l: &Loader<'_, D>,
+    cfg: &Qwen4Config,
+    p: &str,
+) -> Result<Moe<D>, EngineError> {
     let h = cfg.hidden_size;
     Ok(Moe {
-        router: l.host_matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])?,
+        router: l.matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])?,
         shared: DenseMlp::load(
-            &l,
+            l,
             &format!("{p}.mlp.shared_expert"),
             cfg.shared_intermediate,
             h,
@@ -408,42 +483,41 @@ fn load_moe(ckpt: &Checkpoint, cfg: &Qwen4Config, p: &str) -> Result<Moe, Engine
 }
 
 /// What one layer's MoE step needs besides its weights.
-struct MoeStep<'a> {
-    experts: &'a mut PoolExperts,
+struct MoeStep<'a, D: Device> {
+    dev: &'a D,
+    experts: &'a mut D::Experts,
     rule: &'a RouteRule,
     layer: usize,
-    rows: usize,
     hidden: usize,
 }
 
-impl Moe {
-    /// The block's output for the step's rows of `x`. Before the routed
-    /// experts run, the next layers' routers (`next`, nearest first) are
-    /// applied to `x` and their guesses hinted to the tier (pre-gating: it
-    /// changes reads, never results); the shared expert runs while the
-    /// routed experts' misses are read.
+impl<D: Device> Moe<D> {
+    /// The block's output for the rows of `x`. Before the routed experts
+    /// run, the next layers' routers (`next`, nearest first) are applied
+    /// to `x` and their guesses hinted to the tier (pre-gating: it changes
+    /// reads, never results); the shared expert runs while the routed
+    /// experts' misses are read.
     fn forward(
         &self,
-        st: &mut MoeStep<'_>,
-        next: &[&Matrix],
-        x: Vec<f32>,
-    ) -> Result<Vec<f32>, EngineError> {
-        let dev = CpuDevice;
-        let (rows, h) = (st.rows, st.hidden);
-        let routes = self.route(&self.router, st.rule, &x, rows)?;
+        st: &mut MoeStep<'_, D>,
+        next: &[&D::Mat],
+        x: &D::Act,
+    ) -> Result<D::Act, EngineError> {
+        let dev = st.dev;
+        let (rows, h) = (x.rows(), st.hidden);
+        let routes = dev.router(&self.router, x, st.rule, None)?;
         if rows == 1 && dev.hints_wanted(st.experts) {
             for (d, r) in next.iter().enumerate() {
-                let guess = Self::guess(r, st.rule, &x)?;
-                st.experts.hint_ahead(d + 1, st.layer + d + 1, &guess);
+                let guess = dev.router(r, x, st.rule, None)?;
+                dev.hint_ahead(st.experts, d + 1, st.layer + d + 1, &guess)?;
             }
         }
-        let xa = HostAct::from_vec(rows, h, x)?;
         let mut out = dev.zeros(rows, h)?;
         let mut shared = None;
-        dev.moe_meanwhile(st.experts, st.layer, &xa, &routes, &mut out, &mut || {
-            let y = self.shared.forward(&dev, &xa, rows, h)?;
+        dev.moe_meanwhile(st.experts, st.layer, x, &routes, &mut out, &mut || {
+            let y = self.shared.forward(dev, x, rows, h)?;
             let mut gate = dev.zeros(rows, 1)?;
-            dev.linear(&mut gate, &self.shared_gate, &xa)?;
+            dev.linear(&mut gate, &self.shared_gate, x)?;
             shared = Some((y, gate));
             Ok(())
         })?;
@@ -452,29 +526,7 @@ impl Moe {
             reason: "the MoE step never ran it".to_string(),
         })?;
         dev.add_gated(&mut out, &y, &gate)?;
-        Ok(out.into_vec())
-    }
-
-    /// The experts `router` chooses for the one row `x`, strongest first
-    /// (a guess for the tier to read ahead).
-    fn guess(router: &Matrix, rule: &RouteRule, x: &[f32]) -> Result<Vec<usize>, EngineError> {
-        let logits = linear(router, x, 1)?;
-        Ok(crate::hint::ranked(route_row(rule, &logits, None)))
-    }
-
-    /// Each row's chosen experts by `router`.
-    fn route(
-        &self,
-        router: &Matrix,
-        rule: &RouteRule,
-        x: &[f32],
-        rows: usize,
-    ) -> Result<Vec<Vec<(usize, f32)>>, EngineError> {
-        let logits = linear(router, x, rows)?;
-        Ok(logits
-            .chunks_exact(rule.num_experts)
-            .map(|row| route_row(rule, row, None))
-            .collect())
+        Ok(out)
     }
 }
 

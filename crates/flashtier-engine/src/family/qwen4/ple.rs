@@ -25,12 +25,13 @@ use flashtier_format::widen::to_f32;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
-use crate::device::cpu::kernels::{dot, silu};
+use crate::device::hybrid::{ConvSpec, HybridOps};
+use crate::device::{Activation, Device};
 use crate::error::EngineError;
-use crate::matrix::Matrix;
+use crate::load::weights::Loader;
 
 use super::ngram::{NgramSpec, PleNgramHasher};
-use super::ops::{host_loader, linear, norm_groups, one_plus, sigmoid};
+use super::ops::one_plus;
 use super::rows::{LayerRows, PleRowOptions, PleRowStats, table_names, table_stem};
 
 /// One row shard of a PLE table.
@@ -42,24 +43,24 @@ struct Shard {
 }
 
 /// One PLE layer with its n-gram context and conv state.
-pub struct PleLayer {
+pub struct PleLayer<D: Device> {
     hasher: PleNgramHasher,
     shards: Vec<Shard>,
     row_dim: usize,
+    embed_dim: usize,
     streams: usize,
     hidden: usize,
     eps: f32,
-    key_proj: Matrix,
-    value_proj: Matrix,
-    norm_key: Vec<f32>,
-    norm_query: Vec<f32>,
-    norm_conv: Vec<f32>,
+    key_proj: D::Mat,
+    value_proj: D::Mat,
+    norm_key: D::Vector,
+    norm_query: D::Vector,
+    norm_conv: D::Vector,
     /// `[streams * hidden][kernel]`.
-    conv: Vec<f32>,
-    kernel: usize,
-    dilation: usize,
+    conv: D::Vector,
+    conv_spec: ConvSpec,
     /// The last `(kernel - 1) * dilation` normed gated values, oldest first.
-    conv_state: Vec<f32>,
+    conv_state: D::Act,
     /// Table rows read so far.
     pub rows_read: u64,
     /// The row store's shards, when rows come from it.
@@ -68,27 +69,27 @@ pub struct PleLayer {
     step_ids: Option<Vec<u64>>,
 }
 
-impl PleLayer {
+impl<D: HybridOps> PleLayer<D> {
     /// Load `{prefix}.ple.*` of the PLE layer of rank `rank`.
     pub fn load(
-        ckpt: &Checkpoint,
+        l: &Loader<'_, D>,
         cfg: &Qwen4Config,
         prefix: &str,
         rank: usize,
     ) -> Result<Self, EngineError> {
+        let ckpt = l.ckpt;
         let p = cfg
             .ple
             .as_ref()
             .ok_or_else(|| EngineError::config("ple_layer_ids", "missing"))?;
         let hasher = PleNgramHasher::new(NgramSpec::of_config(cfg.vocab_size, p), rank);
         check_hash_buffers(ckpt, &format!("{prefix}.ple.ple_embedding"), &hasher)?;
-        let l = host_loader(ckpt);
         let (h, hc) = (cfg.hidden_size, cfg.hc_count);
         let wide = h * hc;
         let pre = format!("{prefix}.ple");
-        let norm = |n: &str| {
-            l.vector(&format!("{pre}.{n}.weight"), &[wide])
-                .map(one_plus)
+        let norm = |n: &str| -> Result<D::Vector, EngineError> {
+            let w = ckpt.load_f32(&format!("{pre}.{n}.weight"), &[wide])?;
+            l.dev.vector(one_plus(w))
         };
         let shards = table_shards(
             ckpt,
@@ -97,21 +98,26 @@ impl PleLayer {
             p.row_dim(),
             hasher.rows(),
         )?;
+        let conv_spec = ConvSpec {
+            kernel: p.conv_kernel,
+            dilation: p.ngram_size,
+        };
+        let conv = ckpt.load_f32(&format!("{pre}.conv1d.weight"), &[wide, 1, p.conv_kernel])?;
         Ok(Self {
             shards,
             row_dim: p.row_dim(),
+            embed_dim: p.embed_dim,
             streams: hc,
             hidden: h,
             eps: cfg.rms_norm_eps,
-            key_proj: l.host_matrix(&format!("{pre}.key_proj.weight"), [wide, p.embed_dim])?,
-            value_proj: l.host_matrix(&format!("{pre}.value_proj.weight"), [h, p.embed_dim])?,
+            key_proj: l.matrix(&format!("{pre}.key_proj.weight"), [wide, p.embed_dim])?,
+            value_proj: l.matrix(&format!("{pre}.value_proj.weight"), [h, p.embed_dim])?,
             norm_key: norm("norm_key")?,
             norm_query: norm("norm_query")?,
             norm_conv: norm("norm_conv")?,
-            conv: ckpt.load_f32(&format!("{pre}.conv1d.weight"), &[wide, 1, p.conv_kernel])?,
-            kernel: p.conv_kernel,
-            dilation: p.ngram_size,
-            conv_state: vec![0.0; (p.conv_kernel - 1) * p.ngram_size * wide],
+            conv: l.dev.vector(conv)?,
+            conv_state: l.dev.zeros(conv_spec.state_rows(), wide)?,
+            conv_spec,
             rows_read: 0,
             hasher,
             rows: None,
@@ -168,9 +174,10 @@ impl PleLayer {
     }
 
     /// Forget the sequence.
-    pub fn reset(&mut self) {
+    pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
         self.hasher.reset();
-        self.conv_state.iter_mut().for_each(|v| *v = 0.0);
+        self.conv_state = dev.zeros(self.conv_state.rows(), self.conv_state.cols())?;
+        Ok(())
     }
 
     /// Where row `id` lives: shard tensor, byte offset, length, dtype.
@@ -205,8 +212,9 @@ impl PleLayer {
     /// Add the layer's injection for `tokens` into `x` (`rows x streams * hidden`).
     pub fn forward(
         &mut self,
+        dev: &D,
         ckpt: &Checkpoint,
-        x: &mut [f32],
+        x: &mut D::Act,
         tokens: &[u32],
     ) -> Result<(), EngineError> {
         let rows = tokens.len();
@@ -215,61 +223,33 @@ impl PleLayer {
             self.start_step(tokens)?;
         }
         let ids = self.step_ids.take().unwrap_or_default();
-        let e = self.gather(ckpt, &ids)?;
-        let key = norm_groups(
-            &linear(&self.key_proj, &e, rows)?,
-            &self.norm_key,
-            h,
-            self.eps,
+        let e = dev.upload(rows, self.embed_dim, &self.gather(ckpt, &ids)?)?;
+        let mut key_raw = dev.zeros(rows, wide)?;
+        dev.linear(&mut key_raw, &self.key_proj, &e)?;
+        let mut key = dev.zeros(rows, wide)?;
+        dev.rms_norm_wide(&mut key, &key_raw, &self.norm_key, h, self.eps)?;
+        let mut value = dev.zeros(rows, h)?;
+        dev.linear(&mut value, &self.value_proj, &e)?;
+        let mut query = dev.zeros(rows, wide)?;
+        dev.rms_norm_wide(&mut query, x, &self.norm_query, h, self.eps)?;
+        let mut gated = dev.zeros(rows, wide)?;
+        dev.ple_gate(&mut gated, (&key, &query), &value)?;
+        let mut normed = dev.zeros(rows, wide)?;
+        dev.rms_norm_wide(&mut normed, &gated, &self.norm_conv, h, self.eps)?;
+        let mut conv = dev.zeros(rows, wide)?;
+        dev.causal_conv(
+            &mut self.conv_state,
+            &normed,
+            &self.conv,
+            self.conv_spec,
+            &mut conv,
         )?;
-        let value = linear(&self.value_proj, &e, rows)?;
-        let query = norm_groups(x, &self.norm_query, h, self.eps)?;
-        let mut gated = vec![0f32; rows * wide];
-        for r in 0..rows {
-            for s in 0..self.streams {
-                let at = r * wide + s * h;
-                let g = dot(&key[at..at + h], &query[at..at + h]) / (h as f32).sqrt();
-                let g = g.abs().max(1e-6).sqrt() * sign(g);
-                let w = sigmoid(g);
-                for (o, v) in gated[at..at + h].iter_mut().zip(&value[r * h..(r + 1) * h]) {
-                    *o = w * v;
-                }
-            }
-        }
-        let normed = norm_groups(&gated, &self.norm_conv, h, self.eps)?;
-        let conv = self.short_conv(&normed, rows);
-        for ((xv, g), c) in x.iter_mut().zip(&gated).zip(&conv) {
-            *xv += g + c;
-        }
-        Ok(())
-    }
-
-    /// The dilated causal conv (SiLU) of `rows` new rows after the state.
-    fn short_conv(&mut self, input: &[f32], rows: usize) -> Vec<f32> {
-        let wide = self.hidden * self.streams;
-        let (k, dil) = (self.kernel, self.dilation);
-        let held = self.conv_state.len() / wide;
-        let mut hist = std::mem::take(&mut self.conv_state);
-        hist.extend_from_slice(input);
-        let mut out = vec![0f32; rows * wide];
-        for r in 0..rows {
-            let t = held + r;
-            for c in 0..wide {
-                let w = &self.conv[c * k..(c + 1) * k];
-                let mut acc = 0f32;
-                for (m, wm) in w.iter().enumerate() {
-                    let back = (k - 1 - m) * dil;
-                    acc += wm * hist[(t - back) * wide + c];
-                }
-                out[r * wide + c] = silu(acc);
-            }
-        }
-        self.conv_state = hist.split_off(hist.len() - held * wide);
-        out
+        // `x + (gated + conv)`, as the reference adds them.
+        dev.add(&mut gated, &conv)?;
+        dev.add(x, &gated)
     }
 }
 
-/// torch's sign: -1, 0 or 1.
 /// The shard holding row `id` and the row's index in it.
 fn locate_shard(shards: &[Shard], id: u64) -> Result<(usize, u64), EngineError> {
     shards
@@ -282,7 +262,7 @@ fn locate_shard(shards: &[Shard], id: u64) -> Result<(usize, u64), EngineError> 
         })
 }
 
-impl PleLayer {
+impl<D: Device> PleLayer<D> {
     /// [`Self::gather`] through the row store: each shard's rows looked up
     /// as one batch, put back in the order of `ids`.
     fn gather_from_store(&mut self, ids: &[u64]) -> Result<Vec<f32>, EngineError> {
@@ -314,16 +294,6 @@ impl PleLayer {
         }
         self.rows_read += ids.len() as u64;
         Ok(to_f32(&bytes, dtype))
-    }
-}
-
-fn sign(x: f32) -> f32 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
     }
 }
 
