@@ -239,14 +239,6 @@ pub enum EngineError {
     /// A row store (Qwen4-Exp's PLE tables) failed.
     #[error(transparent)]
     Rows(#[from] flashtier::rows::RowError),
-    /// The model family has no decoder on the device asked for.
-    #[error("{family} has no {device} decoder yet; run it with --device cpu (or auto)")]
-    NoDevicePath {
-        /// The family (`Qwen4-Exp`).
-        family: &'static str,
-        /// The device asked for (`cuda:0`).
-        device: String,
-    },
 }
 
 impl EngineError {

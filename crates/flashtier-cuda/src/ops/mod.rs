@@ -16,6 +16,9 @@
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
 //! - [`hint`]: asking L2 for weights a later kernel of the step reads.
+//! - [`hybrid`] and [`sparse`]: the operations of hybrid decoders
+//!   (Qwen4-Exp): stream mixers, the causal convolution, the gated delta
+//!   rule, and sparse attention over the blocks an indexer keeps.
 //!
 //! Kernels that wait on their predecessor themselves (`pdl_wait`, listed
 //! in the kernel table) may start early inside a recorded step's graph
@@ -30,11 +33,13 @@ pub mod dense;
 pub mod experts;
 pub mod gemm;
 pub mod hint;
+pub mod hybrid;
 pub mod mma;
 pub mod moe;
 pub mod norm;
 pub mod pick;
 pub mod route;
+pub mod sparse;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,7 +74,9 @@ pub const DECODE_SRC: &str = concat!(
     "\n",
     include_str!("../kernels/decode/attend.cu"),
     "\n",
-    include_str!("../kernels/decode/prompt_attn.cu")
+    include_str!("../kernels/decode/prompt_attn.cu"),
+    "\n",
+    include_str!("../kernels/decode/hybrid.cu")
 );
 
 /// Rows one matrix-vector pass reads the weights for.
@@ -144,6 +151,20 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("attn_prompt_64", true),
     ("attn_prompt_128", true),
     ("attn_prompt_256", true),
+    ("zero_fill", true),
+    ("rms_norm_wide", true),
+    ("hy_map", true),
+    ("mul_sigmoid", true),
+    ("hc_mix", true),
+    ("hc_inject", true),
+    ("causal_conv", true),
+    ("gated_delta", true),
+    ("gated_norm", true),
+    ("ple_gate", true),
+    ("sparse_append", true),
+    ("sparse_block_keys", true),
+    ("sparse_select", true),
+    ("sparse_attend", true),
     ("read_words", false),
 ];
 

@@ -122,6 +122,12 @@ pub trait HybridOps: Device {
     /// A sparse-attention layer's cache.
     type Sparse: SparseState;
 
+    /// A zeroed `rows x cols` state (a convolution's history, the delta
+    /// rule's matrices). Unlike [`Device::zeros`], whose buffers a device
+    /// may recycle for outputs that are written whole, this one is zeroed
+    /// on every device.
+    fn state(&self, rows: usize, cols: usize) -> Result<Self::Act, EngineError>;
+
     /// `rows x cols` from row-major host values (a step's PLE rows).
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Act, EngineError>;
 

@@ -195,25 +195,37 @@ fn open_qwen4(
     gpu: &GpuOptions,
     rows: Option<&PleRowOptions>,
 ) -> Result<(Engine, Chosen), EngineError> {
-    let _ = gpu;
-    let fallback = match placement {
-        Placement::Cpu => None,
-        Placement::Cuda(n) => {
-            return Err(EngineError::NoDevicePath {
-                family: "Qwen4-Exp",
-                device: format!("cuda:{n}"),
-            });
-        }
-        Placement::Auto => Some("Qwen4-Exp has no GPU decoder yet".to_string()),
+    let (dev, fallback) = match placement {
+        Placement::Cpu => (None, None),
+        Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),
+        Placement::Auto => match CudaDevice::open(0) {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
     };
-    crate::device::cpu::isa::Isa::configured()?;
-    let m = crate::family::qwen4::Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
+    let Some(dev) = dev else {
+        crate::device::cpu::isa::Isa::configured()?;
+        let m = crate::family::qwen4::Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
+        let chosen = Chosen {
+            device: "cpu",
+            gpu_name: None,
+            fallback,
+        };
+        return Ok((Engine::Qwen4(Box::new(Qwen4Engine::Cpu(m))), chosen));
+    };
+    let cfg = Qwen4Config::from_json(ckpt.source().config())?;
+    let scope = cfg.field_scope();
+    let name = dev.gpu().info().name.clone();
+    crate::load::check_fits(&dev, &ckpt, store, gpu)?;
+    let experts = cuda_experts(&dev, &cfg.expert_view(), &ckpt, store, opts, gpu)?;
+    let m = crate::family::qwen4::Qwen4Model::with_experts(dev, ckpt, cfg, experts, rows)
+        .map_err(|e| crate::config::qwen4::in_scope(e, scope))?;
     let chosen = Chosen {
-        device: "cpu",
-        gpu_name: None,
-        fallback,
+        device: "cuda",
+        gpu_name: Some(name),
+        fallback: None,
     };
-    Ok((Engine::Qwen4(Box::new(Qwen4Engine::Cpu(m))), chosen))
+    Ok((Engine::Qwen4(Box::new(Qwen4Engine::Cuda(m))), chosen))
 }
 
 impl Engine {

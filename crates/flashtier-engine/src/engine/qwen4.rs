@@ -9,21 +9,29 @@
 
 use crate::config::qwen4::Qwen4Config;
 use crate::device::cpu::CpuDevice;
+use crate::device::cuda::CudaDevice;
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
 use crate::family::qwen4::{PleRowStats, Qwen4Model};
 use crate::model::{Decoder, Generation, Head, greedy};
 
 /// A Qwen4-Exp model on its device.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "held boxed ([`crate::engine::Engine::Qwen4`]); one model per engine"
+)]
 pub enum Qwen4Engine {
     /// On the CPU.
     Cpu(Qwen4Model<CpuDevice>),
+    /// On a GPU.
+    Cuda(Qwen4Model<CudaDevice>),
 }
 
 impl std::fmt::Debug for Qwen4Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Cpu(m) => m.fmt(f),
+            Self::Cuda(m) => m.fmt(f),
         }
     }
 }
@@ -33,6 +41,7 @@ macro_rules! each {
     ($self:expr, $m:ident => $body:expr) => {
         match $self {
             Qwen4Engine::Cpu($m) => $body,
+            Qwen4Engine::Cuda($m) => $body,
         }
     };
 }
@@ -47,6 +56,7 @@ impl Qwen4Engine {
     pub fn device_name(&self) -> &'static str {
         match self {
             Self::Cpu(_) => "cpu",
+            Self::Cuda(_) => "cuda",
         }
     }
 
@@ -87,6 +97,7 @@ impl Qwen4Engine {
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
         match self {
             Self::Cpu(m) => rayon::scope(|_| m.forward(tokens, all_logits)),
+            Self::Cuda(m) => m.forward(tokens, all_logits),
         }
     }
 
@@ -106,6 +117,7 @@ impl Qwen4Engine {
             Self::Cpu(m) => {
                 rayon::scope(|_| greedy(m, prompt, max_new, stop_ids, keep_prompt_logits, on_token))
             }
+            Self::Cuda(m) => greedy(m, prompt, max_new, stop_ids, keep_prompt_logits, on_token),
         }
     }
 }

@@ -158,12 +158,13 @@ impl Default for GpuOptions {
 }
 
 /// Bytes of the checkpoint's tensors that stay resident (every tensor but
-/// the routed experts', which the store serves).
+/// the routed experts', which the store serves, and Qwen4-Exp's n-gram row
+/// tables, read a step's rows at a time).
 pub fn resident_weight_bytes(ckpt: &Checkpoint) -> u64 {
     ckpt.source()
         .tensors()
         .iter()
-        .filter(|(name, _)| !is_routed_expert_tensor(name))
+        .filter(|(name, _)| !is_routed_expert_tensor(name) && !is_row_table(name))
         .map(|(_, t)| t.len_bytes)
         .sum()
 }

@@ -79,7 +79,7 @@ pub struct Args {
     pub keep: bool,
     /// Model family: qwen3_moe | qwen2_moe | mixtral | deepseek |
     /// qwen4_exp (Qwen4-Exp: 512 experts and PLE n-gram tables, both
-    /// streamed; BF16, CPU only).
+    /// streamed; BF16).
     #[arg(long, default_value = "qwen3_moe")]
     pub arch: DemoArch,
     /// Qwen4-Exp: the row-cache budget as a percentage of the PLE tables.

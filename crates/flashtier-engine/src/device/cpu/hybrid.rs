@@ -6,6 +6,7 @@
 
 use super::kernels::{apply_rope, dot, rms_norm, rope_angles, silu, softmax};
 use super::{CpuDevice, HostAct, HostRope, shape_err};
+use crate::device::Device;
 use crate::device::hybrid::{ConvSpec, DeltaSpec, HybridOps, Map, SparseSpec, SparseState};
 use crate::error::EngineError;
 
@@ -160,6 +161,10 @@ fn check_sparse(spec: &SparseSpec) -> Result<(), EngineError> {
 
 impl HybridOps for CpuDevice {
     type Sparse = HostSparse;
+
+    fn state(&self, rows: usize, cols: usize) -> Result<HostAct, EngineError> {
+        self.zeros(rows, cols)
+    }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<HostAct, EngineError> {
         HostAct::from_vec(rows, cols, data.to_vec())

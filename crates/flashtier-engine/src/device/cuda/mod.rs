@@ -35,6 +35,7 @@
 //! on a stop token is undone: the KV cache takes its position back).
 
 pub mod experts;
+mod hybrid;
 pub mod kv;
 mod moe;
 pub mod profile;

@@ -70,8 +70,8 @@ impl<D: HybridOps> GatedDeltaNet<D> {
             norm: l.vector(&format!("{p}.norm.weight"), &[s.v_dim])?,
             eps: cfg.rms_norm_eps,
             hidden: h,
-            conv_state: dev.zeros(s.conv_kernel.saturating_sub(1), conv_dim)?,
-            state: dev.zeros(s.v_heads, s.k_dim * s.v_dim)?,
+            conv_state: dev.state(s.conv_kernel.saturating_sub(1), conv_dim)?,
+            state: dev.state(s.v_heads, s.k_dim * s.v_dim)?,
             shape: s,
             drop_conv_state: false,
         })
@@ -79,8 +79,8 @@ impl<D: HybridOps> GatedDeltaNet<D> {
 
     /// Forget the sequence.
     pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
-        self.conv_state = dev.zeros(self.conv_state.rows(), self.conv_state.cols())?;
-        self.state = dev.zeros(self.state.rows(), self.state.cols())?;
+        self.conv_state = dev.state(self.conv_state.rows(), self.conv_state.cols())?;
+        self.state = dev.state(self.state.rows(), self.state.cols())?;
         Ok(())
     }
 
@@ -110,7 +110,7 @@ impl<D: HybridOps> GatedDeltaNet<D> {
             for r in 0..rows {
                 let mut one = dev.zeros(1, conv_dim)?;
                 dev.copy_rows(&mut one, 0, &qkv, r, 1)?;
-                let mut state = dev.zeros(self.conv_state.rows(), conv_dim)?;
+                let mut state = dev.state(self.conv_state.rows(), conv_dim)?;
                 let mut y = dev.zeros(1, conv_dim)?;
                 dev.causal_conv(&mut state, &one, &self.conv, conv, &mut y)?;
                 dev.copy_rows(&mut mixed, r, &y, 0, 1)?;

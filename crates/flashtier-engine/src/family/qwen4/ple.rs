@@ -116,7 +116,7 @@ impl<D: HybridOps> PleLayer<D> {
             norm_query: norm("norm_query")?,
             norm_conv: norm("norm_conv")?,
             conv: l.dev.vector(conv)?,
-            conv_state: l.dev.zeros(conv_spec.state_rows(), wide)?,
+            conv_state: l.dev.state(conv_spec.state_rows(), wide)?,
             conv_spec,
             rows_read: 0,
             hasher,
@@ -176,7 +176,7 @@ impl<D: HybridOps> PleLayer<D> {
     /// Forget the sequence.
     pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
         self.hasher.reset();
-        self.conv_state = dev.zeros(self.conv_state.rows(), self.conv_state.cols())?;
+        self.conv_state = dev.state(self.conv_state.rows(), self.conv_state.cols())?;
         Ok(())
     }
 
