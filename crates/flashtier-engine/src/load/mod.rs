@@ -220,6 +220,17 @@ pub fn qwen4_weight_bytes_per_token(cfg: &Qwen4Config, ckpt: &Checkpoint) -> u64
     weight_bytes_per_token(&cfg.expert_view(), ckpt).saturating_add(rows.saturating_mul(row_bytes))
 }
 
+/// Bytes of Qwen4-Exp's n-gram row tables in the checkpoint (0 for other
+/// models): the row store's cache holds every row at this budget.
+pub fn row_table_bytes(ckpt: &Checkpoint) -> u64 {
+    ckpt.source()
+        .tensors()
+        .iter()
+        .filter(|(name, _)| is_row_table(name))
+        .map(|(_, t)| t.len_bytes)
+        .sum()
+}
+
 /// Whether `name` is one of Qwen4-Exp's n-gram row tables
 /// (`...ngram_embedding.shard_K.weight`, or unsplit `...ngram_embedding.weight`).
 fn is_row_table(name: &str) -> bool {

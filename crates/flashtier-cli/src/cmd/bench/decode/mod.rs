@@ -25,11 +25,15 @@
 //! checkpoint (fully on the GPU, and offloaded with accelerate under the
 //! same GPU budget as `ram`), and the report gives the speed-ups.
 //!
+//! A Qwen4-Exp checkpoint runs the resident mode only, with its PLE rows
+//! cached ([`qwen4`]).
+//!
 //! Files: `measure.rs` (the limits and bounds the runs are held against),
 //! `report.rs` (the runs, transformers' runs, the speed-ups, the output).
 
 mod kv;
 mod measure;
+mod qwen4;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -38,6 +42,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use flashtier_engine::Model;
 use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::config::qwen4::Qwen4Config;
 use flashtier_engine::device::KvState;
 use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::engine::Placement;
@@ -165,6 +170,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let store = store_path(&args);
     let opened = Store::open(&store).with_context(|| format!("opening {}", store.display()))?;
     let ckpt = Checkpoint::open(&args.model)?;
+    if Qwen4Config::is_qwen4(ckpt.source().config()) {
+        return qwen4::run(&args, &store, show);
+    }
     let weights = resident_weight_bytes(&ckpt);
     drop(ckpt);
     let dev = CudaDevice::open(0).context("bench decode needs a GPU")?;

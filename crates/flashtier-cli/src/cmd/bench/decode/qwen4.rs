@@ -1,0 +1,141 @@
+//! `bench decode` on a Qwen4-Exp checkpoint: its resident decode on the
+//! GPU against the HBM read bound measured in the same run.
+//!
+//! Every expert sits in HBM and every PLE row in the row store's RAM cache
+//! (a first pass over the same prompt and tokens reads them; the timed
+//! pass repeats it, so no row is read from the drive). The bound is the
+//! weight bytes one token reads (the resident weights, one embedding row,
+//! its top-k experts of every layer and its PLE rows) over the HBM read
+//! bandwidth; the fraction is the measured step time against it. The
+//! streamed tiers (experts and rows from the drive) are measured by
+//! `flashtier demo --arch qwen4_exp`, which holds both tiers' reads against
+//! the drive in the same run.
+
+use std::path::Path;
+
+use anyhow::Context;
+use flashtier_engine::checkpoint::Checkpoint;
+use flashtier_engine::device::cuda::CudaDevice;
+use flashtier_engine::engine::{Engine, Placement};
+use flashtier_engine::load::row_table_bytes;
+use flashtier_pack::session::{RowStore, SessionOptions, StoreSource};
+use serde::Serialize;
+
+use super::measure::{Limits, measure_limits};
+use super::{Args, prompt};
+
+/// What `bench decode` measured on a Qwen4-Exp checkpoint.
+#[derive(Debug, Serialize)]
+struct Qwen4Report {
+    family: &'static str,
+    limits: Limits,
+    layers: usize,
+    experts: usize,
+    top_k: usize,
+    /// Weight bytes one decode token reads.
+    bytes_per_token: u64,
+    tokens: usize,
+    tokens_per_sec: f64,
+    /// `bytes_per_token / hbm_read_bytes_per_sec` over the measured step.
+    roofline_fraction: f64,
+    expert_hit_rate: f64,
+    row_hit_rate: Option<f64>,
+    prefill_tokens: usize,
+    prefill_tokens_per_sec: Option<f64>,
+}
+
+/// The Qwen4-Exp run of `bench decode` (its `resident` mode).
+pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
+    let dev = CudaDevice::open(0).context("bench decode needs a GPU")?;
+    let limits = measure_limits(&dev)?;
+    drop(dev);
+    let tables = row_table_bytes(&Checkpoint::open(&args.model)?);
+    let mut opts = SessionOptions::new(&args.model);
+    opts.store = StoreSource::File(store.to_path_buf());
+    opts.placement = Placement::Cuda(0);
+    opts.queue_depth = args.queue_depth;
+    opts.rows = Some(RowStore {
+        budget_bytes: tables,
+        dir: None,
+    });
+    if show {
+        eprintln!(
+            "loading Qwen4-Exp: every expert in HBM, {:.2} GiB of PLE rows cached",
+            tables as f64 / f64::from(1u32 << 30)
+        );
+    }
+    let session = opts.open(&|_| {})?;
+    let bytes_per_token = session.weight_bytes_per_token;
+    let Engine::Qwen4(mut m) = session.engine else {
+        anyhow::bail!("{} is not a Qwen4-Exp checkpoint", args.model.display());
+    };
+    let cfg = m.config().clone();
+    let p = prompt(args.prompt_len, cfg.vocab_size);
+    // The first pass reads the rows into the cache; the second is timed.
+    m.generate(&p, args.tokens, &[], false, |_| {})?;
+    m.reset()?;
+    let out = m.generate(&p, args.tokens, &[], false, |_| {})?;
+    let tokens_per_sec = out.tokens_per_sec();
+    let roofline_fraction =
+        bytes_per_token as f64 * tokens_per_sec / limits.hbm_read_bytes_per_sec.max(1.0);
+    let row_hit_rate = out
+        .decode_rows
+        .map(|r| r.hits as f64 / r.lookups.max(1) as f64);
+    let prefill_tokens_per_sec = if args.prefill > 0 {
+        m.reset()?;
+        let long = prompt(args.prefill, cfg.vocab_size);
+        let o = m.generate(&long, 0, &[], false, |_| {})?;
+        Some(long.len() as f64 / o.prefill_secs.max(1e-9))
+    } else {
+        None
+    };
+    let r = Qwen4Report {
+        family: "qwen4_exp",
+        limits,
+        layers: cfg.layers.len(),
+        experts: cfg.num_experts,
+        top_k: cfg.top_k,
+        bytes_per_token,
+        tokens: out.generated_ids.len(),
+        tokens_per_sec,
+        roofline_fraction,
+        expert_hit_rate: out.decode_experts.hit_rate(),
+        row_hit_rate,
+        prefill_tokens: args.prefill,
+        prefill_tokens_per_sec,
+    };
+    emit(args, &r)
+}
+
+fn emit(args: &Args, r: &Qwen4Report) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(r)?;
+    if let Some(path) = &args.json_out {
+        flashtier_io::persist::write_file(path, text.as_bytes(), flashtier_io::Wait::Block)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "{}: HBM read {:.0} GB/s",
+        r.limits.gpu,
+        r.limits.hbm_read_bytes_per_sec / 1e9
+    );
+    println!(
+        "qwen4_exp resident ({} layers, {} experts, top-{}): {:.1} tok/s, {:.1} MB read/token, \
+         {:.1}% of the HBM roofline, expert hit rate {:.3}, row hit rate {}",
+        r.layers,
+        r.experts,
+        r.top_k,
+        r.tokens_per_sec,
+        r.bytes_per_token as f64 / 1e6,
+        100.0 * r.roofline_fraction,
+        r.expert_hit_rate,
+        r.row_hit_rate.map_or("-".to_owned(), |h| format!("{h:.3}"))
+    );
+    if let Some(p) = r.prefill_tokens_per_sec {
+        println!("prefill of {} tokens: {p:.0} tok/s", r.prefill_tokens);
+    }
+    Ok(())
+}
