@@ -349,6 +349,18 @@ impl<D: HybridOps> Qwen4Model<D> {
             crate::model::PREFILL_CHUNK,
         )?;
         let dev = &self.dev;
+        // Every expert resident: the device may record a one-token step's
+        // launches (the GPU does), so every PLE layer's rows are read and
+        // copied to it before the first kernel, not in the middle.
+        let landed = n == 1 && !dev.hints_wanted(&self.experts);
+        if landed {
+            for p in self.layers.iter_mut().filter_map(|l| l.ple.as_mut()) {
+                p.start_step(tokens)?;
+            }
+            for p in self.layers.iter_mut().filter_map(|l| l.ple.as_mut()) {
+                p.land(dev, &self.ckpt, tokens)?;
+            }
+        }
         let mut e = dev.zeros(n, h)?;
         dev.embed(&mut e, &self.embed, tokens)?;
         let mut x = dev.zeros(n, hc * h)?;
@@ -375,8 +387,8 @@ impl<D: HybridOps> Qwen4Model<D> {
             }
         }
         // Every PLE layer's rows are known now: start all their reads.
-        for l in &mut self.layers {
-            if let Some(p) = &mut l.ple {
+        if !landed {
+            for p in self.layers.iter_mut().filter_map(|l| l.ple.as_mut()) {
                 p.start_step(tokens)?;
             }
         }

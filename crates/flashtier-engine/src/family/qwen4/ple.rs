@@ -67,6 +67,9 @@ pub struct PleLayer<D: Device> {
     rows: Option<LayerRows>,
     /// This step's ids, computed before the layers run ([`Self::start_step`]).
     step_ids: Option<Vec<u64>>,
+    /// This step's rows on the device, when they were landed before the
+    /// step's first kernel ([`Self::land`]).
+    landed: Option<D::Act>,
 }
 
 impl<D: HybridOps> PleLayer<D> {
@@ -122,6 +125,7 @@ impl<D: HybridOps> PleLayer<D> {
             hasher,
             rows: None,
             step_ids: None,
+            landed: None,
         })
     }
 
@@ -176,6 +180,8 @@ impl<D: HybridOps> PleLayer<D> {
     /// Forget the sequence.
     pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
         self.hasher.reset();
+        self.step_ids = None;
+        self.landed = None;
         self.conv_state = dev.state(self.conv_state.rows(), self.conv_state.cols())?;
         Ok(())
     }
@@ -209,6 +215,36 @@ impl<D: HybridOps> PleLayer<D> {
         Ok(out)
     }
 
+    /// Read this step's rows (the reads [`Self::start_step`] started) and
+    /// copy them to the device now, before the step's first kernel: a
+    /// device that records a step's launches (the GPU, with every expert
+    /// resident) then has no copy in the middle of the recording. The same
+    /// bytes as read in [`Self::forward`], so the same output.
+    pub(crate) fn land(
+        &mut self,
+        dev: &D,
+        ckpt: &Checkpoint,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        self.landed = Some(self.rows_on(dev, ckpt, tokens)?);
+        Ok(())
+    }
+
+    /// This step's rows (`tokens.len() x embed_dim`) on the device.
+    fn rows_on(
+        &mut self,
+        dev: &D,
+        ckpt: &Checkpoint,
+        tokens: &[u32],
+    ) -> Result<D::Act, EngineError> {
+        if self.step_ids.is_none() {
+            self.start_step(tokens)?;
+        }
+        let ids = self.step_ids.take().unwrap_or_default();
+        let rows = self.gather(ckpt, &ids)?;
+        dev.upload(tokens.len(), self.embed_dim, &rows)
+    }
+
     /// Add the layer's injection for `tokens` into `x` (`rows x streams * hidden`).
     pub fn forward(
         &mut self,
@@ -219,11 +255,10 @@ impl<D: HybridOps> PleLayer<D> {
     ) -> Result<(), EngineError> {
         let rows = tokens.len();
         let (h, wide) = (self.hidden, self.hidden * self.streams);
-        if self.step_ids.is_none() {
-            self.start_step(tokens)?;
-        }
-        let ids = self.step_ids.take().unwrap_or_default();
-        let e = dev.upload(rows, self.embed_dim, &self.gather(ckpt, &ids)?)?;
+        let e = match self.landed.take() {
+            Some(e) => e,
+            None => self.rows_on(dev, ckpt, tokens)?,
+        };
         let mut key_raw = dev.zeros(rows, wide)?;
         dev.linear(&mut key_raw, &self.key_proj, &e)?;
         let mut key = dev.zeros(rows, wide)?;
