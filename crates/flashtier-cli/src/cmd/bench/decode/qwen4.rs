@@ -22,6 +22,7 @@ use flashtier_pack::session::{RowStore, SessionOptions, StoreSource};
 use serde::Serialize;
 
 use super::measure::{Limits, measure_limits};
+use super::report::emit_json;
 use super::{Args, prompt};
 
 /// What `bench decode` measured on a Qwen4-Exp checkpoint.
@@ -108,13 +109,7 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
 }
 
 fn emit(args: &Args, r: &Qwen4Report) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(r)?;
-    if let Some(path) = &args.json_out {
-        flashtier_io::persist::write_file(path, text.as_bytes(), flashtier_io::Wait::Block)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if args.json {
-        println!("{text}");
+    if emit_json(args, r)? {
         return Ok(());
     }
     println!(

@@ -194,7 +194,9 @@ fn speedups_of(
     })
 }
 
-pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
+/// Write `r` as JSON to `--json-out`, and print it with `--json`; whether
+/// it was printed (the text report is then left out).
+pub(super) fn emit_json(args: &Args, r: &impl Serialize) -> anyhow::Result<bool> {
     let text = serde_json::to_string_pretty(r)?;
     if let Some(path) = &args.json_out {
         flashtier_io::persist::write_file(path, text.as_bytes(), flashtier_io::Wait::Block)
@@ -202,6 +204,12 @@ pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
     }
     if args.json {
         println!("{text}");
+    }
+    Ok(args.json)
+}
+
+pub(super) fn emit(args: &Args, r: &Report) -> anyhow::Result<()> {
+    if emit_json(args, r)? {
         return Ok(());
     }
     let gb = |b: f64| b / 1e9;
