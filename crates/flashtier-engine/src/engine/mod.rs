@@ -146,14 +146,7 @@ pub fn open_checkpoint(
         ));
     }
     let cfg = ModelConfig::from_json(ckpt.source().config())?;
-    let (dev, fallback) = match placement {
-        Placement::Cpu => (None, None),
-        Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),
-        Placement::Auto => match CudaDevice::open(0) {
-            Ok(d) => (Some(d), None),
-            Err(e) => (None, Some(e.to_string())),
-        },
-    };
+    let (dev, fallback) = gpu_for(placement)?;
     match dev {
         Some(dev) => {
             dev.set_kv_budget(gpu.kv.clone());
@@ -185,6 +178,19 @@ pub fn open_checkpoint(
     }
 }
 
+/// The GPU `placement` names (`auto`: GPU 0 when there is one), or why
+/// `auto` stays on the CPU.
+fn gpu_for(placement: Placement) -> Result<(Option<CudaDevice>, Option<String>), EngineError> {
+    Ok(match placement {
+        Placement::Cpu => (None, None),
+        Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),
+        Placement::Auto => match CudaDevice::open(0) {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+    })
+}
+
 /// Qwen4-Exp on the device `placement` names (`auto`: the GPU when there
 /// is one, else the CPU, saying why).
 fn open_qwen4(
@@ -195,14 +201,7 @@ fn open_qwen4(
     gpu: &GpuOptions,
     rows: Option<&PleRowOptions>,
 ) -> Result<(Engine, Chosen), EngineError> {
-    let (dev, fallback) = match placement {
-        Placement::Cpu => (None, None),
-        Placement::Cuda(n) => (Some(CudaDevice::open(n)?), None),
-        Placement::Auto => match CudaDevice::open(0) {
-            Ok(d) => (Some(d), None),
-            Err(e) => (None, Some(e.to_string())),
-        },
-    };
+    let (dev, fallback) = gpu_for(placement)?;
     let Some(dev) = dev else {
         crate::device::cpu::isa::Isa::configured()?;
         let m = crate::family::qwen4::Qwen4Model::from_checkpoint(ckpt, store, opts, rows)?;
