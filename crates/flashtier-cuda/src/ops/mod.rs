@@ -415,7 +415,48 @@ pub(crate) fn blocks_cfg(x: usize, y: usize) -> Result<LaunchConfig, CudaError> 
 
 #[cfg(test)]
 mod tests {
-    use super::{DECODE_SRC, KERNELS};
+    use super::{DECODE_SRC, KERNELS, Tuning};
+
+    /// Every kernel source compiles with NVRTC alone, no GPU needed, for
+    /// Hopper (the H100 and H200 the engine is measured on) and Ampere, at
+    /// the default knobs and at the other extremes of the compiled-in ones:
+    /// a CPU-only CI then catches a kernel that does not compile (`.ci/run`
+    /// installs NVIDIA's NVRTC wheel for this). Skips, saying so, where
+    /// libnvrtc is absent.
+    #[test]
+    fn kernel_sources_compile_without_a_gpu() {
+        if !crate::nvrtc_present() {
+            flashtier_io::skip::notice(
+                "kernel_sources_compile_without_a_gpu",
+                "no NVRTC: libnvrtc could not be loaded (pip install nvidia-cuda-nvrtc, then put its \
+                 lib folder on LD_LIBRARY_PATH)",
+            );
+            return;
+        }
+        let other = Tuning {
+            stream_weights: false,
+            gemv_loads: 1,
+            attn_ahead: 8,
+            down_rows: 16,
+            mma_bk: 32,
+            ..Tuning::default()
+        };
+        let names: Vec<&str> = KERNELS.iter().map(|k| k.0).collect();
+        for arch in ["sm_90", "sm_80"] {
+            for t in [Tuning::default(), other] {
+                let cubin = crate::nvrtc::compile_cubin("decode", DECODE_SRC, arch, &t.defines())
+                    .unwrap_or_else(|e| panic!("{arch} {t:?}: {e}"));
+                for name in &names {
+                    assert!(
+                        cubin.log.contains(&format!("'{name}'")),
+                        "{arch}: kernel {name} is not in the compiled module"
+                    );
+                }
+            }
+            crate::nvrtc::compile_cubin("util", crate::nvrtc::UTIL_SRC, arch, &[])
+                .unwrap_or_else(|e| panic!("{arch} util: {e}"));
+        }
+    }
 
     /// Every kernel the table says waits calls `pdl_enter` itself or
     /// through the helper its body runs; only the bandwidth probe does not
