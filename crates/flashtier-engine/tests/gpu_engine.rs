@@ -12,38 +12,15 @@
 mod common;
 
 use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::device::cuda::experts::TierBudgets;
-use flashtier_engine::load::{GpuOptions, LoadOptions, load_cpu, load_cuda};
+use flashtier_engine::load::{LoadOptions, load_cpu, load_cuda};
 use flashtier_engine::{Generation, Model};
 
-use common::{fixture, max_abs_diff, pack, reference};
+use common::{fixture, gpu_opts, gpu_or_skip, max_abs_diff, pack, reference};
 
 const NEW_TOKENS: usize = 8;
 /// The GPU's bound against transformers' f32 logits (f32 activations and
 /// accumulation; the reduction order differs from the CPU's).
 const MAX_ABS_ERR: f32 = 2e-3;
-
-fn gpu_or_skip(test: &str) -> bool {
-    match CudaDevice::open(0) {
-        Ok(_) => true,
-        Err(e) => {
-            flashtier_io::skip::notice(test, &e.to_string());
-            false
-        }
-    }
-}
-
-fn gpu_opts(hbm: Option<u64>, ram: u64, in_place: bool) -> GpuOptions {
-    GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: hbm,
-            ram_bytes: ram,
-            in_place,
-        },
-    }
-}
 
 fn generate(m: &mut Model<CudaDevice>, prompt: &[u32]) -> Generation {
     m.generate(prompt, NEW_TOKENS, &[], true, |_| {}).unwrap()

@@ -14,19 +14,9 @@ mod common;
 use flashtier_engine::Model;
 use flashtier_engine::device::cuda::CudaDevice;
 
-use common::two_resident_gpu_models;
+use common::{gpu_or_skip, two_resident_gpu_models};
 
 const STEPS: usize = 12;
-
-fn gpu_or_skip(test: &str) -> bool {
-    match CudaDevice::open(0) {
-        Ok(_) => true,
-        Err(e) => {
-            flashtier_io::skip::notice(test, &e.to_string());
-            false
-        }
-    }
-}
 
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

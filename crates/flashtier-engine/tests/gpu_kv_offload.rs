@@ -19,7 +19,7 @@ use flashtier_engine::device::cuda::kv::KvBudget;
 use flashtier_engine::load::{GpuOptions, LoadOptions, load_cuda};
 use flashtier_engine::{EngineError, Model};
 
-use common::{fixture, pack};
+use common::{fixture, gpu_or_skip, pack};
 
 /// Prompt tokens: the first step is FIRST tokens, then chunks of 256, so
 /// prompt steps cross KV chunk boundaries.
@@ -27,16 +27,6 @@ const PROMPT: usize = 1000;
 const FIRST: usize = 100;
 /// Decode steps: from position 1000 past the chunk boundary at 1024.
 const STEPS: usize = 40;
-
-fn gpu_or_skip(test: &str) -> bool {
-    match CudaDevice::open(0) {
-        Ok(_) => true,
-        Err(e) => {
-            flashtier_io::skip::notice(test, &e.to_string());
-            false
-        }
-    }
-}
 
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

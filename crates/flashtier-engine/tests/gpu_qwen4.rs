@@ -15,40 +15,16 @@ mod common;
 use std::path::Path;
 
 use flashtier_engine::Generation;
-use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::device::cuda::experts::TierBudgets;
 use flashtier_engine::engine::{Engine, Placement, open_with_rows};
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{GpuOptions, LoadOptions};
 
-use common::{fixture, max_abs_diff, pack, reference};
+use common::{fixture, gpu_opts, gpu_or_skip, max_abs_diff, pack, reference};
 
 const NEW_TOKENS: usize = 8;
 /// The bound against transformers' f32 logits (f32 activations, states and
 /// accumulation on the GPU; sums in other orders than the CPU's).
 const MAX_ABS_ERR: f32 = 1e-3;
-
-fn gpu_or_skip(test: &str) -> bool {
-    match CudaDevice::open(0) {
-        Ok(_) => true,
-        Err(e) => {
-            flashtier_io::skip::notice(test, &e.to_string());
-            false
-        }
-    }
-}
-
-fn gpu_opts(hbm: Option<u64>, ram: u64) -> GpuOptions {
-    GpuOptions {
-        kv: None,
-        ordinal: 0,
-        budgets: TierBudgets {
-            hbm_bytes: hbm,
-            ram_bytes: ram,
-            in_place: false,
-        },
-    }
-}
 
 /// Open `dir` on `placement` and decode the fixture's prompt.
 fn decode(
@@ -79,7 +55,7 @@ fn check(name: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let report = pack(&dir, tmp.path());
     let store = report.out.clone();
-    let all_gpu = gpu_opts(None, 0);
+    let all_gpu = gpu_opts(None, 0, false);
     let (cpu, _) = decode(&dir, &store, Placement::Cpu, &all_gpu, None);
     let (out, _) = decode(&dir, &store, Placement::Cuda(0), &all_gpu, None);
     let worst = max_abs_diff(&out.prompt_logits, &r.logits);
@@ -108,7 +84,13 @@ fn check(name: &str) {
         (Some(stride * top_k), 0),
         (Some(stride * top_k), all),
     ] {
-        let (o, e) = decode(&dir, &store, Placement::Cuda(0), &gpu_opts(hbm, ram), None);
+        let (o, e) = decode(
+            &dir,
+            &store,
+            Placement::Cuda(0),
+            &gpu_opts(hbm, ram, false),
+            None,
+        );
         let what = format!("{name} hbm {hbm:?} ram {ram}");
         assert_eq!(o.generated_ids, out.generated_ids, "{what}: tokens changed");
         assert_eq!(o.prompt_logits, out.prompt_logits, "{what}: logits changed");
@@ -172,7 +154,7 @@ fn steps_of_any_size_carry_the_states() {
         &store,
         &opts,
         Placement::Cuda(0),
-        &gpu_opts(None, 0),
+        &gpu_opts(None, 0, false),
         None,
     )
     .unwrap();

@@ -20,6 +20,31 @@ use flashtier_engine::{EngineError, Generation, Model};
 use flashtier_pack::pack::{PackOptions, PackReport, pack_experts};
 use serde_json::Value;
 
+/// Whether GPU 0 opens; where it does not, prints why `test` is skipped.
+pub fn gpu_or_skip(test: &str) -> bool {
+    match CudaDevice::open(0) {
+        Ok(_) => true,
+        Err(e) => {
+            flashtier_io::skip::notice(test, &e.to_string());
+            false
+        }
+    }
+}
+
+/// GPU 0 with no KV budget and the expert tiers under `hbm` (`None`: every
+/// record) and `ram` bytes, on the in-place path where `in_place`.
+pub fn gpu_opts(hbm: Option<u64>, ram: u64, in_place: bool) -> GpuOptions {
+    GpuOptions {
+        kv: None,
+        ordinal: 0,
+        budgets: TierBudgets {
+            hbm_bytes: hbm,
+            ram_bytes: ram,
+            in_place,
+        },
+    }
+}
+
 /// A committed fixture made by `tools/make_fixtures.py` (from the crate the
 /// test was built in, or, for a test binary carried to another machine,
 /// from the checkout it runs in).
