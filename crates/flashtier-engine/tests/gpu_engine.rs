@@ -15,7 +15,7 @@ use flashtier_engine::device::cuda::CudaDevice;
 use flashtier_engine::load::{LoadOptions, load_cpu, load_cuda};
 use flashtier_engine::{Generation, Model};
 
-use common::{fixture, gpu_opts, gpu_or_skip, max_abs_diff, pack, reference};
+use common::{assert_gpu_matches, fixture, gpu_opts, gpu_or_skip, pack, reference};
 
 const NEW_TOKENS: usize = 8;
 /// The GPU's bound against transformers' f32 logits (f32 activations and
@@ -42,18 +42,7 @@ fn check(name: &str) {
     let mut gpu = load_cuda(&dir, &store, &gpu_opts(None, 0, false)).unwrap();
     assert!(gpu.experts().resident_all(), "{name}: every record fits");
     let out = generate(&mut gpu, &r.prompt);
-    let worst = max_abs_diff(&out.prompt_logits, &r.logits);
-    let vs_cpu = max_abs_diff(&out.prompt_logits, &cpu_out.prompt_logits);
-    println!("{name}: GPU max abs logit error {worst:.3e} (vs CPU {vs_cpu:.3e})");
-    assert!(worst <= MAX_ABS_ERR, "{name}: {worst} > {MAX_ABS_ERR}");
-    assert_eq!(
-        out.generated_ids, r.greedy,
-        "{name}: tokens differ from transformers"
-    );
-    assert_eq!(
-        out.generated_ids, cpu_out.generated_ids,
-        "{name}: tokens differ from the CPU"
-    );
+    assert_gpu_matches(name, &out, &cpu_out, &r, MAX_ABS_ERR);
     let stride = report.stride_bytes;
     let all = stride * report.records;
     let top_k = gpu.config().top_k as u64;

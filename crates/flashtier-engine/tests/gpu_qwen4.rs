@@ -19,7 +19,7 @@ use flashtier_engine::engine::{Engine, Placement, open_with_rows};
 use flashtier_engine::family::qwen4::PleRowOptions;
 use flashtier_engine::load::{GpuOptions, LoadOptions};
 
-use common::{fixture, gpu_opts, gpu_or_skip, max_abs_diff, pack, reference};
+use common::{assert_gpu_matches, fixture, gpu_opts, gpu_or_skip, max_abs_diff, pack, reference};
 
 const NEW_TOKENS: usize = 8;
 /// The bound against transformers' f32 logits (f32 activations, states and
@@ -57,28 +57,17 @@ fn check(name: &str) {
     let store = report.out.clone();
     let all_gpu = gpu_opts(None, 0, false);
     let (cpu, _) = decode(&dir, &store, Placement::Cpu, &all_gpu, None);
-    let (out, _) = decode(&dir, &store, Placement::Cuda(0), &all_gpu, None);
-    let worst = max_abs_diff(&out.prompt_logits, &r.logits);
-    let vs_cpu = max_abs_diff(&out.prompt_logits, &cpu.prompt_logits);
-    println!("{name}: GPU max abs logit error {worst:.3e} (vs CPU {vs_cpu:.3e})");
-    assert!(worst <= MAX_ABS_ERR, "{name}: {worst} > {MAX_ABS_ERR}");
-    assert_eq!(
-        out.generated_ids, r.greedy,
-        "{name}: tokens differ from transformers"
-    );
-    assert_eq!(
-        out.generated_ids, cpu.generated_ids,
-        "{name}: tokens differ from the CPU"
-    );
+    let (out, gpu) = decode(&dir, &store, Placement::Cuda(0), &all_gpu, None);
+    assert_gpu_matches(name, &out, &cpu, &r, MAX_ABS_ERR);
     // Every expert budget: HBM slots for half the records or one token's
     // top-k, with and without a RAM tier behind them.
     let stride = report.stride_bytes;
     let all = stride * report.records;
-    let cfg = flashtier_engine::config::qwen4::Qwen4Config::from_json(
-        &serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap(),
-    )
-    .unwrap();
-    let top_k = cfg.top_k as u64;
+    let Engine::Qwen4(m) = &gpu else {
+        panic!("{name}: not a Qwen4-Exp engine")
+    };
+    let top_k = m.config().top_k as u64;
+    drop(gpu);
     for (hbm, ram) in [
         (Some(all / 2), 0),
         (Some(stride * top_k), 0),

@@ -143,6 +143,30 @@ pub fn same_bits_at_every_budget(
     }
 }
 
+/// A GPU decode of fixture `name` against transformers' reference `r` and
+/// the CPU's decode `cpu`: prompt logits within `bound` of the reference
+/// (the error printed, and the CPU's), and the greedy tokens of both.
+pub fn assert_gpu_matches(
+    name: &str,
+    gpu: &Generation,
+    cpu: &Generation,
+    r: &Reference,
+    bound: f32,
+) {
+    let worst = max_abs_diff(&gpu.prompt_logits, &r.logits);
+    let vs_cpu = max_abs_diff(&gpu.prompt_logits, &cpu.prompt_logits);
+    println!("{name}: GPU max abs logit error {worst:.3e} (vs CPU {vs_cpu:.3e})");
+    assert!(worst <= bound, "{name}: {worst} > {bound}");
+    assert_eq!(
+        gpu.generated_ids, r.greedy,
+        "{name}: tokens differ from transformers"
+    );
+    assert_eq!(
+        gpu.generated_ids, cpu.generated_ids,
+        "{name}: tokens differ from the CPU"
+    );
+}
+
 /// The model's experts packed into `dir/experts.ftstore`.
 pub fn pack(model: &Path, dir: &Path) -> PackReport {
     let store = dir.join("experts.ftstore");
