@@ -110,6 +110,34 @@ impl Drop for DevAct {
 }
 
 impl DevAct {
+    /// A zeroed `rows x cols` activation of its own (no pool): the caller
+    /// keeps it across steps and hands its buffer to [`Gpu::retire`] when
+    /// done ([`Self::into_buf`]).
+    pub(crate) fn detached(gpu: &Gpu, rows: usize, cols: usize) -> Result<Self, CudaError> {
+        let len = rows
+            .checked_mul(cols)
+            .filter(|n| *n > 0)
+            .ok_or_else(|| CudaError::invalid("activation", format!("{rows}x{cols}")))?;
+        let buf = gpu
+            .raw_stream()
+            .alloc_zeros::<f32>(len)
+            .map_err(CudaError::driver(format!("allocate {len} f32 activations")))?;
+        Ok(Self {
+            rows,
+            cols,
+            buf: Some(buf),
+            pool: None,
+        })
+    }
+
+    /// The buffer, out of the activation (and out of any pool).
+    pub(crate) fn into_buf(mut self) -> CudaSlice<f32> {
+        self.pool = None;
+        self.buf
+            .take()
+            .unwrap_or_else(|| unreachable!("DevAct without a buffer"))
+    }
+
     /// Rows.
     #[must_use]
     pub fn rows(&self) -> usize {

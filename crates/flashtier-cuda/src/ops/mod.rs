@@ -16,6 +16,8 @@
 //! - [`pick`]: the greedy argmax on the device, and the scratch of the
 //!   grid-wide kernels (the fused router, the argmax).
 //! - [`hint`]: asking L2 for weights a later kernel of the step reads.
+//! - [`landing`]: a step's PLE rows into HBM through pinned memory and a
+//!   copy stream.
 //! - [`hybrid`] and [`sparse`]: the operations of hybrid decoders
 //!   (Qwen4-Exp): stream mixers, the causal convolution, the gated delta
 //!   rule, and sparse attention over the blocks an indexer keeps.
@@ -34,6 +36,7 @@ pub mod experts;
 pub mod gemm;
 pub mod hint;
 pub mod hybrid;
+pub mod landing;
 pub mod mma;
 pub mod moe;
 pub mod norm;

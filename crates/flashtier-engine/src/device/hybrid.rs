@@ -121,6 +121,8 @@ pub trait SparseState {
 pub trait HybridOps: Device {
     /// A sparse-attention layer's cache.
     type Sparse: SparseState;
+    /// Where a PLE layer's rows of a step land, step after step.
+    type Landing;
 
     /// A zeroed `rows x cols` state (a convolution's history, the delta
     /// rule's matrices). Unlike [`Device::zeros`], whose buffers a device
@@ -128,8 +130,24 @@ pub trait HybridOps: Device {
     /// on every device.
     fn state(&self, rows: usize, cols: usize) -> Result<Self::Act, EngineError>;
 
-    /// `rows x cols` from row-major host values (a step's PLE rows).
+    /// `rows x cols` from row-major host values.
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Act, EngineError>;
+
+    /// A landing for rows of `cols` values.
+    fn landing(&self, cols: usize) -> Result<Self::Landing, EngineError>;
+
+    /// Land `rows x cols` row-major host values (a step's PLE rows) in
+    /// `at`: work issued after this call reads them through
+    /// [`Self::landed`]. The GPU copies them from pinned memory on a copy
+    /// stream its compute stream waits for, no host sync.
+    fn land(&self, at: &mut Self::Landing, rows: usize, data: &[f32]) -> Result<(), EngineError>;
+
+    /// The rows of the last [`Self::land`] into `at`.
+    fn landed<'a>(&self, at: &'a Self::Landing) -> Result<&'a Self::Act, EngineError>;
+
+    /// The work issued so far is the last to read what `at` landed (its
+    /// next landing may overwrite them once that work is done).
+    fn landed_read(&self, at: &mut Self::Landing) -> Result<(), EngineError>;
 
     /// RMSNorm of every `group`-wide slice of each row, each column with
     /// its own weight: `out[r][c] = w[c] * (x[r][c] / rms(x[r][g]))` where

@@ -161,6 +161,7 @@ fn check_sparse(spec: &SparseSpec) -> Result<(), EngineError> {
 
 impl HybridOps for CpuDevice {
     type Sparse = HostSparse;
+    type Landing = Option<HostAct>;
 
     fn state(&self, rows: usize, cols: usize) -> Result<HostAct, EngineError> {
         self.zeros(rows, cols)
@@ -168,6 +169,29 @@ impl HybridOps for CpuDevice {
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<HostAct, EngineError> {
         HostAct::from_vec(rows, cols, data.to_vec())
+    }
+
+    fn landing(&self, _cols: usize) -> Result<Option<HostAct>, EngineError> {
+        Ok(None)
+    }
+
+    fn land(
+        &self,
+        at: &mut Option<HostAct>,
+        rows: usize,
+        data: &[f32],
+    ) -> Result<(), EngineError> {
+        let cols = data.len() / rows.max(1);
+        *at = Some(HostAct::from_vec(rows, cols, data.to_vec())?);
+        Ok(())
+    }
+
+    fn landed<'a>(&self, at: &'a Option<HostAct>) -> Result<&'a HostAct, EngineError> {
+        at.as_ref().ok_or_else(no_rows_landed)
+    }
+
+    fn landed_read(&self, _at: &mut Option<HostAct>) -> Result<(), EngineError> {
+        Ok(())
     }
 
     fn rms_norm_wide(
@@ -557,5 +581,13 @@ impl HybridOps for CpuDevice {
             cache.attend(q.row(r), &positions, &mut out.data[r * qw..(r + 1) * qw]);
         }
         Ok(())
+    }
+}
+
+/// A landing read before anything was landed in it.
+pub(crate) fn no_rows_landed() -> EngineError {
+    EngineError::Shape {
+        op: "ple rows",
+        what: "read before any rows were landed".into(),
     }
 }

@@ -6,6 +6,7 @@
 
 use flashtier_cuda::ops::buffers::{DevAct, DevVector, RopeTable};
 use flashtier_cuda::ops::hybrid::{DeltaHeads, MapFn};
+use flashtier_cuda::ops::landing::RowLanding;
 use flashtier_cuda::ops::sparse::{DevSparse, SparseGeometry, SparseStep};
 
 use super::CudaDevice;
@@ -25,6 +26,7 @@ impl SparseState for DevSparse {
 
 impl HybridOps for CudaDevice {
     type Sparse = DevSparse;
+    type Landing = RowLanding;
 
     fn state(&self, rows: usize, cols: usize) -> Result<DevAct, EngineError> {
         let mut x = self.zeros(rows, cols)?;
@@ -38,6 +40,22 @@ impl HybridOps for CudaDevice {
         self.gpu.flush()?;
         x.upload(self.gpu.stream(), data)?;
         Ok(x)
+    }
+
+    fn landing(&self, cols: usize) -> Result<RowLanding, EngineError> {
+        Ok(RowLanding::new(&self.gpu, cols)?)
+    }
+
+    fn land(&self, at: &mut RowLanding, rows: usize, data: &[f32]) -> Result<(), EngineError> {
+        Ok(at.land(rows, data)?)
+    }
+
+    fn landed<'a>(&self, at: &'a RowLanding) -> Result<&'a DevAct, EngineError> {
+        Ok(at.rows()?)
+    }
+
+    fn landed_read(&self, at: &mut RowLanding) -> Result<(), EngineError> {
+        Ok(at.read_done()?)
     }
 
     fn rms_norm_wide(

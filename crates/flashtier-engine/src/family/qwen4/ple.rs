@@ -26,7 +26,7 @@ use flashtier_format::widen::to_f32;
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
 use crate::device::hybrid::{ConvSpec, HybridOps};
-use crate::device::{Activation, Device};
+use crate::device::Activation;
 use crate::error::EngineError;
 use crate::load::weights::Loader;
 
@@ -43,11 +43,10 @@ struct Shard {
 }
 
 /// One PLE layer with its n-gram context and conv state.
-pub struct PleLayer<D: Device> {
+pub struct PleLayer<D: HybridOps> {
     hasher: PleNgramHasher,
     shards: Vec<Shard>,
     row_dim: usize,
-    embed_dim: usize,
     streams: usize,
     hidden: usize,
     eps: f32,
@@ -67,9 +66,11 @@ pub struct PleLayer<D: Device> {
     rows: Option<LayerRows>,
     /// This step's ids, computed before the layers run ([`Self::start_step`]).
     step_ids: Option<Vec<u64>>,
-    /// This step's rows on the device, when they were landed before the
-    /// step's first kernel ([`Self::land`]).
-    landed: Option<D::Act>,
+    /// Where the step's rows land on the device.
+    landing: D::Landing,
+    /// This step's rows were landed before the step's first kernel
+    /// ([`Self::land`]).
+    landed: bool,
 }
 
 impl<D: HybridOps> PleLayer<D> {
@@ -109,7 +110,6 @@ impl<D: HybridOps> PleLayer<D> {
         Ok(Self {
             shards,
             row_dim: p.row_dim(),
-            embed_dim: p.embed_dim,
             streams: hc,
             hidden: h,
             eps: cfg.rms_norm_eps,
@@ -125,7 +125,8 @@ impl<D: HybridOps> PleLayer<D> {
             hasher,
             rows: None,
             step_ids: None,
-            landed: None,
+            landing: l.dev.landing(p.embed_dim)?,
+            landed: false,
         })
     }
 
@@ -181,7 +182,7 @@ impl<D: HybridOps> PleLayer<D> {
     pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
         self.hasher.reset();
         self.step_ids = None;
-        self.landed = None;
+        self.landed = false;
         self.conv_state = dev.state(self.conv_state.rows(), self.conv_state.cols())?;
         Ok(())
     }
@@ -216,7 +217,7 @@ impl<D: HybridOps> PleLayer<D> {
     }
 
     /// Read this step's rows (the reads [`Self::start_step`] started) and
-    /// copy them to the device now, before the step's first kernel: a
+    /// land them on the device now, before the step's first kernel: a
     /// device that records a step's launches (the GPU, with every expert
     /// resident) then has no copy in the middle of the recording. The same
     /// bytes as read in [`Self::forward`], so the same output.
@@ -226,23 +227,24 @@ impl<D: HybridOps> PleLayer<D> {
         ckpt: &Checkpoint,
         tokens: &[u32],
     ) -> Result<(), EngineError> {
-        self.landed = Some(self.rows_on(dev, ckpt, tokens)?);
+        self.land_rows(dev, ckpt, tokens)?;
+        self.landed = true;
         Ok(())
     }
 
-    /// This step's rows (`tokens.len() x embed_dim`) on the device.
-    fn rows_on(
+    /// Read this step's rows (`tokens.len() x embed_dim`) and land them.
+    fn land_rows(
         &mut self,
         dev: &D,
         ckpt: &Checkpoint,
         tokens: &[u32],
-    ) -> Result<D::Act, EngineError> {
+    ) -> Result<(), EngineError> {
         if self.step_ids.is_none() {
             self.start_step(tokens)?;
         }
         let ids = self.step_ids.take().unwrap_or_default();
         let rows = self.gather(ckpt, &ids)?;
-        dev.upload(tokens.len(), self.embed_dim, &rows)
+        dev.land(&mut self.landing, tokens.len(), &rows)
     }
 
     /// Add the layer's injection for `tokens` into `x` (`rows x streams * hidden`).
@@ -255,16 +257,17 @@ impl<D: HybridOps> PleLayer<D> {
     ) -> Result<(), EngineError> {
         let rows = tokens.len();
         let (h, wide) = (self.hidden, self.hidden * self.streams);
-        let e = match self.landed.take() {
-            Some(e) => e,
-            None => self.rows_on(dev, ckpt, tokens)?,
-        };
+        if !std::mem::take(&mut self.landed) {
+            self.land_rows(dev, ckpt, tokens)?;
+        }
+        let e = dev.landed(&self.landing)?;
         let mut key_raw = dev.zeros(rows, wide)?;
-        dev.linear(&mut key_raw, &self.key_proj, &e)?;
+        dev.linear(&mut key_raw, &self.key_proj, e)?;
         let mut key = dev.zeros(rows, wide)?;
         dev.rms_norm_wide(&mut key, &key_raw, &self.norm_key, h, self.eps)?;
         let mut value = dev.zeros(rows, h)?;
-        dev.linear(&mut value, &self.value_proj, &e)?;
+        dev.linear(&mut value, &self.value_proj, e)?;
+        dev.landed_read(&mut self.landing)?;
         let mut query = dev.zeros(rows, wide)?;
         dev.rms_norm_wide(&mut query, x, &self.norm_query, h, self.eps)?;
         let mut gated = dev.zeros(rows, wide)?;
@@ -297,7 +300,7 @@ fn locate_shard(shards: &[Shard], id: u64) -> Result<(usize, u64), EngineError> 
         })
 }
 
-impl<D: Device> PleLayer<D> {
+impl<D: HybridOps> PleLayer<D> {
     /// [`Self::gather`] through the row store: each shard's rows looked up
     /// as one batch, put back in the order of `ids`.
     fn gather_from_store(&mut self, ids: &[u64]) -> Result<Vec<f32>, EngineError> {

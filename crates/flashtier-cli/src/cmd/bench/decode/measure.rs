@@ -68,7 +68,7 @@ pub(super) struct Limits {
 pub(super) struct Roofline {
     pub(super) bytes_per_token: f64,
     roofline_secs_per_token: f64,
-    measured_secs_per_token: f64,
+    pub(super) measured_secs_per_token: f64,
     pub(super) fraction: f64,
     pub(super) classes: Vec<ClassRow>,
 }
@@ -116,15 +116,38 @@ pub(super) fn profile(
     limits: &Limits,
     tok_s: f64,
 ) -> anyhow::Result<Roofline> {
-    let n = args.profile_tokens.max(1);
     m.reset()?;
     let vocab = m.config().vocab_size;
     m.forward(&prompt(args.prompt_len, vocab), false)?;
-    m.device().profile_start();
+    profile_steps(
+        m,
+        |m| m.device(),
+        args.profile_tokens,
+        (limits, tok_s),
+        |m, t| {
+            m.forward(&[t], false)?;
+            Ok(())
+        },
+    )
+}
+
+/// Per-class device time over `n` (at least one) one-token steps of
+/// `step` on `m` (whose device `dev` gives), fed pseudo-random tokens, and
+/// the roofline fractions against the measured tokens/s.
+pub(super) fn profile_steps<M>(
+    m: &mut M,
+    dev: impl Fn(&M) -> &CudaDevice,
+    n: usize,
+    (limits, tok_s): (&Limits, f64),
+    mut step: impl FnMut(&mut M, u32) -> anyhow::Result<()>,
+) -> anyhow::Result<Roofline> {
+    let n = n.max(1);
+    dev(m).profile_start();
     for i in 0..n {
-        m.forward(&[((i * 31 + 7) % vocab) as u32], false)?;
+        // A token in every vocabulary (the smallest synthetic one is 256).
+        step(m, ((i * 31 + 7) % 256) as u32)?;
     }
-    let classes = m.device().profile_take()?;
+    let classes = dev(m).profile_take()?;
     let bw = limits.hbm_read_bytes_per_sec.max(1.0);
     let bytes: u64 = classes.iter().map(|c| c.bytes).sum();
     let bytes_per_token = bytes as f64 / n as f64;
@@ -154,11 +177,25 @@ pub(super) fn profile_prefill(
     limits: &Limits,
 ) -> anyhow::Result<Vec<ClassRow>> {
     m.reset()?;
-    m.device().profile_start();
-    m.generate(long, 0, &[], false, |_| {})?;
-    let classes = m.device().profile_take()?;
+    profile_pass(m, |m| m.device(), (long.len(), limits), |m| {
+        m.generate(long, 0, &[], false, |_| {})?;
+        Ok(())
+    })
+}
+
+/// Per-class device time of `pass` on `m`'s device (`dev`), per one of
+/// its `tokens`.
+pub(super) fn profile_pass<M>(
+    m: &mut M,
+    dev: impl Fn(&M) -> &CudaDevice,
+    (tokens, limits): (usize, &Limits),
+    pass: impl FnOnce(&mut M) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<ClassRow>> {
+    dev(m).profile_start();
+    pass(m)?;
+    let classes = dev(m).profile_take()?;
     let bw = limits.hbm_read_bytes_per_sec.max(1.0);
-    let n = long.len().max(1) as f64;
+    let n = tokens.max(1) as f64;
     Ok(classes
         .into_iter()
         .map(|c| ClassRow {

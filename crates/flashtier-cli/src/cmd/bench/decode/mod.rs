@@ -315,9 +315,27 @@ fn run_mode(
 /// The kernels of one more decode step after the timed ones, fed the last
 /// generated token, as the launch path counted them.
 fn step_kernels(m: &mut Model<CudaDevice>, generated: &[u32]) -> anyhow::Result<StepKernels> {
-    let before = m.device().graph_stats();
-    m.forward(&[generated.last().copied().unwrap_or(0)], false)?;
-    let after = m.device().graph_stats();
+    let last = generated.last().copied().unwrap_or(0);
+    count_step_kernels(
+        m,
+        |m| m.device(),
+        |m| {
+            m.forward(&[last], false)?;
+            Ok(())
+        },
+    )
+}
+
+/// The kernels `step` launched on `m`'s device (`dev`), as its launch path
+/// counted them (one by one or inside graphs).
+fn count_step_kernels<M>(
+    m: &mut M,
+    dev: impl Fn(&M) -> &CudaDevice,
+    step: impl FnOnce(&mut M) -> anyhow::Result<()>,
+) -> anyhow::Result<StepKernels> {
+    let before = dev(m).graph_stats();
+    step(m)?;
+    let after = dev(m).graph_stats();
     let direct = after.direct_kernels - before.direct_kernels;
     let in_graphs = after.graph_kernels - before.graph_kernels;
     Ok(StepKernels {

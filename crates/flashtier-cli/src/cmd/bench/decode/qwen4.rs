@@ -16,14 +16,16 @@ use std::path::Path;
 use anyhow::Context;
 use flashtier_engine::checkpoint::Checkpoint;
 use flashtier_engine::device::cuda::CudaDevice;
-use flashtier_engine::engine::{Engine, Placement};
+use flashtier_engine::engine::{Engine, Placement, Qwen4Engine};
 use flashtier_engine::load::row_table_bytes;
 use flashtier_pack::session::{RowStore, SessionOptions, StoreSource};
 use serde::Serialize;
 
-use super::measure::{Limits, measure_limits};
+use super::measure::{
+    ClassRow, Limits, Roofline, StepKernels, measure_limits, profile_pass, profile_steps,
+};
 use super::report::emit_json;
-use super::{Args, prompt};
+use super::{Args, count_step_kernels, prompt};
 
 /// What `bench decode` measured on a Qwen4-Exp checkpoint.
 #[derive(Debug, Serialize)]
@@ -41,8 +43,15 @@ struct Qwen4Report {
     roofline_fraction: f64,
     expert_hit_rate: f64,
     row_hit_rate: Option<f64>,
+    /// The kernels of one more decode step, as the launch path counted them.
+    step_kernels: StepKernels,
+    /// Device time per kernel class over `--profile-tokens` steps launched
+    /// one by one (the gap to the measured step is the host's share).
+    roofline: Roofline,
     prefill_tokens: usize,
     prefill_tokens_per_sec: Option<f64>,
+    /// Device time per kernel class over one profiled prefill, per token.
+    prefill_classes: Option<Vec<ClassRow>>,
 }
 
 /// The Qwen4-Exp run of `bench decode` (its `resident` mode).
@@ -67,28 +76,54 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
     }
     let session = opts.open(&|_| {})?;
     let bytes_per_token = session.weight_bytes_per_token;
-    let Engine::Qwen4(mut m) = session.engine else {
+    let Engine::Qwen4(engine) = session.engine else {
         anyhow::bail!("{} is not a Qwen4-Exp checkpoint", args.model.display());
+    };
+    let Qwen4Engine::Cuda(mut m) = *engine else {
+        anyhow::bail!("the session opened the CPU, not the GPU");
     };
     let cfg = m.config().clone();
     let p = prompt(args.prompt_len, cfg.vocab_size);
     // The first pass reads the rows into the cache; the second is timed.
-    m.generate(&p, args.tokens, &[], false, |_| {})?;
+    m.generate(&p, args.tokens, &[], false)?;
     m.reset()?;
-    let out = m.generate(&p, args.tokens, &[], false, |_| {})?;
+    let out = m.generate(&p, args.tokens, &[], false)?;
     let tokens_per_sec = out.tokens_per_sec();
     let roofline_fraction =
         bytes_per_token as f64 * tokens_per_sec / limits.hbm_read_bytes_per_sec.max(1.0);
     let row_hit_rate = out
         .decode_rows
         .map(|r| r.hits as f64 / r.lookups.max(1) as f64);
-    let prefill_tokens_per_sec = if args.prefill > 0 {
+    let last = out.generated_ids.last().copied().unwrap_or(0);
+    let step_kernels = count_step_kernels(&mut m, |m| m.device(), |m| {
+        m.forward(&[last], false)?;
+        Ok(())
+    })?;
+    let roofline = profile_steps(
+        &mut m,
+        |m| m.device(),
+        args.profile_tokens,
+        (&limits, tokens_per_sec),
+        |m, t| {
+            m.forward(&[t], false)?;
+            Ok(())
+        },
+    )?;
+    let (prefill_tokens_per_sec, prefill_classes) = if args.prefill > 0 {
         m.reset()?;
         let long = prompt(args.prefill, cfg.vocab_size);
-        let o = m.generate(&long, 0, &[], false, |_| {})?;
-        Some(long.len() as f64 / o.prefill_secs.max(1e-9))
+        let o = m.generate(&long, 0, &[], false)?;
+        m.reset()?;
+        let classes = profile_pass(&mut m, |m| m.device(), (long.len(), &limits), |m| {
+            m.generate(&long, 0, &[], false)?;
+            Ok(())
+        })?;
+        (
+            Some(long.len() as f64 / o.prefill_secs.max(1e-9)),
+            Some(classes),
+        )
     } else {
-        None
+        (None, None)
     };
     let r = Qwen4Report {
         family: "qwen4_exp",
@@ -102,8 +137,11 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
         roofline_fraction,
         expert_hit_rate: out.decode_experts.hit_rate(),
         row_hit_rate,
+        step_kernels,
+        roofline,
         prefill_tokens: args.prefill,
         prefill_tokens_per_sec,
+        prefill_classes,
     };
     emit(args, &r)
 }
@@ -129,8 +167,34 @@ fn emit(args: &Args, r: &Qwen4Report) -> anyhow::Result<()> {
         r.expert_hit_rate,
         r.row_hit_rate.map_or("-".to_owned(), |h| format!("{h:.3}"))
     );
+    println!(
+        "one step: {} kernels ({} inside {} graph launches)",
+        r.step_kernels.kernels, r.step_kernels.in_graphs, r.step_kernels.graph_launches
+    );
+    print_classes("decode, device time per token", &r.roofline.classes);
+    println!(
+        "  sum {:.1} us of a measured {:.1} us step (the rest: the host and launch gaps)",
+        1e6 * r.roofline.classes.iter().map(|c| c.secs_per_token).sum::<f64>(),
+        1e6 * r.roofline.measured_secs_per_token
+    );
     if let Some(p) = r.prefill_tokens_per_sec {
         println!("prefill of {} tokens: {p:.0} tok/s", r.prefill_tokens);
     }
+    if let Some(c) = &r.prefill_classes {
+        print_classes("prefill, device time per prompt token", c);
+    }
     Ok(())
+}
+
+fn print_classes(title: &str, rows: &[ClassRow]) {
+    println!("{title}:");
+    for c in rows {
+        println!(
+            "  {:<12} {:>9.2} us  {:>5} ops  {:>5.1}% of the read bandwidth",
+            format!("{:?}", c.time.class),
+            1e6 * c.secs_per_token,
+            c.time.ops,
+            100.0 * c.fraction_of_read_bandwidth
+        );
+    }
 }
