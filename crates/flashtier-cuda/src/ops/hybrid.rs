@@ -19,6 +19,9 @@ use crate::launch::Args;
 
 /// Widest key head of the delta rule (its q and k sit in shared memory).
 pub const MAX_DELTA_K_DIM: usize = 4096;
+/// Widest key head whose state the delta rule holds in registers
+/// (`GD_KMAX` of the kernel); wider ones run a thread per state column.
+pub const MAX_DELTA_K_DIM_REGS: usize = 256;
 
 /// An element-wise map of [`DecodeKernels::map`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -291,10 +294,20 @@ impl DecodeKernels {
                 ),
             ));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (dim(vh, "x")?, dim(s.v_dim.div_ceil(64), "y")?, 1),
-            block_dim: (64, 1, 1),
-            shared_mem_bytes: (2 * s.k_dim * 4) as u32,
+        let (kernel, cfg) = if s.k_dim <= MAX_DELTA_K_DIM_REGS {
+            let cfg = LaunchConfig {
+                grid_dim: (dim(vh, "x")?, dim(s.v_dim.div_ceil(32), "y")?, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            ("gated_delta", cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (dim(vh, "x")?, dim(s.v_dim.div_ceil(64), "y")?, 1),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: (2 * s.k_dim * 4) as u32,
+            };
+            ("gated_delta_cols", cfg)
         };
         let g = &self.gpu;
         let mut args = Args::new();
@@ -310,11 +323,12 @@ impl DecodeKernels {
             .push(s.k_dim as i32)
             .push(s.v_dim as i32)
             .buf(g, out.buf());
-        // SAFETY: matches `gated_delta`; block (h, y) reads and writes
-        // columns y * 64.. of head h's state, reads the rows of mixed, b
-        // and a and writes head h's columns of out (shapes checked; shared
-        // memory for 2 k_dim floats).
-        unsafe { self.launch("gated_delta", cfg, args) }
+        // SAFETY: matches `gated_delta` and `gated_delta_cols`; block (h, y)
+        // reads and writes columns y * 32.. (y * 64..) of head h's state,
+        // reads the rows of mixed, b and a and writes head h's columns of
+        // out (shapes checked; k_dim within the register kernel's GD_KMAX,
+        // or shared memory for 2 k_dim floats).
+        unsafe { self.launch(kernel, cfg, args) }
     }
 
     /// `out = w * rms_norm(o) * act(z)` per `w.len()`-wide head, act

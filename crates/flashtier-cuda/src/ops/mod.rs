@@ -162,6 +162,7 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("hc_inject", true),
     ("causal_conv", true),
     ("gated_delta", true),
+    ("gated_delta_cols", true),
     ("gated_norm", true),
     ("ple_gate", true),
     ("sparse_append", true),

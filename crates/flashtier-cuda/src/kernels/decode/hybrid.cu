@@ -119,11 +119,119 @@ extern "C" __global__ void causal_conv(float* state, const float* x, const float
 }
 
 // The gated delta rule over `rows` rows in order (ops/hybrid.rs states
-// it). grid: (value heads, column groups of 64), 64 threads, each owning
+// it), its state in registers: loaded once, updated row after row, stored
+// once. grid: (value heads, column tiles of 32), GD_WARPS warps; lane l
+// owns column j = tile * 32 + l, warp w the state rows i = w + GD_WARPS m.
+// A row's two reductions over i (S^T k and S^T q) sum each thread's rows
+// in ascending m, then the warps' partials in ascending w: an order fixed
+// by the shapes. Key heads of at most GD_KMAX (host-checked).
+#define GD_WARPS 8
+#define GD_KMAX 256
+#define GD_PER (GD_KMAX / GD_WARPS)
+extern "C" __global__ void __launch_bounds__(GD_WARPS * WARP)
+gated_delta(float* state, const float* mixed, const float* b, const float* a,
+            const float* a_exp, const float* dt_bias, int rows, int k_heads, int v_heads,
+            int k_dim, int v_dim, float* out) {
+    pdl_enter();
+    __shared__ float qs[GD_KMAX], ks[GD_KMAX];
+    __shared__ float part[GD_WARPS][WARP];
+    __shared__ float red[2 * GD_WARPS];
+    const int hv = blockIdx.x, tid = threadIdx.x;
+    const int lane = tid & (WARP - 1), warp = tid / WARP;
+    const int j = blockIdx.y * WARP + lane;
+    const bool col = j < v_dim;
+    const int kh = hv / (v_heads / k_heads);
+    const long long kd = (long long)k_heads * k_dim;
+    const long long mc = 2 * kd + (long long)v_heads * v_dim;
+    float* s = state + (long long)hv * k_dim * v_dim;
+    const float scale = 1.f / sqrtf((float)k_dim);
+    float sv[GD_PER];
+#pragma unroll
+    for (int m = 0; m < GD_PER; ++m) {
+        const int i = warp + GD_WARPS * m;
+        sv[m] = col && i < k_dim ? s[(long long)i * v_dim + j] : 0.f;
+    }
+    for (int r = 0; r < rows; ++r) {
+        const float* row = mixed + r * mc;
+        float sq = 0.f, sk = 0.f;
+        for (int i = tid; i < k_dim; i += GD_WARPS * WARP) {
+            const float qv = row[(long long)kh * k_dim + i];
+            const float kv = row[kd + (long long)kh * k_dim + i];
+            qs[i] = qv;
+            ks[i] = kv;
+            sq += qv * qv;
+            sk += kv * kv;
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            red[warp] = sq;
+            red[GD_WARPS + warp] = sk;
+        }
+        __syncthreads();
+        float tq = 0.f, tk = 0.f;
+#pragma unroll
+        for (int w = 0; w < GD_WARPS; ++w) {
+            tq += red[w];
+            tk += red[GD_WARPS + w];
+        }
+        const float iq = 1.f / sqrtf(tq + 1e-6f);
+        const float ik = 1.f / sqrtf(tk + 1e-6f);
+        const float beta = hy_sigmoid(b[(long long)r * v_heads + hv]);
+        const float decay =
+            expf(-a_exp[hv] * hy_softplus(a[(long long)r * v_heads + hv] + dt_bias[hv]));
+        const float v_in = col ? row[2 * kd + (long long)hv * v_dim + j] : 0.f;
+        // S *= decay; this thread's share of S^T k.
+        float dp = 0.f;
+#pragma unroll
+        for (int m = 0; m < GD_PER; ++m) {
+            const int i = warp + GD_WARPS * m;
+            if (i < k_dim) {
+                sv[m] *= decay;
+                dp += sv[m] * (ks[i] * ik);
+            }
+        }
+        part[warp][lane] = dp;
+        __syncthreads();
+        float delta = 0.f;
+#pragma unroll
+        for (int w = 0; w < GD_WARPS; ++w) delta += part[w][lane];
+        const float d = (v_in - delta) * beta;
+        // Every warp has read `part` before it is overwritten.
+        __syncthreads();
+        float op = 0.f;
+#pragma unroll
+        for (int m = 0; m < GD_PER; ++m) {
+            const int i = warp + GD_WARPS * m;
+            if (i < k_dim) {
+                sv[m] += (ks[i] * ik) * d;
+                op += sv[m] * ((qs[i] * iq) * scale);
+            }
+        }
+        part[warp][lane] = op;
+        __syncthreads();
+        if (warp == 0 && col) {
+            float o = 0.f;
+#pragma unroll
+            for (int w = 0; w < GD_WARPS; ++w) o += part[w][lane];
+            out[(long long)r * v_heads * v_dim + (long long)hv * v_dim + j] = o;
+        }
+        // The next row overwrites qs, ks, red and part.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < GD_PER; ++m) {
+        const int i = warp + GD_WARPS * m;
+        if (col && i < k_dim) s[(long long)i * v_dim + j] = sv[m];
+    }
+}
+
+// The gated delta rule over `rows` rows in order (ops/hybrid.rs states
+// it), for key heads wider than GD_KMAX (gated_delta below takes the rest). grid: (value heads, column groups of 64), 64 threads, each owning
 // one column j of its head's state S[k_dim][v_dim]; dynamic shared memory:
 // 2 k_dim floats (the row's normed q and k of the head's key head).
 extern "C" __global__ void __launch_bounds__(64)
-gated_delta(float* state, const float* mixed, const float* b, const float* a,
+gated_delta_cols(float* state, const float* mixed, const float* b, const float* a,
             const float* a_exp, const float* dt_bias, int rows, int k_heads, int v_heads,
             int k_dim, int v_dim, float* out) {
     pdl_enter();
