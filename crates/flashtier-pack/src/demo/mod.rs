@@ -60,7 +60,7 @@ mod report;
 pub mod rows;
 
 use prepare::{prepare, probe_drive};
-pub use report::{Bound, DecodeRun, DemoReport};
+pub use report::{Bound, DecodeRun, DemoReport, FAST_DRIVE_BYTES_PER_SEC, Projection};
 pub use rows::{RowsPacked, RowsReport};
 
 /// The synthetic model a demo runs.
@@ -307,6 +307,7 @@ pub fn run_decode_demo(
         fraction_of_replay_bound: streamed.tokens_per_sec / replay_bound,
         same_tokens,
         rows: packed.map(|p| RowsReport::new(p, row_probes)),
+        projection: Projection::of(&streamed, drive, row_drive),
         streamed,
         mapped,
         elapsed_secs: started.elapsed().as_secs_f64(),

@@ -129,6 +129,49 @@ pub struct DemoReport {
     pub same_tokens: bool,
     /// Qwen4-Exp's PLE rows: the tables, the budget and the row probes.
     pub rows: Option<RowsReport>,
+    /// What the streamed decode would give on a faster drive (a
+    /// projection from this run's numbers, not a measurement).
+    pub projection: Projection,
     /// Wall time of the whole demo, seconds.
     pub elapsed_secs: f64,
+}
+
+/// The drive the projection assumes: 14 GB/s of large reads (a PCIe 5
+/// NVMe drive's sequential rate).
+pub const FAST_DRIVE_BYTES_PER_SEC: f64 = 14e9;
+
+/// The streamed decode on a [`FAST_DRIVE_BYTES_PER_SEC`] drive: the step's
+/// time not spent waiting for reads (expert stall and row stall taken
+/// out) against the drive time of its reads there, expert bytes at the
+/// fast drive's rate and row bytes at it times this drive's ratio of
+/// 4 KiB row-block reads to record reads (small random reads keep their
+/// disadvantage). The slower of the two bounds a step.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Projection {
+    /// Seconds per token of the streamed decode not waiting for reads.
+    pub compute_secs_per_token: f64,
+    /// Seconds per token the fast drive needs for the same reads.
+    pub drive_secs_per_token: f64,
+    /// `1 / max(compute, drive)`.
+    pub tokens_per_sec: f64,
+}
+
+impl Projection {
+    /// The projection of `run`, whose records this drive read at
+    /// `expert_bps` and row blocks at `row_bps`.
+    pub(super) fn of(run: &DecodeRun, expert_bps: f64, row_bps: Option<f64>) -> Self {
+        let step = 1.0 / run.tokens_per_sec.max(1e-9);
+        let waiting = run.stall_fraction + run.row_stall_fraction.unwrap_or(0.0);
+        let compute = step * (1.0 - waiting).clamp(0.0, 1.0);
+        let row_share = match (run.row_bytes_read_per_token, row_bps) {
+            (Some(b), Some(r)) if r > 0.0 => b * expert_bps / r,
+            _ => 0.0,
+        };
+        let drive = (run.miss_bytes_per_token + row_share) / FAST_DRIVE_BYTES_PER_SEC;
+        Self {
+            compute_secs_per_token: compute,
+            drive_secs_per_token: drive,
+            tokens_per_sec: 1.0 / compute.max(drive).max(1e-12),
+        }
+    }
 }

@@ -3,7 +3,9 @@
 
 use flashtier::experts::replay::ReplayReport;
 use flashtier::verify::VerifyReport;
-use flashtier_pack::demo::{Bound, DecodeRun, DemoModel, DemoReport, RowsPacked};
+use flashtier_pack::demo::{
+    Bound, DecodeRun, DemoModel, DemoReport, FAST_DRIVE_BYTES_PER_SEC, RowsPacked,
+};
 use flashtier_pack::pack::PackReport;
 use flashtier_pack::synth::SynthReport;
 
@@ -182,6 +184,14 @@ fn human_decode(x: &DemoReport) {
         ),
         Bound::NoReads => println!("   every expert use hit memory: nothing read, no I/O bound"),
     }
+    let p = &x.projection;
+    println!(
+        "   on a {:.0} GB/s drive (a projection: {:.2} ms/token not waiting for reads, the same reads in {:.2} ms there): {:.1} tok/s",
+        FAST_DRIVE_BYTES_PER_SEC / 1e9,
+        1e3 * p.compute_secs_per_token,
+        1e3 * p.drive_secs_per_token,
+        p.tokens_per_sec
+    );
     if let (Some(busy), Some(depth)) = (s.drive_busy_share, s.reads_in_flight_while_busy) {
         println!(
             "   expert reads in flight {:.0}% of the decode ({depth:.1} on average while any were; the drive probes keep {})",
