@@ -71,16 +71,12 @@ impl<D: HybridOps> GatedResidual<D> {
         let mut n = dev.zeros(rows, hc * h)?;
         dev.rms_norm_wide(&mut n, x, &self.norm, h, self.eps)?;
         let mut low = dev.zeros(rows, self.lowrank)?;
-        dev.linear(&mut low, &self.down, &n)?;
-        dev.map(&mut low, Map::Silu { div: hc as f32 })?;
-        let mut gates = dev.zeros(rows, hc * h)?;
-        dev.linear(&mut gates, &self.up, &low)?;
-        let mut input = dev.zeros(rows, h)?;
-        dev.hc_mix(&mut input, &gates, &n, hc)?;
+        // Both products of the normed streams in one pass where there is
+        // an injection (the GPU runs them as one launch; the same bits).
         let inject = match &self.inject {
             Some(w) => {
                 let mut g = dev.zeros(rows, hc)?;
-                dev.linear(&mut g, w, &n)?;
+                dev.linear_many(&mut [&mut low, &mut g], &[&self.down, w], &n)?;
                 dev.map(
                     &mut g,
                     Map::Sigmoid {
@@ -90,8 +86,16 @@ impl<D: HybridOps> GatedResidual<D> {
                 )?;
                 Some(g)
             }
-            None => None,
+            None => {
+                dev.linear(&mut low, &self.down, &n)?;
+                None
+            }
         };
+        dev.map(&mut low, Map::Silu { div: hc as f32 })?;
+        let mut gates = dev.zeros(rows, hc * h)?;
+        dev.linear(&mut gates, &self.up, &low)?;
+        let mut input = dev.zeros(rows, h)?;
+        dev.hc_mix(&mut input, &gates, &n, hc)?;
         Ok(Mixed { input, inject })
     }
 }
