@@ -40,6 +40,10 @@ impl<D: HybridOps> Decoder for Qwen4Model<D> {
         self.forward(tokens, all_logits)
     }
 
+    fn greedy_step(&mut self, token: u32) -> Result<u32, EngineError> {
+        self.greedy_next(token)
+    }
+
     fn expert_stats(&self) -> ExpertStats {
         Qwen4Model::expert_stats(self)
     }

@@ -300,6 +300,24 @@ impl<D: HybridOps> Qwen4Model<D> {
     /// Run `tokens` at the next positions; returns the logits of every
     /// token (`all_logits`) or of the last, `[rows][vocab]` row-major.
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let logits = self.logits(tokens, all_logits)?;
+        self.dev.to_host(&logits)
+    }
+
+    /// One decode step of `token`; the greedy next token, picked where the
+    /// logits are (the lowest index of the largest logit, as the host's
+    /// argmax picks it): the GPU copies one id instead of the vocabulary.
+    pub(crate) fn greedy_next(&mut self, token: u32) -> Result<u32, EngineError> {
+        let logits = self.logits(&[token], false)?;
+        let picked = self.dev.argmax_rows(&logits)?;
+        picked.first().copied().ok_or_else(|| EngineError::Shape {
+            op: "greedy pick",
+            what: "no row of logits".into(),
+        })
+    }
+
+    /// [`Self::forward`]'s logits, on the device.
+    fn logits(&mut self, tokens: &[u32], all_logits: bool) -> Result<D::Act, EngineError> {
         let x = self.run_layers(tokens, None)?;
         let dev = &self.dev;
         let n = tokens.len();
@@ -317,7 +335,7 @@ impl<D: HybridOps> Qwen4Model<D> {
             self.lm_head.as_ref().unwrap_or(&self.embed),
             &head,
         )?;
-        dev.to_host(&logits)
+        Ok(logits)
     }
 
     /// The decoder layers over `tokens`: the streams after the last layer,
