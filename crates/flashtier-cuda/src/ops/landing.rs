@@ -120,7 +120,7 @@ impl RowLanding {
                 .map_err(CudaError::driver("wait for the slot's last row copy"))?;
             slot.copying = false;
         }
-        let bytes = values.len() * size_of::<f32>();
+        let bytes = std::mem::size_of_val(values);
         if slot.host.as_ref().is_none_or(|h| h.len_bytes() < bytes) {
             slot.host = Some(PinnedMemory::new(&gpu, bytes)?);
         }
