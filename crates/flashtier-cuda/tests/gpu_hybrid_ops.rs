@@ -115,8 +115,20 @@ fn run_rows(
     let mc = 2 * h.k_heads * h.k_dim + h.v_heads * h.v_dim;
     let gpu = k.gpu();
     let mixed = act(k, pool, n, mc, &c.mixed[from * mc..to * mc]);
-    let b = act(k, pool, n, h.v_heads, &c.b[from * h.v_heads..to * h.v_heads]);
-    let a = act(k, pool, n, h.v_heads, &c.a[from * h.v_heads..to * h.v_heads]);
+    let b = act(
+        k,
+        pool,
+        n,
+        h.v_heads,
+        &c.b[from * h.v_heads..to * h.v_heads],
+    );
+    let a = act(
+        k,
+        pool,
+        n,
+        h.v_heads,
+        &c.a[from * h.v_heads..to * h.v_heads],
+    );
     let a_exp = DevVector::upload(gpu, &c.a_exp).unwrap();
     let dt_bias = DevVector::upload(gpu, &c.dt_bias).unwrap();
     let mut out = pool.take(gpu, n, h.v_heads * h.v_dim).unwrap();
@@ -186,7 +198,10 @@ fn landed_rows_reach_the_kernels_queued_after_them_slot_after_slot() {
     let cols = 96;
     let mut landing = RowLanding::new(&gpu, cols).unwrap();
     assert!(landing.rows().is_err(), "nothing landed yet");
-    assert!(landing.land(2, &[0.0; 96]).is_err(), "2 rows need 192 values");
+    assert!(
+        landing.land(2, &[0.0; 96]).is_err(),
+        "2 rows need 192 values"
+    );
     let mut rng = SmallRng::seed_from_u64(5);
     // Decode steps (one row) and prompt chunks (several), so both slots
     // see their buffers replaced and reused.

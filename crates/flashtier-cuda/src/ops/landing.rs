@@ -138,15 +138,15 @@ impl RowLanding {
             slot.dev = Some(DevAct::detached(&gpu, rows, cols)?);
         }
         if slot.read_marked && !fresh {
-            self.copy
-                .wait(&slot.consumed)
-                .map_err(CudaError::driver("order the slot's readers before its copy"))?;
+            self.copy.wait(&slot.consumed).map_err(CudaError::driver(
+                "order the slot's readers before its copy",
+            ))?;
         } else {
             // Unmarked readers, or a buffer just allocated on the compute
             // stream: after everything queued there.
-            self.copy
-                .join(gpu.stream())
-                .map_err(CudaError::driver("order the compute stream before a row copy"))?;
+            self.copy.join(gpu.stream()).map_err(CudaError::driver(
+                "order the compute stream before a row copy",
+            ))?;
         }
         slot.read_marked = false;
         let dst = slot
@@ -168,7 +168,9 @@ impl RowLanding {
             let src = std::slice::from_raw_parts(src, bytes);
             cudarc::driver::result::memcpy_htod_async(dst, src, self.copy.cu_stream())
         }
-        .map_err(CudaError::driver(format!("copy {bytes} bytes of rows to the device")))?;
+        .map_err(CudaError::driver(format!(
+            "copy {bytes} bytes of rows to the device"
+        )))?;
         slot.copied
             .record(&self.copy)
             .map_err(CudaError::driver("record a row copy"))?;

@@ -175,12 +175,7 @@ impl HybridOps for CpuDevice {
         Ok(None)
     }
 
-    fn land(
-        &self,
-        at: &mut Option<HostAct>,
-        rows: usize,
-        data: &[f32],
-    ) -> Result<(), EngineError> {
+    fn land(&self, at: &mut Option<HostAct>, rows: usize, data: &[f32]) -> Result<(), EngineError> {
         let cols = data.len() / rows.max(1);
         *at = Some(HostAct::from_vec(rows, cols, data.to_vec())?);
         Ok(())

@@ -25,8 +25,8 @@ use flashtier_format::widen::to_f32;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::qwen4::Qwen4Config;
-use crate::device::hybrid::{ConvSpec, HybridOps};
 use crate::device::Activation;
+use crate::device::hybrid::{ConvSpec, HybridOps};
 use crate::error::EngineError;
 use crate::load::weights::Loader;
 
@@ -233,12 +233,7 @@ impl<D: HybridOps> PleLayer<D> {
     }
 
     /// Read this step's rows (`tokens.len() x embed_dim`) and land them.
-    fn land_rows(
-        &mut self,
-        dev: &D,
-        ckpt: &Checkpoint,
-        tokens: &[u32],
-    ) -> Result<(), EngineError> {
+    fn land_rows(&mut self, dev: &D, ckpt: &Checkpoint, tokens: &[u32]) -> Result<(), EngineError> {
         if self.step_ids.is_none() {
             self.start_step(tokens)?;
         }

@@ -177,10 +177,15 @@ pub(super) fn profile_prefill(
     limits: &Limits,
 ) -> anyhow::Result<Vec<ClassRow>> {
     m.reset()?;
-    profile_pass(m, |m| m.device(), (long.len(), limits), |m| {
-        m.generate(long, 0, &[], false, |_| {})?;
-        Ok(())
-    })
+    profile_pass(
+        m,
+        |m| m.device(),
+        (long.len(), limits),
+        |m| {
+            m.generate(long, 0, &[], false, |_| {})?;
+            Ok(())
+        },
+    )
 }
 
 /// Per-class device time of `pass` on `m`'s device (`dev`), per one of

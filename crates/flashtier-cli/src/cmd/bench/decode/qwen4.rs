@@ -95,10 +95,14 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
         .decode_rows
         .map(|r| r.hits as f64 / r.lookups.max(1) as f64);
     let last = out.generated_ids.last().copied().unwrap_or(0);
-    let step_kernels = count_step_kernels(&mut m, |m| m.device(), |m| {
-        m.forward(&[last], false)?;
-        Ok(())
-    })?;
+    let step_kernels = count_step_kernels(
+        &mut m,
+        |m| m.device(),
+        |m| {
+            m.forward(&[last], false)?;
+            Ok(())
+        },
+    )?;
     let roofline = profile_steps(
         &mut m,
         |m| m.device(),
@@ -114,10 +118,15 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
         let long = prompt(args.prefill, cfg.vocab_size);
         let o = m.generate(&long, 0, &[], false)?;
         m.reset()?;
-        let classes = profile_pass(&mut m, |m| m.device(), (long.len(), &limits), |m| {
-            m.generate(&long, 0, &[], false)?;
-            Ok(())
-        })?;
+        let classes = profile_pass(
+            &mut m,
+            |m| m.device(),
+            (long.len(), &limits),
+            |m| {
+                m.generate(&long, 0, &[], false)?;
+                Ok(())
+            },
+        )?;
         (
             Some(long.len() as f64 / o.prefill_secs.max(1e-9)),
             Some(classes),
@@ -174,7 +183,12 @@ fn emit(args: &Args, r: &Qwen4Report) -> anyhow::Result<()> {
     print_classes("decode, device time per token", &r.roofline.classes);
     println!(
         "  sum {:.1} us of a measured {:.1} us step (the rest: the host and launch gaps)",
-        1e6 * r.roofline.classes.iter().map(|c| c.secs_per_token).sum::<f64>(),
+        1e6 * r
+            .roofline
+            .classes
+            .iter()
+            .map(|c| c.secs_per_token)
+            .sum::<f64>(),
         1e6 * r.roofline.measured_secs_per_token
     );
     if let Some(p) = r.prefill_tokens_per_sec {
