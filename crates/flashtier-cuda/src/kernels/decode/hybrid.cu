@@ -151,16 +151,29 @@ gated_delta(float* state, const float* mixed, const float* b, const float* a,
         const int i = warp + GD_WARPS * m;
         sv[m] = col && i < k_dim ? s[(long long)i * v_dim + j] : 0.f;
     }
-    for (int r = 0; r < rows; ++r) {
+    // Row r + 1's inputs load while row r computes (k_dim <= GD_KMAX, the
+    // block's thread count: thread i loads element i of q and k).
+    float qn = 0.f, kn = 0.f, vn = 0.f, bn = 0.f, an = 0.f;
+    auto load = [&](int r) {
         const float* row = mixed + r * mc;
+        if (tid < k_dim) {
+            qn = row[(long long)kh * k_dim + tid];
+            kn = row[kd + (long long)kh * k_dim + tid];
+        }
+        vn = col ? row[2 * kd + (long long)hv * v_dim + j] : 0.f;
+        bn = b[(long long)r * v_heads + hv];
+        an = a[(long long)r * v_heads + hv];
+    };
+    if (rows > 0) load(0);
+    for (int r = 0; r < rows; ++r) {
+        const float qv = qn, kv = kn, v_in = vn, bv = bn, av = an;
+        if (r + 1 < rows) load(r + 1);
         float sq = 0.f, sk = 0.f;
-        for (int i = tid; i < k_dim; i += GD_WARPS * WARP) {
-            const float qv = row[(long long)kh * k_dim + i];
-            const float kv = row[kd + (long long)kh * k_dim + i];
-            qs[i] = qv;
-            ks[i] = kv;
-            sq += qv * qv;
-            sk += kv * kv;
+        if (tid < k_dim) {
+            qs[tid] = qv;
+            ks[tid] = kv;
+            sq = qv * qv;
+            sk = kv * kv;
         }
         sq = warp_sum(sq);
         sk = warp_sum(sk);
@@ -177,10 +190,8 @@ gated_delta(float* state, const float* mixed, const float* b, const float* a,
         }
         const float iq = 1.f / sqrtf(tq + 1e-6f);
         const float ik = 1.f / sqrtf(tk + 1e-6f);
-        const float beta = hy_sigmoid(b[(long long)r * v_heads + hv]);
-        const float decay =
-            expf(-a_exp[hv] * hy_softplus(a[(long long)r * v_heads + hv] + dt_bias[hv]));
-        const float v_in = col ? row[2 * kd + (long long)hv * v_dim + j] : 0.f;
+        const float beta = hy_sigmoid(bv);
+        const float decay = expf(-a_exp[hv] * hy_softplus(av + dt_bias[hv]));
         // S *= decay; this thread's share of S^T k.
         float dp = 0.f;
 #pragma unroll
