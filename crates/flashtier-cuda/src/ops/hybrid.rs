@@ -40,6 +40,16 @@ pub enum MapFn {
     },
 }
 
+impl MapFn {
+    /// The kernels' arguments: (sigmoid?, divisor, factor).
+    fn params(self) -> (i32, f32, f32) {
+        match self {
+            Self::Silu { div } => (0, div, 1.0),
+            Self::Sigmoid { div, mul } => (1, div, mul),
+        }
+    }
+}
+
 /// The gated delta rule's head geometry (see [`DecodeKernels::gated_delta`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeltaHeads {
@@ -109,10 +119,7 @@ impl DecodeKernels {
 
     /// `x = f(x)` element-wise.
     pub fn map(&self, x: &mut DevAct, f: MapFn) -> Result<(), CudaError> {
-        let (sig, div, mul) = match f {
-            MapFn::Silu { div } => (0i32, div, 1.0f32),
-            MapFn::Sigmoid { div, mul } => (1, div, mul),
-        };
+        let (sig, div, mul) = f.params();
         let n = elems(x);
         let g = &self.gpu;
         let mut a = Args::new();
@@ -170,7 +177,13 @@ impl DecodeKernels {
 
     /// `x[r][s h + j] += y[r][j] * w[r][s]` (`h = y.cols()`, `w`: `rows x
     /// streams`).
-    pub fn hc_inject(&self, x: &mut DevAct, y: &DevAct, w: &DevAct) -> Result<(), CudaError> {
+    pub fn hc_inject(
+        &self,
+        x: &mut DevAct,
+        y: &DevAct,
+        w: &DevAct,
+        gate: MapFn,
+    ) -> Result<(), CudaError> {
         let (h, streams) = (y.cols(), w.cols());
         if x.rows() != y.rows() || w.rows() != y.rows() || x.cols() != streams * h {
             return Err(shape(
@@ -187,6 +200,7 @@ impl DecodeKernels {
             ));
         }
         let n = elems(x);
+        let (sig, div, mul) = gate.params();
         let g = &self.gpu;
         let mut a = Args::new();
         a.buf(g, x.buf())
@@ -194,7 +208,10 @@ impl DecodeKernels {
             .buf(g, w.buf())
             .push(h as i32)
             .push(streams as i32)
-            .push(n);
+            .push(n)
+            .push(sig)
+            .push(div)
+            .push(mul);
         // SAFETY: matches `hc_inject`; thread i updates x[i] (n elements)
         // from row i / (streams h) of y and w (shapes checked).
         unsafe { self.launch("hc_inject", linear_cfg(n as usize, 256)?, a) }

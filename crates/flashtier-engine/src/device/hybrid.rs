@@ -179,10 +179,16 @@ pub trait HybridOps: Device {
     ) -> Result<(), EngineError>;
 
     /// A block's output into every stream: `x[r][s h + j] += y[r][j] *
-    /// w[r][s]` (`x`: `rows x streams * h`, `y`: `rows x h`, `w`: `rows x
-    /// streams`).
-    fn hc_inject(&self, x: &mut Self::Act, y: &Self::Act, w: &Self::Act)
-    -> Result<(), EngineError>;
+    /// gate(w[r][s])` (`x`: `rows x streams * h`, `y`: `rows x h`, `w`:
+    /// `rows x streams`), `gate` the map [`Self::map`] would apply to `w`
+    /// (the same bits as mapping `w` first).
+    fn hc_inject(
+        &self,
+        x: &mut Self::Act,
+        y: &Self::Act,
+        w: &Self::Act,
+        gate: Map,
+    ) -> Result<(), EngineError>;
 
     /// The causal convolution `spec` of the rows of `x` after the history
     /// in `state` (`spec.state_rows() x cols`, oldest first, zeros before a

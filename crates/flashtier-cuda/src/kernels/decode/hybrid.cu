@@ -77,16 +77,19 @@ extern "C" __global__ void hc_mix(const float* g, const float* nrm, int h, int s
     out[i] = acc / (float)streams;
 }
 
-// x[r][s h + j] += y[r][j] w[r][s]. One thread per element of x.
+// x[r][s h + j] += y[r][j] gate(w[r][s]), gate hy_map's map (sig, div,
+// mul) of the raw weight. One thread per element of x.
 extern "C" __global__ void hc_inject(float* x, const float* y, const float* w, int h, int streams,
-                                     long long n) {
+                                     long long n, int sig, float div, float mul) {
     pdl_enter();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= n) return;
     const long long wide = (long long)streams * h;
     const long long r = i / wide;
     const int c = (int)(i % wide);
-    x[i] += y[r * h + c % h] * w[r * streams + c / h];
+    const float v = w[r * streams + c / h] / div;
+    const float g = sig ? mul * hy_sigmoid(v) : silu(v);
+    x[i] += y[r * h + c % h] * g;
 }
 
 // The causal depthwise convolution of `rows` rows after `(k - 1) dil` rows

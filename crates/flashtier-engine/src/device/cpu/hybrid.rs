@@ -274,7 +274,13 @@ impl HybridOps for CpuDevice {
         Ok(())
     }
 
-    fn hc_inject(&self, x: &mut HostAct, y: &HostAct, w: &HostAct) -> Result<(), EngineError> {
+    fn hc_inject(
+        &self,
+        x: &mut HostAct,
+        y: &HostAct,
+        w: &HostAct,
+        gate: Map,
+    ) -> Result<(), EngineError> {
         let (h, streams) = (y.cols, w.cols);
         if x.rows != y.rows || w.rows != y.rows || x.cols != streams * h {
             return Err(shape_err(
@@ -294,7 +300,11 @@ impl HybridOps for CpuDevice {
             .zip(y.data.chunks_exact(h))
             .zip(w.data.chunks_exact(streams))
         {
-            for (xs, ws) in xr.chunks_exact_mut(h).zip(wr) {
+            for (xs, &raw) in xr.chunks_exact_mut(h).zip(wr) {
+                let ws = match gate {
+                    Map::Silu { div } => silu(raw / div),
+                    Map::Sigmoid { div, mul } => mul * sigmoid(raw / div),
+                };
                 for (xv, yv) in xs.iter_mut().zip(yr) {
                     *xv += yv * ws;
                 }

@@ -72,10 +72,7 @@ impl HybridOps for CudaDevice {
     }
 
     fn map(&self, x: &mut DevAct, f: Map) -> Result<(), EngineError> {
-        let f = match f {
-            Map::Silu { div } => MapFn::Silu { div },
-            Map::Sigmoid { div, mul } => MapFn::Sigmoid { div, mul },
-        };
+        let f = map_fn(f);
         self.timed(OpClass::Other, 0, || Ok(self.kernels.map(x, f)?))
     }
 
@@ -97,8 +94,17 @@ impl HybridOps for CudaDevice {
         })
     }
 
-    fn hc_inject(&self, x: &mut DevAct, y: &DevAct, w: &DevAct) -> Result<(), EngineError> {
-        self.timed(OpClass::Other, 0, || Ok(self.kernels.hc_inject(x, y, w)?))
+    fn hc_inject(
+        &self,
+        x: &mut DevAct,
+        y: &DevAct,
+        w: &DevAct,
+        gate: Map,
+    ) -> Result<(), EngineError> {
+        let gate = map_fn(gate);
+        self.timed(OpClass::Other, 0, || {
+            Ok(self.kernels.hc_inject(x, y, w, gate)?)
+        })
     }
 
     fn causal_conv(
@@ -216,5 +222,13 @@ impl HybridOps for CudaDevice {
         self.timed(OpClass::Attention, bytes, || {
             Ok(self.kernels.sparse_attend(cache, step, out)?)
         })
+    }
+}
+
+/// The kernels' form of a map.
+fn map_fn(f: Map) -> MapFn {
+    match f {
+        Map::Silu { div } => MapFn::Silu { div },
+        Map::Sigmoid { div, mul } => MapFn::Sigmoid { div, mul },
     }
 }

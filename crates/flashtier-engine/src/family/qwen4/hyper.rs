@@ -2,7 +2,8 @@
 //! residual mixer normalises the streams (RMSNorm per stream, `(1 + w)`),
 //! mixes them into the block's input
 //! `mean_s(sigmoid(up(silu(down(n) / hc)))_s * n_s)` and, around a block,
-//! gives each stream its injection weight `2 sigmoid(inject(n) / hc)`; the
+//! gives each stream its injection weight `2 sigmoid(inject(n) / hc)`
+//! ([`GatedResidual::inject_gate`], applied by the injection itself); the
 //! block's output times that weight is added to each (un-normed) stream.
 //! The final mixer has no injection.
 
@@ -29,7 +30,8 @@ pub struct GatedResidual<D: Device> {
 pub struct Mixed<D: Device> {
     /// `rows x hidden`.
     pub input: D::Act,
-    /// `rows x streams` (`None` for the final mixer).
+    /// `rows x streams`, before [`GatedResidual::inject_gate`] (`None`
+    /// for the final mixer).
     pub inject: Option<D::Act>,
 }
 
@@ -64,6 +66,15 @@ impl<D: HybridOps> GatedResidual<D> {
         })
     }
 
+    /// The map that turns [`Mixed::inject`] into the streams' weights,
+    /// `2 sigmoid(w / hc)`.
+    pub fn inject_gate(&self) -> Map {
+        Map::Sigmoid {
+            div: self.streams as f32,
+            mul: 2.0,
+        }
+    }
+
     /// Mix the rows of `x` (`rows x streams * hidden`).
     pub fn forward(&self, dev: &D, x: &D::Act) -> Result<Mixed<D>, EngineError> {
         let rows = crate::device::Activation::rows(x);
@@ -77,13 +88,6 @@ impl<D: HybridOps> GatedResidual<D> {
             Some(w) => {
                 let mut g = dev.zeros(rows, hc)?;
                 dev.linear_many(&mut [&mut low, &mut g], &[&self.down, w], &n)?;
-                dev.map(
-                    &mut g,
-                    Map::Sigmoid {
-                        div: hc as f32,
-                        mul: 2.0,
-                    },
-                )?;
                 Some(g)
             }
             None => {

@@ -435,12 +435,16 @@ impl<D: HybridOps> Qwen4Model<D> {
         };
         let mut w = inject_weights(m.inject, i)?;
         if let Some(s) = drop {
+            // A weight the gate maps to zero: 2 sigmoid(-inf) = 0.
             let hc = self.cfg.hc_count;
             let mut host = dev.to_host(&w)?;
-            host.iter_mut().skip(s).step_by(hc).for_each(|v| *v = 0.0);
+            host.iter_mut()
+                .skip(s)
+                .step_by(hc)
+                .for_each(|v| *v = f32::NEG_INFINITY);
             w = dev.upload(w.rows(), w.cols(), &host)?;
         }
-        dev.hc_inject(x, &y, &w)?;
+        dev.hc_inject(x, &y, &w, layer.attn_hc.inject_gate())?;
         let m = layer.mlp_hc.forward(dev, x)?;
         let next: Vec<&D::Mat> = tail
             .iter()
@@ -455,7 +459,12 @@ impl<D: HybridOps> Qwen4Model<D> {
             hidden: self.cfg.hidden_size,
         };
         let y = layer.moe.forward(&mut ctx, &next, &m.input)?;
-        dev.hc_inject(x, &y, &inject_weights(m.inject, i)?)
+        dev.hc_inject(
+            x,
+            &y,
+            &inject_weights(m.inject, i)?,
+            layer.mlp_hc.inject_gate(),
+        )
     }
 }
 
