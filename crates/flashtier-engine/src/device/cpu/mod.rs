@@ -23,6 +23,7 @@ pub mod isa;
 pub mod kernels;
 pub mod kv;
 mod moe;
+mod sparse;
 
 use crate::device::{Activation, Device, HeadCopy, KvSpec, RopeSpec, VectorLen};
 use crate::error::EngineError;

@@ -22,10 +22,9 @@ use crate::config::Routing;
 use crate::config::qwen4::{LayerKind, Qwen4Config, in_scope};
 use crate::device::cpu::CpuDevice;
 use crate::device::hybrid::HybridOps;
-use crate::device::{Activation, Device, ExpertTier, HeadCopy};
+use crate::device::{Activation, ExpertTier, HeadCopy};
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
-use crate::family::ffn::DenseMlp;
 use crate::family::route::RouteRule;
 use crate::load::weights::Loader;
 use crate::load::{LoadOptions, pool_experts};
@@ -41,13 +40,6 @@ use super::rows::{PleRowOptions, PleRowStats};
 enum Mixer<D: HybridOps> {
     Linear(GatedDeltaNet<D>),
     Sparse(SparseAttention<D>),
-}
-
-/// The MoE block's resident part.
-struct Moe<D: Device> {
-    router: D::Mat,
-    shared: DenseMlp<D>,
-    shared_gate: D::Mat,
 }
 
 struct Layer<D: HybridOps> {
@@ -503,71 +495,9 @@ impl<D: HybridOps> Layer<D> {
     }
 }
 
-fn load_moe<D: Device>(
-    l: &Loader<'_, D>,
-    cfg: &Qwen4Config,
-    p: &str,
-) -> Result<Moe<D>, EngineError> {
-    let h = cfg.hidden_size;
-    Ok(Moe {
-        router: l.matrix(&format!("{p}.mlp.gate.weight"), [cfg.num_experts, h])?,
-        shared: DenseMlp::load(
-            l,
-            &format!("{p}.mlp.shared_expert"),
-            cfg.shared_intermediate,
-            h,
-        )?,
-        shared_gate: l.matrix_f32(&format!("{p}.mlp.shared_expert_gate.weight"), [1, h])?,
-    })
-}
-
-/// What one layer's MoE step needs besides its weights.
-struct MoeStep<'a, D: Device> {
-    dev: &'a D,
-    experts: &'a mut D::Experts,
-    rule: &'a RouteRule,
-    layer: usize,
-    hidden: usize,
-}
-
-impl<D: Device> Moe<D> {
-    /// The block's output for the rows of `x`. Before the routed experts
-    /// run, the next layers' routers (`next`, nearest first) are applied
-    /// to `x` and their guesses hinted to the tier (pre-gating: it changes
-    /// reads, never results); the shared expert runs while the routed
-    /// experts' misses are read.
-    fn forward(
-        &self,
-        st: &mut MoeStep<'_, D>,
-        next: &[&D::Mat],
-        x: &D::Act,
-    ) -> Result<D::Act, EngineError> {
-        let dev = st.dev;
-        let (rows, h) = (x.rows(), st.hidden);
-        let routes = dev.router(&self.router, x, st.rule, None)?;
-        if rows == 1 && dev.hints_wanted(st.experts) {
-            for (d, r) in next.iter().enumerate() {
-                let guess = dev.router(r, x, st.rule, None)?;
-                dev.hint_ahead(st.experts, d + 1, st.layer + d + 1, &guess)?;
-            }
-        }
-        let mut out = dev.zeros(rows, h)?;
-        let mut shared = None;
-        dev.moe_meanwhile(st.experts, st.layer, x, &routes, &mut out, &mut || {
-            let y = self.shared.forward(dev, x, rows, h)?;
-            let mut gate = dev.zeros(rows, 1)?;
-            dev.linear(&mut gate, &self.shared_gate, x)?;
-            shared = Some((y, gate));
-            Ok(())
-        })?;
-        let (y, gate) = shared.ok_or_else(|| EngineError::Layout {
-            what: format!("shared expert of layer {}", st.layer),
-            reason: "the MoE step never ran it".to_string(),
-        })?;
-        dev.add_gated(&mut out, &y, &gate)?;
-        Ok(out)
-    }
-}
+#[path = "moe.rs"]
+mod moe;
+use moe::{Moe, MoeStep, load_moe};
 
 #[path = "generate.rs"]
 mod generate;
