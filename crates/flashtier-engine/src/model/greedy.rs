@@ -116,6 +116,12 @@ pub(crate) trait Decoder {
     fn prompt_step(&mut self, tokens: &[u32], head: Head) -> Result<Vec<f32>, EngineError> {
         self.step(tokens, head == Head::Every)
     }
+    /// The prompt's tokens after the next [`Self::prompt_step`]'s (empty
+    /// at its last chunk): a model may start reading what they need while
+    /// that step computes. Changes reads, never results.
+    fn prompt_ahead(&mut self, next: &[u32]) {
+        let _ = next;
+    }
     /// Prompt tokens per [`Self::prompt_step`] for a sequence that will
     /// hold `len` positions after its prompt.
     fn prompt_chunk(&self, len: usize) -> usize {
@@ -209,6 +215,11 @@ pub(crate) fn greedy<M: Decoder>(
             (false, true) => Head::Last,
             (false, false) => Head::None,
         };
+        m.prompt_ahead(
+            prompt
+                .get((c + 1) * rows..)
+                .map_or(&[][..], |r| &r[..r.len().min(rows)]),
+        );
         last = m.prompt_step(chunk, head)?;
         if keep_prompt_logits {
             out.prompt_logits

@@ -44,6 +44,10 @@ impl<D: HybridOps> Decoder for Qwen4Model<D> {
         self.greedy_next(token)
     }
 
+    fn prompt_ahead(&mut self, next: &[u32]) {
+        self.set_prompt_ahead(next);
+    }
+
     fn expert_stats(&self) -> ExpertStats {
         Qwen4Model::expert_stats(self)
     }

@@ -68,6 +68,9 @@ pub struct Qwen4Model<D: HybridOps = CpuDevice> {
     /// The batch API's id of the sequence the state is of
     /// ([`crate::engine::Engine::step_batch`]; `None` after a reset).
     owner: Option<u64>,
+    /// The prompt's tokens after the next step's, whose PLE rows that step
+    /// starts reading (empty: none; taken by the step).
+    prompt_next: Vec<u32>,
     /// Leave out stream `s`'s attention injection (only to show the
     /// fixture needs every hyper-connection term).
     pub(crate) drop_inject_stream: Option<usize>,
@@ -172,6 +175,7 @@ impl<D: HybridOps> Qwen4Model<D> {
             rope,
             pos: 0,
             owner: None,
+            prompt_next: Vec::new(),
             drop_inject_stream: None,
         };
         if let Some(r) = rows {
@@ -257,6 +261,13 @@ impl<D: HybridOps> Qwen4Model<D> {
             .sum()
     }
 
+    /// The prompt's tokens after the next step's: that step starts reading
+    /// their PLE rows (row store only) while it computes.
+    pub(crate) fn set_prompt_ahead(&mut self, next: &[u32]) {
+        self.prompt_next.clear();
+        self.prompt_next.extend_from_slice(next);
+    }
+
     /// The batch API's id of the sequence the state is of.
     pub(crate) fn owner(&self) -> Option<u64> {
         self.owner
@@ -286,6 +297,7 @@ impl<D: HybridOps> Qwen4Model<D> {
         }
         self.pos = 0;
         self.owner = None;
+        self.prompt_next.clear();
         Ok(())
     }
 
@@ -400,6 +412,13 @@ impl<D: HybridOps> Qwen4Model<D> {
         if !landed {
             for p in self.layers.iter_mut().filter_map(|l| l.ple.as_mut()) {
                 p.start_step(tokens)?;
+            }
+        }
+        // Then the next prompt chunk's, behind them.
+        let next = std::mem::take(&mut self.prompt_next);
+        if !next.is_empty() {
+            for p in self.layers.iter_mut().filter_map(|l| l.ple.as_mut()) {
+                p.read_ahead(&next)?;
             }
         }
         for i in 0..self.layers.len() {

@@ -108,3 +108,58 @@ fn the_fixture_constrains_eos_segments_conv_state_and_each_hyper_connection() {
         );
     }
 }
+
+/// A long prompt through the row store in chunks, each starting the next
+/// chunk's row reads while it computes: the bits of the rows read from the
+/// checkpoint, the reads in flight between the chunks, and no row read
+/// twice (the same bytes read as without reading ahead).
+#[test]
+fn rows_read_a_chunk_ahead_change_reads_not_results() {
+    use super::super::rows::PleRowOptions;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plain = open(tmp.path());
+    let store = tmp.path().join("experts.ftstore");
+    let with_rows = |name: &str| {
+        let rows = PleRowOptions {
+            dir: tmp.path().join(name),
+            budget_bytes: 1 << 20,
+        };
+        Qwen4Model::open_with_rows(&dir(), &store, &LoadOptions::store(&store), Some(&rows))
+            .unwrap()
+    };
+    let (mut ahead, mut behind) = (with_rows("rows-a"), with_rows("rows-b"));
+    // 200 tokens (EOS among them), four chunks.
+    let tokens: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 256).collect();
+    let chunks: Vec<&[u32]> = tokens.chunks(50).collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (c, chunk) in chunks.iter().enumerate() {
+        let want = plain.forward(chunk, true).unwrap();
+        if let Some(next) = chunks.get(c + 1) {
+            ahead.set_prompt_ahead(next);
+        }
+        assert_eq!(
+            bits(&ahead.forward(chunk, true).unwrap()),
+            bits(&want),
+            "chunk {c}"
+        );
+        assert_eq!(
+            bits(&behind.forward(chunk, true).unwrap()),
+            bits(&want),
+            "chunk {c}"
+        );
+        let in_flight: usize = ahead
+            .layers
+            .iter()
+            .filter_map(|l| l.ple.as_ref())
+            .map(|p| p.reads_ahead())
+            .sum();
+        assert_eq!(
+            in_flight > 0,
+            c + 1 < chunks.len(),
+            "chunk {c}: {in_flight} reads ahead"
+        );
+    }
+    let (a, b) = (ahead.row_stats().unwrap(), behind.row_stats().unwrap());
+    println!("ahead {a:?}\nbehind {b:?}");
+    assert_eq!((a.lookups, a.bytes_read), (b.lookups, b.bytes_read));
+}

@@ -161,15 +161,33 @@ impl<D: HybridOps> PleLayer<D> {
     pub(crate) fn start_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         let ids: Vec<u64> = self.hasher.step(tokens).into_iter().flatten().collect();
         if let Some(rows) = &mut self.rows {
-            let mut per_shard = vec![Vec::new(); self.shards.len()];
-            for &id in &ids {
-                let (k, local) = locate_shard(&self.shards, id)?;
-                per_shard[k].push(local);
-            }
-            rows.prefetch(&per_shard)?;
+            rows.prefetch(&per_shard(&self.shards, &ids)?)?;
         }
         self.step_ids = Some(ids);
         Ok(())
+    }
+
+    /// Start reading the rows of `next`, the prompt's tokens after this
+    /// step's (after [`Self::start_step`]), while this step computes; the
+    /// next step's reads wait for them first. Nothing to start for
+    /// checkpoint reads. Changes reads, never results.
+    pub(crate) fn read_ahead(&mut self, next: &[u32]) -> Result<(), EngineError> {
+        let Some(rows) = &mut self.rows else {
+            return Ok(());
+        };
+        let ids: Vec<u64> = self
+            .hasher
+            .ids(next, self.hasher.eos_segments)
+            .into_iter()
+            .flatten()
+            .collect();
+        rows.read_ahead(&per_shard(&self.shards, &ids)?)
+    }
+
+    /// Row-store prefetches started ahead and not yet waited for.
+    #[cfg(test)]
+    pub(crate) fn reads_ahead(&self) -> usize {
+        self.rows.as_ref().map_or(0, LayerRows::ahead_len)
     }
 
     /// Make EOS start no segment (only to show the fixture needs it).
@@ -182,6 +200,9 @@ impl<D: HybridOps> PleLayer<D> {
     pub fn reset(&mut self, dev: &D) -> Result<(), EngineError> {
         self.hasher.reset();
         self.step_ids = None;
+        if let Some(r) = &mut self.rows {
+            r.forget_ahead();
+        }
         self.landed = false;
         self.conv_state = dev.state(self.conv_state.rows(), self.conv_state.cols())?;
         Ok(())
@@ -281,6 +302,16 @@ impl<D: HybridOps> PleLayer<D> {
         dev.add(&mut gated, &conv)?;
         dev.add(x, &gated)
     }
+}
+
+/// `ids` by shard: each shard's local row indices, in order.
+fn per_shard(shards: &[Shard], ids: &[u64]) -> Result<Vec<Vec<u64>>, EngineError> {
+    let mut out = vec![Vec::new(); shards.len()];
+    for &id in ids {
+        let (k, local) = locate_shard(shards, id)?;
+        out[k].push(local);
+    }
+    Ok(out)
 }
 
 /// The shard holding row `id` and the row's index in it.

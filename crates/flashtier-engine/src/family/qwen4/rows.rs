@@ -228,6 +228,9 @@ impl PleRowStats {
 pub(crate) struct LayerRows {
     stores: Vec<RowStore>,
     pending: Vec<RowPrefetch>,
+    /// Reads of the next prompt chunk's rows, started while this one
+    /// computes ([`Self::read_ahead`]).
+    ahead: Vec<RowPrefetch>,
     stall_ns: u64,
 }
 
@@ -305,6 +308,7 @@ impl LayerRows {
         Ok(Self {
             stores,
             pending: Vec::new(),
+            ahead: Vec::new(),
             stall_ns: 0,
         })
     }
@@ -319,12 +323,48 @@ impl LayerRows {
     }
 
     fn start_reads(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
+        // The reads started a step ahead land in the caches first, so the
+        // rows they bring are not read again.
+        self.ahead.drain(..).try_for_each(RowPrefetch::wait)?;
         for (store, ids) in self.stores.iter().zip(per_shard) {
             if !ids.is_empty() {
                 self.pending.push(store.prefetch_start(ids)?);
             }
         }
         Ok(())
+    }
+
+    /// Start reading the rows `per_shard[k]` of each shard `k` (the next
+    /// prompt chunk's) behind this step's reads; the next step's
+    /// [`Self::prefetch`] waits for them before it starts its own.
+    pub(crate) fn read_ahead(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let mut started = Ok(());
+        for (store, ids) in self.stores.iter().zip(per_shard) {
+            if !ids.is_empty() {
+                match store.prefetch_start(ids) {
+                    Ok(p) => self.ahead.push(p),
+                    Err(e) => {
+                        started = Err(e.into());
+                        break;
+                    }
+                }
+            }
+        }
+        self.stall_ns += t0.elapsed().as_nanos() as u64;
+        started
+    }
+
+    /// Prefetches started ahead and not yet waited for.
+    #[cfg(test)]
+    pub(crate) fn ahead_len(&self) -> usize {
+        self.ahead.len()
+    }
+
+    /// Abandon the reads started ahead (the sequence was reset: its next
+    /// chunk will not come).
+    pub(crate) fn forget_ahead(&mut self) {
+        self.ahead.clear();
     }
 
     /// Wait for the layer's prefetch, then look up `ids` of shard `k`
