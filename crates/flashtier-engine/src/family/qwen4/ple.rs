@@ -18,7 +18,7 @@
 //! or, with [`super::rows::PleRowOptions`], from the row store
 //! ([`super::rows`]: packed shards, a RAM cache, the step's reads started
 //! for every PLE layer before the first layer runs, and in a long prompt
-//! the next step's reads right behind them, [`PleLayer::read_ahead`]). Both
+//! the next step's reads right behind them, `PleLayer::read_ahead`). Both
 //! give the same bytes, so the same output bits. On the device the rows
 //! land through [`HybridOps::land`] (pinned memory and a copy stream on the
 //! GPU).
