@@ -175,3 +175,54 @@ impl Projection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        tokens_per_sec: f64,
+        stall: f64,
+        row_stall: Option<f64>,
+        rows: Option<f64>,
+    ) -> DecodeRun {
+        DecodeRun {
+            device: "cuda".into(),
+            gpu_name: None,
+            fallback: None,
+            backing: "hbm".into(),
+            generated_ids: Vec::new(),
+            steps: 10,
+            tokens_per_sec,
+            expert_hit_rate: 0.9,
+            miss_bytes_per_token: 140e6,
+            prefetch_bytes_per_token: 0.0,
+            prefetch_used_bytes_per_token: 0.0,
+            stall_fraction: stall,
+            h2d_bytes_per_token: 0.0,
+            row_hit_rate: None,
+            row_bytes_read_per_token: rows,
+            row_stall_fraction: row_stall,
+            drive_busy_share: None,
+            reads_in_flight_while_busy: None,
+        }
+    }
+
+    #[test]
+    fn the_projection_takes_the_slower_of_compute_and_the_fast_drive() {
+        // 10 tok/s, 60% + 10% waiting: 30 ms of compute a token; 140 MB
+        // of records at 14 GB/s is 10 ms, plus 1 MB of row blocks that
+        // read 8x slower than records here: 8 MB's worth, 0.57 ms.
+        let p = Projection::of(&run(10.0, 0.6, Some(0.1), Some(1e6)), 2e9, Some(0.25e9));
+        assert!((p.compute_secs_per_token - 0.03).abs() < 1e-12, "{p:?}");
+        assert!(
+            (p.drive_secs_per_token - 148e6 / 14e9).abs() < 1e-12,
+            "{p:?}"
+        );
+        assert!((p.tokens_per_sec - 1.0 / 0.03).abs() < 1e-9, "{p:?}");
+        // Compute-light: the drive bounds it.
+        let p = Projection::of(&run(10.0, 0.99, None, None), 2e9, None);
+        assert!((p.drive_secs_per_token - 0.01).abs() < 1e-12, "{p:?}");
+        assert!((p.tokens_per_sec - 100.0).abs() < 1e-9, "{p:?}");
+    }
+}
