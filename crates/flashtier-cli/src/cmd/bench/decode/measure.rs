@@ -123,7 +123,7 @@ pub(super) fn profile(
         m,
         |m| m.device(),
         args.profile_tokens,
-        (limits, tok_s),
+        (limits, tok_s, vocab),
         |m, t| {
             m.forward(&[t], false)?;
             Ok(())
@@ -132,20 +132,20 @@ pub(super) fn profile(
 }
 
 /// Per-class device time over `n` (at least one) one-token steps of
-/// `step` on `m` (whose device `dev` gives), fed pseudo-random tokens, and
-/// the roofline fractions against the measured tokens/s.
+/// `step` on `m` (whose device `dev` gives), fed pseudo-random tokens of
+/// the vocabulary, and the roofline fractions against the measured
+/// tokens/s.
 pub(super) fn profile_steps<M>(
     m: &mut M,
     dev: impl Fn(&M) -> &CudaDevice,
     n: usize,
-    (limits, tok_s): (&Limits, f64),
+    (limits, tok_s, vocab): (&Limits, f64, usize),
     mut step: impl FnMut(&mut M, u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<Roofline> {
     let n = n.max(1);
     dev(m).profile_start();
     for i in 0..n {
-        // A token in every vocabulary (the smallest synthetic one is 256).
-        step(m, ((i * 31 + 7) % 256) as u32)?;
+        step(m, ((i * 31 + 7) % vocab.max(1)) as u32)?;
     }
     let classes = dev(m).profile_take()?;
     let bw = limits.hbm_read_bytes_per_sec.max(1.0);

@@ -115,7 +115,7 @@ pub(super) fn run(args: &Args, store: &Path, show: bool) -> anyhow::Result<()> {
         &mut m,
         |m| m.device(),
         args.profile_tokens,
-        (&limits, tokens_per_sec),
+        (&limits, tokens_per_sec, cfg.vocab_size),
         |m, t| {
             m.forward(&[t], false)?;
             Ok(())
