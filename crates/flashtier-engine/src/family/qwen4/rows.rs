@@ -248,6 +248,21 @@ pub fn row_backend() -> Result<Arc<dyn StorageBackend>, EngineError> {
     }
 }
 
+/// Start each shard's prefetch of its rows `per_shard[k]` (none for an
+/// empty list), the handles into `into`.
+fn start_into(
+    stores: &[RowStore],
+    per_shard: &[Vec<u64>],
+    into: &mut Vec<RowPrefetch>,
+) -> Result<(), EngineError> {
+    for (store, ids) in stores.iter().zip(per_shard) {
+        if !ids.is_empty() {
+            into.push(store.prefetch_start(ids)?);
+        }
+    }
+    Ok(())
+}
+
 /// Block a row-shard read fetches.
 const BLOCK_BYTES: u64 = 4096;
 
@@ -326,12 +341,7 @@ impl LayerRows {
         // The reads started a step ahead land in the caches first, so the
         // rows they bring are not read again.
         self.ahead.drain(..).try_for_each(RowPrefetch::wait)?;
-        for (store, ids) in self.stores.iter().zip(per_shard) {
-            if !ids.is_empty() {
-                self.pending.push(store.prefetch_start(ids)?);
-            }
-        }
-        Ok(())
+        start_into(&self.stores, per_shard, &mut self.pending)
     }
 
     /// Start reading the rows `per_shard[k]` of each shard `k` (the next
@@ -339,18 +349,7 @@ impl LayerRows {
     /// [`Self::prefetch`] waits for them before it starts its own.
     pub(crate) fn read_ahead(&mut self, per_shard: &[Vec<u64>]) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        let mut started = Ok(());
-        for (store, ids) in self.stores.iter().zip(per_shard) {
-            if !ids.is_empty() {
-                match store.prefetch_start(ids) {
-                    Ok(p) => self.ahead.push(p),
-                    Err(e) => {
-                        started = Err(e.into());
-                        break;
-                    }
-                }
-            }
-        }
+        let started = start_into(&self.stores, per_shard, &mut self.ahead);
         self.stall_ns += t0.elapsed().as_nanos() as u64;
         started
     }
