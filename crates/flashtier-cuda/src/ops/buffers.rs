@@ -52,21 +52,14 @@ impl ActPool {
     /// A `rows x cols` activation: a recycled buffer of that size, or a new
     /// zeroed one.
     pub fn take(self: &Rc<Self>, gpu: &Gpu, rows: usize, cols: usize) -> Result<DevAct, CudaError> {
-        let len = rows
-            .checked_mul(cols)
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CudaError::invalid("activation", format!("{rows}x{cols}")))?;
+        let len = act_len(rows, cols)?;
         if self.gpu.borrow().is_none() {
             *self.gpu.borrow_mut() = Some(gpu.clone());
         }
         let reused = self.free.borrow_mut().get_mut(&len).and_then(Vec::pop);
         let buf = match reused {
             Some(b) => b,
-            // Fresh memory no queued launch uses: no need to issue them.
-            None => gpu
-                .raw_stream()
-                .alloc_zeros::<f32>(len)
-                .map_err(CudaError::driver(format!("allocate {len} f32 activations")))?,
+            None => alloc_zeroed(gpu, len)?,
         };
         Ok(DevAct {
             rows,
@@ -85,6 +78,21 @@ impl ActPool {
             gpu.retire(buf);
         }
     }
+}
+
+/// Elements of a `rows x cols` activation (neither 0, no overflow).
+fn act_len(rows: usize, cols: usize) -> Result<usize, CudaError> {
+    rows.checked_mul(cols)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| CudaError::invalid("activation", format!("{rows}x{cols}")))
+}
+
+/// `len` zeroed f32 on the compute stream (fresh memory no queued launch
+/// uses: the queue need not be issued first).
+fn alloc_zeroed(gpu: &Gpu, len: usize) -> Result<CudaSlice<f32>, CudaError> {
+    gpu.raw_stream()
+        .alloc_zeros::<f32>(len)
+        .map_err(CudaError::driver(format!("allocate {len} f32 activations")))
 }
 
 /// A `rows x cols` row-major f32 activation on the device.
@@ -114,14 +122,7 @@ impl DevAct {
     /// keeps it across steps and hands its buffer to [`Gpu::retire`] when
     /// done ([`Self::into_buf`]).
     pub(crate) fn detached(gpu: &Gpu, rows: usize, cols: usize) -> Result<Self, CudaError> {
-        let len = rows
-            .checked_mul(cols)
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CudaError::invalid("activation", format!("{rows}x{cols}")))?;
-        let buf = gpu
-            .raw_stream()
-            .alloc_zeros::<f32>(len)
-            .map_err(CudaError::driver(format!("allocate {len} f32 activations")))?;
+        let buf = alloc_zeroed(gpu, act_len(rows, cols)?)?;
         Ok(Self {
             rows,
             cols,
