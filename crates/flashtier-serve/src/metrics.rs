@@ -166,7 +166,7 @@ pub fn render(c: &Counters) -> String {
 }
 
 /// The row store's, the KV tier's and the prefix spill's counters.
-fn tier_counters(c: &Counters) -> [(&'static str, &'static str, u64); 14] {
+fn tier_counters(c: &Counters) -> [(&'static str, &'static str, u64); 16] {
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let (r, p) = (&c.rows, &c.prefix_spill);
     let spill_written = l(&p.bytes_written);
@@ -229,8 +229,19 @@ fn tier_counters(c: &Counters) -> [(&'static str, &'static str, u64); 14] {
         ),
         (
             "prefix_spill_dropped_total",
-            "Spilled KV caches dropped to make room on the drive, or too large for it.",
+            "Spilled KV caches dropped to make room on the drive; kept ones too large for it or \
+             finding too few free blocks.",
             l(&p.dropped),
+        ),
+        (
+            "prefix_spill_queue_full_total",
+            "Kept KV caches dropped because the spill's write queue was full.",
+            l(&p.queue_full),
+        ),
+        (
+            "prefix_spill_taken_writing_total",
+            "Kept KV caches a prompt took from memory while their spill write was in flight.",
+            l(&p.taken_writing),
         ),
         (
             "prefix_spill_bytes_written_total",

@@ -1,7 +1,9 @@
 //! [`SpillError`]: why a kept cache did not go to the drive or did not come
-//! back. Either way the scheduler goes on without it: an entry that could
-//! not be written is dropped, and a prompt whose entry could not be
-//! restored is computed from its first token. Never wrong data.
+//! back. Either way the scheduler goes on without it: an entry whose
+//! write failed on the writer thread is dropped when the scheduler thread
+//! collects the outcome (nobody waits for it), and a prompt whose entry
+//! could not be restored is computed from its first token. Never wrong
+//! data.
 
 use std::path::PathBuf;
 
@@ -56,6 +58,9 @@ pub enum SpillError {
         /// Why (names the tile, block and offset at fault).
         source: KvError,
     },
+    /// The writer thread could not be started.
+    #[error("starting the prefix spill's writer thread: {0}")]
+    Writer(std::io::Error),
     /// The cache could not be read out or filled back (its shape is not
     /// the store's, or the engine refused it).
     #[error("prefix spill: {0}")]

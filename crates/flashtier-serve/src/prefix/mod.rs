@@ -12,13 +12,19 @@
 //! Two levels. In memory the entries hold at most `budget` positions in all
 //! (the KV bytes are `budget x` the model's bytes per position); the least
 //! recently used leave first. With a [`PrefixSpill`], a CPU cache that
-//! leaves memory (or that is longer than the memory budget) is written to
-//! the KV tier on a drive instead of dropped, up to the spill's own bound,
-//! where the least recently used leave first too; a prompt whose longest
-//! match is on the drive gets a fresh cache filled from it, block by block,
-//! every block's checksum verified ([`spill`]). A restore that fails is an
-//! error the caller answers by computing the prompt from its first token;
-//! the entry is gone either way. At equal reuse an entry in memory wins.
+//! leaves memory (or that is longer than the memory budget) is handed to
+//! the spill's writer thread instead of dropped, up to the spill's own
+//! bound, where the least recently used leave first too; `put` does not
+//! wait for the write. Until its outcome is collected ([`PrefixCache::settle`],
+//! which `put` and `take` call first) the entry is *writing*: its
+//! positions count as on the drive, its cache (outside the memory budget,
+//! at most the spill's write queue of them) serves a prompt from memory,
+//! and a failed write drops it. A prompt whose longest match is on the
+//! drive gets a fresh cache filled from it, block by block, every block's
+//! checksum verified, on the calling thread ([`spill`]). A restore that
+//! fails is an error the caller answers by computing the prompt from its
+//! first token; the entry is gone either way. At equal reuse an entry
+//! served from memory wins.
 //!
 //! A cache that cannot be cut back (one with chunks offloaded to a drive)
 //! is reused only whole; a GPU cache is never spilled (see [`spill`]);
@@ -29,24 +35,31 @@ mod error;
 mod image;
 pub mod spill;
 mod store;
+mod writer;
 
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
+use flashtier_engine::device::KvState;
+use flashtier_engine::device::cpu::kv::KvCache;
 use flashtier_engine::engine::SeqKv;
 use flashtier_engine::error::EngineError;
 
 pub use error::SpillError;
 pub use spill::{PrefixSpill, SpillConfig, SpillStats};
-use spill::{Spilled, blocks_for};
+use spill::{Settled, Spilled, Writing, blocks_for};
 
 /// Kept caches of finished sequences.
 #[derive(Debug)]
 pub struct PrefixCache {
     entries: Vec<Entry>,
     budget: usize,
+    /// Positions of the `Memory` entries.
     held: usize,
     spill: Option<PrefixSpill>,
+    /// Positions of the `Drive` and `Writing` entries.
     spilled: usize,
     clock: u64,
 }
@@ -55,6 +68,7 @@ pub struct PrefixCache {
 enum Kept {
     Memory(SeqKv),
     Drive(Spilled),
+    Writing(Writing),
 }
 
 #[derive(Debug)]
@@ -69,20 +83,23 @@ impl Entry {
         match &self.kept {
             Kept::Memory(kv) => kv.capacity(),
             Kept::Drive(s) => s.capacity(),
+            Kept::Writing(w) => w.capacity(),
         }
     }
 
     /// Whether a prefix of it can be reused (a spilled entry restores any
-    /// prefix of whole blocks, then is cut back).
+    /// prefix of whole blocks, then is cut back; a writing one is a CPU
+    /// cache).
     fn rewinds(&self) -> bool {
         match &self.kept {
             Kept::Memory(kv) => kv.rewinds(),
-            Kept::Drive(_) => true,
+            Kept::Drive(_) | Kept::Writing(_) => true,
         }
     }
 
-    fn in_memory(&self) -> bool {
-        matches!(self.kept, Kept::Memory(_))
+    /// Whether a prompt taking it is served from memory.
+    fn served_from_memory(&self) -> bool {
+        !matches!(self.kept, Kept::Drive(_))
     }
 }
 
@@ -129,7 +146,7 @@ impl PrefixCache {
         self.held
     }
 
-    /// Positions held on the drive now.
+    /// Positions held on the drive now, or being written there.
     #[must_use]
     pub fn spilled(&self) -> usize {
         self.spilled
@@ -157,14 +174,16 @@ impl PrefixCache {
     /// can hold `capacity` positions, cut back to the reused prefix (at
     /// most `prompt.len() - 1` positions). `Ok(None)` when no entry shares
     /// a first token. A spilled entry is restored into `fresh()`, an empty
-    /// cache of the engine's; an error means the entry is lost and the
-    /// prompt must be computed whole.
+    /// cache of the engine's, as is a copy of a writing entry whose write
+    /// is running; an error means the entry is lost and the prompt must be
+    /// computed whole.
     pub fn take(
         &mut self,
         prompt: &[u32],
         capacity: usize,
         fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
     ) -> Result<Option<Reused>, SpillError> {
+        self.settle();
         let limit = prompt.len().saturating_sub(1);
         let best = self
             .entries
@@ -181,7 +200,13 @@ impl PrefixCache {
                 };
                 (i, n)
             })
-            .max_by_key(|&(i, n)| (n, self.entries[i].in_memory(), self.entries[i].used));
+            .max_by_key(|&(i, n)| {
+                (
+                    n,
+                    self.entries[i].served_from_memory(),
+                    self.entries[i].used,
+                )
+            });
         let Some((best, reuse)) = best.filter(|&(_, n)| n > 0) else {
             return Ok(None);
         };
@@ -207,7 +232,46 @@ impl PrefixCache {
                     restored: true,
                 }))
             }
+            Kept::Writing(w) => {
+                self.spilled -= e.tokens.len();
+                let kv = self.reclaim(w, reuse, fresh)?;
+                Ok(Some(Reused {
+                    kv,
+                    cached: reuse,
+                    restored: false,
+                }))
+            }
         }
+    }
+
+    /// The first `reuse` positions of a writing entry, from memory: its
+    /// own cache once the writer let go of it, else a copy into `fresh()`.
+    fn reclaim(
+        &mut self,
+        w: Writing,
+        reuse: usize,
+        fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
+    ) -> Result<SeqKv, SpillError> {
+        let Some(spill) = self.spill.as_mut() else {
+            return Err(SpillError::Shape("a writing entry without a spill".into()));
+        };
+        let mut kv = match Arc::try_unwrap(spill.reclaim(w)) {
+            Ok(own) => SeqKv::Cpu(Box::new(own)),
+            Err(shared) => {
+                let mut kv = fresh()?;
+                match &mut kv {
+                    SeqKv::Cpu(c) => copy_prefix(&shared, reuse, c)?,
+                    other => {
+                        return Err(SpillError::Shape(format!(
+                            "{other:?} cannot take a CPU cache's positions"
+                        )));
+                    }
+                }
+                kv
+            }
+        };
+        kv.truncate(reuse)?;
+        Ok(kv)
     }
 
     /// The first `reuse` positions of `s` in a fresh cache; `s`'s blocks
@@ -243,6 +307,7 @@ impl PrefixCache {
     /// drive, or is dropped.
     pub fn put(&mut self, tokens: Vec<u32>, kv: SeqKv) {
         debug_assert_eq!(tokens.len(), kv.len());
+        self.settle();
         // Qwen4-Exp's state lives in the model, which the next sequence
         // takes over: nothing of it can be kept.
         let state_in_model = matches!(kv, SeqKv::Qwen4 { .. });
@@ -260,7 +325,7 @@ impl PrefixCache {
                 .entries
                 .iter()
                 .enumerate()
-                .filter(|(_, e)| e.in_memory())
+                .filter(|(_, e)| matches!(e.kept, Kept::Memory(_)))
                 .min_by_key(|(_, e)| e.used)
                 .map(|(i, _)| i);
             let Some(oldest) = oldest else {
@@ -280,19 +345,18 @@ impl PrefixCache {
         });
     }
 
-    /// A cache leaving memory: to the drive (the least recently used there
-    /// making room) when it is a CPU cache that fits the spill, else
-    /// dropped.
+    /// A cache leaving memory: handed to the spill's writer (the least
+    /// recently used on the drive making room) when it is a CPU cache that
+    /// fits the spill and its write queue has room, else dropped.
     fn demote(&mut self, tokens: Vec<u32>, kv: SeqKv, used: u64) {
         let Some(spill) = self.spill.as_mut() else {
             return;
         };
-        let SeqKv::Cpu(cache) = &kv else {
+        let SeqKv::Cpu(cache) = kv else {
             return;
         };
         let need = blocks_for(tokens.len());
-        if need > spill.blocks() {
-            spill.note_dropped();
+        if !spill.admits(need) {
             return;
         }
         while spill.free_blocks() < need {
@@ -300,7 +364,7 @@ impl PrefixCache {
                 .entries
                 .iter()
                 .enumerate()
-                .filter(|(_, e)| !e.in_memory())
+                .filter(|(_, e)| matches!(e.kept, Kept::Drive(_)))
                 .min_by_key(|(_, e)| e.used)
                 .map(|(i, _)| i);
             let Some(oldest) = oldest else {
@@ -312,13 +376,83 @@ impl PrefixCache {
                 spill.drop_entry(s);
             }
         }
-        if let Ok(s) = spill.write(cache, kv.capacity()) {
+        let capacity = cache.capacity();
+        if let Some(w) = spill.submit(cache, capacity) {
             self.spilled += tokens.len();
             self.entries.push(Entry {
                 tokens,
-                kept: Kept::Drive(s),
+                kept: Kept::Writing(w),
                 used,
             });
         }
     }
+
+    /// Take in the spill's finished writes: a written entry is on the drive
+    /// now (its cache's memory goes), one whose write failed is gone.
+    /// Cheap when none finished; `put` and `take` call it first, and the
+    /// scheduler between steps.
+    pub fn settle(&mut self) {
+        let Some(spill) = self.spill.as_mut() else {
+            return;
+        };
+        for s in spill.collect() {
+            let (Settled::Written(ticket, _) | Settled::Failed(ticket)) = &s;
+            let ticket = *ticket;
+            let at = self
+                .entries
+                .iter()
+                .position(|e| matches!(&e.kept, Kept::Writing(w) if w.ticket() == ticket));
+            match (at, s) {
+                (Some(i), Settled::Written(_, d)) => {
+                    if let Some(e) = self.entries.get_mut(i) {
+                        e.kept = Kept::Drive(d);
+                    }
+                }
+                (Some(i), Settled::Failed(_)) => {
+                    let e = self.entries.swap_remove(i);
+                    self.spilled -= e.tokens.len();
+                }
+                // A taken entry's write is cancelled, and the spill frees
+                // its blocks itself; kept here for any other path.
+                (None, Settled::Written(_, d)) => spill.release(d),
+                (None, Settled::Failed(_)) => {}
+            }
+        }
+    }
+
+    /// Block until the spill's queued writes are finished, then
+    /// [`Self::settle`]: every entry is in memory or on the drive after.
+    /// The scheduler never calls it; tests and callers that want the
+    /// counters final do.
+    pub fn flush(&mut self) {
+        if let Some(spill) = &self.spill {
+            spill.flush();
+        }
+        self.settle();
+    }
+}
+
+/// The first `positions` positions of `src` in `into`, an empty cache of
+/// the same shape: the bytes `src` cut back to `positions` would hold.
+fn copy_prefix(src: &KvCache, positions: usize, into: &mut KvCache) -> Result<(), SpillError> {
+    let bytes = src.layer_len_bytes(positions);
+    let mut keys = Vec::with_capacity(src.layers());
+    let mut values = Vec::with_capacity(src.layers());
+    for layer in 0..src.layers() {
+        let (k, v) = src.layer_bytes(layer)?;
+        match (k.get(..bytes), v.get(..bytes)) {
+            (Some(k), Some(v)) => {
+                keys.push(k.to_vec());
+                values.push(v.to_vec());
+            }
+            _ => {
+                return Err(SpillError::Shape(format!(
+                    "{positions} positions of a cache holding {}",
+                    src.len()
+                )));
+            }
+        }
+    }
+    into.fill(positions, keys, values)?;
+    Ok(())
 }

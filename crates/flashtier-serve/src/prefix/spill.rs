@@ -13,16 +13,41 @@
 //! back as one read (or a few, for a model whose layers pass the ring's
 //! tile). Block numbers come from a free list: a dropped entry's are reused.
 //!
+//! Writes run on the spill's own thread (the `writer` module); the scheduler
+//! thread hands a cache over with the block numbers it reserved for it and
+//! returns at once. Until the scheduler thread collects the write's
+//! outcome the entry is *writing*: its block numbers are held, never handed
+//! to another entry, and its cache stays in memory, so a prompt that takes
+//! it is served from memory, never from a block still being written: the
+//! cache itself if its write was still queued (taken off the queue; its
+//! block numbers are free again at once) or the thread already let go of
+//! it, else a copy of the positions the prompt reuses, the write being
+//! cancelled before its next block number. Block numbers of a write that
+//! failed, or whose entry was taken, return to the free list only when the
+//! outcome is collected, after the thread is done with them. A failed
+//! write drops its entry ([`SpillStats::spill_failures`]). Restores stay on
+//! the scheduler thread (a prompt needs its cache before its first step);
+//! one waits for the store while the thread writes at most one block
+//! number (`layers` blocks).
+//!
 //! Bounds: `--prefix-spill-tokens N` sets `blocks = ceil(N / 16)` block
 //! numbers (at most [`MAX_SPILL_TOKENS`] positions). The file is made at its
 //! final length, `4096 + round_up(layers x blocks x 16, 4096) + layers x
 //! blocks x block_bytes` bytes (sparse until written), with `block_bytes =
 //! 2 x kv_heads x round_up(16 x width x 2, 4096)` (`width` the stored head
 //! width: twice `head_dim` at the default precision), and never grows:
-//! every write is one of its blocks. Memory: a staging buffer of one tile
-//! (at most `layers` blocks) for writes, and the restore ring of
-//! [`RING_TILES`] tiles; a tile holds at most [`MAX_RING_BYTES`] `/ 3`
-//! (or one block, if a block is larger).
+//! every write is one of its blocks. Writes in flight: at most
+//! [`SpillConfig::write_queue`] entries (default [`DEFAULT_WRITE_QUEUE`], at
+//! most [`MAX_WRITE_QUEUE`]) are writing at once, queued, being written or
+//! written and not yet collected; a cache leaving memory past that is
+//! dropped ([`SpillStats::queue_full`]), never waited for. So besides the
+//! memory budget the spill holds at most `write_queue` caches, each of at
+//! most `blocks x 16` positions (a longer one is never queued): `2 x layers
+//! x round_up(len, 16) x kv_heads x width x 2` bytes of K and V each, plus
+//! the cache's own attention scratch. Memory of the store: a staging
+//! buffer of one tile (at most `layers` blocks) for writes, and the restore
+//! ring of [`RING_TILES`] tiles; a tile holds at most [`MAX_RING_BYTES`]
+//! `/ 3` (or one block, if a block is larger).
 //!
 //! Durability (the KV tier's policy, `flashtier::kv`): the store is a cache
 //! of state the model recomputes. A block's table entry is sealed (its
@@ -31,8 +56,9 @@
 //! cache, so a failed, short or corrupt read is a [`SpillError::Restore`]
 //! and the prompt is recomputed, never served from wrong bytes. Nothing is
 //! fsynced: the file does not outlive the server, which removes it when it
-//! stops; a file a killed server left behind (its pid gone and its lock
-//! free) is removed when the next one starts in the same folder.
+//! stops (dropping the spill stops and joins its thread first, queued
+//! writes unwritten); a file a killed server left behind (its pid gone and
+//! its lock free) is removed when the next one starts in the same folder.
 //!
 //! GPU caches are not spilled: the CUDA cache has no path that writes
 //! positions back into it from host memory, so a GPU entry that leaves the
@@ -40,7 +66,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use flashtier::kv::swap::BlockVersion;
 use flashtier_engine::device::KvState;
@@ -49,6 +75,7 @@ use flashtier_io::{DirectMode, PosixBackend, StorageBackend};
 
 use super::error::SpillError;
 use super::store::{self, Store, StoreIo};
+use super::writer::{Job, Outcome, Writer};
 
 /// Most positions the store may hold (16 Mi).
 pub const MAX_SPILL_TOKENS: usize = 1 << 24;
@@ -57,6 +84,12 @@ pub use super::store::{MAX_RING_BYTES, RING_TILES};
 
 /// Workers of the default (posix) backend.
 const QUEUE_DEPTH: usize = 4;
+
+/// Entries writing at once by default (see the module docs).
+pub const DEFAULT_WRITE_QUEUE: usize = 4;
+
+/// Most entries [`SpillConfig::write_queue`] may let write at once.
+pub const MAX_WRITE_QUEUE: usize = 64;
 
 static NEXT_STORE: AtomicU64 = AtomicU64::new(0);
 
@@ -71,6 +104,9 @@ pub struct SpillConfig {
     pub direct: DirectMode,
     /// Backend of the store (default: posix, 4 workers).
     pub backend: Option<Arc<dyn StorageBackend>>,
+    /// Entries writing at once at most (1..=[`MAX_WRITE_QUEUE`]): queued,
+    /// being written, or written and not yet collected.
+    pub write_queue: usize,
 }
 
 impl SpillConfig {
@@ -83,6 +119,7 @@ impl SpillConfig {
             tokens,
             direct: DirectMode::Prefer,
             backend: None,
+            write_queue: DEFAULT_WRITE_QUEUE,
         }
     }
 }
@@ -94,6 +131,7 @@ impl std::fmt::Debug for SpillConfig {
             .field("tokens", &self.tokens)
             .field("direct", &self.direct)
             .field("backend", &self.backend.as_ref().map(|b| b.name()))
+            .field("write_queue", &self.write_queue)
             .finish()
     }
 }
@@ -109,9 +147,15 @@ pub struct SpillStats {
     pub restored: u64,
     /// Restores that failed (the prompt was recomputed).
     pub restore_failures: u64,
-    /// Entries dropped from the drive to make room, or too large for it.
+    /// Entries dropped from the drive to make room, too large for it, or
+    /// finding too few block numbers free (the rest held by writes).
     pub dropped: u64,
-    /// Bytes written to the store.
+    /// Entries dropped because [`SpillConfig::write_queue`] entries were
+    /// writing already.
+    pub queue_full: u64,
+    /// Entries a prompt took, from memory, while they were writing.
+    pub taken_writing: u64,
+    /// Bytes written to the store (cancelled and failed writes' included).
     pub bytes_written: u64,
     /// Bytes read back and verified.
     pub bytes_read: u64,
@@ -135,15 +179,48 @@ impl Spilled {
     }
 }
 
-/// The store and its free block numbers (see the module docs).
+/// An entry whose write is queued, running, or not yet collected: its
+/// cache stays in memory until then (see the module docs).
+#[derive(Debug)]
+pub(super) struct Writing {
+    ticket: u64,
+    kv: Arc<KvCache>,
+    cancel: Arc<AtomicBool>,
+    capacity: usize,
+}
+
+impl Writing {
+    /// Positions its cache could hold.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Which write it is.
+    pub(super) fn ticket(&self) -> u64 {
+        self.ticket
+    }
+}
+
+/// A write the scheduler thread collected.
+#[derive(Debug)]
+pub(super) enum Settled {
+    /// Entry `ticket` is on the drive.
+    Written(u64, Spilled),
+    /// Entry `ticket`'s write failed: the entry is gone.
+    Failed(u64),
+}
+
+/// The store, its free block numbers and its writer (see the module docs).
 pub struct PrefixSpill {
-    cfg: SpillConfig,
-    backend: Arc<dyn StorageBackend>,
     blocks: u32,
     path: PathBuf,
-    store: Option<Store>,
     free: Vec<u32>,
     stats: SpillStats,
+    write_queue: usize,
+    /// Entries writing now (at most `write_queue`).
+    writing: usize,
+    next_ticket: u64,
+    writer: Writer,
 }
 
 impl std::fmt::Debug for PrefixSpill {
@@ -152,6 +229,7 @@ impl std::fmt::Debug for PrefixSpill {
             .field("path", &self.path)
             .field("blocks", &self.blocks)
             .field("free", &self.free.len())
+            .field("writing", &self.writing)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -164,13 +242,19 @@ pub(super) fn blocks_for(len: usize) -> usize {
 
 impl PrefixSpill {
     /// A spill into `cfg.dir` (made if missing; stale stores of killed
-    /// servers there are removed). The store file is created at the first
-    /// spill.
+    /// servers there are removed), with its writer thread started. The
+    /// store file is created at the first spill.
     pub fn new(cfg: SpillConfig) -> Result<Self, SpillError> {
         if cfg.tokens == 0 || cfg.tokens > MAX_SPILL_TOKENS {
             return Err(SpillError::Shape(format!(
                 "prefix spill of {} positions: 1..={MAX_SPILL_TOKENS}",
                 cfg.tokens
+            )));
+        }
+        if cfg.write_queue == 0 || cfg.write_queue > MAX_WRITE_QUEUE {
+            return Err(SpillError::Shape(format!(
+                "prefix spill write queue of {} entries: 1..={MAX_WRITE_QUEUE}",
+                cfg.write_queue
             )));
         }
         let dir_err = |source| SpillError::Dir {
@@ -194,14 +278,21 @@ impl PrefixSpill {
         let path = cfg
             .dir
             .join(format!(".flashtier-prefix-{}-{n}.ftkv", std::process::id()));
-        Ok(Self {
-            cfg,
+        let writer = Writer::spawn(StoreIo {
+            path: path.clone(),
             backend,
+            direct: cfg.direct,
+            blocks,
+        })?;
+        Ok(Self {
             blocks,
             path,
-            store: None,
             free: (0..blocks).rev().collect(),
             stats: SpillStats::default(),
+            write_queue: cfg.write_queue,
+            writing: 0,
+            next_ticket: 0,
+            writer,
         })
     }
 
@@ -217,19 +308,25 @@ impl PrefixSpill {
         self.blocks as usize
     }
 
-    /// Block numbers free now.
+    /// Block numbers free now (those of writing entries are not).
     #[must_use]
     pub fn free_blocks(&self) -> usize {
         self.free.len()
     }
 
+    /// Entries writing now: queued, being written, or not yet collected.
+    #[must_use]
+    pub fn writing(&self) -> usize {
+        self.writing
+    }
+
     /// The store's length in bytes, once it exists (fixed at creation).
     #[must_use]
     pub fn file_len_bytes(&self) -> Option<u64> {
-        self.store.as_ref().map(Store::file_len_bytes)
+        self.writer.store().as_ref().map(Store::file_len_bytes)
     }
 
-    /// Counters so far.
+    /// Counters so far (writes count once collected).
     #[must_use]
     pub fn stats(&self) -> SpillStats {
         self.stats
@@ -241,9 +338,19 @@ impl PrefixSpill {
         self.release(s);
     }
 
-    /// Count an entry that could not go to the drive at all.
-    pub(super) fn note_dropped(&mut self) {
-        self.stats.dropped += 1;
+    /// Whether an entry of `need` block numbers may be handed over: not
+    /// while `write_queue` entries are writing, nor when it is longer than
+    /// the store (each counted).
+    pub(super) fn admits(&mut self, need: usize) -> bool {
+        if self.writing >= self.write_queue {
+            self.stats.queue_full += 1;
+            return false;
+        }
+        if need > self.blocks() {
+            self.stats.dropped += 1;
+            return false;
+        }
+        true
     }
 
     /// Its block numbers are free again (nothing reads them afterwards: the
@@ -252,61 +359,100 @@ impl PrefixSpill {
         self.free.extend(s.blocks.iter().rev());
     }
 
-    /// Write `kv` (a cache of `capacity` positions) to the drive. The
-    /// caller made room ([`Self::free_blocks`]); on failure nothing of it
-    /// is kept.
-    pub(super) fn write(&mut self, kv: &KvCache, capacity: usize) -> Result<Spilled, SpillError> {
-        let result = self.try_write(kv, capacity);
-        match &result {
-            Ok(_) => self.stats.spilled += 1,
-            Err(e) => {
-                self.stats.spill_failures += 1;
-                tracing::warn!("a kept cache was dropped instead of spilled: {e}");
-            }
+    /// Hand `kv` (a cache of `capacity` positions) to the writer, with the
+    /// block numbers it needs taken off the free list; returns at once.
+    /// `None` (counted) when `write_queue` entries are writing already or
+    /// too few block numbers are free (the caller made what room it could).
+    pub(super) fn submit(&mut self, kv: Box<KvCache>, capacity: usize) -> Option<Writing> {
+        let need = blocks_for(kv.len());
+        if self.writing >= self.write_queue {
+            self.stats.queue_full += 1;
+            return None;
         }
-        result
+        if need == 0 || need > self.free.len() {
+            self.stats.dropped += 1;
+            return None;
+        }
+        let mut blocks = self.free.split_off(self.free.len() - need);
+        blocks.reverse();
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let kv: Arc<KvCache> = Arc::from(kv);
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.writer.push(Job {
+            ticket,
+            kv: kv.clone(),
+            blocks,
+            cancel: cancel.clone(),
+            capacity,
+        });
+        self.writing += 1;
+        Some(Writing {
+            ticket,
+            kv,
+            cancel,
+            capacity,
+        })
     }
 
-    fn try_write(&mut self, kv: &KvCache, capacity: usize) -> Result<Spilled, SpillError> {
-        let need = blocks_for(kv.len());
-        if need == 0 || need > self.free.len() {
-            return Err(SpillError::Shape(format!(
-                "{} positions need {need} blocks; {} of {} are free",
-                kv.len(),
-                self.free.len(),
-                self.blocks
-            )));
+    /// The cache of a writing entry a prompt takes. Its write is cancelled:
+    /// taken off the queue if it has not started (its block numbers are
+    /// free again now), else stopped before its next block number (its
+    /// block numbers are freed when it is collected). The cache comes back
+    /// still shared only while the thread is writing from it.
+    pub(super) fn reclaim(&mut self, w: Writing) -> Arc<KvCache> {
+        self.stats.taken_writing += 1;
+        w.cancel.store(true, Ordering::Release);
+        if let Some(job) = self.writer.unqueue(w.ticket) {
+            self.writing -= 1;
+            self.free.extend(job.blocks.iter().rev());
         }
-        let store = match &mut self.store {
-            Some(s) => s,
-            empty => {
-                let io = StoreIo {
-                    path: &self.path,
-                    backend: self.backend.clone(),
-                    direct: self.cfg.direct,
-                    blocks: self.blocks,
-                };
-                empty.insert(Store::create(io, kv)?)
+        w.kv
+    }
+
+    /// Take in the writes finished since the last call: count them, free
+    /// the block numbers of those that failed or whose entry was taken,
+    /// and return the outcome of each one whose entry still waits for it.
+    pub(super) fn collect(&mut self) -> Vec<Settled> {
+        let mut settled = Vec::new();
+        for d in self.writer.collect() {
+            self.writing -= 1;
+            self.stats.bytes_written += d.bytes;
+            if d.cancel.load(Ordering::Acquire) {
+                self.free.extend(d.blocks.iter().rev());
+                continue;
             }
-        };
-        let free = &mut self.free;
-        let mut blocks = free.split_off(free.len() - need);
-        blocks.reverse();
-        match store.write(kv, &blocks) {
-            Ok(versions) => {
-                self.stats.bytes_written += versions.len() as u64 * store.block_bytes();
-                Ok(Spilled {
-                    blocks,
-                    versions,
-                    len: kv.len(),
-                    capacity,
-                })
-            }
-            Err(e) => {
-                free.extend(blocks.iter().rev());
-                Err(e)
+            match d.outcome {
+                Outcome::Written(versions) => {
+                    self.stats.spilled += 1;
+                    let s = Spilled {
+                        blocks: d.blocks,
+                        versions,
+                        len: d.len,
+                        capacity: d.capacity,
+                    };
+                    settled.push(Settled::Written(d.ticket, s));
+                }
+                Outcome::Failed(e) => {
+                    self.stats.spill_failures += 1;
+                    tracing::warn!("a kept cache was dropped instead of spilled: {e}");
+                    self.free.extend(d.blocks.iter().rev());
+                    settled.push(Settled::Failed(d.ticket));
+                }
+                // Only a stopping writer stops a write nobody cancelled.
+                Outcome::Stopped => {
+                    self.free.extend(d.blocks.iter().rev());
+                    settled.push(Settled::Failed(d.ticket));
+                }
             }
         }
+        settled
+    }
+
+    /// Block until every queued write is finished (their outcomes are
+    /// collected by the next [`Self::collect`]).
+    pub(super) fn flush(&self) {
+        self.writer.flush();
     }
 
     /// Read the first `positions` positions of `s` (whole blocks of them)
@@ -330,13 +476,13 @@ impl PrefixSpill {
     }
 
     fn try_restore(
-        &mut self,
+        &self,
         s: &Spilled,
         positions: usize,
         into: &mut KvCache,
     ) -> Result<u64, SpillError> {
-        let store = self
-            .store
+        let mut store = self.writer.store();
+        let store = store
             .as_mut()
             .ok_or_else(|| SpillError::Shape("no spill store".into()))?;
         let need = blocks_for(positions.min(s.len)).max(1);
@@ -349,9 +495,12 @@ impl PrefixSpill {
 
 impl Drop for PrefixSpill {
     fn drop(&mut self) {
-        // The store is the server's scratch: its lock ends with the swap,
-        // then the file goes.
-        if self.store.take().is_some() {
+        // The thread goes first (its queued writes unwritten), then the
+        // store: its lock ends with the swap, then the file goes.
+        self.writer.stop();
+        let store = self.writer.store().take();
+        if store.is_some() {
+            drop(store);
             let _ = std::fs::remove_file(&self.path);
         }
     }

@@ -34,8 +34,8 @@ pub(super) struct Store {
 }
 
 /// Where a store goes and how it is read.
-pub(super) struct StoreIo<'a> {
-    pub(super) path: &'a Path,
+pub(super) struct StoreIo {
+    pub(super) path: PathBuf,
     pub(super) backend: Arc<dyn StorageBackend>,
     pub(super) direct: DirectMode,
     /// Block numbers per layer.
@@ -44,7 +44,7 @@ pub(super) struct StoreIo<'a> {
 
 impl Store {
     /// A store at `io.path` for caches shaped like `kv`.
-    pub(super) fn create(io: StoreIo<'_>, kv: &KvCache) -> Result<Self, SpillError> {
+    pub(super) fn create(io: &StoreIo, kv: &KvCache) -> Result<Self, SpillError> {
         let shape = kv.shape();
         let n = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
         let geometry = KvGeometry {
@@ -80,7 +80,8 @@ impl Store {
             model_hash: flashtier_format::checksum::xxh3_64(identity.as_bytes()),
             ..SwapOptions::default()
         };
-        let swap = KvSwap::create(io.backend, io.path, layout, opts).map_err(create_err)?;
+        let swap =
+            KvSwap::create(io.backend.clone(), &io.path, layout, opts).map_err(create_err)?;
         tracing::info!(
             path = %io.path.display(),
             blocks = io.blocks,
@@ -89,7 +90,7 @@ impl Store {
         );
         Ok(Self {
             swap,
-            path: io.path.to_path_buf(),
+            path: io.path.clone(),
             image,
             layers: kv.layers(),
             tile_blocks,
@@ -135,46 +136,46 @@ impl Store {
         )))
     }
 
-    /// Write `kv`'s blocks to the block numbers `blocks` (its `i`th block
-    /// to `blocks[i]`, every layer), a tile of layers a write; returns the
-    /// versions block number by block number, layer by layer.
-    pub(super) fn write(
+    /// Write `kv`'s block `ordinal` to block number `block` of every
+    /// layer, a tile of layers a write; returns the versions layer by
+    /// layer. Each version is sealed only after its write completed.
+    pub(super) fn write_block(
         &mut self,
         kv: &KvCache,
-        blocks: &[u32],
+        ordinal: usize,
+        block: u32,
     ) -> Result<Vec<BlockVersion>, SpillError> {
         self.fits(kv)?;
         let bb = self.image.block_bytes();
-        let mut versions = Vec::with_capacity(blocks.len() * self.layers);
-        for (ordinal, &b) in blocks.iter().enumerate() {
-            for first in (0..self.layers).step_by(self.tile_blocks) {
-                let n = self.tile_blocks.min(self.layers - first);
-                for i in 0..n {
-                    let (k, v) = kv.layer_bytes(first + i)?;
-                    let dst = self
-                        .staging
-                        .get_mut(i * bb..(i + 1) * bb)
-                        .ok_or_else(|| SpillError::Shape("staging too small".into()))?;
-                    self.image.pack(k, v, ordinal, dst)?;
-                }
-                let id = BlockId::new(first as u32, b);
-                let src = self.staging.get(..n * bb).unwrap_or_default();
-                let written = self.swap.offload_span(id, n as u32, src);
-                let written = written.map_err(|source| SpillError::Write {
-                    path: self.path.clone(),
-                    offset: self.swap.layout().block_extent(id).map_or(0, |e| e.offset),
-                    len_bytes: (n * bb) as u64,
-                    source,
-                })?;
-                versions.extend(written);
+        let mut versions = Vec::with_capacity(self.layers);
+        for first in (0..self.layers).step_by(self.tile_blocks) {
+            let n = self.tile_blocks.min(self.layers - first);
+            for i in 0..n {
+                let (k, v) = kv.layer_bytes(first + i)?;
+                let dst = self
+                    .staging
+                    .get_mut(i * bb..(i + 1) * bb)
+                    .ok_or_else(|| SpillError::Shape("staging too small".into()))?;
+                self.image.pack(k, v, ordinal, dst)?;
             }
+            let id = BlockId::new(first as u32, block);
+            let src = self.staging.get(..n * bb).unwrap_or_default();
+            let written = self.swap.offload_span(id, n as u32, src);
+            let written = written.map_err(|source| SpillError::Write {
+                path: self.path.clone(),
+                offset: self.swap.layout().block_extent(id).map_or(0, |e| e.offset),
+                len_bytes: (n * bb) as u64,
+                source,
+            })?;
+            versions.extend(written);
         }
         Ok(versions)
     }
 
-    /// Read the blocks `versions` (whole block numbers, as [`Self::write`]
-    /// returned them) into fresh buffers and fill the empty cache `into`
-    /// with their first `fill` positions. Returns the bytes read.
+    /// Read the blocks `versions` (whole block numbers, as
+    /// [`Self::write_block`] returned them, block number after block
+    /// number) into fresh buffers and fill the empty cache `into` with
+    /// their first `fill` positions. Returns the bytes read.
     pub(super) fn read(
         &mut self,
         versions: &[BlockVersion],

@@ -22,8 +22,13 @@
 //! sequence); each sequence's cache at most `context` positions;
 //! kept caches at most `prefix_cache_tokens` positions in memory and, with
 //! a spill, its `tokens` positions on the drive ([`crate::prefix::spill`]).
-//! A spill's writes and restores run on the scheduler thread, between
-//! steps: at most one entry's blocks (`context` positions) at a time.
+//! A spill's writes run on its own writer thread: the scheduler thread
+//! hands a cache leaving memory over and goes on, never waiting for the
+//! drive (past the spill's write queue the cache is dropped), and collects
+//! finished writes between steps. Restores stay on the scheduler thread,
+//! between steps (the prompt needs its cache before its first step): at
+//! most one entry's blocks (`context` positions) at a time, waiting for
+//! the writer's current block number at most.
 //!
 //! Exactness: a failed step fails the requests in it (their caches are
 //! dropped, since some layers may have advanced past others); the other
@@ -193,6 +198,10 @@ pub struct SpillCounters {
     pub restore_failures: AtomicU64,
     /// Entries dropped from the drive, or too large for it.
     pub dropped: AtomicU64,
+    /// Entries dropped because the spill's write queue was full.
+    pub queue_full: AtomicU64,
+    /// Entries taken from memory while their write was in flight.
+    pub taken_writing: AtomicU64,
     /// Bytes written.
     pub bytes_written: AtomicU64,
     /// Bytes read back and verified.

@@ -48,6 +48,8 @@ pub(super) fn prefix(p: &PrefixCache, c: &Counters) {
         (&to.restored, s.restored),
         (&to.restore_failures, s.restore_failures),
         (&to.dropped, s.dropped),
+        (&to.queue_full, s.queue_full),
+        (&to.taken_writing, s.taken_writing),
         (&to.bytes_written, s.bytes_written),
         (&to.bytes_read, s.bytes_read),
     ] {

@@ -48,6 +48,8 @@ impl Worker {
                 break;
             }
             self.drop_cancelled();
+            // Finished spill writes: their caches' memory goes now.
+            self.prefix.settle();
             self.admit();
             if !self.live.is_empty() {
                 self.step();

@@ -4,7 +4,9 @@
 //! and one reusing a cache kept in memory; a spilled cache whose store was
 //! damaged or whose read fails is recomputed, with the same answer; the
 //! spill's and the tiers' counters are on `/metrics`; the store file goes
-//! when the server stops.
+//! when the server stops. Spill writes run on the spill's writer thread:
+//! where a step needs an entry on the drive, the test first waits for the
+//! write to show on `/metrics`.
 #![allow(clippy::unwrap_used, reason = "test")]
 
 use crate::common;
@@ -64,6 +66,14 @@ fn finished(s: &Server, n: u64) {
     });
 }
 
+/// Wait until `n` spill writes finished (the scheduler collects them
+/// between steps, and every 200 ms while idle).
+fn spills_written(s: &Server, n: u64) {
+    wait_metrics(s, Duration::from_secs(30), "spill writes", |s| {
+        metric(s, "prefix_spilled_total") + metric(s, "prefix_spill_failures_total") >= n
+    });
+}
+
 /// The store file of the one server spilling into `dir`.
 fn store_in(dir: &Path) -> PathBuf {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -102,6 +112,7 @@ fn spill_a(s: &Server, a: &[u32], b: &[u32]) -> Value {
     let before = metric(s, "requests_finished_total");
     complete(s, b);
     finished(s, before + 1);
+    spills_written(s, 1);
     assert_eq!(metric(s, "prefix_spilled_total"), 1);
     assert_eq!(metric(s, "prefix_spill_tokens"), 55);
     first
@@ -136,8 +147,10 @@ fn a_spilled_cache_gives_the_bits_of_a_fresh_and_a_kept_one() {
     // `b` comes back from the drive, pushing `a` out; then a prompt sharing
     // 20 of `a`'s ids restores two blocks, cuts back, and decodes the
     // tokens `run` decodes from scratch.
+    spills_written(&s, 2);
     complete(&s, &b);
     finished(&s, 5);
+    spills_written(&s, 3);
     let mut c = a[..20].to_vec();
     c.extend(ids(9, 3));
     let (got, cached) = complete(&s, &c);
@@ -201,7 +214,7 @@ fn a_short_read_of_a_cut_store_is_recomputed() {
 }
 
 /// The names `/metrics` must carry, each with its HELP and TYPE lines.
-const NEW_METRICS: [&str; 15] = [
+const NEW_METRICS: [&str; 17] = [
     "expert_lookups_total",
     "row_lookups_total",
     "row_hits_total",
@@ -215,6 +228,8 @@ const NEW_METRICS: [&str; 15] = [
     "prefix_restored_total",
     "prefix_restore_failures_total",
     "prefix_spill_dropped_total",
+    "prefix_spill_queue_full_total",
+    "prefix_spill_taken_writing_total",
     "prefix_spill_bytes_written_total",
     "prefix_spill_bytes_read_total",
 ];
@@ -239,6 +254,7 @@ fn metrics_carry_the_spill_and_tier_counters_and_they_move() {
     spill_a(&s, &a, &b);
     complete(&s, &a);
     finished(&s, 3);
+    spills_written(&s, 2);
     // Out: `a`'s 55 positions (4 blocks of 3 layers, 16 KiB each), then
     // `b`'s 37 (3 blocks) when `a` came back. In: the 3 blocks holding
     // `a`'s 47 reused positions.

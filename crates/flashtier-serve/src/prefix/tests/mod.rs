@@ -2,8 +2,12 @@
 //! spilled entries come back byte for byte, the store keeps its length and
 //! goes with the cache, and every injected fault (a failed, short or
 //! corrupt read; a torn write) is a typed error or a dropped entry, never
-//! wrong bytes.
+//! wrong bytes. These wait for the writer thread with
+//! [`PrefixCache::flush`] where they need an entry on the drive; the
+//! writes in flight are [`writes`]'s.
 #![allow(clippy::unwrap_used, reason = "tests")]
+
+mod writes;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -76,11 +80,14 @@ fn spill_in(dir: &std::path::Path, tokens: usize, plan: Option<FaultPlan>) -> Pr
 }
 
 /// A memory budget of 40 positions: the second entry pushes the first
-/// (37 positions of seed 1) to the drive.
+/// (37 positions of seed 1) to the drive, written by the time it returns.
 fn spilled_one(spill: PrefixSpill) -> PrefixCache {
     let mut p = PrefixCache::with_spill(40, Some(spill));
     p.put(tokens(37, 1), cache(37, 1));
     p.put(tokens(20, 2), cache(20, 2));
+    assert_eq!((p.held(), p.spilled(), p.len()), (20, 37, 2));
+    p.flush();
+    assert_eq!(p.spill().unwrap().writing(), 0);
     assert_eq!((p.held(), p.spilled(), p.len()), (20, 37, 2));
     p
 }
@@ -114,6 +121,7 @@ fn a_spilled_cache_comes_back_byte_for_byte_whole_and_cut_back() {
     // them: the same bytes as the original cut back to 21.
     p.put(tokens(37, 1), r.kv);
     p.put(tokens(30, 3), cache(30, 3));
+    p.flush();
     let mut cut = cache(37, 1);
     cut.truncate(21).unwrap();
     let mut shared = tokens(21, 1);
@@ -149,6 +157,7 @@ fn the_drive_keeps_its_bound_dropping_the_least_recently_used() {
     // Seed 2 leaves memory; seed 1 leaves the drive to make room.
     p.put(tokens(30, 3), cache(30, 3));
     assert_eq!((p.held(), p.spilled()), (30, 20));
+    p.flush();
     let s = p.spill().unwrap().stats();
     assert_eq!((s.spilled, s.dropped), (2, 1));
     assert!(
@@ -185,6 +194,7 @@ fn the_store_keeps_its_length_and_goes_with_the_cache() {
             tokens(33 + seed as usize, seed),
             cache(33 + seed as usize, seed),
         );
+        p.flush();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
     }
     assert!(p.spill().unwrap().stats().dropped > 0);
@@ -289,6 +299,7 @@ fn a_torn_spill_write_drops_the_entry() {
     let mut p = PrefixCache::with_spill(40, Some(spill_in(dir.path(), 100, Some(plan))));
     p.put(tokens(37, 1), cache(37, 1));
     p.put(tokens(20, 2), cache(20, 2));
+    p.flush();
     let s = p.spill().unwrap().stats();
     assert_eq!((s.spilled, s.spill_failures), (0, 1));
     assert_eq!((p.spilled(), p.len()), (0, 1));
@@ -317,6 +328,12 @@ fn a_spill_past_its_limits_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     for n in [0, spill::MAX_SPILL_TOKENS + 1] {
         let e = PrefixSpill::new(SpillConfig::new(dir.path(), n)).unwrap_err();
+        assert!(matches!(e, SpillError::Shape(_)), "{e}");
+    }
+    for q in [0, spill::MAX_WRITE_QUEUE + 1] {
+        let mut cfg = SpillConfig::new(dir.path(), 16);
+        cfg.write_queue = q;
+        let e = PrefixSpill::new(cfg).unwrap_err();
         assert!(matches!(e, SpillError::Shape(_)), "{e}");
     }
 }
