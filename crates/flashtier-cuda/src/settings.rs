@@ -83,6 +83,10 @@ pub struct Tuning {
     /// ([`MMA_BK`]; the same bits either way: the sums run over k in the
     /// same order).
     pub mma_bk: u32,
+    /// A prompt step's pairs grouped by expert on the device when every
+    /// expert is resident ([`DEVICE_GROUPS`]; the same groups as the
+    /// host's, so the same bits).
+    pub device_groups: bool,
 }
 
 impl Default for Tuning {
@@ -97,6 +101,7 @@ impl Default for Tuning {
             prompt_attn: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
             mma_bk: DEFAULT_MMA_BK,
+            device_groups: true,
         }
     }
 }
@@ -188,6 +193,10 @@ pub const GROUP_TILE: &str = "FLASHTIER_GROUP_TILE";
 /// `FLASHTIER_MMA_BK`: input columns a tensor-core tile of a BF16 prompt
 /// product stages at once, `32` or `64` (default [`DEFAULT_MMA_BK`]).
 pub const MMA_BK: &str = "FLASHTIER_MMA_BK";
+/// `FLASHTIER_DEVICE_GROUPS`: `0` groups a prompt step's pairs by expert
+/// on the host (the routed ids copied back) even when every expert is
+/// resident (default `1`: on the device; the same bits).
+pub const DEVICE_GROUPS: &str = "FLASHTIER_DEVICE_GROUPS";
 /// `FLASHTIER_DUMP_CUBIN`: a folder each compiled module's machine code is
 /// also written to, for `cuobjdump --dump-sass` (default: none).
 pub const DUMP_CUBIN: &str = "FLASHTIER_DUMP_CUBIN";
@@ -260,6 +269,11 @@ pub const SETTINGS: &[Setting] = &[
         doc: "input columns a tensor-core prompt tile stages at once (32 or 64)",
     },
     Setting {
+        name: DEVICE_GROUPS,
+        default: "1",
+        doc: "0: a prompt step's pairs grouped by expert on the host (ids copied back) instead of on the device",
+    },
+    Setting {
         name: DUMP_CUBIN,
         default: "unset",
         doc: "a folder the compiled kernels' machine code is written to (cuobjdump --dump-sass)",
@@ -328,6 +342,7 @@ impl Tuning {
             mma_bk: env.parsed(MMA_BK, "32 or 64", d.mma_bk, |v| {
                 v.trim().parse().ok().filter(|b| matches!(b, 32 | 64))
             })?,
+            device_groups: env.flag(DEVICE_GROUPS, d.device_groups)?,
         })
     }
 }
@@ -366,6 +381,7 @@ mod tests {
             (GEMM_TILE, "8x4"),
             (GROUP_TILE, "4x8"),
             (MMA_BK, "32"),
+            (DEVICE_GROUPS, "0"),
             (DUMP_CUBIN, "/tmp/sass"),
         ]);
         let l = LaunchSettings::read(&env).unwrap_or_else(|e| panic!("{e}"));
@@ -390,6 +406,7 @@ mod tests {
                 prompt_attn: false,
                 tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
                 mma_bk: 32,
+                device_groups: false,
             }
         );
         assert_eq!(dump_cubin(&env), Some(PathBuf::from("/tmp/sass")));
@@ -411,6 +428,7 @@ mod tests {
             (GEMM_TILE, "8x8"),
             (GROUP_TILE, "3x4"),
             (MMA_BK, "48"),
+            (DEVICE_GROUPS, "yes"),
         ] {
             let pairs = [(var, bad)];
             let env = Env::from_pairs(&pairs);
@@ -449,6 +467,7 @@ mod tests {
         assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
         assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));
         assert_eq!(default_of(MMA_BK), d.mma_bk.to_string());
+        assert_eq!(default_of(DEVICE_GROUPS), flag(d.device_groups));
         assert!(SETTINGS.iter().all(|s| s.name.starts_with("FLASHTIER_")));
     }
 }

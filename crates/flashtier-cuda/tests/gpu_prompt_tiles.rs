@@ -275,29 +275,46 @@ fn grouped_case(
         }
         slots.publish().unwrap();
         let xa = act(k, pool, rows, h, &x);
-        let run = |groups: &[std::ops::Range<usize>], slots: &ExpertSlots| -> Vec<f32> {
-            let mut out = pool.take(&gpu, rows, h).unwrap();
-            let mut a = pool.take(&gpu, rows * top, i).unwrap();
-            let mut y = pool.take(&gpu, rows * top, h).unwrap();
-            for g in groups {
-                k.moe_grouped(
-                    slots,
-                    (0, experts),
-                    &routes,
-                    &ids,
-                    g.clone(),
-                    &spec,
-                    &xa,
-                    (&mut a, &mut y),
-                    &mut out,
-                )
-                .unwrap();
-            }
-            out.to_host(gpu.stream()).unwrap()
-        };
+        let run_with =
+            |groups: &[std::ops::Range<usize>], slots: &ExpertSlots, host: bool| -> Vec<f32> {
+                let mut out = pool.take(&gpu, rows, h).unwrap();
+                let mut a = pool.take(&gpu, rows * top, i).unwrap();
+                let mut y = pool.take(&gpu, rows * top, h).unwrap();
+                for g in groups {
+                    k.moe_grouped(
+                        slots,
+                        (0, experts),
+                        &routes,
+                        host.then_some(ids.as_slice()),
+                        g.clone(),
+                        &spec,
+                        &xa,
+                        (&mut a, &mut y),
+                        &mut out,
+                    )
+                    .unwrap();
+                }
+                out.to_host(gpu.stream()).unwrap()
+            };
+        let run =
+            |groups: &[std::ops::Range<usize>], slots: &ExpertSlots| run_with(groups, slots, true);
+        let run_on_device =
+            |groups: &[std::ops::Range<usize>], slots: &ExpertSlots| run_with(groups, slots, false);
         let whole = run(std::slice::from_ref(&(0..rows)), &slots);
         let err = worst_rel(&whole, &want);
         assert!(err < 1e-5, "{ty:?} {rows} rows: {err:e}");
+        // Grouped on the device instead: the same groups, the same bits,
+        // whole and in two runs of rows.
+        assert_eq!(
+            bits(&run_on_device(std::slice::from_ref(&(0..rows)), &slots)),
+            bits(&whole),
+            "{ty:?} grouped on the device"
+        );
+        assert_eq!(
+            bits(&run_on_device(&[0..7, 7..rows], &slots)),
+            bits(&whole),
+            "{ty:?} grouped on the device, two runs"
+        );
         let one_by_one: Vec<_> = (0..rows).map(|r| r..r + 1).collect();
         assert_eq!(
             bits(&run(&one_by_one, &slots)),
@@ -314,6 +331,11 @@ fn grouped_case(
         slots.clear(3).unwrap();
         slots.publish().unwrap();
         let holed = run(std::slice::from_ref(&(0..rows)), &slots);
+        assert_eq!(
+            bits(&run_on_device(std::slice::from_ref(&(0..rows)), &slots)),
+            bits(&holed),
+            "{ty:?} an expert missing, grouped on the device"
+        );
         for r in 0..rows {
             let row = &holed[r * h..(r + 1) * h];
             if ids[r * top..(r + 1) * top].contains(&3) {

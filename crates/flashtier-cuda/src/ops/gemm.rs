@@ -200,8 +200,10 @@ impl DecodeKernels {
     }
 
     /// `out[r]` for the rows `rows` of `x`: each row's routed experts
-    /// (`ids`, the host copy of `routes`' ids), weighted and summed in
-    /// routed order, computed grouped by expert. `act` (`x.rows() * top_k
+    /// weighted and summed in routed order, computed grouped by expert:
+    /// grouped on the host from `ids` (the host copy of `routes`' ids), or
+    /// with `None` on the device (`super::group`: no host round trip; the
+    /// same groups, so the same bits). `act` (`x.rows() * top_k
     /// x inter`) and `y` (`x.rows() * top_k x hidden`) are scratch, indexed
     /// by pair. Rows outside `rows` are left as they are.
     #[allow(clippy::too_many_arguments, reason = "the step's operands and scratch")]
@@ -210,7 +212,7 @@ impl DecodeKernels {
         slots: &ExpertSlots,
         (layer_base, experts): (usize, usize),
         routes: &DevRoutes,
-        ids: &[u32],
+        ids: Option<&[u32]>,
         rows: std::ops::Range<usize>,
         spec: &ExpertSpec,
         x: &DevAct,
@@ -221,7 +223,7 @@ impl DecodeKernels {
         let (n, k) = (x.rows(), routes.top_k());
         let pairs = n * k;
         let ok = routes.rows() == n
-            && ids.len() == pairs
+            && ids.is_none_or(|ids| ids.len() == pairs)
             && x.cols() == spec.hidden
             && out.rows() == n
             && out.cols() == spec.hidden
@@ -237,10 +239,10 @@ impl DecodeKernels {
             return Err(CudaError::invalid(
                 "grouped experts",
                 format!(
-                    "rows {rows:?} of {n} x top-{k}, {}x{} input, {} ids, table base {layer_base} + {experts} of {}, {}x{} experts",
+                    "rows {rows:?} of {n} x top-{k}, {}x{} input, {:?} ids, table base {layer_base} + {experts} of {}, {}x{} experts",
                     x.rows(),
                     x.cols(),
-                    ids.len(),
+                    ids.map(<[u32]>::len),
                     slots.entries(),
                     spec.hidden,
                     spec.inter
@@ -258,15 +260,26 @@ impl DecodeKernels {
             let t = self.tiles.1;
             (t.rows(), t.cols(), TILE_THREADS, "")
         };
-        let groups = group_pairs(ids, k, rows.clone(), experts, tile_rows)?;
         let stream = self.gpu.stream();
-        let perm = stream
-            .clone_htod(&groups.perm)
-            .map_err(CudaError::driver("upload the grouped pairs"))?;
-        let flat: Vec<i32> = groups.tiles.iter().flatten().copied().collect();
-        let tiles = stream
-            .clone_htod(&flat)
-            .map_err(CudaError::driver("upload the expert tiles"))?;
+        let (perm, tiles, tile_count, scratch) = match ids {
+            Some(ids) => {
+                let groups = group_pairs(ids, k, rows.clone(), experts, tile_rows)?;
+                let perm = stream
+                    .clone_htod(&groups.perm)
+                    .map_err(CudaError::driver("upload the grouped pairs"))?;
+                let flat: Vec<i32> = groups.tiles.iter().flatten().copied().collect();
+                let tiles = stream
+                    .clone_htod(&flat)
+                    .map_err(CudaError::driver("upload the expert tiles"))?;
+                (perm, tiles, groups.tiles.len(), None)
+            }
+            None => {
+                let g = self.group_on_device(routes, rows.clone(), experts, tile_rows)?;
+                let n = g.max_tiles;
+                let (perm, tiles, scratch) = g.into_parts();
+                (perm, tiles, n, Some(scratch))
+            }
+        };
         let g = &self.gpu;
         let geo = spec.geometry();
         let sfx = spec.ty.suffix();
@@ -275,7 +288,7 @@ impl DecodeKernels {
             Ok(LaunchConfig {
                 grid_dim: (
                     dim(cols.div_ceil(tile_cols), "expert columns")?,
-                    dim(groups.tiles.len(), "expert tiles")?,
+                    dim(tile_count, "expert tiles")?,
                     1,
                 ),
                 block_dim: (threads, 1, 1),
@@ -305,7 +318,10 @@ impl DecodeKernels {
         // BF16 records, which takes x's split parts in place of x; its tiles
         // hold at most MMA_GROUP_ROWS pairs, as group_pairs made them).
         // Every tile names an expert below `experts` (checked by
-        // group_pairs), so its table index is below `entries`; set entries
+        // group_pairs; grouped on the device, an id out of range makes tiles
+        // of expert -1, which the kernels never look up, and the entries
+        // past the last tile hold 0 pairs, which the kernels skip), so its
+        // table index is below `entries`; set entries
         // point at whole records of at least `min_record_bytes`, cleared
         // ones are 0 and never read. perm holds pair indices below n *
         // top_k, so x rows p / top_k < n and act rows p < pairs; hidden and
@@ -334,7 +350,7 @@ impl DecodeKernels {
         // (rows.len() * hidden values, rows.end <= n), reading y's pairs and
         // the routed weights of those rows only.
         unsafe { self.launch("moe_group_sum", linear_cfg(count, 256)?, a) }?;
-        g.retire((perm, tiles));
+        g.retire((perm, tiles, scratch));
         Ok(())
     }
 }

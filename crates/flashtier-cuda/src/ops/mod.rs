@@ -34,6 +34,7 @@ pub mod buffers;
 pub mod dense;
 pub mod experts;
 pub mod gemm;
+pub mod group;
 pub mod hint;
 pub mod hybrid;
 pub mod landing;
@@ -119,6 +120,9 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("moe_group_down_f32", true),
     ("moe_group_down_fp8", true),
     ("moe_group_sum", true),
+    ("group_count", true),
+    ("group_offsets", true),
+    ("group_place", true),
     ("split_bf16_rows", true),
     ("gemm_mma_bf16", true),
     ("moe_group_gate_up_mma_bf16", true),
@@ -237,6 +241,9 @@ pub struct DecodeKernels {
     tiles: (gemm::TileShape, gemm::TileShape),
     /// Output rows per block of the experts' down product (compiled in).
     down_rows: usize,
+    /// Group a resident prompt step's pairs on the device
+    /// ([`crate::settings::DEVICE_GROUPS`]).
+    device_groups: bool,
 }
 
 impl std::fmt::Debug for DecodeKernels {
@@ -300,6 +307,7 @@ impl DecodeKernels {
             split: std::cell::RefCell::new(None),
             tiles: t.tiles,
             down_rows: t.down_rows as usize,
+            device_groups: t.device_groups,
         })
     }
 

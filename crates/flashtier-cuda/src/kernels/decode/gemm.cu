@@ -256,8 +256,9 @@ static __device__ void moe_group_gate_up(const u64* table, int layer_base, const
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
     const int expert = tl[0], first = tl[1], count = tl[2];
+    if (count == 0) return;  // past the step's last tile (grouped on the device)
     const int n0 = blockIdx.x * 16 * GROUP_TN, nc = min(16 * GROUP_TN, inter - n0);
-    const u64 base = table[layer_base + expert];
+    const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[2][GROUP_TM][GROUP_TN];
     zero_acc(acc);
@@ -294,8 +295,9 @@ static __device__ void moe_group_down(const u64* table, int layer_base, const in
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
     const int expert = tl[0], first = tl[1], count = tl[2];
+    if (count == 0) return;  // past the step's last tile (grouped on the device)
     const int n0 = blockIdx.x * 16 * GROUP_TN, nc = min(16 * GROUP_TN, hidden - n0);
-    const u64 base = table[layer_base + expert];
+    const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[1][GROUP_TM][GROUP_TN];
     zero_acc(acc);

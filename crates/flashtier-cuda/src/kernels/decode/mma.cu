@@ -298,8 +298,9 @@ moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, co
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
     const int expert = tl[0], first = tl[1], count = tl[2];
+    if (count == 0) return;  // past the step's last tile (grouped on the device)
     const int n0 = blockIdx.x * MMA_BN, nc = min(MMA_BN, inter - n0);
-    const u64 base = table[layer_base + expert];
+    const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[2][2][MmaShape<BM>::NT][4];
     mma_zero<2, BM>(acc);
     if (base != 0) {
@@ -325,8 +326,9 @@ moe_group_down_mma_bf16(const u64* table, int layer_base, const int* perm, const
     pdl_enter();
     const int* tl = tiles + 3 * blockIdx.y;
     const int expert = tl[0], first = tl[1], count = tl[2];
+    if (count == 0) return;  // past the step's last tile (grouped on the device)
     const int n0 = blockIdx.x * MMA_BN, nc = min(MMA_BN, hidden - n0);
-    const u64 base = table[layer_base + expert];
+    const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[1][2][MmaShape<BM>::NT][4];
     mma_zero<1, BM>(acc);
     if (base != 0) {

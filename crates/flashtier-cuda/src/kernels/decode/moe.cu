@@ -136,3 +136,79 @@ MOE(0, bf16)
 MOE(1, f16)
 MOE(2, f32)
 MOE(3, fp8)
+
+// ---------------------------------------------------------------------------
+// A prompt step's pairs grouped by expert on the device (ops/group.rs), the
+// groups ops/gemm.rs `group_pairs` makes on the host, without copying the
+// routed ids to the host: pairs first .. first + n of `ids` (row * top_k +
+// rank), sorted by expert with pair order kept inside an expert, cut into
+// tiles of at most `tile_rows` pairs. An id outside 0 .. experts goes to
+// one more group after the last expert, whose tiles name expert -1 (the
+// grouped kernels read it as not resident: NaN, never another expert's
+// bytes). Three launches: the counts, then the offsets and tile starts,
+// then the places; each group is one warp's ordered ballot scan, so the
+// result is the same every run.
+
+static __device__ __forceinline__ int group_of(const int* ids, int p, int experts) {
+    const int e = ids[p];
+    return (e >= 0 && e < experts) ? e : experts;
+}
+
+// counts[g] = the pairs of group g (g <= experts). grid: ceil((experts +
+// 1) / 8), 256 threads: a warp per group.
+extern "C" __global__ void group_count(const int* ids, int first, int n, int experts, int* counts) {
+    pdl_enter();
+    const int g = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (g > experts) return;
+    int c = 0;
+    for (int i = lane; i - lane < n; i += 32) {
+        const bool mine = i < n && group_of(ids, first + i, experts) == g;
+        c += __popc(__ballot_sync(0xffffffffu, mine));
+    }
+    if (lane == 0) counts[g] = c;
+}
+
+// offsets[g] = the first place of group g, tile_first[g] its first tile;
+// every tile entry from the last group's end to max_tiles is (0, 0, 0), a
+// tile the grouped kernels skip. One thread (at most a few hundred groups).
+extern "C" __global__ void group_offsets(const int* counts, int experts, int tile_rows,
+                                         int max_tiles, int* offsets, int* tile_first,
+                                         int* tiles) {
+    pdl_enter();
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int at = 0, tile = 0;
+    for (int g = 0; g <= experts; ++g) {
+        offsets[g] = at;
+        tile_first[g] = tile;
+        at += counts[g];
+        tile += (counts[g] + tile_rows - 1) / tile_rows;
+    }
+    for (int t = tile; t < max_tiles; ++t) {
+        tiles[3 * t] = 0;
+        tiles[3 * t + 1] = 0;
+        tiles[3 * t + 2] = 0;
+    }
+}
+
+// perm and the tiles of each group. grid: ceil((experts + 1) / 8), 256
+// threads: a warp per group.
+extern "C" __global__ void group_place(const int* ids, int first, int n, int experts,
+                                       int tile_rows, const int* counts, const int* offsets,
+                                       const int* tile_first, int* perm, int* tiles) {
+    pdl_enter();
+    const int g = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (g > experts) return;
+    int at = offsets[g];
+    for (int i = lane; i - lane < n; i += 32) {
+        const bool mine = i < n && group_of(ids, first + i, experts) == g;
+        const unsigned b = __ballot_sync(0xffffffffu, mine);
+        if (mine) perm[at + __popc(b & ((1u << lane) - 1u))] = first + i;
+        at += __popc(b);
+    }
+    const int c = counts[g], t0 = tile_first[g];
+    for (int t = lane; t * tile_rows < c; t += 32) {
+        tiles[3 * (t0 + t)] = g < experts ? g : -1;
+        tiles[3 * (t0 + t) + 1] = offsets[g] + t * tile_rows;
+        tiles[3 * (t0 + t) + 2] = min(tile_rows, c - t * tile_rows);
+    }
+}

@@ -121,9 +121,11 @@ impl CudaDevice {
     }
 
     /// A step of several rows, grouped by expert: the whole step when every
-    /// expert is resident, else runs of consecutive rows whose distinct
-    /// experts fit the tiers at once (one row at least), each made ready,
-    /// run and marked consumed before the next.
+    /// expert is resident (grouped on the device unless
+    /// `FLASHTIER_DEVICE_GROUPS=0`), else runs of consecutive rows whose
+    /// distinct experts fit the tiers at once (one row at least; grouped on
+    /// the host, which needs the ids to make the experts ready anyway),
+    /// each made ready, run and marked consumed before the next.
     pub(super) fn moe_grouped(
         &self,
         experts: &mut CudaExperts,
@@ -134,10 +136,34 @@ impl CudaDevice {
     ) -> Result<(), EngineError> {
         let spec = *experts.spec();
         let (rows, k) = (x.rows(), routes.top_k());
-        let (ids, _) = routes.to_host(&self.kernels)?;
         let mut act = self.zeros(rows * k, spec.inter)?;
         let mut y = self.zeros(rows * k, spec.hidden)?;
         let per_layer = experts.experts_per_layer();
+        if experts.resident_all() && self.kernels.device_groups() {
+            // Every expert in HBM: the whole step, grouped on the device
+            // (no host round trip for the routed ids).
+            experts.ensure(layer, &[])?;
+            let base = experts.entry(layer, 0);
+            // At most every expert of the layer is read (the distinct count
+            // stays on the device).
+            let touched = per_layer.min(rows * k);
+            let bytes = (touched * 3 * spec.hidden * spec.inter * spec.ty.elem_bytes()) as u64;
+            self.timed(OpClass::Experts, bytes, || {
+                Ok(self.kernels.moe_grouped(
+                    experts.slots(),
+                    (base, per_layer),
+                    routes,
+                    None,
+                    0..rows,
+                    &spec,
+                    x,
+                    (&mut act, &mut y),
+                    out,
+                )?)
+            })?;
+            return experts.consumed();
+        }
+        let (ids, _) = routes.to_host(&self.kernels)?;
         let cap = if experts.resident_all() {
             usize::MAX
         } else {
@@ -186,7 +212,7 @@ impl CudaDevice {
                     experts.slots(),
                     (base, per_layer),
                     routes,
-                    &ids,
+                    Some(&ids),
                     start..end,
                     &spec,
                     x,
