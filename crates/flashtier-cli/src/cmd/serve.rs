@@ -68,6 +68,18 @@ pub struct Args {
         requires = "prefix_spill_dir"
     )]
     pub prefix_spill_tokens: usize,
+    /// Kept caches the spill writes at once at most (1 to 64): queued or
+    /// being written on its writer thread; a cache leaving memory past them
+    /// is dropped (counted in /metrics). Each holds up to --context
+    /// positions of KV in memory until written.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = flashtier_serve::prefix::DEFAULT_WRITE_QUEUE as u64,
+        value_parser = clap::value_parser!(u64).range(1..=flashtier_serve::prefix::MAX_WRITE_QUEUE as u64),
+        requires = "prefix_spill_dir"
+    )]
+    pub prefix_spill_writes: u64,
     /// Requests must send `Authorization: Bearer KEY` (unset or empty: no
     /// key asked).
     #[arg(
@@ -107,10 +119,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         step_rows: args.step_tokens.max(1),
         context: args.context.unwrap_or(usize::MAX),
         prefix_cache_tokens: args.prefix_cache_tokens,
-        prefix_spill: args
-            .prefix_spill_dir
-            .as_ref()
-            .map(|dir| SpillConfig::new(dir, args.prefix_spill_tokens)),
+        prefix_spill: args.prefix_spill_dir.as_ref().map(|dir| SpillConfig {
+            // At most MAX_WRITE_QUEUE (the parser's range).
+            write_queue: usize::try_from(args.prefix_spill_writes).unwrap_or(usize::MAX),
+            ..SpillConfig::new(dir, args.prefix_spill_tokens)
+        }),
     };
     let (m, json) = (args.m.clone(), args.json);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -161,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "prefix_cache_tokens": limits.prefix_cache_tokens,
                     "prefix_spill_dir": limits.prefix_spill.as_ref().map(|s| s.dir.display().to_string()),
                     "prefix_spill_tokens": limits.prefix_spill.as_ref().map(|s| s.tokens),
+                    "prefix_spill_writes": limits.prefix_spill.as_ref().map(|s| s.write_queue),
                 })
             );
         } else {

@@ -48,7 +48,7 @@ use flashtier_engine::engine::SeqKv;
 use flashtier_engine::error::EngineError;
 
 pub use error::SpillError;
-pub use spill::{PrefixSpill, SpillConfig, SpillStats};
+pub use spill::{DEFAULT_WRITE_QUEUE, MAX_WRITE_QUEUE, PrefixSpill, SpillConfig, SpillStats};
 use spill::{Settled, Spilled, Writing, blocks_for};
 
 /// Kept caches of finished sequences.
