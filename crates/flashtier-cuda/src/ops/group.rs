@@ -146,3 +146,49 @@ impl DecodeKernels {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use flashtier_format::splitmix::splitmix64_next;
+    use proptest::prelude::*;
+
+    use super::max_tiles;
+    use crate::ops::gemm::group_pairs;
+
+    proptest! {
+        /// The device's tile list is never shorter than the tiles the host
+        /// grouping makes of the same pairs (the kernels write no entry
+        /// past `max_tiles`, and the launch's grid is that long).
+        #[test]
+        fn the_tile_list_holds_every_grouping(
+            experts in 1usize..600,
+            k in 1usize..11,
+            rows in 1usize..300,
+            tile_rows in prop::sample::select(vec![1usize, 16, 32, 64]),
+            seed in any::<u64>(),
+            skew in 0u32..4,
+        ) {
+            // Ids from a splitmix stream, skewed toward low experts by
+            // `skew` halvings so that some experts take many tiles.
+            let mut x = seed;
+            let ids: Vec<u32> = (0..rows * k)
+                .map(|_| ((splitmix64_next(&mut x) % experts as u64) >> skew) as u32)
+                .collect();
+            let g = group_pairs(&ids, k, 0..rows, experts, tile_rows).unwrap();
+            prop_assert!(g.tiles.len() <= max_tiles(rows * k, experts, tile_rows));
+        }
+    }
+
+    #[test]
+    fn the_bound_is_met_at_its_extremes() {
+        // Every pair its own expert: one tile each.
+        let ids: Vec<u32> = (0..50).collect();
+        let g = group_pairs(&ids, 1, 0..50, 50, 32).unwrap();
+        assert_eq!(g.tiles.len(), 50);
+        assert!(g.tiles.len() <= max_tiles(50, 50, 32));
+        // One expert: whole tiles and a partial one.
+        let g = group_pairs(&[3; 65], 1, 0..65, 4, 32).unwrap();
+        assert_eq!(g.tiles.len(), 3);
+        assert!(g.tiles.len() <= max_tiles(65, 4, 32));
+    }
+}
