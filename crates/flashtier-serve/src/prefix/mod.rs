@@ -255,23 +255,14 @@ impl PrefixCache {
         let Some(spill) = self.spill.as_mut() else {
             return Err(SpillError::Shape("a writing entry without a spill".into()));
         };
-        let mut kv = match Arc::try_unwrap(spill.reclaim(w)) {
-            Ok(own) => SeqKv::Cpu(Box::new(own)),
-            Err(shared) => {
-                let mut kv = fresh()?;
-                match &mut kv {
-                    SeqKv::Cpu(c) => copy_prefix(&shared, reuse, c)?,
-                    other => {
-                        return Err(SpillError::Shape(format!(
-                            "{other:?} cannot take a CPU cache's positions"
-                        )));
-                    }
-                }
-                kv
+        match Arc::try_unwrap(spill.reclaim(w)) {
+            Ok(own) => {
+                let mut kv = SeqKv::Cpu(Box::new(own));
+                kv.truncate(reuse)?;
+                Ok(kv)
             }
-        };
-        kv.truncate(reuse)?;
-        Ok(kv)
+            Err(shared) => filled(fresh, reuse, |c| copy_prefix(&shared, reuse, c)),
+        }
     }
 
     /// The first `reuse` positions of `s` in a fresh cache; `s`'s blocks
@@ -285,18 +276,7 @@ impl PrefixCache {
         let Some(spill) = self.spill.as_mut() else {
             return Err(SpillError::Shape("a spilled entry without a spill".into()));
         };
-        let restored = fresh().map_err(SpillError::from).and_then(|mut kv| {
-            match &mut kv {
-                SeqKv::Cpu(c) => spill.restore(&s, reuse, c)?,
-                other => {
-                    return Err(SpillError::Shape(format!(
-                        "{other:?} cannot be filled from the drive"
-                    )));
-                }
-            }
-            kv.truncate(reuse)?;
-            Ok(kv)
-        });
+        let restored = filled(fresh, reuse, |c| spill.restore(&s, reuse, c));
         spill.release(s);
         restored
     }
@@ -434,6 +414,26 @@ impl PrefixCache {
 
 /// The first `positions` positions of `src` in `into`, an empty cache of
 /// the same shape: the bytes `src` cut back to `positions` would hold.
+/// A fresh cache of the engine's, its first positions written by `fill`
+/// (a CPU cache only), cut back to `reuse` positions.
+fn filled(
+    fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
+    reuse: usize,
+    fill: impl FnOnce(&mut KvCache) -> Result<(), SpillError>,
+) -> Result<SeqKv, SpillError> {
+    let mut kv = fresh()?;
+    match &mut kv {
+        SeqKv::Cpu(c) => fill(c)?,
+        other => {
+            return Err(SpillError::Shape(format!(
+                "{other:?} cannot take a CPU cache's positions"
+            )));
+        }
+    }
+    kv.truncate(reuse)?;
+    Ok(kv)
+}
+
 fn copy_prefix(src: &KvCache, positions: usize, into: &mut KvCache) -> Result<(), SpillError> {
     let bytes = src.layer_len_bytes(positions);
     let mut keys = Vec::with_capacity(src.layers());
