@@ -44,6 +44,14 @@ pub enum CudaError {
         /// cuBLAS's status.
         source: cudarc::cublas::result::CublasError,
     },
+    /// A cuBLASLt call failed (a prompt's dense products, [`crate::ops::lt`]).
+    #[error("cuBLASLt: {what}: {source:?}")]
+    BlasLt {
+        /// What was being done.
+        what: &'static str,
+        /// cuBLASLt's status.
+        source: cudarc::cublaslt::result::CublasError,
+    },
     /// NVRTC failed to compile a kernel module.
     #[error("NVRTC compile of {module} for {arch} failed: {log}")]
     Compile {

@@ -4,10 +4,11 @@
 //! naming the variable, returned by [`crate::Gpu::open`] (the launch
 //! settings) or [`crate::ops::DecodeKernels::new`] (the kernel tuning).
 //!
-//! None of them changes a result bit but [`PROMPT_MMA`] and
-//! [`PROMPT_ATTN`] (the prompt path's rounding, within f32 bounds the
-//! tests pin): they exist for measuring, and their defaults are what
-//! measured fastest on the H200 (docs/benchmarks.md).
+//! None of them changes a result bit but [`PROMPT_MMA`], [`PROMPT_BLAS`],
+//! [`PROMPT_ATTN`] and [`PROMPT_ATTN_TC`] (the prompt path's rounding,
+//! within f32 bounds the tests pin): they exist for measuring, and their
+//! defaults are what measured fastest on the H200 (docs/benchmarks.md).
+//! [`PROMPT_ATTN_TC`] and [`PROMPT_BLAS`] are off until measured.
 //! Code that wants other values passes them instead of setting variables:
 //! [`crate::Gpu::set_graphs`], [`crate::Gpu::set_pdl`],
 //! [`crate::Gpu::set_segment_launches`],
@@ -77,6 +78,15 @@ pub struct Tuning {
     /// `prompt_mma` this one changes the rounding: the same f32 values,
     /// summed in another order than the decode attention's).
     pub prompt_attn: bool,
+    /// Prompt chunks' attention tiles on the tensor cores, heads of up to
+    /// 128 ([`PROMPT_ATTN_TC`]; changes the rounding: each product is three
+    /// TF32 products of split f32 operands, a few parts in 2^22 of each
+    /// term, summed in another order than the f32 tiles').
+    pub prompt_attn_tc: bool,
+    /// A BF16 prompt's dense products through cuBLASLt with one pinned
+    /// algorithm per shape ([`PROMPT_BLAS`]; the rounding of two
+    /// accumulating BF16 products, hi then lo, instead of the tiles').
+    pub prompt_blas: bool,
     /// The dense and grouped tile shapes.
     pub tiles: (TileShape, TileShape),
     /// Columns of the input a tensor-core tile stages at once, 32 or 64
@@ -99,6 +109,8 @@ impl Default for Tuning {
             prompt_tiles: true,
             prompt_mma: true,
             prompt_attn: true,
+            prompt_attn_tc: false,
+            prompt_blas: false,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
             mma_bk: DEFAULT_MMA_BK,
             device_groups: true,
@@ -184,6 +196,17 @@ pub const PROMPT_MMA: &str = "FLASHTIER_PROMPT_MMA";
 /// per (row, head, split), as decode rows are, instead of as tiles of
 /// queries over shared keys and values (default `1`).
 pub const PROMPT_ATTN: &str = "FLASHTIER_PROMPT_ATTN";
+/// `FLASHTIER_PROMPT_ATTN_TC`: `0` keeps a prompt chunk's attention tiles
+/// in f32 on the CUDA cores instead of the tensor cores with each f32
+/// operand split into two TF32 parts (default `0` until measured; used for
+/// heads of up to 128 on compute capability 8.0 or later, with
+/// [`PROMPT_ATTN`] on).
+pub const PROMPT_ATTN_TC: &str = "FLASHTIER_PROMPT_ATTN_TC";
+/// `FLASHTIER_PROMPT_BLAS`: `0` keeps a BF16 prompt's dense products on
+/// this crate's tensor-core tiles instead of cuBLASLt (default `0` until
+/// measured; used only where libcublasLt loads and the tensor-core tiles
+/// would run).
+pub const PROMPT_BLAS: &str = "FLASHTIER_PROMPT_BLAS";
 /// `FLASHTIER_GEMM_TILE`: the tile shape `TMxTN` of a prompt's dense
 /// products (default `4x4`; see [`TileShape::parse`]).
 pub const GEMM_TILE: &str = "FLASHTIER_GEMM_TILE";
@@ -252,6 +275,16 @@ pub const SETTINGS: &[Setting] = &[
         name: PROMPT_ATTN,
         default: "1",
         doc: "0: a prompt chunk's attention one block per row, head and split instead of as tiles",
+    },
+    Setting {
+        name: PROMPT_ATTN_TC,
+        default: "0",
+        doc: "1: a prompt chunk's attention tiles on the tensor cores (split TF32) instead of in f32",
+    },
+    Setting {
+        name: PROMPT_BLAS,
+        default: "0",
+        doc: "1: a BF16 prompt's dense products through cuBLASLt instead of the tensor-core tiles",
     },
     Setting {
         name: GEMM_TILE,
@@ -338,6 +371,8 @@ impl Tuning {
             prompt_tiles: env.flag(PROMPT_TILES, d.prompt_tiles)?,
             prompt_mma: env.flag(PROMPT_MMA, d.prompt_mma)?,
             prompt_attn: env.flag(PROMPT_ATTN, d.prompt_attn)?,
+            prompt_attn_tc: env.flag(PROMPT_ATTN_TC, d.prompt_attn_tc)?,
+            prompt_blas: env.flag(PROMPT_BLAS, d.prompt_blas)?,
             tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
             mma_bk: env.parsed(MMA_BK, "32 or 64", d.mma_bk, |v| {
                 v.trim().parse().ok().filter(|b| matches!(b, 32 | 64))
@@ -378,6 +413,8 @@ mod tests {
             (PROMPT_TILES, "0"),
             (PROMPT_MMA, "0"),
             (PROMPT_ATTN, "0"),
+            (PROMPT_ATTN_TC, "0"),
+            (PROMPT_BLAS, "0"),
             (GEMM_TILE, "8x4"),
             (GROUP_TILE, "4x8"),
             (MMA_BK, "32"),
@@ -404,6 +441,8 @@ mod tests {
                 prompt_tiles: false,
                 prompt_mma: false,
                 prompt_attn: false,
+                prompt_attn_tc: false,
+                prompt_blas: false,
                 tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
                 mma_bk: 32,
                 device_groups: false,
@@ -425,6 +464,8 @@ mod tests {
             (PROMPT_TILES, "yes"),
             (PROMPT_MMA, "2"),
             (PROMPT_ATTN, "on"),
+            (PROMPT_ATTN_TC, "off"),
+            (PROMPT_BLAS, "2"),
             (GEMM_TILE, "8x8"),
             (GROUP_TILE, "3x4"),
             (MMA_BK, "48"),
@@ -463,6 +504,8 @@ mod tests {
         assert_eq!(default_of(PROMPT_TILES), flag(d.prompt_tiles));
         assert_eq!(default_of(PROMPT_MMA), flag(d.prompt_mma));
         assert_eq!(default_of(PROMPT_ATTN), flag(d.prompt_attn));
+        assert_eq!(default_of(PROMPT_ATTN_TC), flag(d.prompt_attn_tc));
+        assert_eq!(default_of(PROMPT_BLAS), flag(d.prompt_blas));
         let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
         assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
         assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));

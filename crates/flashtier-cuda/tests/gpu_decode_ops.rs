@@ -20,11 +20,11 @@ mod topk;
 use std::sync::Arc;
 
 use flashtier_cuda::PinnedMemory;
-use flashtier_cuda::ops::DecodeKernels;
 use flashtier_cuda::ops::attn::{DecodeRows, DevKvCache};
 use flashtier_cuda::ops::buffers::{ActPool, DevMatrix, DevVector, RopeTable, WeightType};
 use flashtier_cuda::ops::experts::ExpertSlots;
 use flashtier_cuda::ops::moe::BlockOrder;
+use flashtier_cuda::ops::{DecodeKernels, Tuning};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -680,29 +680,69 @@ fn split_attention_matches_f64() {
     }
 }
 
-/// A prompt chunk's attention as tiles (`attn_prompt_<D>`, chunks of 16
-/// rows or more) against the per-row decode kernel (`FLASHTIER_PROMPT_ATTN`
-/// off) on the same keys and values: within f32 rounding for every head
-/// width the tiles take (16 and 192 read zeros past the head), over one
-/// and several splits. And a row's bits depend on its own query and
-/// positions only: the same whether its chunk starts at position 0 or
-/// 100, whatever the other rows' queries are, and with a NaN value at a
-/// later position (which only the rows at and after it may see).
+/// A prompt chunk's attention as tiles (chunks of 16 rows or more), in
+/// f32 (`attn_prompt_<D>`) and on the tensor cores (`attn_prompt_tc_<D>`,
+/// heads of up to 128; wider ones keep the f32 tiles), against the per-row
+/// decode kernel (`FLASHTIER_PROMPT_ATTN` off) on the same keys and
+/// values: within f32 rounding for every head width the tiles take (16
+/// and 192 read zeros past the head), over one and several splits. And a
+/// row's bits depend on its own query and positions only: the same
+/// whether its chunk starts at position 0 or 100, whatever the other rows'
+/// queries are, and with a NaN value at a later position (which only the
+/// rows at and after it may see).
 #[test]
 fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
-    let Some(gpu) = gpu_or_skip("prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone")
-    else {
+    let name = "prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone";
+    let Some(gpu) = gpu_or_skip(name) else {
         return;
     };
-    let tiled = DecodeKernels::new(&gpu).unwrap();
-    let rowwise = DecodeKernels::with_tuning(
-        &gpu,
-        flashtier_cuda::ops::Tuning {
-            prompt_attn: false,
-            ..flashtier_cuda::ops::Tuning::default()
+    let rowwise = prompt_kernels(&gpu, false, false);
+    for tc in [false, true] {
+        if tc && gpu.info().compute_capability.0 < 8 {
+            flashtier_io::skip::notice(name, "no TF32 tensor cores (compute capability below 8.0)");
+            continue;
+        }
+        prompt_tiles_stand_alone(&gpu, &prompt_kernels(&gpu, true, tc), &rowwise, tc);
+    }
+}
+
+/// Kernels with the prompt attention as tiles or not, and those tiles on
+/// the tensor cores or not; the other knobs at their defaults.
+fn prompt_kernels(
+    gpu: &flashtier_cuda::Gpu,
+    prompt_attn: bool,
+    prompt_attn_tc: bool,
+) -> DecodeKernels {
+    DecodeKernels::with_tuning(
+        gpu,
+        Tuning {
+            prompt_attn,
+            prompt_attn_tc,
+            ..Tuning::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The name of the tiled prompt kernel for heads of `d`: on the tensor
+/// cores (`tc`) up to 128, else the f32 tiles.
+fn prompt_kernel_for(d: usize, tc: bool) -> String {
+    let tile = [64, 128, 256].into_iter().find(|&t| d <= t).unwrap();
+    if tc && tile <= 128 {
+        format!("attn_prompt_tc_{tile}")
+    } else {
+        format!("attn_prompt_{tile}")
+    }
+}
+
+/// The body of the test above for one kernel set `tiled` (its tiles on
+/// the tensor cores or not, `tc`).
+fn prompt_tiles_stand_alone(
+    gpu: &flashtier_cuda::Gpu,
+    tiled: &DecodeKernels,
+    rowwise: &DecodeKernels,
+    tc: bool,
+) {
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(17);
     for (qh, kvh, d) in [
@@ -749,20 +789,23 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
                 kvh * d,
                 &v[first * kvh * d..(first + n) * kvh * d],
             );
-            let mut out = pool.take(&gpu, n, qh * d).unwrap();
+            let mut out = pool.take(gpu, n, qh * d).unwrap();
             k.attend(kv, 0, qh, &qa, &ka, &va, scale, &mut out).unwrap();
             kv.advance(n);
             out.to_host(gpu.stream()).unwrap()
         };
-        let what = format!("{qh}/{kvh} heads of {d}");
+        let kernel = prompt_kernel_for(d, tc);
+        assert_eq!(tiled.prompt_attention_kernel(20, d), Some(kernel.as_str()));
+        assert_eq!(rowwise.prompt_attention_kernel(20, d), None);
+        let what = format!("{kernel}, {qh}/{kvh} heads of {d}");
         // Chunks of 20 (one split), 236 (to a split's edge) and 344 (two
         // more splits): the tiles against the row kernel.
-        let mut a = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
-        let mut b = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+        let mut a = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
+        let mut b = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
         let mut first = 0;
         for n in [20, 236, 344] {
-            let got = attend(&tiled, &mut a, (first, n), &q, &vv);
-            let want = attend(&rowwise, &mut b, (first, n), &q, &vv);
+            let got = attend(tiled, &mut a, (first, n), &q, &vv);
+            let want = attend(rowwise, &mut b, (first, n), &q, &vv);
             let want: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
             let err = worst_rel(&got, &want);
             assert!(err < 1e-5, "{what}, rows {first}..+{n}: {err:e}");
@@ -771,13 +814,13 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
         // One chunk of 300 against 100 then 200; then the odd rows' queries
         // changed; then a NaN value at position 250.
         let once = {
-            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
-            attend(&tiled, &mut c, (0, 300), &q, &vv)
+            let mut c = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
+            attend(tiled, &mut c, (0, 300), &q, &vv)
         };
         let split = {
-            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
-            let mut o = attend(&tiled, &mut c, (0, 100), &q, &vv);
-            o.extend(attend(&tiled, &mut c, (100, 200), &q, &vv));
+            let mut c = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
+            let mut o = attend(tiled, &mut c, (0, 100), &q, &vv);
+            o.extend(attend(tiled, &mut c, (100, 200), &q, &vv));
             o
         };
         let row = qh * d;
@@ -795,8 +838,8 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
             }
         }
         let other = {
-            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
-            attend(&tiled, &mut c, (0, 300), &q2, &vv)
+            let mut c = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
+            attend(tiled, &mut c, (0, 300), &q2, &vv)
         };
         for r in (0..300).step_by(2) {
             assert_eq!(
@@ -808,8 +851,8 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
         let mut v2 = vv.clone();
         v2[250 * kvh * d + 3] = f32::NAN;
         let poisoned = {
-            let mut c = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
-            attend(&tiled, &mut c, (0, 300), &q, &v2)
+            let mut c = DevKvCache::new(gpu, 1, kvh, d, len).unwrap();
+            attend(tiled, &mut c, (0, 300), &q, &v2)
         };
         for r in 0..250 {
             assert_eq!(
@@ -823,6 +866,125 @@ fn prompt_attention_tiles_match_the_row_kernel_and_rows_stand_alone() {
             "{what}: the NaN reaches the rows that attend to it"
         );
     }
+}
+
+/// The tensor-core prompt attention (`attn_prompt_tc_<D>`) against f64,
+/// each output within 1e-5 of the sum of its terms' magnitudes: the
+/// values' |p v| plus, for the scores' error, the largest |q| . |k| times
+/// scale times the |p (v - o)| it moves. TF32x3 keeps each product to a
+/// few parts in 2^22 (about 1e-6, the f32 tiles' order); one TF32 product
+/// would be off by about 2^-11 (5e-4). Operands span 2^-3..2^3 so that
+/// their low TF32 parts matter; chunks of 44, 300 and 256 rows start at
+/// positions that are not multiples of 16 and cross three splits; heads of
+/// 16, 64, 96 and 128, groups of 2, 6 and 8.
+#[test]
+fn prompt_attention_on_the_tensor_cores_matches_f64() {
+    let name = "prompt_attention_on_the_tensor_cores_matches_f64";
+    let Some(gpu) = gpu_or_skip(name) else {
+        return;
+    };
+    if gpu.info().compute_capability.0 < 8 {
+        flashtier_io::skip::notice(name, "no TF32 tensor cores (compute capability below 8.0)");
+        return;
+    }
+    let k = prompt_kernels(&gpu, true, true);
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0x7f32);
+    for (qh, kvh, d) in [(32, 4, 128), (12, 2, 96), (8, 2, 64), (4, 2, 16)] {
+        let steps = [44usize, 300, 256];
+        let len: usize = steps.iter().sum();
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| rng.random_range(-2.0f32..2.0) * 2f32.powi(rng.random_range(-3..=3)))
+                .collect()
+        };
+        let (q, kk, vv) = (rand(len * qh * d), rand(len * kvh * d), rand(len * kvh * d));
+        let scale = 0.25 / (d as f32).sqrt();
+        let mut kv = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+        let mut first = 0;
+        for n in steps {
+            let kernel = prompt_kernel_for(d, true);
+            assert_eq!(k.prompt_attention_kernel(n, d), Some(kernel.as_str()));
+            let rows = |x: &[f32], w: usize| x[first * w..(first + n) * w].to_vec();
+            let qa = act(&k, &pool, n, qh * d, &rows(&q, qh * d));
+            let ka = act(&k, &pool, n, kvh * d, &rows(&kk, kvh * d));
+            let va = act(&k, &pool, n, kvh * d, &rows(&vv, kvh * d));
+            let mut out = pool.take(&gpu, n, qh * d).unwrap();
+            k.attend(&mut kv, 0, qh, &qa, &ka, &va, scale, &mut out)
+                .unwrap();
+            kv.advance(n);
+            let got = out.to_host(gpu.stream()).unwrap();
+            let mut worst = 0f64;
+            for r in 0..n {
+                let pos = first + r;
+                for h in 0..qh {
+                    let g = h / (qh / kvh);
+                    let head = |x: &[f32], p: usize, w: usize, hh: usize| {
+                        x[(p * w + hh) * d..(p * w + hh + 1) * d]
+                            .iter()
+                            .map(|&v| f64::from(v))
+                            .collect::<Vec<f64>>()
+                    };
+                    let qv = head(&q, pos, qh, h);
+                    let keys: Vec<Vec<f64>> = (0..=pos).map(|p| head(&kk, p, kvh, g)).collect();
+                    let vals: Vec<Vec<f64>> = (0..=pos).map(|p| head(&vv, p, kvh, g)).collect();
+                    let (o, bound) = attention_f64(&qv, &keys, &vals, f64::from(scale));
+                    for i in 0..d {
+                        let e = (f64::from(got[(r * qh + h) * d + i]) - o[i]).abs() / bound[i];
+                        worst = worst.max(e);
+                        assert!(
+                            e < 1e-5,
+                            "{kernel}, {qh}/{kvh} heads of {d}: row {pos} head {h} [{i}]: {} vs {} \
+                             ({e:e} of the terms' sum {})",
+                            got[(r * qh + h) * d + i],
+                            o[i],
+                            bound[i]
+                        );
+                    }
+                }
+            }
+            println!(
+                "{kernel}, {qh}/{kvh} heads of {d}, rows {first}..+{n}: worst {worst:e} of the terms"
+            );
+            first += n;
+        }
+    }
+}
+
+/// One query's attention over `keys` and `values` in f64: the output and,
+/// per element, the sum of its terms' magnitudes that rounding scales with
+/// (see the test above).
+fn attention_f64(
+    q: &[f64],
+    keys: &[Vec<f64>],
+    values: &[Vec<f64>],
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let dot = |a: &[f64], b: &[f64], f: fn(f64) -> f64| {
+        a.iter().zip(b).map(|(x, y)| f(x * y)).sum::<f64>()
+    };
+    let scores: Vec<f64> = keys.iter().map(|k| dot(q, k, |x| x) * scale).collect();
+    let spread = keys
+        .iter()
+        .map(|k| dot(q, k, f64::abs) * scale)
+        .fold(0.0, f64::max);
+    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    let d = q.len();
+    let mut o = vec![0f64; d];
+    for (p, v) in w.iter().zip(values) {
+        for i in 0..d {
+            o[i] += p / sum * v[i];
+        }
+    }
+    let mut bound = vec![0f64; d];
+    for (p, v) in w.iter().zip(values) {
+        for i in 0..d {
+            bound[i] += p / sum * (v[i].abs() + spread * (v[i] - o[i]).abs());
+        }
+    }
+    (o, bound)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -3,9 +3,10 @@
 //! (every weight dtype, partial tiles in rows, columns and width), and the
 //! property the engine relies on: an output row's bits do not depend on
 //! which rows run with it (one row alone, the whole chunk, any grouping of
-//! rows, three matrices in one launch or one each). BF16 runs both on the
-//! tensor cores (split inputs, `ops::mma`) and as f32 tiles. Skips with a
-//! printed reason where there is no GPU.
+//! rows, three matrices in one launch or one each). BF16 runs three ways:
+//! its dense products through cuBLASLt (`ops::lt`) and its experts on the
+//! tensor cores, everything on the tensor cores (split inputs, `ops::mma`),
+//! and as f32 tiles. Skips with a printed reason where there is no GPU.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a broken kernel must fail the test loudly"
@@ -29,24 +30,98 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The kernels with BF16 tiles on the tensor cores, and without.
-fn both_kernels(gpu: &flashtier_cuda::Gpu) -> [DecodeKernels; 2] {
-    let with = |prompt_mma| {
+/// The kernels with a BF16 prompt's dense products through cuBLASLt (and
+/// its experts as tensor-core tiles), with every BF16 product as
+/// tensor-core tiles, and with f32 tiles only.
+fn prompt_kernels(gpu: &flashtier_cuda::Gpu) -> [DecodeKernels; 3] {
+    let with = |prompt_mma, prompt_blas| {
         DecodeKernels::with_tuning(
             gpu,
             Tuning {
                 prompt_mma,
+                prompt_blas,
                 ..Tuning::default()
             },
         )
         .unwrap()
     };
-    let k = [with(true), with(false)];
+    let k = [with(true, true), with(true, false), with(false, true)];
     let tensor_cores = gpu.info().compute_capability.0 >= 8;
+    let lt = tensor_cores && flashtier_cuda::ops::lt::cublaslt_present();
+    if !lt {
+        eprintln!("cuBLASLt products not tested: no libcublasLt or no tensor cores here");
+    }
+    assert_eq!(k[0].prompt_blas(), lt);
     assert_eq!(k[0].mma(WeightType::Bf16), tensor_cores);
-    assert!(!k[1].mma(WeightType::Bf16));
+    assert_eq!(k[1].mma(WeightType::Bf16), tensor_cores);
+    assert!(!k[1].prompt_blas() && !k[2].prompt_blas());
+    assert!(!k[2].mma(WeightType::Bf16));
     assert!(!k[0].mma(WeightType::F16) && !k[0].mma(WeightType::F32));
     k
+}
+
+/// A BF16 prompt's dense products through cuBLASLt at the row counts the
+/// engine's prompt steps have (256-row chunks, 1024-row steps, a tail):
+/// every row gets the bits it gets in the whole step (the algorithm is
+/// pinned per shape), and the products are within the split inputs'
+/// bound of f64.
+#[test]
+fn blas_products_give_a_row_the_same_bits_at_every_step_size() {
+    let Some(gpu) = gpu_or_skip("blas_products_give_a_row_the_same_bits_at_every_step_size") else {
+        return;
+    };
+    let k = &prompt_kernels(&gpu)[0];
+    if !k.prompt_blas() {
+        eprintln!("skipped: the cuBLASLt products do not run on this machine");
+        return;
+    }
+    let pool = ActPool::new();
+    let mut rng = SmallRng::seed_from_u64(0x1b1a);
+    let rows = 1030;
+    // Qwen3-30B-A3B's q and o shapes, a narrow one, and a width of 136.
+    for (m, kk) in [(4096, 2048), (2048, 4096), (72, 2048), (264, 136)] {
+        let (bytes, _, w) = random_matrix(&mut rng, m, kk, WeightType::Bf16);
+        let dm = DevMatrix::upload(&gpu, m, kk, WeightType::Bf16, &bytes, None).unwrap();
+        let x: Vec<f32> = (0..rows * kk)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let xa = act(k, &pool, rows, kk, &x);
+        let mut out = pool.take(&gpu, rows, m).unwrap();
+        k.gemm_many(&mut [&mut out], &[&dm], &xa).unwrap();
+        let whole = out.to_host(gpu.stream()).unwrap();
+        // f64 on a sample of outputs.
+        let mut worst = 0f64;
+        for i in (0..rows * m).step_by(997) {
+            let (r, o) = (i / m, i % m);
+            let (mut want, mut mag) = (0f64, 0f64);
+            for c in 0..kk {
+                let t = w[o * kk + c] * f64::from(x[r * kk + c]);
+                want += t;
+                mag += t.abs();
+            }
+            worst = worst.max((f64::from(whole[i]) - want).abs() / mag.max(1e-30));
+        }
+        assert!(worst < 1e-5, "{m}x{kk}: {worst:e} of the terms' magnitude");
+        for (r0, n) in [
+            (0, 256),
+            (256, 256),
+            (1024, 6),
+            (0, 1024),
+            (517, 1),
+            (1029, 1),
+            (3, 17),
+        ] {
+            let xs = act(k, &pool, n, kk, &x[r0 * kk..(r0 + n) * kk]);
+            let mut o = pool.take(&gpu, n, m).unwrap();
+            k.gemm_many(&mut [&mut o], &[&dm], &xs).unwrap();
+            assert_eq!(
+                bits(&o.to_host(gpu.stream()).unwrap()),
+                bits(&whole[r0 * m..(r0 + n) * m]),
+                "{m}x{kk}: rows {r0}..{}",
+                r0 + n
+            );
+        }
+    }
 }
 
 #[test]
@@ -56,7 +131,7 @@ fn tiled_products_match_f64_and_rows_do_not_depend_on_their_neighbours() {
     else {
         return;
     };
-    for k in &both_kernels(&gpu) {
+    for k in &prompt_kernels(&gpu) {
         tiled_products_on(&gpu, k);
     }
 }
@@ -205,7 +280,7 @@ fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
     else {
         return;
     };
-    for k in &both_kernels(&gpu) {
+    for k in &prompt_kernels(&gpu) {
         grouped_experts_on(&gpu, k);
     }
 }

@@ -84,8 +84,16 @@ impl DecodeKernels {
         Ok((at, n as i64))
     }
 
+    /// Whether a BF16 prompt's dense products run through cuBLASLt
+    /// ([`super::lt`]; `FLASHTIER_PROMPT_BLAS` and a loadable library).
+    #[must_use]
+    pub fn prompt_blas(&self) -> bool {
+        self.lt.is_some()
+    }
+
     /// [`Self::gemm_many`] on the tensor cores, for checked operands of
-    /// BF16 weights `k` wide (a multiple of 8).
+    /// BF16 weights `k` wide (a multiple of 8): through cuBLASLt where
+    /// every matrix's shape has a pinned algorithm, else as tiles.
     pub(super) fn gemm_mma(
         &self,
         outs: &mut [&mut DevAct],
@@ -94,6 +102,32 @@ impl DecodeKernels {
         k: usize,
     ) -> Result<(), CudaError> {
         let (xs, lo_off) = self.split_input(x)?;
+        if let Some(lt) = &self.lt {
+            let mut covered = true;
+            for w in ws {
+                covered &= lt.covers(w.rows(), k)?;
+            }
+            if covered {
+                let lo = xs + 2 * lo_off as u64;
+                for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                    let (wp, op) = (
+                        super::addr(&self.gpu, w.data(), 0),
+                        super::addr(&self.gpu, out.buf(), 0),
+                    );
+                    // SAFETY: `check_many` (by the caller) made w hold
+                    // w.rows() x k BF16 values, out x.rows() x w.rows() f32
+                    // and x x.rows() x k, split above into as many hi values
+                    // at xs and lo values 2 * lo_off bytes after; buffers
+                    // start 256-byte aligned and k % 8 == 0, so the lo part
+                    // is 16-byte aligned; the weights and the output live
+                    // as long as their owners, who free device memory only
+                    // after the stream ran (or through `Gpu::retire`), and
+                    // the split scratch is retired, not freed, when it grows.
+                    unsafe { lt.product([w.rows(), k, x.rows()], wp, [xs, lo], op) }?;
+                }
+                return Ok(());
+            }
+        }
         let col_tiles: usize = ws.iter().map(|w| w.rows().div_ceil(MMA_COLS)).sum();
         let cfg = LaunchConfig {
             grid_dim: (

@@ -38,6 +38,7 @@ pub mod group;
 pub mod hint;
 pub mod hybrid;
 pub mod landing;
+pub mod lt;
 pub mod mma;
 pub mod moe;
 pub mod norm;
@@ -79,6 +80,8 @@ pub const DECODE_SRC: &str = concat!(
     include_str!("../kernels/decode/attend.cu"),
     "\n",
     include_str!("../kernels/decode/prompt_attn.cu"),
+    "\n",
+    include_str!("../kernels/decode/prompt_attn_tc.cu"),
     "\n",
     include_str!("../kernels/decode/hybrid.cu")
 );
@@ -158,6 +161,8 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("attn_prompt_64", true),
     ("attn_prompt_128", true),
     ("attn_prompt_256", true),
+    ("attn_prompt_tc_64", true),
+    ("attn_prompt_tc_128", true),
     ("zero_fill", true),
     ("rms_norm_wide", true),
     ("hy_map", true),
@@ -228,12 +233,20 @@ pub struct DecodeKernels {
     /// BF16 tiles on the tensor cores ([`mma`]; [`crate::settings::PROMPT_MMA`]
     /// and a device of compute capability 8.0 or later).
     mma_on: bool,
+    /// A BF16 prompt's dense products through cuBLASLt ([`lt`];
+    /// [`crate::settings::PROMPT_BLAS`], where the tensor-core tiles would
+    /// run and libcublasLt loads).
+    lt: Option<lt::LtProducts>,
     /// A prompt chunk's attention as tiles of queries
     /// ([`crate::settings::PROMPT_ATTN`]).
     prompt_attn_on: bool,
     /// The head widths whose tiled prompt attention was given its shared
     /// memory (a device that cannot gives a wider head the per-row kernel).
     prompt_attn_widths: Vec<usize>,
+    /// The head widths whose tensor-core prompt attention was given its
+    /// shared memory; empty where [`crate::settings::PROMPT_ATTN_TC`] is
+    /// off or the device predates compute capability 8.0 (`attn::prompt`).
+    prompt_attn_tc_widths: Vec<usize>,
     /// The BF16 parts of the input of a product on the tensor cores
     /// ([`mma`]), grown to the largest and reused.
     split: std::cell::RefCell<Option<CudaSlice<u16>>>,
@@ -293,6 +306,12 @@ impl DecodeKernels {
                 prompt_attn_widths.push(tile);
             }
         }
+        let prompt_attn_tc_widths = if t.prompt_attn_tc && gpu.info().compute_capability.0 >= 8 {
+            attn::prompt_attn_tc_widths(&funcs)
+        } else {
+            Vec::new()
+        };
+        let mma_on = t.prompt_mma && gpu.info().compute_capability.0 >= 8;
         Ok(Self {
             gpu: gpu.clone(),
             _module: module,
@@ -301,9 +320,13 @@ impl DecodeKernels {
             scratch: pick::Scratch::new(gpu)?,
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
-            mma_on: t.prompt_mma && gpu.info().compute_capability.0 >= 8,
+            mma_on,
+            lt: (mma_on && t.prompt_blas)
+                .then(|| lt::LtProducts::open(gpu))
+                .flatten(),
             prompt_attn_on: t.prompt_attn,
             prompt_attn_widths,
+            prompt_attn_tc_widths,
             split: std::cell::RefCell::new(None),
             tiles: t.tiles,
             down_rows: t.down_rows as usize,

@@ -2,14 +2,17 @@
 //! partials of the resident chunks and of restored tiles, and the merge
 //! (see the [`super`] docs for why splitting them changes no bit).
 //!
-//! A split's partials come from one of two kernels: `attn_partial`, a
-//! block per (row, head, split), for decode rows and short chunks; and
-//! `attn_prompt_<D>`, tiles of queries over keys and values staged once in
-//! shared memory, for prompt chunks of [`PROMPT_ATTN_ROWS`] rows or more
-//! (kernels/decode/prompt_attn.cu). Both are f32 throughout and sum in
-//! different orders, so a prompt row's output is within f32 rounding of,
-//! not bit for bit, what the decode kernel gives it; in either kernel a
-//! row's bits depend on its own query and positions only.
+//! A split's partials come from one of three kernels: `attn_partial`, a
+//! block per (row, head, split), for decode rows and short chunks; and for
+//! prompt chunks of [`PROMPT_ATTN_ROWS`] rows or more, tiles of queries
+//! over keys and values staged once in shared memory, either
+//! `attn_prompt_tc_<D>` on the tensor cores (TF32 operands split three
+//! ways, the default) or `attn_prompt_<D>` in f32 ([`super::prompt`] says
+//! which). They sum in different orders (and the tensor-core kernel's
+//! products carry a few parts in 2^22 of each term), so a prompt row's
+//! output is within f32 rounding of, not bit for bit, what the decode
+//! kernel gives it; in every kernel a row's bits depend on its own query
+//! and positions only.
 
 use cudarc::driver::LaunchConfig;
 
@@ -264,8 +267,8 @@ impl DecodeKernels {
         )
     }
 
-    /// Launch the partials (`attn_partial`, or the tiled prompt kernel
-    /// where [`Self::prompt_attn_kernel`] picks it) over `count` splits
+    /// Launch the partials (`attn_partial`, or a tiled prompt kernel
+    /// where [`Self::prompt_attention_kernel`] names one) over `count` splits
     /// from `s_first`, chunk c at slot `(c - c_base) % slots` of the arena
     /// at `arena`.
     #[allow(clippy::too_many_arguments, reason = "the attention step's operands")]
@@ -305,28 +308,31 @@ impl DecodeKernels {
             .push(c_base as i32)
             .push(slots as i32)
             .push(total as i32);
-        if let Some((name, smem)) = self.prompt_attn_kernel(rows, kv.dim) {
+        if let Some(p) = self.prompt_attn_launch(rows, kv.dim, group, held) {
             let cfg = LaunchConfig {
                 grid_dim: (
-                    dim((rows * group).div_ceil(PROMPT_ATTN_QUERIES), "x")?,
+                    dim(p.blocks, "x")?,
                     dim(kv.kv_heads, "y")?,
                     dim(count, "z")?,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: smem as u32,
+                shared_mem_bytes: p.smem_bytes as u32,
             };
             a.push(rows as i32);
-            // SAFETY: matches `attn_prompt_<D>` (D >= dim, dim a multiple
-            // of 4, its dynamic shared memory `smem` bytes: the limit set
-            // for it when the module loaded, or it would not have been
-            // chosen): every float4 it loads lies inside a head, q's rows are
-            // q_heads * dim floats, the arena's groups 4096-byte aligned;
-            // block (x, kvh, s) reads split s's chunk at the arena slot the
-            // caller vouched for (positions below held + rows, all written)
-            // and the queries of its rows, and writes their partials (rows
-            // x q_heads x total x (dim + 2), sized by attend_resident) or,
-            // with one split, their rows of out (rows x q_heads * dim).
-            return unsafe { self.launch(name, cfg, a) };
+            // SAFETY: matches `attn_prompt_<D>` and `attn_prompt_tc_<D>`
+            // (the same arguments; D >= dim, dim a multiple of 4, the
+            // kernel's dynamic shared memory `smem_bytes`: the limit set for
+            // it when the module loaded, or it would not have been chosen;
+            // the grid's x the kernel's tiles of queries for these rows,
+            // group and held): every float4 or float2 it loads lies inside a
+            // head, q's rows are q_heads * dim floats, the arena's groups
+            // 4096-byte aligned; block (x, kvh, s) reads split s's chunk at
+            // the arena slot the caller vouched for (positions below held +
+            // rows, all written) and the queries of its rows, and writes
+            // their partials (rows x q_heads x total x (dim + 2), sized by
+            // attend_resident) or, with one split, their rows of out (rows x
+            // q_heads * dim).
+            return unsafe { self.launch(p.name, cfg, a) };
         }
         let cfg = LaunchConfig {
             grid_dim: (dim(q_heads, "x")?, dim(rows, "y")?, dim(count, "z")?),
@@ -339,22 +345,6 @@ impl DecodeKernels {
         // partial (rows x q_heads x total x (dim + 2), sized by
         // attend_resident) or, with one split, out (rows x q_heads * dim).
         unsafe { self.launch("attn_partial", cfg, a) }
-    }
-
-    /// The tiled prompt attention for `rows` query rows of heads of `d`
-    /// elements, where it applies: a prompt chunk of at least
-    /// [`PROMPT_ATTN_ROWS`] rows, heads a multiple of 4 wide, and
-    /// [`crate::settings::PROMPT_ATTN`] on. The choice depends on the rows
-    /// and the shape only, so a chunk's partials are the same whether its
-    /// splits are resident or restored tile by tile.
-    fn prompt_attn_kernel(&self, rows: usize, d: usize) -> Option<(&'static str, usize)> {
-        if !self.prompt_attn_on || rows < PROMPT_ATTN_ROWS || d % 4 != 0 {
-            return None;
-        }
-        let (name, tile) = PROMPT_ATTN_KERNELS.iter().copied().find(|&(_, t)| d <= t)?;
-        self.prompt_attn_widths
-            .contains(&tile)
-            .then_some((name, prompt_attn_smem(tile)))
     }
 
     /// Merge the partials of every split into `out` (nothing to do with one

@@ -32,12 +32,15 @@
 //! and reused (outside a KV budget).
 
 mod launch;
+mod prompt;
 pub mod ring;
 pub mod rows;
 pub mod window;
 
 pub use launch::{AttnSplits, PROMPT_ATTN_QUERIES, PROMPT_ATTN_ROWS};
 pub(crate) use launch::{PROMPT_ATTN_KERNELS, prompt_attn_smem};
+pub use prompt::PROMPT_ATTN_TC_QUERIES;
+pub(crate) use prompt::prompt_attn_tc_widths;
 pub use rows::{DecodeRows, RowsAt};
 
 use cudarc::driver::CudaSlice;
