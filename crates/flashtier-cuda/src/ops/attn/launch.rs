@@ -7,7 +7,8 @@
 //! prompt chunks of [`PROMPT_ATTN_ROWS`] rows or more, tiles of queries
 //! over keys and values staged once in shared memory, either
 //! `attn_prompt_tc_<D>` on the tensor cores (TF32 operands split three
-//! ways, the default) or `attn_prompt_<D>` in f32 ([`super::prompt`] says
+//! ways, `FLASHTIER_PROMPT_ATTN_TC=1`) or `attn_prompt_<D>` in f32 (the
+//! default; [`super::prompt`] says
 //! which). They sum in different orders (and the tensor-core kernel's
 //! products carry a few parts in 2^22 of each term), so a prompt row's
 //! output is within f32 rounding of, not bit for bit, what the decode
