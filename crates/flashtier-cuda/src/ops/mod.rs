@@ -292,22 +292,14 @@ impl DecodeKernels {
                 .map_err(CudaError::driver(format!("load kernel {name}")))?;
             funcs.insert(name, (f, waits));
         }
-        let mut prompt_attn_widths = Vec::new();
-        for (name, tile) in attn::PROMPT_ATTN_KERNELS {
-            let bytes = i32::try_from(attn::prompt_attn_smem(tile)).unwrap_or(i32::MAX);
-            let given = funcs.get(name).is_some_and(|(f, _)| {
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes,
-                )
-                .is_ok()
-            });
-            if given {
-                prompt_attn_widths.push(tile);
-            }
-        }
+        let prompt_attn_widths =
+            attn::prompt_attn_widths(&funcs, &attn::PROMPT_ATTN_KERNELS, attn::prompt_attn_smem);
         let prompt_attn_tc_widths = if t.prompt_attn_tc && gpu.info().compute_capability.0 >= 8 {
-            attn::prompt_attn_tc_widths(&funcs)
+            attn::prompt_attn_widths(
+                &funcs,
+                &attn::PROMPT_ATTN_TC_KERNELS,
+                attn::prompt_attn_tc_smem,
+            )
         } else {
             Vec::new()
         };

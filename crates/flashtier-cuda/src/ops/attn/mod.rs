@@ -40,7 +40,7 @@ pub mod window;
 pub use launch::{AttnSplits, PROMPT_ATTN_QUERIES, PROMPT_ATTN_ROWS};
 pub(crate) use launch::{PROMPT_ATTN_KERNELS, prompt_attn_smem};
 pub use prompt::PROMPT_ATTN_TC_QUERIES;
-pub(crate) use prompt::prompt_attn_tc_widths;
+pub(crate) use prompt::{PROMPT_ATTN_TC_KERNELS, prompt_attn_tc_smem, prompt_attn_widths};
 pub use rows::{DecodeRows, RowsAt};
 
 use cudarc::driver::CudaSlice;

@@ -63,15 +63,18 @@ pub(crate) const fn prompt_attn_tc_smem(tile: usize) -> usize {
         * 4
 }
 
-/// Give each tensor-core prompt kernel of `funcs` its dynamic shared
-/// memory; the head widths whose kernel took it (a device that refuses a
-/// width keeps the f32 tiles for it).
-pub(crate) fn prompt_attn_tc_widths(
+/// Give each kernel of `kernels` (a name and the widest head it takes)
+/// found in `funcs` its dynamic shared memory, `smem(width)` bytes; the
+/// head widths whose kernel took it (a device that refuses a width keeps
+/// the per-row kernel, or the f32 tiles, for it).
+pub(crate) fn prompt_attn_widths(
     funcs: &HashMap<&'static str, (CudaFunction, bool)>,
+    kernels: &[(&'static str, usize)],
+    smem: fn(usize) -> usize,
 ) -> Vec<usize> {
     let mut widths = Vec::new();
-    for (name, tile) in PROMPT_ATTN_TC_KERNELS {
-        let bytes = i32::try_from(prompt_attn_tc_smem(tile)).unwrap_or(i32::MAX);
+    for &(name, tile) in kernels {
+        let bytes = i32::try_from(smem(tile)).unwrap_or(i32::MAX);
         let given = funcs.get(name).is_some_and(|(f, _)| {
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
