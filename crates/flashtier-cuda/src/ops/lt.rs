@@ -283,27 +283,21 @@ impl LtProducts {
             tracing::debug!("libcublasLt not found: a prompt's dense products run as tiles");
             return None;
         }
-        let opened = (|| -> Result<Self, CudaError> {
-            let handle = result::create_handle().map_err(lt("create a handle"))?;
-            let workspace = gpu
-                .raw_stream()
-                .alloc_zeros::<u8>(WORKSPACE_BYTES)
-                .map_err(CudaError::driver("allocate the cuBLASLt workspace"));
-            let workspace = match workspace {
-                Ok(w) => w,
-                Err(e) => {
-                    // SAFETY: just created, never used.
-                    let _ = unsafe { result::destroy_handle(handle) };
-                    return Err(e);
-                }
-            };
-            Ok(Self {
-                gpu: gpu.clone(),
-                handle,
-                workspace,
-                plans: RefCell::new(HashMap::new()),
-            })
-        })();
+        // The workspace first: a failure after it drops it, while a handle
+        // would need destroying by hand.
+        let opened = gpu
+            .raw_stream()
+            .alloc_zeros::<u8>(WORKSPACE_BYTES)
+            .map_err(CudaError::driver("allocate the cuBLASLt workspace"))
+            .and_then(|workspace| {
+                let handle = result::create_handle().map_err(lt("create a handle"))?;
+                Ok(Self {
+                    gpu: gpu.clone(),
+                    handle,
+                    workspace,
+                    plans: RefCell::new(HashMap::new()),
+                })
+            });
         opened
             .map_err(|e| tracing::debug!("cuBLASLt unavailable ({e}): tiles"))
             .ok()
