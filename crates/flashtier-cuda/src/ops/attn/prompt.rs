@@ -9,9 +9,8 @@
 //! an error of a few parts in 2^22 of each term, about an f32 chain's
 //! rounding. The tensor-core kernel takes heads of up to 128 elements on a
 //! device of compute capability 8.0 or later, where
-//! [`crate::settings::PROMPT_ATTN_TC`] is on (off by default until
-//! measured on a GPU); wider heads and
-//! the setting off keep the f32 tiles.
+//! [`crate::settings::PROMPT_ATTN_TC`] is on (the default); wider heads
+//! and the setting off keep the f32 tiles.
 //!
 //! Invariants: the choice depends on the rows, the head width, the device
 //! and the settings only, so a chunk's partials are the same whether its
