@@ -21,10 +21,12 @@
 //! at most the spill's write queue of them) serves a prompt from memory,
 //! and a failed write drops it. A prompt whose longest match is on the
 //! drive gets a fresh cache filled from it, block by block, every block's
-//! checksum verified, on the calling thread ([`spill`]). A restore that
-//! fails is an error the caller answers by computing the prompt from its
-//! first token; the entry is gone either way. At equal reuse an entry
-//! served from memory wins.
+//! checksum verified, on the spill's restore thread ([`spill`]): `take`
+//! answers [`Taken::Restoring`] at once and the caller collects the cache
+//! with [`PrefixCache::restores`] between its steps. A restore that fails
+//! is an error the caller answers by computing the prompt from its first
+//! token; the entry is gone either way. At equal reuse an entry served
+//! from memory wins.
 //!
 //! A cache that cannot be cut back (one with chunks offloaded to a drive)
 //! is reused only whole; a GPU cache is never spilled (see [`spill`]);
@@ -33,6 +35,7 @@
 
 mod error;
 mod image;
+mod restorer;
 pub mod spill;
 mod store;
 mod writer;
@@ -62,6 +65,9 @@ pub struct PrefixCache {
     /// Positions of the `Drive` and `Writing` entries.
     spilled: usize,
     clock: u64,
+    /// Restores started by `take`, not yet collected: (ticket, positions
+    /// reused).
+    pending: Vec<(u64, usize)>,
 }
 
 #[derive(Debug)]
@@ -103,6 +109,22 @@ impl Entry {
     }
 }
 
+/// What [`PrefixCache::take`] found for a prompt.
+#[derive(Debug)]
+pub enum Taken {
+    /// A cache, ready now.
+    Ready(Reused),
+    /// An entry on the drive, being read back: [`PrefixCache::restores`]
+    /// gives its cache (or why not) under `ticket`, reusing `cached`
+    /// positions.
+    Restoring {
+        /// Which restore.
+        ticket: u64,
+        /// Positions of the prompt it will hold.
+        cached: usize,
+    },
+}
+
 /// A cache taken for a prompt, with how many of its positions it reuses.
 #[derive(Debug)]
 pub struct Reused {
@@ -137,6 +159,7 @@ impl PrefixCache {
             spill,
             spilled: 0,
             clock: 0,
+            pending: Vec::new(),
         }
     }
 
@@ -173,16 +196,17 @@ impl PrefixCache {
     /// Take the entry sharing the longest prefix with `prompt` whose cache
     /// can hold `capacity` positions, cut back to the reused prefix (at
     /// most `prompt.len() - 1` positions). `Ok(None)` when no entry shares
-    /// a first token. A spilled entry is restored into `fresh()`, an empty
-    /// cache of the engine's, as is a copy of a writing entry whose write
-    /// is running; an error means the entry is lost and the prompt must be
+    /// a first token. A spilled entry starts being restored into
+    /// `fresh()`, an empty cache of the engine's ([`Taken::Restoring`]); a
+    /// copy of a writing entry whose write is running is made into one
+    /// now. An error means the entry is lost and the prompt must be
     /// computed whole.
     pub fn take(
         &mut self,
         prompt: &[u32],
         capacity: usize,
         fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
-    ) -> Result<Option<Reused>, SpillError> {
+    ) -> Result<Option<Taken>, SpillError> {
         self.settle();
         let limit = prompt.len().saturating_sub(1);
         let best = self
@@ -217,29 +241,29 @@ impl PrefixCache {
                 if kv.truncate(reuse).is_err() {
                     return Ok(None);
                 }
-                Ok(Some(Reused {
+                Ok(Some(Taken::Ready(Reused {
                     kv,
                     cached: reuse,
                     restored: false,
-                }))
+                })))
             }
             Kept::Drive(s) => {
                 self.spilled -= e.tokens.len();
-                let kv = self.restore(s, reuse, fresh)?;
-                Ok(Some(Reused {
-                    kv,
+                let ticket = self.restore(s, reuse, fresh)?;
+                self.pending.push((ticket, reuse));
+                Ok(Some(Taken::Restoring {
+                    ticket,
                     cached: reuse,
-                    restored: true,
                 }))
             }
             Kept::Writing(w) => {
                 self.spilled -= e.tokens.len();
                 let kv = self.reclaim(w, reuse, fresh)?;
-                Ok(Some(Reused {
+                Ok(Some(Taken::Ready(Reused {
                     kv,
                     cached: reuse,
                     restored: false,
-                }))
+                })))
             }
         }
     }
@@ -265,20 +289,73 @@ impl PrefixCache {
         }
     }
 
-    /// The first `reuse` positions of `s` in a fresh cache; `s`'s blocks
-    /// are free afterwards, whatever happened.
+    /// Start restoring the first `reuse` positions of `s` into `fresh()`
+    /// on the spill's thread; `s`'s blocks are free once it is collected
+    /// (or now, on an error).
     fn restore(
         &mut self,
         s: Spilled,
         reuse: usize,
         fresh: impl FnOnce() -> Result<SeqKv, EngineError>,
-    ) -> Result<SeqKv, SpillError> {
+    ) -> Result<u64, SpillError> {
         let Some(spill) = self.spill.as_mut() else {
             return Err(SpillError::Shape("a spilled entry without a spill".into()));
         };
-        let restored = filled(fresh, reuse, |c| spill.restore(&s, reuse, c));
-        spill.release(s);
-        restored
+        let into = match fresh() {
+            Ok(SeqKv::Cpu(c)) => c,
+            Ok(other) => {
+                spill.drop_entry(s);
+                return Err(SpillError::Shape(format!(
+                    "{other:?} cannot take a CPU cache's positions"
+                )));
+            }
+            Err(e) => {
+                spill.drop_entry(s);
+                return Err(e.into());
+            }
+        };
+        spill.start_restore(s, reuse, into)
+    }
+
+    /// The restores started by [`Self::take`] that finished since the last
+    /// call: each ticket with its cache cut back to the reused positions,
+    /// or the error (the prompt is then computed whole).
+    pub fn restores(&mut self) -> Vec<(u64, Result<Reused, SpillError>)> {
+        let Some(spill) = self.spill.as_mut() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (ticket, got) in spill.collect_restores() {
+            let Some(at) = self.pending.iter().position(|(t, _)| *t == ticket) else {
+                continue;
+            };
+            let (_, reuse) = self.pending.swap_remove(at);
+            let reused = got.and_then(|c| {
+                let mut kv = SeqKv::Cpu(c);
+                kv.truncate(reuse)?;
+                Ok(Reused {
+                    kv,
+                    cached: reuse,
+                    restored: true,
+                })
+            });
+            out.push((ticket, reused));
+        }
+        out
+    }
+
+    /// Restores started and not yet collected.
+    #[must_use]
+    pub fn restoring(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Block until a restore is ready to collect, at most `timeout` (at
+    /// once when none is running).
+    pub fn wait_restores(&self, timeout: std::time::Duration) {
+        if let Some(spill) = &self.spill {
+            spill.wait_restores(timeout);
+        }
     }
 
     /// Keep a finished sequence's cache, which holds `tokens`; the least

@@ -25,10 +25,12 @@
 //! cancelled before its next block number. Block numbers of a write that
 //! failed, or whose entry was taken, return to the free list only when the
 //! outcome is collected, after the thread is done with them. A failed
-//! write drops its entry ([`SpillStats::spill_failures`]). Restores stay on
-//! the scheduler thread (a prompt needs its cache before its first step);
-//! one waits for the store while the thread writes at most one block
-//! number (`layers` blocks).
+//! write drops its entry ([`SpillStats::spill_failures`]). Restores run on
+//! a second thread (the `restorer` module): the scheduler thread hands
+//! over the entry's versions and an empty cache and goes on stepping the
+//! other sequences; a restore waits for the store while the writer writes
+//! at most one block number (`layers` blocks), and the entry's block
+//! numbers stay reserved until the restore is collected.
 //!
 //! Bounds: `--prefix-spill-tokens N` sets `blocks = ceil(N / 16)` block
 //! numbers (at most [`MAX_SPILL_TOKENS`] positions). The file is made at its
@@ -74,6 +76,7 @@ use flashtier_engine::device::cpu::kv::{BLOCK_TOKENS, KvCache};
 use flashtier_io::{DirectMode, PosixBackend, StorageBackend};
 
 use super::error::SpillError;
+use super::restorer::{Restore, Restorer};
 use super::store::{self, Store, StoreIo};
 use super::writer::{Job, Outcome, Writer};
 
@@ -221,6 +224,10 @@ pub struct PrefixSpill {
     writing: usize,
     next_ticket: u64,
     writer: Writer,
+    restorer: Restorer,
+    /// Entries being read back, by ticket: their block numbers stay
+    /// reserved until the restore is collected.
+    restoring: Vec<(u64, Spilled)>,
 }
 
 impl std::fmt::Debug for PrefixSpill {
@@ -284,6 +291,7 @@ impl PrefixSpill {
             direct: cfg.direct,
             blocks,
         })?;
+        let restorer = Restorer::spawn(writer.store_slot())?;
         Ok(Self {
             blocks,
             path,
@@ -293,6 +301,8 @@ impl PrefixSpill {
             writing: 0,
             next_ticket: 0,
             writer,
+            restorer,
+            restoring: Vec::new(),
         })
     }
 
@@ -455,48 +465,84 @@ impl PrefixSpill {
         self.writer.flush();
     }
 
-    /// Read the first `positions` positions of `s` (whole blocks of them)
-    /// back into `into`, an empty cache of the engine's; the caller cuts it
-    /// back to `positions` and releases `s`.
-    pub(super) fn restore(
+    /// Start reading the first `positions` positions of `s` (whole blocks
+    /// of them) back into `into`, an empty cache of the engine's, on the
+    /// restorer thread; returns the ticket [`Self::collect_restores`]
+    /// answers with. `s`'s block numbers are released when it is
+    /// collected. An entry that cannot be read (no store, too few
+    /// versions) is an error now, its block numbers released.
+    pub(super) fn start_restore(
         &mut self,
-        s: &Spilled,
+        s: Spilled,
         positions: usize,
-        into: &mut KvCache,
-    ) -> Result<(), SpillError> {
-        let result = self.try_restore(s, positions, into);
-        match &result {
-            Ok(bytes) => {
-                self.stats.restored += 1;
-                self.stats.bytes_read += bytes;
-            }
-            Err(_) => self.stats.restore_failures += 1,
-        }
-        result.map(|_| ())
+        into: Box<KvCache>,
+    ) -> Result<u64, SpillError> {
+        let layers = self.writer.store().as_ref().map(Store::layers);
+        let need = blocks_for(positions.min(s.len)).max(1);
+        let versions = layers.and_then(|l| s.versions.get(..need * l));
+        let Some(versions) = versions.map(<[BlockVersion]>::to_vec) else {
+            self.stats.restore_failures += 1;
+            let why = format!("{need} blocks of an entry of {}", s.blocks.len());
+            self.release(s);
+            return Err(SpillError::Shape(why));
+        };
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.restorer.push(Restore {
+            ticket,
+            versions,
+            fill: (need * BLOCK_TOKENS).min(s.len),
+            into,
+        });
+        self.restoring.push((ticket, s));
+        Ok(ticket)
     }
 
-    fn try_restore(
-        &self,
-        s: &Spilled,
-        positions: usize,
-        into: &mut KvCache,
-    ) -> Result<u64, SpillError> {
-        let mut store = self.writer.store();
-        let store = store
-            .as_mut()
-            .ok_or_else(|| SpillError::Shape("no spill store".into()))?;
-        let need = blocks_for(positions.min(s.len)).max(1);
-        let versions = s.versions.get(..need * store.layers()).ok_or_else(|| {
-            SpillError::Shape(format!("{need} blocks of an entry of {}", s.blocks.len()))
-        })?;
-        store.read(versions, (need * BLOCK_TOKENS).min(s.len), into)
+    /// Restores in flight (started, not collected).
+    #[must_use]
+    pub fn restoring(&self) -> usize {
+        self.restoring.len()
+    }
+
+    /// The restores finished since the last call, counted, their entries'
+    /// block numbers released: each ticket with its filled cache (not yet
+    /// cut back) or the error.
+    pub(super) fn collect_restores(&mut self) -> Vec<(u64, Result<Box<KvCache>, SpillError>)> {
+        let mut out = Vec::new();
+        for r in self.restorer.collect() {
+            if let Some(at) = self.restoring.iter().position(|(t, _)| *t == r.ticket) {
+                let (_, s) = self.restoring.swap_remove(at);
+                self.release(s);
+            }
+            match r.result {
+                Ok((kv, bytes)) => {
+                    self.stats.restored += 1;
+                    self.stats.bytes_read += bytes;
+                    out.push((r.ticket, Ok(kv)));
+                }
+                Err(e) => {
+                    self.stats.restore_failures += 1;
+                    out.push((r.ticket, Err(e)));
+                }
+            }
+        }
+        out
+    }
+
+    /// Block until a restore waits to be collected, at most `timeout`.
+    pub(super) fn wait_restores(&self, timeout: std::time::Duration) {
+        if !self.restoring.is_empty() {
+            self.restorer.wait(timeout);
+        }
     }
 }
 
 impl Drop for PrefixSpill {
     fn drop(&mut self) {
-        // The thread goes first (its queued writes unwritten), then the
-        // store: its lock ends with the swap, then the file goes.
+        // The threads go first (queued writes unwritten, queued restores
+        // dropped), then the store: its lock ends with the swap, then the
+        // file goes.
+        self.restorer.stop();
         self.writer.stop();
         let store = self.writer.store().take();
         if store.is_some() {

@@ -82,14 +82,15 @@ struct Shared {
     /// Wakes [`Writer::flush`]: the thread found the queue empty.
     idle: Condvar,
     stop: AtomicBool,
-    /// Made by the first job, from its cache's shape.
-    store: Mutex<Option<Store>>,
+    /// Made by the first job, from its cache's shape; shared with the
+    /// restorer thread.
+    store: Arc<Mutex<Option<Store>>>,
 }
 
 /// A lock that a panic elsewhere does not make unusable: every state the
 /// queue and the store are left in between two statements is consistent
 /// (a store whose write failed half way has its blocks unsealed).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -111,7 +112,7 @@ impl Writer {
             work: Condvar::new(),
             idle: Condvar::new(),
             stop: AtomicBool::new(false),
-            store: Mutex::new(None),
+            store: Arc::new(Mutex::new(None)),
         });
         let theirs = shared.clone();
         let thread = std::thread::Builder::new()
@@ -162,6 +163,11 @@ impl Writer {
     /// The store (`None` before the first job made it).
     pub(super) fn store(&self) -> MutexGuard<'_, Option<Store>> {
         lock(&self.shared.store)
+    }
+
+    /// The store's slot itself, for the restorer thread.
+    pub(super) fn store_slot(&self) -> Arc<Mutex<Option<Store>>> {
+        self.shared.store.clone()
     }
 
     /// Stop the thread and wait for it; the queued jobs are dropped. Then

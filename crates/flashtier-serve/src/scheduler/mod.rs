@@ -25,10 +25,11 @@
 //! A spill's writes run on its own writer thread: the scheduler thread
 //! hands a cache leaving memory over and goes on, never waiting for the
 //! drive (past the spill's write queue the cache is dropped), and collects
-//! finished writes between steps. Restores stay on the scheduler thread,
-//! between steps (the prompt needs its cache before its first step): at
-//! most one entry's blocks (`context` positions) at a time, waiting for
-//! the writer's current block number at most.
+//! finished writes between steps. Restores run on the spill's restore
+//! thread too: a request whose reused prefix is on the drive holds a batch
+//! slot (at most `max_batch` run or restore) while the other sequences go
+//! on stepping, and joins the batch between steps once its cache lands
+//! (or computes its prompt whole, if the restore failed).
 //!
 //! Exactness: a failed step fails the requests in it (their caches are
 //! dropped, since some layers may have advanced past others); the other
@@ -330,6 +331,7 @@ impl Scheduler {
                     rx,
                     waiting: VecDeque::new(),
                     live: Vec::new(),
+                    restoring: Vec::new(),
                     counters: thread_counters,
                     next_id: 0,
                 };

@@ -12,7 +12,21 @@ use flashtier_engine::sample::{Pick, Sampler, SamplingParams};
 use tokio::sync::mpsc as tmpsc;
 
 use super::{Counters, Event, Finish, Job, SchedulerConfig, Submitted, publish};
-use crate::prefix::PrefixCache;
+use crate::prefix::{PrefixCache, Reused, Taken};
+
+/// How long the scheduler thread waits for a restore when nothing else
+/// runs before it looks for arrivals again.
+const RESTORE_POLL: Duration = Duration::from_millis(2);
+
+/// A request whose reused prefix is being read back from the drive: it
+/// holds a batch slot and joins the batch when its cache lands.
+pub(super) struct Restoring {
+    ticket: u64,
+    job: Job,
+    events: tmpsc::UnboundedSender<Event>,
+    sampler: Sampler,
+    id: u64,
+}
 
 pub(super) struct Live {
     job: Job,
@@ -37,6 +51,9 @@ pub(super) struct Worker {
     pub(super) rx: mpsc::Receiver<Submitted>,
     pub(super) waiting: VecDeque<Submitted>,
     pub(super) live: Vec<Live>,
+    /// Admitted requests waiting for their prefix from the drive (at most
+    /// `max_batch` with `live`).
+    pub(super) restoring: Vec<Restoring>,
     pub(super) counters: Arc<Counters>,
     pub(super) next_id: u64,
 }
@@ -50,6 +67,7 @@ impl Worker {
             self.drop_cancelled();
             // Finished spill writes: their caches' memory goes now.
             self.prefix.settle();
+            self.land_restores();
             self.admit();
             if !self.live.is_empty() {
                 self.step();
@@ -66,11 +84,15 @@ impl Worker {
                 Ok(s) => self.waiting.push_back(s),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
-                    return !(self.live.is_empty() && self.waiting.is_empty());
+                    return !(self.live.is_empty()
+                        && self.waiting.is_empty()
+                        && self.restoring.is_empty());
                 }
             }
         }
-        if self.live.is_empty() && self.waiting.is_empty() {
+        if self.live.is_empty() && self.waiting.is_empty() && !self.restoring.is_empty() {
+            self.prefix.wait_restores(RESTORE_POLL);
+        } else if self.live.is_empty() && self.waiting.is_empty() {
             match self.rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(s) => self.waiting.push_back(s),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -106,7 +128,7 @@ impl Worker {
     }
 
     fn admit(&mut self) {
-        while self.live.len() < self.cfg.max_batch {
+        while self.live.len() + self.restoring.len() < self.cfg.max_batch {
             let Some(s) = self.waiting.pop_front() else {
                 break;
             };
@@ -122,6 +144,11 @@ impl Worker {
                     continue;
                 }
             };
+            self.counters
+                .prompt_tokens
+                .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+            // A restoring request holds its batch slot: it counts as running.
+            self.counters.running.fetch_add(1, Ordering::AcqRel);
             let (engine, context) = (&self.engine, self.cfg.context);
             let taken = self
                 .prefix
@@ -131,45 +158,94 @@ impl Worker {
                     tracing::warn!("prompt reuse from the drive failed, recomputing: {e}");
                     None
                 });
-            let (kv, cached) = match taken {
-                Some(r) => {
-                    if r.restored {
-                        self.counters
-                            .cached_restored_tokens
-                            .fetch_add(r.cached as u64, Ordering::Relaxed);
-                    }
-                    (r.kv, r.cached)
-                }
-                None => match self.engine.new_seq(self.cfg.context, id) {
-                    Ok(kv) => (kv, 0),
-                    Err(e) => {
-                        self.fail_one(&events, e.to_string());
-                        continue;
-                    }
-                },
-            };
-            self.counters
-                .prompt_tokens
-                .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-            self.counters
-                .cached_tokens
-                .fetch_add(cached as u64, Ordering::Relaxed);
-            let offloaded_seen = kv.tier_stats().map_or(0, |t| t.offloaded_bytes);
-            let _ = events.send(Event::Started { cached });
-            self.counters.running.fetch_add(1, Ordering::AcqRel);
-            self.live.push(Live {
-                tokens: job.prompt[..cached].to_vec(),
-                fed: cached,
-                job,
-                events,
-                kv,
-                sampler,
-                pending: None,
-                generated: 0,
-                offloaded_seen,
-            });
+            match taken {
+                Some(Taken::Restoring { ticket, .. }) => self.restoring.push(Restoring {
+                    ticket,
+                    job,
+                    events,
+                    sampler,
+                    id,
+                }),
+                Some(Taken::Ready(r)) => self.start(job, events, sampler, Some(r), id),
+                None => self.start(job, events, sampler, None, id),
+            }
         }
         publish::prefix(&self.prefix, &self.counters);
+    }
+
+    /// Requests whose prefix came back from the drive join the batch; one
+    /// whose restore failed computes its prompt whole; one cancelled while
+    /// restoring leaves, its cache kept for reuse.
+    fn land_restores(&mut self) {
+        if self.restoring.is_empty() {
+            return;
+        }
+        for (ticket, got) in self.prefix.restores() {
+            let Some(at) = self.restoring.iter().position(|r| r.ticket == ticket) else {
+                continue;
+            };
+            let r = self.restoring.swap_remove(at);
+            let reused = got
+                .map_err(|e| tracing::warn!("prompt reuse from the drive failed, recomputing: {e}"))
+                .ok();
+            if r.events.is_closed() {
+                self.counters.running.fetch_sub(1, Ordering::AcqRel);
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                self.counters.finished.fetch_add(1, Ordering::Relaxed);
+                if let Some(u) = reused {
+                    self.prefix.put(r.job.prompt[..u.cached].to_vec(), u.kv);
+                }
+                continue;
+            }
+            self.start(r.job, r.events, r.sampler, reused, r.id);
+        }
+        publish::prefix(&self.prefix, &self.counters);
+    }
+
+    /// An admitted request joins the batch with `reused` (or a fresh cache:
+    /// its prompt computed whole); counted as running already.
+    fn start(
+        &mut self,
+        job: Job,
+        events: tmpsc::UnboundedSender<Event>,
+        sampler: Sampler,
+        reused: Option<Reused>,
+        id: u64,
+    ) {
+        let (kv, cached) = match reused {
+            Some(r) => {
+                if r.restored {
+                    self.counters
+                        .cached_restored_tokens
+                        .fetch_add(r.cached as u64, Ordering::Relaxed);
+                }
+                (r.kv, r.cached)
+            }
+            None => match self.engine.new_seq(self.cfg.context, id) {
+                Ok(kv) => (kv, 0),
+                Err(e) => {
+                    self.counters.running.fetch_sub(1, Ordering::AcqRel);
+                    self.fail_one(&events, e.to_string());
+                    return;
+                }
+            },
+        };
+        self.counters
+            .cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        let offloaded_seen = kv.tier_stats().map_or(0, |t| t.offloaded_bytes);
+        let _ = events.send(Event::Started { cached });
+        self.live.push(Live {
+            tokens: job.prompt[..cached].to_vec(),
+            fed: cached,
+            job,
+            events,
+            kv,
+            sampler,
+            pending: None,
+            generated: 0,
+            offloaded_seen,
+        });
     }
 
     fn fail_one(&self, events: &tmpsc::UnboundedSender<Event>, why: String) {
@@ -210,10 +286,12 @@ impl Worker {
             live,
             rx,
             waiting,
+            restoring,
             counters,
             ..
         } = self;
-        if live.len() != 1 || !waiting.is_empty() {
+        // A restore landing has a sequence to batch with: step by step.
+        if live.len() != 1 || !waiting.is_empty() || !restoring.is_empty() {
             return false;
         }
         let l = &mut live[0];

@@ -276,3 +276,64 @@ fn metrics_carry_the_spill_and_tier_counters_and_they_move() {
     assert_eq!(metric(&s, "prefix_spill_tokens"), 37);
     assert_eq!(metric(&s, "prefix_cache_tokens"), 55);
 }
+
+/// A prompt whose reuse is on the drive does not hold up a sequence that
+/// is decoding: while its restore waits on slow reads (every store
+/// operation takes 400 ms in the simulator), the other stream keeps
+/// getting tokens, and the restored prompt still answers as from scratch.
+#[test]
+fn a_restore_from_the_drive_does_not_stall_the_running_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::seeded(23).latency(1.0, Duration::from_millis(400));
+    let s = start(
+        spill_config(dir.path(), Some(SimBackend::new(plan, 2).unwrap())),
+        None,
+    );
+    let (a, b) = (ids(48, 1), ids(30, 2));
+    let first = spill_a(&s, &a, &b);
+    let long = completion(
+        json!(ids(10, 5)),
+        json!({"temperature": 0, "max_tokens": 240, "ignore_eos": true, "stream": true}),
+    );
+    let mut stream = open_stream(&s.url(COMPLETIONS), &long);
+    assert!(
+        stream.next_data().is_some(),
+        "the long stream's first event"
+    );
+    let url = s.url(COMPLETIONS);
+    let restore = std::thread::spawn(move || {
+        let body = completion(
+            json!(a),
+            json!({"temperature": 0, "max_tokens": 8, "ignore_eos": true, "logprobs": 3}),
+        );
+        let start = std::time::Instant::now();
+        let v = post_ok(&url, &body);
+        (v, start, std::time::Instant::now())
+    });
+    let mut arrivals = Vec::new();
+    while let Some(d) = stream.next_data() {
+        if d == "[DONE]" {
+            break;
+        }
+        arrivals.push(std::time::Instant::now());
+    }
+    let (v, start, end) = restore.join().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 47);
+    assert_eq!(choice(&v), &first);
+    assert!(
+        end - start >= Duration::from_millis(400),
+        "the restore took {:?}",
+        end - start
+    );
+    let during = arrivals
+        .iter()
+        .filter(|&&t| t > start + Duration::from_millis(50) && t + Duration::from_millis(50) < end)
+        .count();
+    assert!(
+        during >= 3,
+        "{during} tokens of the other stream while the restore ran ({:?}); {} in all",
+        end - start,
+        arrivals.len()
+    );
+    assert_eq!(metric(&s, "prefix_restored_total"), 1);
+}

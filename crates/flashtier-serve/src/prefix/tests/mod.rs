@@ -39,6 +39,40 @@ fn empty() -> Result<SeqKv, EngineError> {
     Ok(SeqKv::Cpu(Box::new(KvCache::new(&spec())?)))
 }
 
+/// [`PrefixCache::take`], then, for an entry on the drive, the restore
+/// collected once it lands (an error either way is the entry lost).
+trait TakeNow {
+    fn take_now(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+        fresh: fn() -> Result<SeqKv, EngineError>,
+    ) -> Result<Option<Reused>, SpillError>;
+}
+
+impl TakeNow for PrefixCache {
+    fn take_now(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+        fresh: fn() -> Result<SeqKv, EngineError>,
+    ) -> Result<Option<Reused>, SpillError> {
+        let ticket = match self.take(prompt, capacity, fresh)? {
+            None => return Ok(None),
+            Some(Taken::Ready(r)) => return Ok(Some(r)),
+            Some(Taken::Restoring { ticket, .. }) => ticket,
+        };
+        assert_eq!(self.restoring(), 1);
+        loop {
+            if let Some((_, got)) = self.restores().into_iter().find(|(t, _)| *t == ticket) {
+                assert_eq!(self.restoring(), 0);
+                return got.map(Some);
+            }
+            self.wait_restores(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
 /// A cache of `n` positions whose values depend on `seed` and the position.
 fn cache(n: usize, seed: u32) -> SeqKv {
     let mut c = KvCache::new(&spec()).unwrap();
@@ -104,7 +138,7 @@ fn a_spilled_cache_comes_back_byte_for_byte_whole_and_cut_back() {
     let want = bytes(&cache(37, 1));
     let mut p = spilled_one(spill_in(dir.path(), 256, None));
     let r = p
-        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .take_now(&prompt_over(37, 1), CAPACITY, empty)
         .unwrap()
         .unwrap();
     assert!(r.restored);
@@ -126,7 +160,7 @@ fn a_spilled_cache_comes_back_byte_for_byte_whole_and_cut_back() {
     cut.truncate(21).unwrap();
     let mut shared = tokens(21, 1);
     shared.extend([7, 7, 7]);
-    let r = p.take(&shared, CAPACITY, empty).unwrap().unwrap();
+    let r = p.take_now(&shared, CAPACITY, empty).unwrap().unwrap();
     assert!(r.restored);
     assert_eq!((r.cached, r.kv.len()), (21, 21));
     assert_eq!(bytes(&r.kv), bytes(&cut));
@@ -141,7 +175,7 @@ fn at_equal_reuse_the_entry_in_memory_wins() {
     p.put(tokens(37, 1), cache(37, 1));
     assert_eq!((p.held(), p.spilled()), (37, 57));
     let r = p
-        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .take_now(&prompt_over(37, 1), CAPACITY, empty)
         .unwrap()
         .unwrap();
     assert!(!r.restored);
@@ -161,12 +195,12 @@ fn the_drive_keeps_its_bound_dropping_the_least_recently_used() {
     let s = p.spill().unwrap().stats();
     assert_eq!((s.spilled, s.dropped), (2, 1));
     assert!(
-        p.take(&prompt_over(37, 1), CAPACITY, empty)
+        p.take_now(&prompt_over(37, 1), CAPACITY, empty)
             .unwrap()
             .is_none()
     );
     let r = p
-        .take(&prompt_over(20, 2), CAPACITY, empty)
+        .take_now(&prompt_over(20, 2), CAPACITY, empty)
         .unwrap()
         .unwrap();
     assert!(r.restored && r.cached == 20);
@@ -232,7 +266,9 @@ fn fails_to_restore(
     let dir = tempfile::tempdir().unwrap();
     let mut p = spilled_one(spill_in(dir.path(), 100, plan));
     damage(p.spill().unwrap().path());
-    let err = p.take(&prompt_over(37, 1), CAPACITY, empty).unwrap_err();
+    let err = p
+        .take_now(&prompt_over(37, 1), CAPACITY, empty)
+        .unwrap_err();
     let SpillError::Restore { source, blocks, .. } = &err else {
         panic!("not a restore error: {err}")
     };
@@ -242,7 +278,7 @@ fn fails_to_restore(
     assert_eq!((s.restored, s.restore_failures), (0, 1));
     assert_eq!((p.spilled(), p.len()), (0, 1));
     assert!(
-        p.take(&prompt_over(37, 1), CAPACITY, empty)
+        p.take_now(&prompt_over(37, 1), CAPACITY, empty)
             .unwrap()
             .is_none()
     );
@@ -304,7 +340,7 @@ fn a_torn_spill_write_drops_the_entry() {
     assert_eq!((s.spilled, s.spill_failures), (0, 1));
     assert_eq!((p.spilled(), p.len()), (0, 1));
     assert!(
-        p.take(&prompt_over(37, 1), CAPACITY, empty)
+        p.take_now(&prompt_over(37, 1), CAPACITY, empty)
             .unwrap()
             .is_none()
     );

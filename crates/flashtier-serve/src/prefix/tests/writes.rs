@@ -113,7 +113,7 @@ fn an_entry_taken_while_its_write_is_in_flight_comes_back_byte_for_byte() {
 
     // The running write's entry: a copy from memory, never the drive.
     let r = p
-        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .take_now(&prompt_over(37, 1), CAPACITY, empty)
         .unwrap()
         .unwrap();
     assert!(!r.restored);
@@ -126,7 +126,7 @@ fn an_entry_taken_while_its_write_is_in_flight_comes_back_byte_for_byte() {
     // numbers are free at once.
     let mut shared = tokens(21, 2);
     shared.push(7);
-    let r2 = p.take(&shared, CAPACITY, empty).unwrap().unwrap();
+    let r2 = p.take_now(&shared, CAPACITY, empty).unwrap().unwrap();
     assert!(!r2.restored);
     assert_eq!((r2.cached, r2.kv.len()), (21, 21));
     assert_eq!(bytes(&r2.kv), bytes(&cut(40, 2, 21)));
@@ -148,7 +148,7 @@ fn an_entry_taken_while_its_write_is_in_flight_comes_back_byte_for_byte() {
     p.put(tokens(37, 1), r.kv);
     p.flush();
     let back = p
-        .take(&prompt_over(37, 1), CAPACITY, empty)
+        .take_now(&prompt_over(37, 1), CAPACITY, empty)
         .unwrap()
         .unwrap();
     assert!(back.restored);
@@ -177,14 +177,14 @@ fn writes_past_the_queue_bound_are_dropped_and_counted() {
     assert_eq!(p.spill().unwrap().writing(), 0);
     for seed in 1..=2 {
         let r = p
-            .take(&prompt_over(20, seed), CAPACITY, empty)
+            .take_now(&prompt_over(20, seed), CAPACITY, empty)
             .unwrap()
             .unwrap();
         assert!(r.restored);
         assert_eq!(bytes(&r.kv), bytes(&cache(20, seed)));
     }
     for seed in 3..=5 {
-        let r = p.take(&prompt_over(20, seed), CAPACITY, empty).unwrap();
+        let r = p.take_now(&prompt_over(20, seed), CAPACITY, empty).unwrap();
         assert!(r.is_none(), "seed {seed} was dropped");
     }
 }
@@ -203,7 +203,7 @@ fn a_failed_write_drops_the_entry_and_the_prompt_is_computed_whole() {
     assert_eq!((spill.writing(), spill.free_blocks()), (0, 16));
     assert_eq!((p.len(), p.spilled()), (0, 0));
     for (n, seed) in [(37, 1), (20, 2)] {
-        let r = p.take(&prompt_over(n, seed), CAPACITY, empty).unwrap();
+        let r = p.take_now(&prompt_over(n, seed), CAPACITY, empty).unwrap();
         assert!(r.is_none(), "nothing kept of seed {seed}");
     }
 }
@@ -294,7 +294,7 @@ proptest! {
             match op {
                 Op::Put(seed, n) => p.put(tokens(n, seed), cache(n, seed)),
                 Op::Take(seed, n) => {
-                    if let Some(r) = p.take(&prompt_over(n, seed), CAPACITY, empty).unwrap() {
+                    if let Some(r) = p.take_now(&prompt_over(n, seed), CAPACITY, empty).unwrap() {
                         prop_assert!(r.cached > 0 && r.cached <= n);
                         prop_assert_eq!(r.kv.len(), r.cached);
                         prop_assert!(bytes(&r.kv) == bytes(&cache(r.cached, seed)));

@@ -1,0 +1,174 @@
+//! The spill's restorer: one thread that reads spilled entries back into
+//! fresh caches while the scheduler thread goes on stepping the batch, so
+//! a prompt whose reuse is on the drive does not hold up the sequences
+//! already decoding (a 2048-position cache of Qwen3-30B-A3B's shape is 128
+//! MiB of reads).
+//!
+//! Hand-off: the scheduler thread pushes a [`Restore`] (the versions to
+//! read, how many positions, and the empty cache to fill) and returns; the
+//! thread reads one job at a time under the store's lock (a write on the
+//! writer thread waits for it, and it for at most one block number of a
+//! write), then leaves a [`Restored`] with the filled cache or the error.
+//! The scheduler thread collects them between steps. The job's block
+//! numbers stay reserved until then (the caller holds them), so no write
+//! reuses a block a restore still reads.
+//!
+//! Bounds: this module does not bound its queue; the caller has at most
+//! one job per batch slot (a restoring prompt holds its slot). Stop (on
+//! drop): the thread ends after its current job; the queued jobs and the
+//! finished ones nobody collected are dropped, with their caches.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use flashtier::kv::swap::BlockVersion;
+use flashtier_engine::device::cpu::kv::KvCache;
+
+use super::error::SpillError;
+use super::store::Store;
+use super::writer::lock;
+
+/// One entry to read back.
+pub(super) struct Restore {
+    pub(super) ticket: u64,
+    /// The blocks to read, block number by block number, every layer's.
+    pub(super) versions: Vec<BlockVersion>,
+    /// Positions to fill (whole blocks of the entry, at most its length).
+    pub(super) fill: usize,
+    /// The empty cache they go into.
+    pub(super) into: Box<KvCache>,
+}
+
+/// A finished restore: the filled cache and the bytes read, or why not.
+pub(super) struct Restored {
+    pub(super) ticket: u64,
+    pub(super) result: Result<(Box<KvCache>, u64), SpillError>,
+}
+
+struct Queue {
+    jobs: VecDeque<Restore>,
+    done: Vec<Restored>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the thread: a job, or the stop.
+    work: Condvar,
+    /// Wakes [`Restorer::wait`]: a job finished.
+    finished: Condvar,
+    stop: AtomicBool,
+}
+
+/// The thread and its queue.
+pub(super) struct Restorer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Restorer {
+    /// Start the thread, reading from `store` (the writer's: `None` until
+    /// its first job made it).
+    pub(super) fn spawn(store: Arc<Mutex<Option<Store>>>) -> Result<Self, SpillError> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                done: Vec::new(),
+            }),
+            work: Condvar::new(),
+            finished: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let theirs = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("prefix-restore".into())
+            .spawn(move || run(&theirs, &store))
+            .map_err(SpillError::Writer)?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queue `job` behind the others.
+    pub(super) fn push(&self, job: Restore) {
+        lock(&self.shared.queue).jobs.push_back(job);
+        self.shared.work.notify_one();
+    }
+
+    /// The restores finished since the last call.
+    pub(super) fn collect(&self) -> Vec<Restored> {
+        std::mem::take(&mut lock(&self.shared.queue).done)
+    }
+
+    /// Block until a finished restore waits to be collected, at most
+    /// `timeout` (or at once when the thread is gone).
+    pub(super) fn wait(&self, timeout: Duration) {
+        let q = lock(&self.shared.queue);
+        if !q.done.is_empty() || self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+            return;
+        }
+        let _ = self
+            .shared
+            .finished
+            .wait_timeout_while(q, timeout, |q| q.done.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+
+    /// Stop the thread after its current job and wait for it.
+    pub(super) fn stop(&mut self) {
+        {
+            let _q = lock(&self.shared.queue);
+            self.shared.stop.store(true, Ordering::Release);
+        }
+        self.shared.work.notify_all();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the prefix spill's restore thread panicked");
+        }
+        let mut q = lock(&self.shared.queue);
+        q.jobs.clear();
+        q.done.clear();
+    }
+}
+
+impl Drop for Restorer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread: one restore after another until the stop.
+fn run(shared: &Shared, store: &Mutex<Option<Store>>) {
+    loop {
+        let job = {
+            let mut q = lock(&shared.queue);
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(job) = q.jobs.pop_front() {
+                    break job;
+                }
+                q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let Restore {
+            ticket,
+            versions,
+            fill,
+            mut into,
+        } = job;
+        let result = match lock(store).as_mut() {
+            Some(s) => s
+                .read(&versions, fill, &mut into)
+                .map(|bytes| (into, bytes)),
+            None => Err(SpillError::Shape("no spill store".into())),
+        };
+        lock(&shared.queue).done.push(Restored { ticket, result });
+        shared.finished.notify_all();
+    }
+}
