@@ -46,6 +46,7 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::prefix::{PrefixCache, PrefixSpill, SpillConfig};
 
+mod admit;
 mod publish;
 mod worker;
 

@@ -16,6 +16,7 @@ use flashtier::kv::KvError;
 use flashtier_engine::device::cpu::kv::KvCache;
 use flashtier_engine::device::{KvPrecision, KvSpec, KvState};
 use flashtier_engine::engine::SeqKv;
+use flashtier_engine::error::EngineError;
 use flashtier_format::kv::{BlockId, BlockOrder, GroupLayout, KvGeometry};
 use flashtier_io::sim::{Fault, FaultPlan, OpKind, SimBackend};
 
