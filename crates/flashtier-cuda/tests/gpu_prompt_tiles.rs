@@ -280,15 +280,46 @@ fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
     else {
         return;
     };
-    for k in &prompt_kernels(&gpu) {
-        grouped_experts_on(&gpu, k);
+    let k = prompt_kernels(&gpu);
+    let rows = |mma_group_rows| {
+        DecodeKernels::with_tuning(
+            &gpu,
+            Tuning {
+                mma_group_rows,
+                ..Tuning::default()
+            },
+        )
+        .unwrap()
+    };
+    let (narrow, wide) = (rows(32), rows(128));
+    assert!(!narrow.mma_wide(1 << 20, 1));
+    let outs: Vec<_> = [&k[0], &k[1], &k[2], &narrow, &wide]
+        .into_iter()
+        .map(|k| grouped_experts_on(&gpu, k))
+        .collect();
+    // The tensor cores' wide tiles (128 pairs x 128 columns, staged
+    // asynchronously) and narrow ones (32 x 64) sum each output in the same
+    // order: the same bits, case by case, whichever a step picks.
+    if wide.mma_wide(1, 1_000) {
+        // The default picks by the step: wide from 64 pairs per expert.
+        assert!(k[1].mma_wide(6 * 64, 6) && !k[1].mma_wide(6 * 64 - 1, 6));
+        assert_eq!(outs[4], outs[3], "wide vs narrow tensor-core tiles");
+        assert_eq!(outs[1], outs[3], "picked by the step vs narrow");
+        assert_eq!(outs[0], outs[3], "beside cuBLASLt vs narrow");
+    } else {
+        eprintln!(
+            "wide grouped tiles not tested: no tensor cores or too little shared memory here"
+        );
     }
 }
 
-fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
+/// Every grouped case on the kernels `k`; the whole step's output bits of
+/// each case, in order (the cases' inputs come from one fixed seed).
+fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) -> Vec<Vec<u32>> {
     let gpu = gpu.clone();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(0x96);
+    let mut outs = Vec::new();
     for ty in [
         WeightType::Bf16,
         WeightType::Fp8 { block: [16, 16] },
@@ -299,9 +330,21 @@ fn grouped_experts_on(gpu: &flashtier_cuda::Gpu, k: &DecodeKernels) {
         // holds; 300 rows give the experts 100 pairs each, a prompt step's
         // share (several full tiles per expert).
         for rows in [70, 300] {
-            grouped_case(&gpu, k, &pool, &mut rng, ty, rows);
+            outs.push(grouped_case(&gpu, k, &pool, &mut rng, ty, rows, (136, 72)));
         }
     }
+    // A wider expert (many stages of the wide tiles' pipeline, a partial
+    // last one) with more pairs than two wide tiles hold.
+    outs.push(grouped_case(
+        &gpu,
+        k,
+        &pool,
+        &mut rng,
+        WeightType::Bf16,
+        700,
+        (1032, 200),
+    ));
+    outs
 }
 
 fn grouped_case(
@@ -311,10 +354,11 @@ fn grouped_case(
     rng: &mut SmallRng,
     ty: WeightType,
     rows: usize,
-) {
+    (h, i): (usize, usize),
+) -> Vec<u32> {
     let gpu = gpu.clone();
     {
-        let (h, i, experts, top) = (136, 72, 6, 2);
+        let (experts, top) = (6, 2);
         let recs: Vec<_> = (0..experts).map(|_| record(rng, h, i, ty)).collect();
         let spec = recs[0].1;
         assert!(k.grouped(&spec));
@@ -423,5 +467,6 @@ fn grouped_case(
                 );
             }
         }
+        bits(&whole)
     }
 }

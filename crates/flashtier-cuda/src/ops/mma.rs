@@ -22,7 +22,9 @@
 //! the largest input's parts (2 x its values, u16, rounded up to a power of
 //! two: one step's widest product input), for as long as the kernels live.
 
-use cudarc::driver::LaunchConfig;
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use super::buffers::{DevAct, DevMatrix, WeightType};
 use super::dense::mats;
@@ -38,12 +40,56 @@ pub const MMA_COLS: usize = 64;
 pub const MMA_DENSE_ROWS: usize = 64;
 /// Pairs of a grouped expert tile (`MMA_GROUP_ROWS`).
 pub const MMA_GROUP_ROWS: usize = 32;
+/// Pairs of a wide grouped expert tile (`MG_BM` in
+/// kernels/decode/mma_group.cu).
+pub const MMA_WIDE_ROWS: usize = 128;
+/// Threads of a wide tile's block (`MG_THREADS`).
+pub const MMA_WIDE_THREADS: u32 = 256;
+/// Output columns of a wide tile of the gate/up product (of each of the
+/// two matrices) and of the down product (`MgShape::BNM`).
+pub const MMA_WIDE_COLS: (usize, usize) = (64, 128);
+/// Pairs per expert (of the layer's experts, on average) from which a
+/// step's grouped experts take the wide tiles by default: below it most
+/// tiles fill one of their four rows of warps, and the narrow tiles keep
+/// more warps busy.
+pub const WIDE_MIN_PAIRS: usize = 64;
+/// Dynamic shared memory of a wide tile (`MG_SMEM_BYTES`: three stages of
+/// 3 x 128 rows of 40 BF16 values).
+pub const MMA_WIDE_SMEM: usize = 3 * 3 * 128 * 40 * 2;
+
+/// The wide grouped kernels given [`MMA_WIDE_SMEM`] of dynamic shared
+/// memory each; false where the device refuses either (its blocks cannot
+/// have that much), which keeps the 32-pair tiles.
+pub(super) fn give_wide_smem(funcs: &HashMap<&'static str, (CudaFunction, bool)>) -> bool {
+    let bytes = i32::try_from(MMA_WIDE_SMEM).unwrap_or(i32::MAX);
+    ["moe_group_gate_up_wide_bf16", "moe_group_down_wide_bf16"]
+        .iter()
+        .all(|name| {
+            funcs.get(name).is_some_and(|(f, _)| {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+                .is_ok()
+            })
+        })
+}
 
 impl DecodeKernels {
     /// Whether a prompt's tiles of `ty` weights run on the tensor cores.
     #[must_use]
     pub fn mma(&self, ty: WeightType) -> bool {
         self.mma_on && ty == WeightType::Bf16
+    }
+
+    /// Whether a step of `pairs` (row, expert) pairs over `experts`
+    /// experts runs its grouped experts on the tensor cores in tiles of
+    /// [`MMA_WIDE_ROWS`] pairs (`kernels/decode/mma_group.cu`) rather than
+    /// [`MMA_GROUP_ROWS`]; the same bits either way.
+    #[must_use]
+    pub fn mma_wide(&self, pairs: usize, experts: usize) -> bool {
+        self.mma_wide
+            .is_some_and(|always| always || pairs >= WIDE_MIN_PAIRS * experts)
     }
 
     /// Split `x` into its BF16 hi and lo parts (`split_bf16_rows`) in the

@@ -19,7 +19,7 @@ pub struct SpillConfig {
     pub direct: DirectMode,
     /// Backend of the store (default: posix, 4 workers).
     pub backend: Option<Arc<dyn StorageBackend>>,
-    /// Entries writing at once at most (1..=[`MAX_WRITE_QUEUE`]): queued,
+    /// Entries writing at once at most (1..=[`MAX_WRITE_QUEUE`](super::MAX_WRITE_QUEUE)): queued,
     /// being written, or written and not yet collected.
     pub write_queue: usize,
 }
