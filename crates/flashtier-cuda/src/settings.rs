@@ -55,8 +55,9 @@ pub const MAX_GEMV_LOADS: u32 = 16;
 /// sets 32 or 64).
 pub const DEFAULT_MMA_BK: u32 = 64;
 /// Pairs of a grouped experts' tensor-core tile (default; [`MMA_GROUP_ROWS`]
-/// sets 32, 128 or 0, by the step).
-pub const DEFAULT_MMA_GROUP_ROWS: u32 = 0;
+/// sets 32, 128 or 0, by the step; 32 until the wide tiles have been timed
+/// on a GPU).
+pub const DEFAULT_MMA_GROUP_ROWS: u32 = 32;
 
 /// The compile-time knobs of the decode kernels, for measuring them: each
 /// changes how the work is spread or loaded, never a result bit.
@@ -228,9 +229,9 @@ pub const GROUP_TILE: &str = "FLASHTIER_GROUP_TILE";
 pub const MMA_BK: &str = "FLASHTIER_MMA_BK";
 /// `FLASHTIER_MMA_GROUP_ROWS`: pairs of a grouped experts' tensor-core
 /// tile, `32` (tiles of 64 columns, 4 warps), `128` (128 columns, 8 warps,
-/// asynchronous copies) or `auto` (the default: 128 where a step has at
-/// least [`crate::ops::mma::WIDE_MIN_PAIRS`] pairs per expert, else 32;
-/// the same bits every way).
+/// asynchronous copies) or `auto` (128 where a step has at least
+/// [`crate::ops::mma::WIDE_MIN_PAIRS`] pairs per expert, else 32; default
+/// [`DEFAULT_MMA_GROUP_ROWS`]; the same bits every way).
 pub const MMA_GROUP_ROWS: &str = "FLASHTIER_MMA_GROUP_ROWS";
 /// `FLASHTIER_DEVICE_GROUPS`: `0` groups a prompt step's pairs by expert
 /// on the host (the routed ids copied back) even when every expert is
@@ -319,7 +320,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: MMA_GROUP_ROWS,
-        default: "auto",
+        default: "32",
         doc: "pairs of a grouped experts' tensor-core tile: 32 (64 columns), 128 (128 columns) or auto (by the step)",
     },
     Setting {

@@ -291,9 +291,9 @@ fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
         )
         .unwrap()
     };
-    let (narrow, wide) = (rows(32), rows(128));
+    let (narrow, wide, auto) = (rows(32), rows(128), rows(0));
     assert!(!narrow.mma_wide(1 << 20, 1));
-    let outs: Vec<_> = [&k[0], &k[1], &k[2], &narrow, &wide]
+    let outs: Vec<_> = [&k[0], &k[1], &k[2], &narrow, &wide, &auto]
         .into_iter()
         .map(|k| grouped_experts_on(&gpu, k))
         .collect();
@@ -301,10 +301,11 @@ fn grouped_experts_match_f64_and_give_the_same_bits_in_any_grouping() {
     // asynchronously) and narrow ones (32 x 64) sum each output in the same
     // order: the same bits, case by case, whichever a step picks.
     if wide.mma_wide(1, 1_000) {
-        // The default picks by the step: wide from 64 pairs per expert.
-        assert!(k[1].mma_wide(6 * 64, 6) && !k[1].mma_wide(6 * 64 - 1, 6));
+        // `auto` picks by the step: wide from 64 pairs per expert.
+        assert!(auto.mma_wide(6 * 64, 6) && !auto.mma_wide(6 * 64 - 1, 6));
         assert_eq!(outs[4], outs[3], "wide vs narrow tensor-core tiles");
-        assert_eq!(outs[1], outs[3], "picked by the step vs narrow");
+        assert_eq!(outs[5], outs[3], "picked by the step vs narrow");
+        assert_eq!(outs[1], outs[3], "the default vs narrow");
         assert_eq!(outs[0], outs[3], "beside cuBLASLt vs narrow");
     } else {
         eprintln!(
