@@ -224,14 +224,16 @@ static __device__ __forceinline__ void mma_tile(const SplitRows& a, const u8* co
     }
 }
 
-template <int NB, int BM>
-static __device__ __forceinline__ void mma_zero(float (&acc)[NB][2][MmaShape<BM>::NT][4]) {
+// Zero a tile's accumulators (any of the tiles' shapes: NB matrices, MT
+// m16 tiles, NT n8 tiles).
+template <int NB, int MT, int NT>
+static __device__ __forceinline__ void mma_zero(float (&acc)[NB][MT][NT][4]) {
 #pragma unroll
     for (int q = 0; q < NB; ++q)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < MmaShape<BM>::NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[q][mt][nt][i] = 0.f;
 }
@@ -274,7 +276,7 @@ gemm_mma_bf16(Mats mm, long long row_bytes, int k, const u16* xs, long long lo_o
     const SplitRows a = {xs + at, xs + lo_off + at, k, nullptr, 1, min(BM, rows - m0)};
     const u8* const w[1] = {mm.w[q]};
     float acc[1][2][MmaShape<BM>::NT][4];
-    mma_zero<1, BM>(acc);
+    mma_zero(acc);
     mma_tile<1, BM>(a, w, row_bytes, n0, nc, k, acc);
     float* out = mm.out[q];
     const long long stride = mm.out_stride[q];
@@ -302,7 +304,7 @@ moe_group_gate_up_mma_bf16(const u64* table, int layer_base, const int* perm, co
     const int n0 = blockIdx.x * MMA_BN, nc = min(MMA_BN, inter - n0);
     const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[2][2][MmaShape<BM>::NT][4];
-    mma_zero<2, BM>(acc);
+    mma_zero(acc);
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[2] = {rec + e.gate_off, rec + e.up_off};
@@ -330,7 +332,7 @@ moe_group_down_mma_bf16(const u64* table, int layer_base, const int* perm, const
     const int n0 = blockIdx.x * MMA_BN, nc = min(MMA_BN, hidden - n0);
     const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[1][2][MmaShape<BM>::NT][4];
-    mma_zero<1, BM>(acc);
+    mma_zero(acc);
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[1] = {rec + e.down_off};

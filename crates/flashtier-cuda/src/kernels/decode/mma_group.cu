@@ -1,6 +1,6 @@
 // Part of the decode kernels (kernels/decode/, concatenated after mma.cu in
-// the order ops/mod.rs gives: it uses SplitRows, ldsm_x4, mma_bf16, Expert
-// and silu).
+// the order ops/mod.rs gives: it uses SplitRows, ldsm_x4, mma_bf16,
+// mma_zero, Expert and silu).
 //
 // ---------------------------------------------------------------------------
 // Grouped experts on the tensor cores in wide tiles (FLASHTIER_MMA_GROUP_ROWS
@@ -184,18 +184,6 @@ static __device__ __forceinline__ void mg_each(int rows, int cols, F f) {
             }
 }
 
-template <int NB>
-static __device__ __forceinline__ void mg_zero(float (&acc)[NB][2][MgShape<NB>::NT][4]) {
-#pragma unroll
-    for (int q = 0; q < NB; ++q)
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < MgShape<NB>::NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[q][mt][nt][i] = 0.f;
-}
-
 // act[p][i] = silu(gate_i . x[p / top_k]) * (up_i . x[p / top_k]) for the
 // pairs of tile blockIdx.y (at most MG_BM). grid: (ceil(inter / 64),
 // tiles), MG_THREADS, MG_SMEM_BYTES of dynamic shared memory.
@@ -211,7 +199,7 @@ moe_group_gate_up_wide_bf16(const u64* table, int layer_base, const int* perm, c
     const int n0 = blockIdx.x * S::BNM, nc = min(S::BNM, inter - n0);
     const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[2][2][S::NT][4];
-    mg_zero<2>(acc);
+    mma_zero(acc);
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[2] = {rec + e.gate_off, rec + e.up_off};
@@ -239,7 +227,7 @@ moe_group_down_wide_bf16(const u64* table, int layer_base, const int* perm, cons
     const int n0 = blockIdx.x * S::BNM, nc = min(S::BNM, hidden - n0);
     const u64 base = expert >= 0 ? table[layer_base + expert] : 0;  // -1: an id out of range
     float acc[1][2][S::NT][4];
-    mg_zero<1>(acc);
+    mma_zero(acc);
     if (base != 0) {
         const u8* rec = (const u8*)base;
         const u8* const w[1] = {rec + e.down_off};
