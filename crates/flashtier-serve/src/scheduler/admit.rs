@@ -4,28 +4,13 @@
 //! reads it, and joins once it lands (see the parent module).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use flashtier_engine::sample::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
-use super::worker::{Live, Worker};
+use super::worker::{Live, Restoring, Worker};
 use super::{Event, Job, Submitted, publish};
 use crate::prefix::{Reused, Taken};
-
-/// How long the scheduler thread waits for a restore when nothing else
-/// runs before it looks for arrivals again.
-pub(super) const RESTORE_POLL: Duration = Duration::from_millis(2);
-
-/// A request whose reused prefix is being read back from the drive: it
-/// holds a batch slot and joins the batch when its cache lands.
-pub(super) struct Restoring {
-    ticket: u64,
-    job: Job,
-    events: tmpsc::UnboundedSender<Event>,
-    sampler: Sampler,
-    id: u64,
-}
 
 impl Worker {
     pub(super) fn admit(&mut self) {

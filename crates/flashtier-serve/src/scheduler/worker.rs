@@ -14,7 +14,19 @@ use tokio::sync::mpsc as tmpsc;
 use super::{Counters, Event, Finish, Job, SchedulerConfig, Submitted, publish};
 use crate::prefix::PrefixCache;
 
-use super::admit::{RESTORE_POLL, Restoring};
+/// How long the scheduler thread waits for a restore when nothing else
+/// runs before it looks for arrivals again.
+const RESTORE_POLL: Duration = Duration::from_millis(2);
+
+/// A request whose reused prefix is being read back from the drive: it
+/// holds a batch slot and joins the batch when its cache lands.
+pub(super) struct Restoring {
+    pub(super) ticket: u64,
+    pub(super) job: Job,
+    pub(super) events: tmpsc::UnboundedSender<Event>,
+    pub(super) sampler: Sampler,
+    pub(super) id: u64,
+}
 
 pub(super) struct Live {
     pub(super) job: Job,
