@@ -412,9 +412,12 @@ impl PrefixSpill {
         positions: usize,
         into: Box<KvCache>,
     ) -> Result<u64, SpillError> {
-        let layers = self.writer.store().as_ref().map(Store::layers);
+        // Every block number of the entry has one version a layer (the
+        // store's lock is not taken here: a restore running on the
+        // restorer thread holds it for its whole read).
+        let layers = s.versions.len() / s.blocks.len().max(1);
         let need = blocks_for(positions.min(s.len)).max(1);
-        let versions = layers.and_then(|l| s.versions.get(..need * l));
+        let versions = s.versions.get(..need * layers);
         let Some(versions) = versions.map(<[BlockVersion]>::to_vec) else {
             self.stats.restore_failures += 1;
             let why = format!("{need} blocks of an entry of {}", s.blocks.len());

@@ -108,11 +108,6 @@ impl Store {
         self.image.block_bytes() as u64
     }
 
-    /// Layers of the caches it holds.
-    pub(super) fn layers(&self) -> usize {
-        self.layers
-    }
-
     fn shape(&self) -> KvShape {
         let g = self.swap.layout().geometry();
         KvShape {
