@@ -22,9 +22,7 @@
 //! the largest input's parts (2 x its values, u16, rounded up to a power of
 //! two: one step's widest product input), for as long as the kernels live.
 
-use std::collections::HashMap;
-
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::LaunchConfig;
 
 use super::buffers::{DevAct, DevMatrix, WeightType};
 use super::dense::mats;
@@ -56,24 +54,6 @@ pub const WIDE_MIN_PAIRS: usize = 64;
 /// Dynamic shared memory of a wide tile (`MG_SMEM_BYTES`: three stages of
 /// 3 x 128 rows of 40 BF16 values).
 pub const MMA_WIDE_SMEM: usize = 3 * 3 * 128 * 40 * 2;
-
-/// The wide grouped kernels given [`MMA_WIDE_SMEM`] of dynamic shared
-/// memory each; false where the device refuses either (its blocks cannot
-/// have that much), which keeps the 32-pair tiles.
-pub(super) fn give_wide_smem(funcs: &HashMap<&'static str, (CudaFunction, bool)>) -> bool {
-    let bytes = i32::try_from(MMA_WIDE_SMEM).unwrap_or(i32::MAX);
-    ["moe_group_gate_up_wide_bf16", "moe_group_down_wide_bf16"]
-        .iter()
-        .all(|name| {
-            funcs.get(name).is_some_and(|(f, _)| {
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes,
-                )
-                .is_ok()
-            })
-        })
-}
 
 impl DecodeKernels {
     /// Whether a prompt's tiles of `ty` weights run on the tensor cores.

@@ -185,6 +185,23 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("read_words", false),
 ];
 
+/// Let kernel `name` take `bytes` of dynamic shared memory; false where it
+/// is not loaded or the device refuses (its blocks cannot have that much).
+pub(crate) fn give_smem(
+    funcs: &HashMap<&'static str, (CudaFunction, bool)>,
+    name: &str,
+    bytes: usize,
+) -> bool {
+    let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+    funcs.get(name).is_some_and(|(f, _)| {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes,
+        )
+        .is_ok()
+    })
+}
+
 impl Tuning {
     /// The defaults, each overridden by its environment variable
     /// ([`crate::settings`]; a value out of range is an error naming it).
@@ -318,8 +335,13 @@ impl DecodeKernels {
             Vec::new()
         };
         let mma_on = t.prompt_mma && gpu.info().compute_capability.0 >= 8;
-        let mma_wide = (mma_on && t.mma_group_rows != 32 && mma::give_wide_smem(&funcs))
-            .then_some(t.mma_group_rows == 128);
+        let wide_kernels = ["moe_group_gate_up_wide_bf16", "moe_group_down_wide_bf16"];
+        let mma_wide = (mma_on
+            && t.mma_group_rows != 32
+            && wide_kernels
+                .iter()
+                .all(|name| give_smem(&funcs, name, mma::MMA_WIDE_SMEM)))
+        .then_some(t.mma_group_rows == 128);
         Ok(Self {
             gpu: gpu.clone(),
             _module: module,

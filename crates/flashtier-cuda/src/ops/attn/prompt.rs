@@ -71,21 +71,11 @@ pub(crate) fn prompt_attn_widths(
     kernels: &[(&'static str, usize)],
     smem: fn(usize) -> usize,
 ) -> Vec<usize> {
-    let mut widths = Vec::new();
-    for &(name, tile) in kernels {
-        let bytes = i32::try_from(smem(tile)).unwrap_or(i32::MAX);
-        let given = funcs.get(name).is_some_and(|(f, _)| {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes,
-            )
-            .is_ok()
-        });
-        if given {
-            widths.push(tile);
-        }
-    }
-    widths
+    kernels
+        .iter()
+        .filter(|&&(name, tile)| crate::ops::give_smem(funcs, name, smem(tile)))
+        .map(|&(_, tile)| tile)
+        .collect()
 }
 
 /// A tiled prompt attention launch: the kernel, its dynamic shared memory
