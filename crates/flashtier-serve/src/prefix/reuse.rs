@@ -155,13 +155,13 @@ impl PrefixCache {
         let into = match fresh() {
             Ok(SeqKv::Cpu(c)) => c,
             Ok(other) => {
-                spill.drop_entry(s);
+                spill.release(s);
                 return Err(SpillError::Shape(format!(
                     "{other:?} cannot take a CPU cache's positions"
                 )));
             }
             Err(e) => {
-                spill.drop_entry(s);
+                spill.release(s);
                 return Err(e.into());
             }
         };
