@@ -16,7 +16,9 @@
 //! Bounds: this module does not bound its queue; the caller has at most
 //! one job per batch slot (a restoring prompt holds its slot). Stop (on
 //! drop): the thread ends after its current job; the queued jobs and the
-//! finished ones nobody collected are dropped, with their caches.
+//! finished ones nobody collected are dropped, with their caches. A thread
+//! that died (a panic) answers its running and queued restores with errors
+//! at the next collect, so their prompts are computed whole.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +53,8 @@ pub(super) struct Restored {
 struct Queue {
     jobs: VecDeque<Restore>,
     done: Vec<Restored>,
+    /// The ticket the thread is reading.
+    running: Option<u64>,
 }
 
 struct Shared {
@@ -76,6 +80,7 @@ impl Restorer {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 done: Vec::new(),
+                running: None,
             }),
             work: Condvar::new(),
             finished: Condvar::new(),
@@ -98,9 +103,24 @@ impl Restorer {
         self.shared.work.notify_one();
     }
 
-    /// The restores finished since the last call.
+    /// The restores finished since the last call. Should the thread have
+    /// died (a panic), its running and queued restores come back as
+    /// errors, so no request waits for them forever.
     pub(super) fn collect(&self) -> Vec<Restored> {
-        std::mem::take(&mut lock(&self.shared.queue).done)
+        let mut q = lock(&self.shared.queue);
+        if self.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+            let lost = q.running.take().into_iter();
+            let queued: Vec<u64> = q.jobs.drain(..).map(|j| j.ticket).collect();
+            for ticket in lost.chain(queued) {
+                q.done.push(Restored {
+                    ticket,
+                    result: Err(SpillError::Shape(
+                        "the spill's restore thread stopped".into(),
+                    )),
+                });
+            }
+        }
+        std::mem::take(&mut q.done)
     }
 
     /// Block until a finished restore waits to be collected, at most
@@ -151,6 +171,7 @@ fn run(shared: &Shared, store: &Mutex<Option<Store>>) {
                     return;
                 }
                 if let Some(job) = q.jobs.pop_front() {
+                    q.running = Some(job.ticket);
                     break job;
                 }
                 q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
@@ -168,7 +189,10 @@ fn run(shared: &Shared, store: &Mutex<Option<Store>>) {
                 .map(|bytes| (into, bytes)),
             None => Err(SpillError::Shape("no spill store".into())),
         };
-        lock(&shared.queue).done.push(Restored { ticket, result });
+        let mut q = lock(&shared.queue);
+        q.running = None;
+        q.done.push(Restored { ticket, result });
+        drop(q);
         shared.finished.notify_all();
     }
 }

@@ -90,7 +90,9 @@ impl Worker {
                 }
             }
         }
-        if self.live.is_empty() && self.waiting.is_empty() && !self.restoring.is_empty() {
+        // Nothing to step but restores: wait for one to land (a request
+        // waiting for a slot they hold would otherwise spin this loop).
+        if self.live.is_empty() && !self.restoring.is_empty() {
             self.prefix.wait_restores(RESTORE_POLL);
         } else if self.live.is_empty() && self.waiting.is_empty() {
             match self.rx.recv_timeout(Duration::from_millis(200)) {
