@@ -63,9 +63,6 @@ pub struct PrefixCache {
     /// Positions of the `Drive` and `Writing` entries.
     spilled: usize,
     clock: u64,
-    /// Restores started by `take`, not yet collected: (ticket, positions
-    /// reused).
-    pending: Vec<(u64, usize)>,
 }
 
 #[derive(Debug)]
@@ -126,7 +123,6 @@ impl PrefixCache {
             spill,
             spilled: 0,
             clock: 0,
-            pending: Vec::new(),
         }
     }
 

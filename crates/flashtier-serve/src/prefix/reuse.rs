@@ -10,7 +10,7 @@ use flashtier_engine::engine::SeqKv;
 use flashtier_engine::error::EngineError;
 
 use super::spill::{Spilled, Writing};
-use super::{Kept, PrefixCache, SpillError};
+use super::{Kept, PrefixCache, PrefixSpill, SpillError};
 
 /// What [`PrefixCache::take`] found for a prompt.
 #[derive(Debug)]
@@ -101,7 +101,6 @@ impl PrefixCache {
             Kept::Drive(s) => {
                 self.spilled -= e.tokens.len();
                 let ticket = self.restore(s, reuse, fresh)?;
-                self.pending.push((ticket, reuse));
                 Ok(Some(Taken::Restoring {
                     ticket,
                     cached: reuse,
@@ -175,30 +174,26 @@ impl PrefixCache {
         let Some(spill) = self.spill.as_mut() else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for (ticket, got) in spill.collect_restores() {
-            let Some(at) = self.pending.iter().position(|(t, _)| *t == ticket) else {
-                continue;
-            };
-            let (_, reuse) = self.pending.swap_remove(at);
-            let reused = got.and_then(|c| {
-                let mut kv = SeqKv::Cpu(c);
-                kv.truncate(reuse)?;
-                Ok(Reused {
-                    kv,
-                    cached: reuse,
-                    restored: true,
-                })
-            });
-            out.push((ticket, reused));
-        }
-        out
+        let cut = |c: Box<KvCache>, reuse: usize| -> Result<Reused, SpillError> {
+            let mut kv = SeqKv::Cpu(c);
+            kv.truncate(reuse)?;
+            Ok(Reused {
+                kv,
+                cached: reuse,
+                restored: true,
+            })
+        };
+        spill
+            .collect_restores()
+            .into_iter()
+            .map(|(ticket, reuse, got)| (ticket, got.and_then(|c| cut(c, reuse))))
+            .collect()
     }
 
     /// Restores started and not yet collected.
     #[must_use]
     pub fn restoring(&self) -> usize {
-        self.pending.len()
+        self.spill.as_ref().map_or(0, PrefixSpill::restoring)
     }
 
     /// Block until a restore is ready to collect, at most `timeout` (at

@@ -162,7 +162,8 @@ pub struct PrefixSpill {
     restorer: Restorer,
     /// Entries being read back, by ticket: their block numbers stay
     /// reserved until the restore is collected.
-    restoring: Vec<(u64, Spilled)>,
+    /// (ticket, positions the prompt reuses, the entry).
+    restoring: Vec<(u64, usize, Spilled)>,
 }
 
 impl std::fmt::Debug for PrefixSpill {
@@ -432,7 +433,7 @@ impl PrefixSpill {
             fill: (need * BLOCK_TOKENS).min(s.len),
             into,
         });
-        self.restoring.push((ticket, s));
+        self.restoring.push((ticket, positions, s));
         Ok(ticket)
     }
 
@@ -443,24 +444,27 @@ impl PrefixSpill {
     }
 
     /// The restores finished since the last call, counted, their entries'
-    /// block numbers released: each ticket with its filled cache (not yet
-    /// cut back) or the error.
-    pub(super) fn collect_restores(&mut self) -> Vec<(u64, Result<Box<KvCache>, SpillError>)> {
+    /// block numbers released: each ticket with the positions its prompt
+    /// reuses and its filled cache (not yet cut back to them), or the error.
+    pub(super) fn collect_restores(
+        &mut self,
+    ) -> Vec<(u64, usize, Result<Box<KvCache>, SpillError>)> {
         let mut out = Vec::new();
         for r in self.restorer.collect() {
-            if let Some(at) = self.restoring.iter().position(|(t, _)| *t == r.ticket) {
-                let (_, s) = self.restoring.swap_remove(at);
-                self.release(s);
-            }
+            let Some(at) = self.restoring.iter().position(|(t, _, _)| *t == r.ticket) else {
+                continue;
+            };
+            let (ticket, positions, s) = self.restoring.swap_remove(at);
+            self.release(s);
             match r.result {
                 Ok((kv, bytes)) => {
                     self.stats.restored += 1;
                     self.stats.bytes_read += bytes;
-                    out.push((r.ticket, Ok(kv)));
+                    out.push((ticket, positions, Ok(kv)));
                 }
                 Err(e) => {
                     self.stats.restore_failures += 1;
-                    out.push((r.ticket, Err(e)));
+                    out.push((ticket, positions, Err(e)));
                 }
             }
         }
