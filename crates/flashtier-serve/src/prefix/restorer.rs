@@ -31,7 +31,7 @@ use flashtier_engine::device::cpu::kv::KvCache;
 
 use super::error::SpillError;
 use super::store::Store;
-use super::writer::lock;
+use super::writer::{lock, stop_thread};
 
 /// One entry to read back.
 pub(super) struct Restore {
@@ -139,17 +139,9 @@ impl Restorer {
 
     /// Stop the thread after its current job and wait for it.
     pub(super) fn stop(&mut self) {
-        {
-            let _q = lock(&self.shared.queue);
-            self.shared.stop.store(true, Ordering::Release);
-        }
-        self.shared.work.notify_all();
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            tracing::error!("the prefix spill's restore thread panicked");
-        }
-        let mut q = lock(&self.shared.queue);
+        let s = &self.shared;
+        stop_thread(&s.queue, &s.stop, &s.work, self.thread.take(), "restore");
+        let mut q = lock(&s.queue);
         q.jobs.clear();
         q.done.clear();
     }

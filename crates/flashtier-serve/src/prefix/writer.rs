@@ -94,6 +94,29 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Stop a spill thread that waits on `work` under `queue`: raise `stop`
+/// under the queue's lock (so the thread cannot miss it between its check
+/// and its wait), wake it and join it. `what` names it in the log if it
+/// panicked.
+pub(super) fn stop_thread<Q>(
+    queue: &Mutex<Q>,
+    stop: &AtomicBool,
+    work: &Condvar,
+    thread: Option<JoinHandle<()>>,
+    what: &str,
+) {
+    {
+        let _q = lock(queue);
+        stop.store(true, Ordering::Release);
+    }
+    work.notify_all();
+    if let Some(t) = thread
+        && t.join().is_err()
+    {
+        tracing::error!("the prefix spill's {what} thread panicked");
+    }
+}
+
 /// The thread and its queue.
 pub(super) struct Writer {
     shared: Arc<Shared>,
@@ -173,17 +196,9 @@ impl Writer {
     /// Stop the thread and wait for it; the queued jobs are dropped. Then
     /// nothing else holds the store.
     pub(super) fn stop(&mut self) {
-        {
-            let _q = lock(&self.shared.queue);
-            self.shared.stop.store(true, Ordering::Release);
-        }
-        self.shared.work.notify_all();
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            tracing::error!("the prefix spill's writer thread panicked");
-        }
-        lock(&self.shared.queue).jobs.clear();
+        let s = &self.shared;
+        stop_thread(&s.queue, &s.stop, &s.work, self.thread.take(), "writer");
+        lock(&s.queue).jobs.clear();
     }
 }
 
