@@ -7,7 +7,9 @@
 //! interface; a module's file and its own descendants' files (a `mod.rs`
 //! and the files of its folder are one unit); code under `#[cfg(test)]`,
 //! which may reach into any file. A strongly connected set of two or more
-//! files is a cycle ([`cycles`]); the house rule is none.
+//! files is a cycle ([`cycles`]); the house rule is none. The same edges
+//! ([`imports`]) carry layering rules, e.g. the engine's model families
+//! use the CPU device only through its public face.
 //!
 //! The module tree is read as rustc reads it ([`tree::ModuleTree`]): from
 //! `src/lib.rs` and `src/main.rs`, through `mod name;` to `name.rs` or
@@ -92,6 +94,21 @@ pub fn cycles(crate_dir: &Path) -> Result<Vec<Cycle>, ArchError> {
                 edges: inner,
             }
         })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// Every file-level edge of the crate at `crate_dir` (as [`cycles`] counts
+/// them): (the file that names, the file that defines), relative to the
+/// crate folder, sorted. Layering rules ("no file under A names a file
+/// under B") are checks over this list.
+pub fn imports(crate_dir: &Path) -> Result<Vec<(PathBuf, PathBuf)>, ArchError> {
+    let tree = ModuleTree::read(crate_dir)?;
+    let name = |i: usize| relative(crate_dir, &tree.files()[i]);
+    let mut found: Vec<(PathBuf, PathBuf)> = refs::file_edges(&tree)
+        .into_iter()
+        .map(|(a, b)| (name(a), name(b)))
         .collect();
     found.sort();
     Ok(found)

@@ -58,6 +58,7 @@ pub mod experts;
 pub mod family;
 pub mod hint;
 pub mod load;
+pub mod math;
 pub mod matrix;
 pub mod model;
 pub mod sample;

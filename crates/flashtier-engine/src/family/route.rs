@@ -21,7 +21,7 @@
 //! summed in.
 
 use crate::config::{ModelConfig, Routing};
-use crate::device::cpu::kernels::softmax;
+use crate::math::softmax;
 use crate::topk::top_k;
 
 /// Everything a device needs to route.

@@ -1,6 +1,7 @@
 //! The CPU device's f32 kernels besides the matrix products
 //! ([`super::gemv`]): RMSNorm, RoPE in transformers' `rotate_half`
-//! convention, SiLU, softmax and argmax (top-k is [`crate::topk`]).
+//! convention, SiLU and argmax (softmax is [`crate::math`], top-k
+//! [`crate::topk`]).
 //!
 //! Every reduction runs in a fixed order that depends only on the shapes, so
 //! the same inputs give bit-identical outputs however the weights arrived
@@ -73,19 +74,6 @@ pub fn apply_rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
 /// SiLU: `x * sigmoid(x)`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
-}
-
-/// Softmax in place (max-subtracted).
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in x.iter_mut() {
-        *v /= sum;
-    }
 }
 
 /// Index of the largest value; the lowest index wins a tie.

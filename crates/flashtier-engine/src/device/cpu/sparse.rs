@@ -4,10 +4,11 @@
 //! when the block completes; the indexer's choice of blocks (torch's CPU
 //! `topk`, ties included) and the attention over the kept positions.
 
-use super::kernels::{apply_rope, dot, rms_norm, rope_angles, softmax};
+use super::kernels::{apply_rope, dot, rms_norm, rope_angles};
 use super::{HostRope, shape_err};
 use crate::device::hybrid::{SparseSpec, SparseState};
 use crate::error::EngineError;
+use crate::math::softmax;
 
 /// A sparse-attention layer's cache in host memory.
 #[derive(Clone, Debug)]
