@@ -54,10 +54,6 @@ pub const MAX_GEMV_LOADS: u32 = 16;
 /// Input columns a tensor-core tile stages at once (default; [`MMA_BK`]
 /// sets 32 or 64).
 pub const DEFAULT_MMA_BK: u32 = 64;
-/// Pairs of a grouped experts' tensor-core tile (default; [`MMA_GROUP_ROWS`]
-/// sets 32, 128 or 0, by the step; 32 until the wide tiles have been timed
-/// on a GPU).
-pub const DEFAULT_MMA_GROUP_ROWS: u32 = 32;
 
 /// The compile-time knobs of the decode kernels, for measuring them: each
 /// changes how the work is spread or loaded, never a result bit.
@@ -97,12 +93,6 @@ pub struct Tuning {
     /// ([`MMA_BK`]; the same bits either way: the sums run over k in the
     /// same order).
     pub mma_bk: u32,
-    /// Pairs of a grouped experts' tensor-core tile: 32 (4 warps, 64
-    /// columns, loads through registers), 128 (8 warps, 128 columns,
-    /// asynchronous loads: kernels/decode/mma_group.cu), or 0: 128 for a
-    /// step of at least [`crate::ops::mma::WIDE_MIN_PAIRS`] pairs per
-    /// expert, else 32 ([`MMA_GROUP_ROWS`]; the same bits every way).
-    pub mma_group_rows: u32,
     /// A prompt step's pairs grouped by expert on the device when every
     /// expert is resident ([`DEVICE_GROUPS`]; the same groups as the
     /// host's, so the same bits).
@@ -123,7 +113,6 @@ impl Default for Tuning {
             prompt_blas: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
             mma_bk: DEFAULT_MMA_BK,
-            mma_group_rows: DEFAULT_MMA_GROUP_ROWS,
             device_groups: true,
         }
     }
@@ -227,12 +216,6 @@ pub const GROUP_TILE: &str = "FLASHTIER_GROUP_TILE";
 /// `FLASHTIER_MMA_BK`: input columns a tensor-core tile of a BF16 prompt
 /// product stages at once, `32` or `64` (default [`DEFAULT_MMA_BK`]).
 pub const MMA_BK: &str = "FLASHTIER_MMA_BK";
-/// `FLASHTIER_MMA_GROUP_ROWS`: pairs of a grouped experts' tensor-core
-/// tile, `32` (tiles of 64 columns, 4 warps), `128` (128 columns, 8 warps,
-/// asynchronous copies) or `auto` (128 where a step has at least
-/// [`crate::ops::mma::WIDE_MIN_PAIRS`] pairs per expert, else 32; default
-/// [`DEFAULT_MMA_GROUP_ROWS`]; the same bits every way).
-pub const MMA_GROUP_ROWS: &str = "FLASHTIER_MMA_GROUP_ROWS";
 /// `FLASHTIER_DEVICE_GROUPS`: `0` groups a prompt step's pairs by expert
 /// on the host (the routed ids copied back) even when every expert is
 /// resident (default `1`: on the device; the same bits).
@@ -319,11 +302,6 @@ pub const SETTINGS: &[Setting] = &[
         doc: "input columns a tensor-core prompt tile stages at once (32 or 64)",
     },
     Setting {
-        name: MMA_GROUP_ROWS,
-        default: "32",
-        doc: "pairs of a grouped experts' tensor-core tile: 32 (64 columns), 128 (128 columns) or auto (by the step)",
-    },
-    Setting {
         name: DEVICE_GROUPS,
         default: "1",
         doc: "0: a prompt step's pairs grouped by expert on the host (ids copied back) instead of on the device",
@@ -399,15 +377,6 @@ impl Tuning {
             mma_bk: env.parsed(MMA_BK, "32 or 64", d.mma_bk, |v| {
                 v.trim().parse().ok().filter(|b| matches!(b, 32 | 64))
             })?,
-            mma_group_rows: env.parsed(
-                MMA_GROUP_ROWS,
-                "32, 128 or auto",
-                d.mma_group_rows,
-                |v| match v.trim() {
-                    "auto" => Some(0),
-                    n => n.parse().ok().filter(|b| matches!(b, 32 | 128)),
-                },
-            )?,
             device_groups: env.flag(DEVICE_GROUPS, d.device_groups)?,
         })
     }

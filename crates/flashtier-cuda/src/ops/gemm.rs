@@ -21,10 +21,7 @@ use cudarc::driver::LaunchConfig;
 use super::buffers::{DevAct, DevMatrix};
 use super::dense::{check_many, mats, scale_args};
 use super::experts::{ExpertSlots, ExpertSpec};
-use super::mma::{
-    MMA_COLS, MMA_GROUP_ROWS, MMA_THREADS, MMA_WIDE_COLS, MMA_WIDE_ROWS, MMA_WIDE_SMEM,
-    MMA_WIDE_THREADS,
-};
+use super::mma::{MMA_COLS, MMA_GROUP_ROWS, MMA_THREADS};
 use super::route::DevRoutes;
 use super::{DecodeKernels, MAX_GEMV_ROWS, dim, linear_cfg};
 use crate::error::CudaError;
@@ -255,26 +252,14 @@ impl DecodeKernels {
         if rows.is_empty() {
             return Ok(());
         }
-        // The tensor cores' tiles for BF16 (`mma`: wide or narrow), else
-        // the f32 tiles. Columns per block: the gate/up product's (of each
-        // matrix), then the down product's.
+        // The tensor cores' tiles for BF16 (`mma`), else the f32 tiles.
         let mma = self.mma(spec.ty);
-        let wide = mma && self.mma_wide(rows.len() * k, experts);
-        let (tile_rows, tile_cols, threads, smem, kind) = if wide {
-            (
-                MMA_WIDE_ROWS,
-                MMA_WIDE_COLS,
-                MMA_WIDE_THREADS,
-                MMA_WIDE_SMEM,
-                "wide_",
-            )
-        } else if mma {
-            (MMA_GROUP_ROWS, (MMA_COLS, MMA_COLS), MMA_THREADS, 0, "mma_")
+        let (tile_rows, tile_cols, threads, kind) = if mma {
+            (MMA_GROUP_ROWS, MMA_COLS, MMA_THREADS, "mma_")
         } else {
             let t = self.tiles.1;
-            (t.rows(), (t.cols(), t.cols()), TILE_THREADS, 0, "")
+            (t.rows(), t.cols(), TILE_THREADS, "")
         };
-        let smem = u32::try_from(smem).unwrap_or(u32::MAX);
         let stream = self.gpu.stream();
         let (perm, tiles, tile_count, scratch) = match ids {
             Some(ids) => {
@@ -299,7 +284,7 @@ impl DecodeKernels {
         let geo = spec.geometry();
         let sfx = spec.ty.suffix();
         let (h, i) = (spec.hidden, spec.inter);
-        let cfg = |cols: usize, tile_cols: usize| -> Result<LaunchConfig, CudaError> {
+        let cfg = |cols: usize| -> Result<LaunchConfig, CudaError> {
             Ok(LaunchConfig {
                 grid_dim: (
                     dim(cols.div_ceil(tile_cols), "expert columns")?,
@@ -307,7 +292,7 @@ impl DecodeKernels {
                     1,
                 ),
                 block_dim: (threads, 1, 1),
-                shared_mem_bytes: smem,
+                shared_mem_bytes: 0,
             })
         };
         // The input of each product: f32 rows, or on the tensor cores their
@@ -329,11 +314,9 @@ impl DecodeKernels {
             .push(k as i32);
         input(&mut a, x)?;
         a.push(h as i32).push(i as i32).push(geo).buf(g, act.buf());
-        // SAFETY: matches `moe_group_gate_up_*` (and its `mma_` and `wide_`
-        // forms for BF16 records, which take x's split parts in place of x;
-        // their tiles hold at most MMA_GROUP_ROWS or MMA_WIDE_ROWS pairs, as
-        // group_pairs or group_on_device made them with `tile_rows`, and the
-        // wide ones were given MMA_WIDE_SMEM of dynamic shared memory).
+        // SAFETY: matches `moe_group_gate_up_*` (and its `mma_` form for
+        // BF16 records, which takes x's split parts in place of x; its tiles
+        // hold at most MMA_GROUP_ROWS pairs, as group_pairs made them).
         // Every tile names an expert below `experts` (checked by
         // group_pairs; grouped on the device, an id out of range makes tiles
         // of expert -1, which the kernels never look up, and the entries
@@ -343,13 +326,7 @@ impl DecodeKernels {
         // ones are 0 and never read. perm holds pair indices below n *
         // top_k, so x rows p / top_k < n and act rows p < pairs; hidden and
         // inter are multiples of 8 (`grouped`).
-        unsafe {
-            self.launch(
-                &format!("moe_group_gate_up_{kind}{sfx}"),
-                cfg(i, tile_cols.0)?,
-                a,
-            )
-        }?;
+        unsafe { self.launch(&format!("moe_group_gate_up_{kind}{sfx}"), cfg(i)?, a) }?;
         let mut a = Args::new();
         a.buf(g, &slots.table_dev)
             .push(layer_base as i32)
@@ -360,13 +337,7 @@ impl DecodeKernels {
         // SAFETY: as above, reading act rows p < pairs (inter wide; split
         // after the gate/up product wrote them, in stream order) and writing
         // y rows p < pairs (hidden wide).
-        unsafe {
-            self.launch(
-                &format!("moe_group_down_{kind}{sfx}"),
-                cfg(h, tile_cols.1)?,
-                a,
-            )
-        }?;
+        unsafe { self.launch(&format!("moe_group_down_{kind}{sfx}"), cfg(h)?, a) }?;
         let count = rows.len() * h;
         let mut a = Args::new();
         a.push(super::addr(g, y.buf(), rows.start * k * h))

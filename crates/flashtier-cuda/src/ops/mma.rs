@@ -38,38 +38,12 @@ pub const MMA_COLS: usize = 64;
 pub const MMA_DENSE_ROWS: usize = 64;
 /// Pairs of a grouped expert tile (`MMA_GROUP_ROWS`).
 pub const MMA_GROUP_ROWS: usize = 32;
-/// Pairs of a wide grouped expert tile (`MG_BM` in
-/// kernels/decode/mma_group.cu).
-pub const MMA_WIDE_ROWS: usize = 128;
-/// Threads of a wide tile's block (`MG_THREADS`).
-pub const MMA_WIDE_THREADS: u32 = 256;
-/// Output columns of a wide tile of the gate/up product (of each of the
-/// two matrices) and of the down product (`MgShape::BNM`).
-pub const MMA_WIDE_COLS: (usize, usize) = (64, 128);
-/// Pairs per expert (of the layer's experts, on average) from which a
-/// step's grouped experts take the wide tiles by default: below it most
-/// tiles fill one of their four rows of warps, and the narrow tiles keep
-/// more warps busy.
-pub const WIDE_MIN_PAIRS: usize = 64;
-/// Dynamic shared memory of a wide tile (`MG_SMEM_BYTES`: three stages of
-/// 3 x 128 rows of 40 BF16 values).
-pub const MMA_WIDE_SMEM: usize = 3 * 3 * 128 * 40 * 2;
 
 impl DecodeKernels {
     /// Whether a prompt's tiles of `ty` weights run on the tensor cores.
     #[must_use]
     pub fn mma(&self, ty: WeightType) -> bool {
         self.mma_on && ty == WeightType::Bf16
-    }
-
-    /// Whether a step of `pairs` (row, expert) pairs over `experts`
-    /// experts runs its grouped experts on the tensor cores in tiles of
-    /// [`MMA_WIDE_ROWS`] pairs (`kernels/decode/mma_group.cu`) rather than
-    /// [`MMA_GROUP_ROWS`]; the same bits either way.
-    #[must_use]
-    pub fn mma_wide(&self, pairs: usize, experts: usize) -> bool {
-        self.mma_wide
-            .is_some_and(|always| always || pairs >= WIDE_MIN_PAIRS * experts)
     }
 
     /// Split `x` into its BF16 hi and lo parts (`split_bf16_rows`) in the

@@ -73,8 +73,6 @@ pub const DECODE_SRC: &str = concat!(
     "\n",
     include_str!("../kernels/decode/mma.cu"),
     "\n",
-    include_str!("../kernels/decode/mma_group.cu"),
-    "\n",
     include_str!("../kernels/decode/route.cu"),
     "\n",
     include_str!("../kernels/decode/elementwise.cu"),
@@ -132,8 +130,6 @@ pub(crate) const KERNELS: &[(&str, bool)] = &[
     ("gemm_mma_bf16", true),
     ("moe_group_gate_up_mma_bf16", true),
     ("moe_group_down_mma_bf16", true),
-    ("moe_group_gate_up_wide_bf16", true),
-    ("moe_group_down_wide_bf16", true),
     ("route_softmax", true),
     ("route_sigmoid_groups", true),
     ("router_softmax_bf16", true),
@@ -216,10 +212,6 @@ impl Tuning {
             attn_ahead: self.attn_ahead.clamp(1, MAX_ATTN_AHEAD),
             down_rows: self.down_rows.clamp(1, MAX_DOWN_ROWS),
             mma_bk: if self.mma_bk == 32 { 32 } else { 64 },
-            mma_group_rows: match self.mma_group_rows {
-                32 | 128 => self.mma_group_rows,
-                _ => 0,
-            },
             ..self
         }
     }
@@ -258,12 +250,6 @@ pub struct DecodeKernels {
     /// BF16 tiles on the tensor cores ([`mma`]; [`crate::settings::PROMPT_MMA`]
     /// and a device of compute capability 8.0 or later).
     mma_on: bool,
-    /// Grouped experts' tensor-core tiles of 128 pairs x 128 columns
-    /// (`mma_group.cu`) where a step has enough pairs per expert, else of
-    /// 32 x 64: `Some(true)` for every step, `Some(false)` by the step, `None`
-    /// never ([`crate::settings::MMA_GROUP_ROWS`], and the kernels given
-    /// their shared memory).
-    mma_wide: Option<bool>,
     /// A BF16 prompt's dense products through cuBLASLt ([`lt`];
     /// [`crate::settings::PROMPT_BLAS`], where the tensor-core tiles would
     /// run and libcublasLt loads).
@@ -335,13 +321,6 @@ impl DecodeKernels {
             Vec::new()
         };
         let mma_on = t.prompt_mma && gpu.info().compute_capability.0 >= 8;
-        let wide_kernels = ["moe_group_gate_up_wide_bf16", "moe_group_down_wide_bf16"];
-        let mma_wide = (mma_on
-            && t.mma_group_rows != 32
-            && wide_kernels
-                .iter()
-                .all(|name| give_smem(&funcs, name, mma::MMA_WIDE_SMEM)))
-        .then_some(t.mma_group_rows == 128);
         Ok(Self {
             gpu: gpu.clone(),
             _module: module,
@@ -351,7 +330,6 @@ impl DecodeKernels {
             picks: pick::Picks::new(gpu)?,
             tiles_on: t.prompt_tiles,
             mma_on,
-            mma_wide,
             lt: (mma_on && t.prompt_blas)
                 .then(|| lt::LtProducts::open(gpu))
                 .flatten(),

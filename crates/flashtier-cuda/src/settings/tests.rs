@@ -29,7 +29,6 @@ fn values_in_range_are_taken() {
         (GEMM_TILE, "8x4"),
         (GROUP_TILE, "4x8"),
         (MMA_BK, "32"),
-        (MMA_GROUP_ROWS, "auto"),
         (DEVICE_GROUPS, "0"),
         (DUMP_CUBIN, "/tmp/sass"),
     ]);
@@ -57,7 +56,6 @@ fn values_in_range_are_taken() {
             prompt_blas: false,
             tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
             mma_bk: 32,
-            mma_group_rows: 0,
             device_groups: false,
         }
     );
@@ -82,7 +80,6 @@ fn a_bad_value_names_its_variable() {
         (GEMM_TILE, "8x8"),
         (GROUP_TILE, "3x4"),
         (MMA_BK, "48"),
-        (MMA_GROUP_ROWS, "64"),
         (DEVICE_GROUPS, "yes"),
     ] {
         let pairs = [(var, bad)];
@@ -124,7 +121,6 @@ fn the_table_matches_the_defaults() {
     assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));
     assert_eq!(default_of(GROUP_TILE), shape(d.tiles.1));
     assert_eq!(default_of(MMA_BK), d.mma_bk.to_string());
-    assert_eq!(default_of(MMA_GROUP_ROWS), d.mma_group_rows.to_string());
     assert_eq!(default_of(DEVICE_GROUPS), flag(d.device_groups));
     assert!(SETTINGS.iter().all(|s| s.name.starts_with("FLASHTIER_")));
 }
