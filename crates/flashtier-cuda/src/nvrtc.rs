@@ -193,10 +193,19 @@ mod tests {
             gemv_loads: crate::ops::MAX_GEMV_LOADS,
             attn_ahead: crate::ops::MAX_ATTN_AHEAD,
             down_rows: crate::ops::MAX_DOWN_ROWS,
+            prompt_attn_pipe: true,
             ..crate::ops::Tuning::default()
         };
         let defines = t.defines();
-        compile_cubin("decode", crate::ops::DECODE_SRC, "sm_90", &defines)
+        let far = compile_cubin("decode", crate::ops::DECODE_SRC, "sm_90", &defines)
             .unwrap_or_else(|e| panic!("{t:?}: {e}"));
+        // The pipelined attention's second set of fragments fits the
+        // registers of heads of 128 without spilling.
+        let entry = far
+            .log
+            .split("Compiling entry function")
+            .find(|part| part.starts_with(" 'attn_prompt_tc_128'"))
+            .unwrap_or_else(|| panic!("no attn_prompt_tc_128 in the log:\n{}", far.log));
+        assert!(entry.contains(" 0 bytes spill stores"), "{entry}");
     }
 }

@@ -83,6 +83,11 @@ pub struct Tuning {
     /// TF32 products of split f32 operands, a few parts in 2^22 of each
     /// term, summed in another order than the f32 tiles').
     pub prompt_attn_tc: bool,
+    /// The tensor-core attention for heads of 128 loads each k step's
+    /// query and key fragments while the step before it computes
+    /// ([`PROMPT_ATTN_PIPE`]; the same products in the same order, so the
+    /// same bits).
+    pub prompt_attn_pipe: bool,
     /// A BF16 prompt's dense products through cuBLASLt with one pinned
     /// algorithm per shape ([`PROMPT_BLAS`]; the rounding of two
     /// accumulating BF16 products, hi then lo, instead of the tiles').
@@ -110,6 +115,7 @@ impl Default for Tuning {
             prompt_mma: true,
             prompt_attn: true,
             prompt_attn_tc: true,
+            prompt_attn_pipe: false,
             prompt_blas: true,
             tiles: (TileShape::DENSE, TileShape::GROUPED),
             mma_bk: DEFAULT_MMA_BK,
@@ -202,6 +208,12 @@ pub const PROMPT_ATTN: &str = "FLASHTIER_PROMPT_ATTN";
 /// 2048-token prompt's attention on an H100; used for heads of up to 128
 /// on compute capability 8.0 or later, with [`PROMPT_ATTN`] on).
 pub const PROMPT_ATTN_TC: &str = "FLASHTIER_PROMPT_ATTN_TC";
+/// `FLASHTIER_PROMPT_ATTN_PIPE`: `1` has the tensor-core prompt attention
+/// for heads of 128 load the next k step's fragments into a second set of
+/// registers while the current step's products run (252 registers a
+/// thread instead of 226; the same bits; default `0` until timed on a
+/// GPU).
+pub const PROMPT_ATTN_PIPE: &str = "FLASHTIER_PROMPT_ATTN_PIPE";
 /// `FLASHTIER_PROMPT_BLAS`: `0` keeps a BF16 prompt's dense products on
 /// this crate's tensor-core tiles instead of cuBLASLt (default `1`: 6.2 vs
 /// 13.3 ms of a 2048-token prompt's dense products on an H100; used only
@@ -280,6 +292,11 @@ pub const SETTINGS: &[Setting] = &[
         name: PROMPT_ATTN_TC,
         default: "1",
         doc: "0: a prompt chunk's attention tiles in f32 instead of on the tensor cores (split TF32)",
+    },
+    Setting {
+        name: PROMPT_ATTN_PIPE,
+        default: "0",
+        doc: "1: the tensor-core prompt attention (heads of 128) loads the next k step's fragments during this one's products (same bits)",
     },
     Setting {
         name: PROMPT_BLAS,
@@ -372,6 +389,7 @@ impl Tuning {
             prompt_mma: env.flag(PROMPT_MMA, d.prompt_mma)?,
             prompt_attn: env.flag(PROMPT_ATTN, d.prompt_attn)?,
             prompt_attn_tc: env.flag(PROMPT_ATTN_TC, d.prompt_attn_tc)?,
+            prompt_attn_pipe: env.flag(PROMPT_ATTN_PIPE, d.prompt_attn_pipe)?,
             prompt_blas: env.flag(PROMPT_BLAS, d.prompt_blas)?,
             tiles: (shape(GEMM_TILE, d.tiles.0)?, shape(GROUP_TILE, d.tiles.1)?),
             mma_bk: env.parsed(MMA_BK, "32 or 64", d.mma_bk, |v| {

@@ -888,6 +888,16 @@ fn prompt_attention_on_the_tensor_cores_matches_f64() {
         return;
     }
     let k = prompt_kernels(&gpu, true, true);
+    // The same kernel with the score products' fragment loads pipelined
+    // (heads of 128): the same bits, step by step.
+    let piped = DecodeKernels::with_tuning(
+        &gpu,
+        Tuning {
+            prompt_attn_pipe: true,
+            ..Tuning::default()
+        },
+    )
+    .unwrap();
     let pool = ActPool::new();
     let mut rng = SmallRng::seed_from_u64(0x7f32);
     for (qh, kvh, d) in [(32, 4, 128), (12, 2, 96), (8, 2, 64), (4, 2, 16)] {
@@ -900,20 +910,27 @@ fn prompt_attention_on_the_tensor_cores_matches_f64() {
         };
         let (q, kk, vv) = (rand(len * qh * d), rand(len * kvh * d), rand(len * kvh * d));
         let scale = 0.25 / (d as f32).sqrt();
-        let mut kv = DevKvCache::new(&gpu, 1, kvh, d, len).unwrap();
+        let mut kv = [&k, &piped].map(|_| DevKvCache::new(&gpu, 1, kvh, d, len).unwrap());
         let mut first = 0;
         for n in steps {
             let kernel = prompt_kernel_for(d, true);
             assert_eq!(k.prompt_attention_kernel(n, d), Some(kernel.as_str()));
             let rows = |x: &[f32], w: usize| x[first * w..(first + n) * w].to_vec();
-            let qa = act(&k, &pool, n, qh * d, &rows(&q, qh * d));
-            let ka = act(&k, &pool, n, kvh * d, &rows(&kk, kvh * d));
-            let va = act(&k, &pool, n, kvh * d, &rows(&vv, kvh * d));
-            let mut out = pool.take(&gpu, n, qh * d).unwrap();
-            k.attend(&mut kv, 0, qh, &qa, &ka, &va, scale, &mut out)
-                .unwrap();
-            kv.advance(n);
-            let got = out.to_host(gpu.stream()).unwrap();
+            let [got, got_piped] = [(&k, 0), (&piped, 1)].map(|(k, c)| {
+                let qa = act(k, &pool, n, qh * d, &rows(&q, qh * d));
+                let ka = act(k, &pool, n, kvh * d, &rows(&kk, kvh * d));
+                let va = act(k, &pool, n, kvh * d, &rows(&vv, kvh * d));
+                let mut out = pool.take(&gpu, n, qh * d).unwrap();
+                k.attend(&mut kv[c], 0, qh, &qa, &ka, &va, scale, &mut out)
+                    .unwrap();
+                kv[c].advance(n);
+                out.to_host(gpu.stream()).unwrap()
+            });
+            assert_eq!(
+                bits(&got),
+                bits(&got_piped),
+                "{kernel}, {qh}/{kvh} heads of {d}, rows {first}..+{n}: pipelined vs not"
+            );
             let mut worst = 0f64;
             for r in 0..n {
                 let pos = first + r;

@@ -231,6 +231,7 @@ impl Tuning {
             ("GROUP_TM", t.tiles.1.tm.to_string()),
             ("GROUP_TN", t.tiles.1.tn.to_string()),
             ("MMA_BK", t.mma_bk.to_string()),
+            ("PT_PIPE", flag(t.prompt_attn_pipe)),
         ]
     }
 }

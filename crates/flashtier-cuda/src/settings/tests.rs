@@ -25,6 +25,7 @@ fn values_in_range_are_taken() {
         (PROMPT_MMA, "0"),
         (PROMPT_ATTN, "0"),
         (PROMPT_ATTN_TC, "0"),
+        (PROMPT_ATTN_PIPE, "1"),
         (PROMPT_BLAS, "0"),
         (GEMM_TILE, "8x4"),
         (GROUP_TILE, "4x8"),
@@ -53,6 +54,7 @@ fn values_in_range_are_taken() {
             prompt_mma: false,
             prompt_attn: false,
             prompt_attn_tc: false,
+            prompt_attn_pipe: true,
             prompt_blas: false,
             tiles: (TileShape { tm: 8, tn: 4 }, TileShape { tm: 4, tn: 8 }),
             mma_bk: 32,
@@ -76,6 +78,7 @@ fn a_bad_value_names_its_variable() {
         (PROMPT_MMA, "2"),
         (PROMPT_ATTN, "on"),
         (PROMPT_ATTN_TC, "off"),
+        (PROMPT_ATTN_PIPE, "2"),
         (PROMPT_BLAS, "2"),
         (GEMM_TILE, "8x8"),
         (GROUP_TILE, "3x4"),
@@ -116,6 +119,7 @@ fn the_table_matches_the_defaults() {
     assert_eq!(default_of(PROMPT_MMA), flag(d.prompt_mma));
     assert_eq!(default_of(PROMPT_ATTN), flag(d.prompt_attn));
     assert_eq!(default_of(PROMPT_ATTN_TC), flag(d.prompt_attn_tc));
+    assert_eq!(default_of(PROMPT_ATTN_PIPE), flag(d.prompt_attn_pipe));
     assert_eq!(default_of(PROMPT_BLAS), flag(d.prompt_blas));
     let shape = |t: TileShape| format!("{}x{}", t.tm, t.tn);
     assert_eq!(default_of(GEMM_TILE), shape(d.tiles.0));

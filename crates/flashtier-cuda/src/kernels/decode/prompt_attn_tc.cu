@@ -58,6 +58,11 @@
 #define PT_BM 128                // queries per block: 8 warps x 16
 #define PT_BN 32                 // positions per tile
 #define PT_THREADS 256
+// Set by the host (Tuning::prompt_attn_pipe): 1 pipelines the score
+// products' fragment loads (heads of 128).
+#ifndef PT_PIPE
+#define PT_PIPE 0
+#endif
 #define PT_VLD (2 * PT_BN + 16)  // floats per staged value row (column of V)
 
 // hi = tf32(x), lo = tf32(x - hi); lo = 0 where hi is inf or NaN.
@@ -252,20 +257,49 @@ static __device__ __forceinline__ void attn_prompt_tc(const float* q, int q_cols
         for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
             for (int c = 0; c < 4; ++c) sb[nt][c] = ss[nt][c] = 0.f;
+        if constexpr (PT_PIPE && D == 128) {
+            // The next k step's fragments load while this step's products run
+            // (two register buffers; the loop unrolled, so each is fixed). The
+            // same products into the same accumulators in the same order as
+            // below, so the same bits. Heads of 128 only: their kernel has up
+            // to 255 registers (252 with this), the 64-wide one 128.
+            const int ksn = min(D / 8, (dim + 7) / 8);
+            u32 fa[2][2][4], fk[2][NS][4];
+            auto frag = [&](int ks, int b) {
+                pt_ldsm4(fa[b][0], q_lane + ks * 32);
+                pt_ldsm4(fa[b][1], q_lane + q_lo + ks * 32);
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt) pt_ldsm4(fk[b][nt], k_lane + (nt * 8 * LD + ks * 8) * 4);
+            };
+            frag(0, 0);
+#pragma unroll
+            for (int ks = 0; ks < D / 8; ++ks) {
+                if (ks >= ksn) break;
+                const int b = ks & 1;
+                if (ks + 1 < ksn) frag(ks + 1, b ^ 1);
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], fa[b][0], fk[b][nt][0], fk[b][nt][1]);
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], fa[b][0], fk[b][nt][2], fk[b][nt][3]);
+#pragma unroll
+                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], fa[b][1], fk[b][nt][0], fk[b][nt][1]);
+            }
+        } else {
 #pragma unroll 4
-        for (int ks = 0; ks < D / 8; ++ks) {
-            if (ks * 8 >= dim) break;  // zeros past the head
-            u32 ah[4], al[4], kb[NS][4];
-            pt_ldsm4(ah, q_lane + ks * 32);
-            pt_ldsm4(al, q_lane + q_lo + ks * 32);
+            for (int ks = 0; ks < D / 8; ++ks) {
+                if (ks * 8 >= dim) break;  // zeros past the head
+                u32 ah[4], al[4], kb[NS][4];
+                pt_ldsm4(ah, q_lane + ks * 32);
+                pt_ldsm4(al, q_lane + q_lo + ks * 32);
 #pragma unroll
-            for (int nt = 0; nt < NS; ++nt) pt_ldsm4(kb[nt], k_lane + (nt * 8 * LD + ks * 8) * 4);
+                for (int nt = 0; nt < NS; ++nt) pt_ldsm4(kb[nt], k_lane + (nt * 8 * LD + ks * 8) * 4);
 #pragma unroll
-            for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], ah, kb[nt][0], kb[nt][1]);
+                for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], ah, kb[nt][0], kb[nt][1]);
 #pragma unroll
-            for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], ah, kb[nt][2], kb[nt][3]);
+                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], ah, kb[nt][2], kb[nt][3]);
 #pragma unroll
-            for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], al, kb[nt][0], kb[nt][1]);
+                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], al, kb[nt][0], kb[nt][1]);
+            }
         }
 
         // The online softmax of rows g (hf 0) and g + 8 (hf 1): the quad
