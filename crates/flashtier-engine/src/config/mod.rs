@@ -208,4 +208,6 @@ impl ModelConfig {
 }
 
 #[cfg(test)]
+mod mutation_tests;
+#[cfg(test)]
 mod tests;
