@@ -910,7 +910,8 @@ fn prompt_attention_on_the_tensor_cores_matches_f64() {
         };
         let (q, kk, vv) = (rand(len * qh * d), rand(len * kvh * d), rand(len * kvh * d));
         let scale = 0.25 / (d as f32).sqrt();
-        let mut kv = [&k, &piped].map(|_| DevKvCache::new(&gpu, 1, kvh, d, len).unwrap());
+        let mut kv: [DevKvCache; 2] =
+            std::array::from_fn(|_| DevKvCache::new(&gpu, 1, kvh, d, len).unwrap());
         let mut first = 0;
         for n in steps {
             let kernel = prompt_kernel_for(d, true);

@@ -103,6 +103,21 @@ static __device__ __forceinline__ void pt_ldsm4(u32 (&r)[4], u32 a) {
                  : "r"(a));
 }
 
+// One k step of S = Q K^T for NS n8 tiles: hi hi into sb, then hi lo and
+// lo hi into ss (a: the queries' hi and lo A fragments; k: each tile's
+// key B fragments, hi in words 0-1, lo in 2-3).
+template <int NS>
+static __device__ __forceinline__ void pt_scores(float (&sb)[NS][4], float (&ss)[NS][4],
+                                                 const u32 (&ah)[4], const u32 (&al)[4],
+                                                 const u32 (&kb)[NS][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], ah, kb[nt][0], kb[nt][1]);
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], ah, kb[nt][2], kb[nt][3]);
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], al, kb[nt][0], kb[nt][1]);
+}
+
 // grid: (ceil(ceil((rows + first % 16) / 16) * group / 8), kv_heads,
 // splits of this launch); the other arguments as attn_prompt's.
 template <int D>
@@ -260,8 +275,7 @@ static __device__ __forceinline__ void attn_prompt_tc(const float* q, int q_cols
         if constexpr (PT_PIPE && D == 128) {
             // The next k step's fragments load while this step's products run
             // (two register buffers; the loop unrolled, so each is fixed). The
-            // same products into the same accumulators in the same order as
-            // below, so the same bits. Heads of 128 only: their kernel has up
+            // same pt_scores as below, so the same bits. Heads of 128 only: their kernel has up
             // to 255 registers (252 with this), the 64-wide one 128.
             const int ksn = min(D / 8, (dim + 7) / 8);
             u32 fa[2][2][4], fk[2][NS][4];
@@ -277,12 +291,7 @@ static __device__ __forceinline__ void attn_prompt_tc(const float* q, int q_cols
                 if (ks >= ksn) break;
                 const int b = ks & 1;
                 if (ks + 1 < ksn) frag(ks + 1, b ^ 1);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], fa[b][0], fk[b][nt][0], fk[b][nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], fa[b][0], fk[b][nt][2], fk[b][nt][3]);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], fa[b][1], fk[b][nt][0], fk[b][nt][1]);
+                pt_scores<NS>(sb, ss, fa[b][0], fa[b][1], fk[b]);
             }
         } else {
 #pragma unroll 4
@@ -293,12 +302,7 @@ static __device__ __forceinline__ void attn_prompt_tc(const float* q, int q_cols
                 pt_ldsm4(al, q_lane + q_lo + ks * 32);
 #pragma unroll
                 for (int nt = 0; nt < NS; ++nt) pt_ldsm4(kb[nt], k_lane + (nt * 8 * LD + ks * 8) * 4);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(sb[nt], ah, kb[nt][0], kb[nt][1]);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], ah, kb[nt][2], kb[nt][3]);
-#pragma unroll
-                for (int nt = 0; nt < NS; ++nt) pt_mma(ss[nt], al, kb[nt][0], kb[nt][1]);
+                pt_scores<NS>(sb, ss, ah, al, kb);
             }
         }
 
