@@ -69,4 +69,8 @@ pub enum SpillError {
     /// not match the store's.
     #[error("prefix spill: {0}")]
     Shape(String),
+    /// The spill's restore thread died (a panic) with this restore queued
+    /// or running; the prompt is computed whole.
+    #[error("the prefix spill's restore thread stopped")]
+    RestoreThreadStopped,
 }

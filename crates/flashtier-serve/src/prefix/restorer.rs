@@ -114,9 +114,7 @@ impl Restorer {
             for ticket in lost.chain(queued) {
                 q.done.push(Restored {
                     ticket,
-                    result: Err(SpillError::Shape(
-                        "the spill's restore thread stopped".into(),
-                    )),
+                    result: Err(SpillError::RestoreThreadStopped),
                 });
             }
         }
